@@ -1,0 +1,48 @@
+# harness — two commands on a fresh machine: `make sweep` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLUSTER ?= local
+SCENARIO ?= scenarios/smoke.yaml
+RESULTS ?= results
+REPORTS ?= reports
+# CPU build for tests and CI; GPU users install the torch build for their CUDA into the venv first.
+TORCH_SPEC ?= torch==2.13.0
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
+PYTEST_ARGS ?=
+
+.PHONY: setup sweep test report plan clean help
+
+help:
+	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
+	@echo "make test                                                             run every test"
+	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
+	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
+
+# `make setup` is idempotent: the stamp depends on pyproject.toml and this Makefile.
+setup: $(VENV)/.stamp
+
+$(VENV)/.stamp: pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# an already-installed torch (e.g. a CUDA build a GPU user put there) is kept
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	@# DeepSpeed builds against the installed torch (no build isolation, or pip pulls a CUDA torch)
+	@$(PY) -c "import deepspeed" 2>/dev/null || $(PY) -m pip install -q --no-build-isolation "$(DEEPSPEED_SPEC)" hjson ninja py-cpuinfo psutil msgpack
+	@touch $@
+
+sweep: setup
+	$(VENV)/bin/harness sweep $(SCENARIO) --cluster $(CLUSTER) --results $(RESULTS)
+
+plan: setup
+	$(VENV)/bin/harness plan $(SCENARIO) --cluster $(CLUSTER)
+
+report: setup
+	$(VENV)/bin/harness report $(RESULTS) -o $(REPORTS)/$$(basename $(SCENARIO) .yaml)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(RESULTS) $(REPORTS) .submitit

@@ -1,0 +1,3 @@
+"""harness: a benchmark harness for distributed PyTorch training strategies."""
+
+__version__ = "0.1.0"
