@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "harness.commands:sweep",
     "run": "harness.commands:run",
     "list": "harness.commands:list_",
-    "plan": "harness.commands:plan",
+    "plan": "harness.planner:plan_command",
     "status": "harness.commands:status",
     "report": "harness.report:report_command",
     "compare": "harness.compare:compare_command",
