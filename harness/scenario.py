@@ -124,8 +124,11 @@ class RunSpec:
         s = self.settings
         return s.micro_batch * s.seq_len * s.grad_accum * self.world_size
 
-    def unsupported_reason(self) -> str | None:
-        """Why this cell cannot run as specified (it becomes a `skipped` record), or None."""
+    def unsupported_reason(self, device: str | None = None) -> str | None:
+        """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
+
+        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device.
+        """
         s = self.settings
         if self.strategy in HYBRID_STRATEGIES:
             if self.world_size % self.gpus_per_node:
@@ -137,10 +140,14 @@ class RunSpec:
         if s.offload != "none":
             if self.strategy == "ddp":
                 return "ddp has no CPU offload"
+            if self.strategy.startswith("fsdp2"):
+                return f"{self.strategy}: CPU offload is not part of this harness's FSDP2 cells"
             if self.strategy.startswith("zero") and self.strategy != "zero3" and s.offload == "optimizer+params":
                 return f"{self.strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
-            if self.strategy.startswith("fsdp") and s.offload == "optimizer":
+            if self.strategy.startswith("fsdp.") and s.offload == "optimizer":
                 return f"{self.strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
+        if device == "cpu" and self.precision == "fp16" and self.strategy.startswith("zero"):
+            return "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"
         return None
 
 

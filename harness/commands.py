@@ -1,0 +1,123 @@
+"""Click commands for the run side of the flow: sweep, run, list, status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from harness.cluster import PEAKS, available_clusters, load_cluster
+from harness.errors import InputError, Problem, one_of
+from harness.scenario import STRATEGIES, load_scenario
+from harness.zoo import ZOO
+
+
+def _cluster_option(f):
+    return click.option("--cluster", "cluster_name", default="local", show_default=True,
+                        help="cluster profile: a name in scenarios/clusters/ or a path")(f)
+
+
+@click.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@_cluster_option
+@click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False),
+              help="results dir; records go to RESULTS/<scenario name>/<run_id>.json")
+@click.option("--force", is_flag=True, help="rerun cells that already have an ok record")
+@click.option("--no-skip", is_flag=True, help="run cells the planner predicts will not fit")
+def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool) -> int:
+    """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed."""
+    from harness.dispatch import run_sweep
+
+    sc = load_scenario(scenario)
+    cluster = load_cluster(cluster_name)
+    n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
+    click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})")
+    res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, echo=click.echo)
+    counts: dict[str, int] = {}
+    for r in res.records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    click.echo(f"done in {res.wall_s:.1f} s: {summary}")
+    click.echo(f"records: {res.results_dir}/  (harness report {results} | harness status {res.results_dir})")
+    return 1 if res.failed else 0
+
+
+@click.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--cell", "cell", required=True, help="run_id (or a unique prefix) of the cell to run")
+@_cluster_option
+@click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
+def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
+    """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
+    from harness.dispatch import describe, launch_foreground, make_payload, predict, skipped_record
+    from harness.env import git_sha
+
+    sc = load_scenario(scenario)
+    cluster = load_cluster(cluster_name)
+    specs = sc.expand(gpus_per_node=cluster.gpus_per_node)
+    matches = [s for s in specs if s.run_id == cell] or [s for s in specs if s.run_id.startswith(cell)]
+    if len(matches) != 1:
+        ids = [s.run_id for s in specs]
+        msg = "matches several cells: " + ", ".join(s.run_id for s in matches) if matches else one_of(cell, ids)
+        raise InputError([Problem(scenario, "--cell", msg)])
+    spec = matches[0]
+    predicted = predict(spec, cluster)
+    reason = spec.unsupported_reason(cluster.device)
+    if reason:
+        rec = skipped_record(spec, sweep=sc.name, cluster=cluster, results=results, reason=reason, predicted=predicted)
+    else:
+        payload = make_payload(spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(),
+                               predicted=predicted)
+        rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
+    click.echo(json.dumps(rec, indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
+    return 0 if rec["status"] in ("ok", "skipped") else 1
+
+
+@click.command(name="list")
+@click.argument("what", type=click.Choice(["models", "strategies", "clusters", "cells"]))
+@click.argument("scenario", required=False)
+@_cluster_option
+def list_(what: str, scenario: str | None, cluster_name: str) -> int:
+    """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
+    if what == "models":
+        for name, cfg in ZOO.items():
+            click.echo(f"{name:6s} {cfg.n_params() / 1e9:7.3f} B params  d_model {cfg.d_model:5d}  layers "
+                       f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  ffn {cfg.ffn:6d}  vocab {cfg.vocab}")
+    elif what == "strategies":
+        for s in STRATEGIES:
+            click.echo(s)
+    elif what == "clusters":
+        for name in available_clusters():
+            c = load_cluster(name)
+            click.echo(f"{name:12s} {c.executor:6s} {c.device:5s} {c.gpus_per_node} per node  {c.description}")
+        click.echo("\nknown devices for MFU: " + ", ".join(p.name for p in PEAKS))
+    else:
+        if not scenario:
+            raise InputError([Problem("harness list cells", "SCENARIO", "missing: give a scenario file")])
+        cluster = load_cluster(cluster_name)
+        for spec in load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node):
+            reason = spec.unsupported_reason(cluster.device)
+            click.echo(spec.run_id + (f"   (skipped: {reason})" if reason else ""))
+    return 0
+
+
+@click.command()
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+def status(results_dir: str) -> int:
+    """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records)."""
+    root = Path(results_dir)
+    manifests = [root / "manifest.json"] if (root / "manifest.json").exists() else sorted(root.glob("*/manifest.json"))
+    if not manifests:
+        raise InputError([Problem(results_dir, "", "no sweep manifest found (is this a results dir?)")])
+    for mpath in manifests:
+        data = json.loads(mpath.read_text())
+        cells = data.get("cells", {})
+        counts: dict[str, int] = {}
+        click.echo(f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells")
+        for run_id, c in cells.items():
+            counts[c.get("state", "?")] = counts.get(c.get("state", "?"), 0) + 1
+            click.echo(f"  {c.get('state', '?'):8s} {c.get('status') or '':9s} {run_id}  job {c.get('job_id', '-')}")
+        click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return 0

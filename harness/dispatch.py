@@ -1,0 +1,352 @@
+"""Dispatch: turn RunSpecs into jobs (submitit: local or SLURM), keep a sweep manifest, and make sure
+every cell ends with exactly one record — written by rank 0, or composed here from the ranks' failure
+fragments, the job's state and its logs when rank 0 could not write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import Cluster
+from harness.env import git_sha
+from harness.results import (atomic_write_json, new_record, read_record, record_path, sweep_dir, utc_now,
+                             write_record)
+from harness.scenario import RunSpec, Scenario
+
+FAILED = ("oom", "timeout", "error", "nan", "crashed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def predict(spec: RunSpec, cluster: Cluster) -> dict | None:
+    """The planner's prediction for a cell, or None while no planner is installed."""
+    try:
+        from harness.planner import predict as _predict
+    except ImportError:
+        return None
+    return _predict(spec, cluster)
+
+
+def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None,
+                 predicted: dict | None) -> dict[str, Any]:
+    """Everything a rank needs, as plain JSON data (pickled by submitit, or written to a file)."""
+    return {
+        "spec": spec.to_dict(),
+        "run_id": spec.run_id,
+        "sweep": sweep,
+        "attempt": uuid.uuid4().hex[:12],
+        "results": str(Path(results).resolve()),
+        "cluster": {"name": cluster.name, "device": cluster.device, "pg_timeout_s": cluster.pg_timeout_s,
+                    "env": cluster.env},
+        "git_sha": sha,
+        "predicted": predicted,
+        "master_port": free_port() if cluster.executor == "local" else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the manifest: which cells a sweep has, their job ids and states
+
+
+@dataclass
+class Manifest:
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str) -> "Manifest":
+        path = sweep_dir(results, sweep) / "manifest.json"
+        data: dict[str, Any] = {}
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                data = {}
+        data.setdefault("cells", {})
+        data.update(sweep=sweep, scenario=scenario, cluster=cluster)
+        return cls(path, data)
+
+    def set(self, run_id: str, **fields: Any) -> None:
+        cell = self.data["cells"].setdefault(run_id, {})
+        cell.update(fields, updated_at=utc_now())
+        atomic_write_json(self.path, self.data)
+
+
+# --------------------------------------------------------------------------------------------------
+# turning a finished job into exactly one record
+
+
+def _fragments(payload: dict) -> list[dict]:
+    from harness.worker import fragment_dir
+
+    d = fragment_dir(payload["results"], payload["sweep"], payload["run_id"])
+    frags = []
+    for p in sorted(d.glob("rank*.json")):
+        try:
+            frag = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if frag.get("attempt") in (None, payload["attempt"]):
+            frags.append(frag)
+    return frags
+
+
+def _fresh_record(payload: dict) -> dict | None:
+    path = record_path(payload["results"], payload["sweep"], payload["run_id"])
+    try:
+        rec = read_record(path)
+    except ValueError:
+        return None
+    return rec if rec.get("attempt") == payload["attempt"] else None
+
+
+def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled: bool = False,
+             log_tail: str = "", exit_codes: list | None = None) -> dict:
+    """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known."""
+    rec = _fresh_record(payload)
+    if rec is not None:
+        return rec
+    spec = payload["spec"]
+    frags = _fragments(payload)
+    if cancelled:
+        status, reason, rank = "cancelled", "the job was cancelled before the cell finished", None
+    elif frags:
+        # the first rank to fail is the root cause; the others usually fail on the broken collective after it
+        first = min(frags, key=lambda f: f["time"])
+        status, reason, rank = first["status"], first["reason"], first["rank"]
+    elif elapsed_s >= time_limit_s:
+        status, reason, rank = "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
+    else:
+        codes = f" (exit codes {exit_codes})" if exit_codes else ""
+        status, reason, rank = "crashed", f"a rank died without raising an exception{codes}", None
+    rec = new_record(spec=spec, run_id=payload["run_id"], sweep=payload["sweep"],
+                     cluster=payload["cluster"]["name"], status=status, reason=reason, failed_rank=rank)
+    rec["attempt"] = payload["attempt"]
+    if payload.get("predicted") is not None:
+        rec["predicted"] = payload["predicted"]
+    if frags:
+        rec["failures"] = [{k: f.get(k) for k in ("rank", "status", "reason", "hostname", "traceback",
+                                                   "memory_allocated_gib", "memory_reserved_gib")} for f in frags]
+    if log_tail:
+        rec["log_tail"] = log_tail[-4000:]
+    rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
+    write_record(payload["results"], rec)
+    return rec
+
+
+def skipped_record(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str,
+                   predicted: dict | None) -> dict:
+    rec = new_record(spec=spec.to_dict(), run_id=spec.run_id, sweep=sweep, cluster=cluster.name,
+                     status="skipped", reason=reason)
+    if predicted is not None:
+        rec["predicted"] = predicted
+    write_record(results, rec)
+    return rec
+
+
+# --------------------------------------------------------------------------------------------------
+# launchers
+
+
+def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> dict:
+    """Run a cell's ranks as child processes of this one (no scheduler), torchrun-style environment.
+
+    All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
+    """
+    world = payload["spec"]["world_size"]
+    with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
+        ppath = Path(tmp) / "payload.json"
+        ppath.write_text(json.dumps(payload))
+        procs = []
+        base_env = dict(os.environ)
+        base_env.update(payload["cluster"].get("env", {}))
+        base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"] or free_port()),
+                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+        gpn = payload["spec"]["gpus_per_node"]
+        out = None if stream else subprocess.DEVNULL
+        t0 = time.time()
+        pgid = None
+        for r in range(world):
+            env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
+            p = subprocess.Popen([sys.executable, "-m", "harness.worker", str(ppath)], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT if not stream else None,
+                                 process_group=pgid if pgid is not None else 0)
+            pgid = p.pid if pgid is None else pgid
+            procs.append(p)
+        cancelled = False
+        try:
+            while any(p.poll() is None for p in procs):
+                if time.time() - t0 > time_limit_s:
+                    break
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            cancelled = True
+        finally:
+            if any(p.poll() is None for p in procs):
+                _kill_group(pgid)
+                for p in procs:
+                    p.wait()
+        elapsed = time.time() - t0
+        return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, cancelled=cancelled,
+                        exit_codes=[p.returncode for p in procs])
+
+
+def _kill_group(pgid: int | None) -> None:
+    if pgid is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def _job_log_tail(job, n_tasks: int) -> str:
+    """The end of each task's stderr (for records of cells that died without a fragment)."""
+    tails = []
+    for k in range(n_tasks):
+        try:
+            err = (job.task(k).stderr() if n_tasks > 1 else job.stderr()) or ""
+        except Exception:  # noqa: BLE001 - a log that was never written
+            continue
+        if err.strip():
+            tails.append(f"--- rank {k} stderr ---\n{err[-1500:]}")
+    return "\n".join(tails)
+
+
+def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
+                    on_submit: Callable[[Any], None] | None = None) -> dict:
+    """Run one cell as a submitit job with one task per rank and wait for it."""
+    import submitit
+
+    from harness.worker import submitit_entry
+
+    world = payload["spec"]["world_size"]
+    if cluster.executor != "local":
+        raise NotImplementedError("SLURM dispatch is not implemented yet (use --cluster local)")
+    executor = submitit.LocalExecutor(folder=folder)
+    # timeout_min bounds the whole job; the Controller then kills every task
+    executor.update_parameters(tasks_per_node=world, nodes=1, timeout_min=time_limit_s / 60.0,
+                               signal_delay_s=min(30, max(1, int(time_limit_s // 10))))
+    t0 = time.time()
+    job = executor.submit(submitit_entry, payload)
+    if on_submit:
+        on_submit(job)
+    cancelled = False
+    try:
+        while not job.done():
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        cancelled = True
+        job.cancel()
+        raise
+    finally:
+        if cancelled:
+            finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
+    elapsed = time.time() - t0
+    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s,
+                    log_tail=_job_log_tail(job, world))
+
+
+# --------------------------------------------------------------------------------------------------
+# sweeps
+
+
+@dataclass
+class SweepResult:
+    records: list[dict]
+    results_dir: Path
+    wall_s: float
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.records if r["status"] in FAILED]
+
+
+def existing_ok(results: str | Path, sweep: str, run_id: str) -> bool:
+    try:
+        return read_record(record_path(results, sweep, run_id))["status"] == "ok"
+    except ValueError:
+        return False
+
+
+def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, force: bool = False,
+              no_skip: bool = False, only: set[str] | None = None,
+              echo: Callable[[str], None] = print) -> SweepResult:
+    """Run every cell of a scenario, one after another, each ending in one record."""
+    t0 = time.time()
+    results = Path(results)
+    specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
+    if only is not None:
+        specs = [s for s in specs if s.run_id in only]
+    sha = git_sha()
+    manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name)
+    folder = sweep_dir(results, scenario.name) / ".submitit"
+    records = []
+    for i, spec in enumerate(specs, 1):
+        tag = f"[{i}/{len(specs)}] {spec.run_id}"
+        if not force and existing_ok(results, scenario.name, spec.run_id):
+            echo(f"{tag}  ok (already recorded; --force reruns)")
+            records.append(read_record(record_path(results, scenario.name, spec.run_id)))
+            manifest.set(spec.run_id, state="done", status="ok")
+            continue
+        predicted = predict(spec, cluster)
+        reason = spec.unsupported_reason(cluster.device)
+        if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
+            reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
+        if reason is not None:
+            rec = skipped_record(spec, sweep=scenario.name, cluster=cluster, results=results, reason=reason,
+                                 predicted=predicted)
+            manifest.set(spec.run_id, state="skipped", status="skipped")
+            echo(f"{tag}  skipped: {reason}")
+            records.append(rec)
+            continue
+        payload = make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha,
+                               predicted=predicted)
+        manifest.set(spec.run_id, state="running", attempt=payload["attempt"])
+        c0 = time.time()
+        rec = launch_submitit(payload, cluster=cluster, folder=folder, time_limit_s=spec.settings.time_limit_s,
+                              on_submit=lambda job: manifest.set(spec.run_id, job_id=str(job.job_id)))
+        manifest.set(spec.run_id, state="done" if rec["status"] == "ok" else "failed", status=rec["status"])
+        echo(f"{tag}  {describe(rec)}  ({time.time() - c0:.1f} s)")
+        records.append(rec)
+    return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
+
+
+def describe(rec: dict) -> str:
+    """One line for a terminal: status and the headline numbers."""
+    if rec["status"] != "ok":
+        reason = (rec.get("reason") or "").splitlines()[0][:160] if rec.get("reason") else ""
+        rank = f" (rank {rec['failed_rank']})" if rec.get("failed_rank") is not None else ""
+        return f"{rec['status']}{rank}: {reason}"
+    m = rec["metrics"]
+    parts = [f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step", f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu",
+             f"loss {m['loss']:.4f}"]
+    if m.get("mfu") is not None:
+        parts.append(f"MFU {m['mfu'] * 100:.1f}%")
+    if m.get("peak_memory_allocated_gib") is not None:
+        parts.append(f"peak {m['peak_memory_allocated_gib']:.2f} GiB")
+    return "  ".join(parts)

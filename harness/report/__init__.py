@@ -1,0 +1,138 @@
+"""`harness report DIR… [-o OUT]`: result records → one self-contained HTML page, a Markdown page, the table
+as CSV and Parquet, and each figure as a PNG.
+
+Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → render
+(HTML/Markdown). Nothing here imports torch. Files that are not readable records are warnings, never a crash;
+a null metric stays null ("n/a"), never 0.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.errors import InputError, Problem
+from harness.report.figures import Figure, all_figures
+from harness.report.frame import (FRACTIONAL_COLUMNS, SAMPLES_COLUMN, best_per_model_gpus, cell_table, figure_cells,
+                                  records_frame, report_name)
+from harness.report.render import html_page, markdown
+from harness.results import load_records
+
+__all__ = ["build_report", "report_command"]
+
+
+def _check_inputs(dirs: list[Path], out: Path | None) -> None:
+    problems = [Problem(str(d), "", "no such file or directory") for d in dirs if not d.exists()]
+    if out is not None and out.exists() and not out.is_dir():
+        problems.append(Problem(str(out), "", "output path exists and is not a directory"))
+    if problems:
+        raise InputError(problems)
+
+
+def _integers_as_int(df):
+    """Columns whose values are all whole numbers (GPU counts, bytes, ranks) as nullable Int64, so the files say
+    `4`, not `4.0`; nulls stay empty. The in-memory frame keeps float64 for plotting."""
+    out = df.copy()
+    for col in out.columns:
+        s = out[col]
+        if s.dtype == "float64" and s.notna().any() and col not in FRACTIONAL_COLUMNS:
+            v = s.dropna()
+            if ((v % 1) == 0).all() and (v.abs() < 2**53).all():
+                out[col] = s.astype("Int64")
+    return out
+
+
+def _write_tables(df, out: Path, warnings: list[str]) -> dict[str, Path]:
+    paths = {"csv": out / "table.csv"}
+    df = _integers_as_int(df)
+    df.drop(columns=[SAMPLES_COLUMN]).to_csv(paths["csv"], index=False)
+    try:
+        import pyarrow  # noqa: F401  (pandas' parquet engine; optional)
+    except ImportError:
+        warnings.append("table.parquet not written: pyarrow is not installed (pip install pyarrow)")
+        (out / "table.parquet").unlink(missing_ok=True)
+        return paths
+    paths["parquet"] = out / "table.parquet"
+    df.to_parquet(paths["parquet"], index=False)
+    return paths
+
+
+def _write_figures(figures: list[Figure], out: Path) -> dict[str, Path]:
+    paths = {}
+    for f in figures:
+        path = out / f"{f.name}.png"
+        if f.png is None:
+            path.unlink(missing_ok=True)  # a stale figure from an earlier report would contradict the note
+            continue
+        path.write_bytes(f.png)
+        paths[f.name] = path
+    return paths
+
+
+def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Path | None = None) -> dict[str, Any]:
+    """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
+
+    Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
+    {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
+    per cell shown), "best": DataFrame, "figures": [Figure]}. With no readable record nothing is written and
+    "out" is None. InputError when a dir does not exist or `out` is a file.
+    """
+    dirs = [Path(d) for d in dirs]
+    if not dirs:
+        raise InputError("no result directories given")
+    out_path = Path(out) if out is not None else None
+    _check_inputs(dirs, out_path)
+    records, warnings = load_records(*dirs)
+    n_unreadable = len(warnings)
+    df, more = records_frame(records)
+    warnings += more
+    result: dict[str, Any] = {"out": None, "name": report_name(df), "paths": {}, "warnings": warnings,
+                              "frame": df, "cells": None, "best": None, "figures": []}
+    if df.empty:
+        return result
+    cells, more = cell_table(df)
+    warnings += more
+    best = best_per_model_gpus(cells)
+    figures = all_figures(figure_cells(cells))
+    df = df.assign(in_tables=df.index.isin(cells.index))
+    out_path = out_path or Path("reports") / result["name"]
+    out_path.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Any] = _write_tables(df, out_path, warnings)
+    paths["figures"] = _write_figures(figures, out_path)
+    ctx = {"name": result["name"], "dirs": dirs, "frame": df, "cells": cells, "best": best, "figures": figures,
+           "warnings": warnings, "n_unreadable": n_unreadable,
+           "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    paths["markdown"] = out_path / "report.md"
+    paths["markdown"].write_text(markdown(ctx))
+    paths["html"] = out_path / "index.html"
+    paths["html"].write_text(html_page(ctx))
+    result.update(out=out_path, paths=paths, frame=df, cells=cells, best=best, figures=figures)
+    return result
+
+
+@click.command("report")
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+              help="output folder (default: reports/<sweep name>, or reports/report for several sweeps)")
+def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
+    """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively)."""
+    result = build_report(dirs, out)
+    for w in result["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    if result["out"] is None:
+        click.echo(f"error: no records could be loaded from {', '.join(map(str, dirs))}", err=True)
+        return 1
+    p = result["paths"]
+    for key in ("html", "markdown", "csv", "parquet"):
+        if key in p:
+            click.echo(str(p[key]))
+    for path in p["figures"].values():
+        click.echo(str(path))
+    for f in result["figures"]:
+        if f.png is None:
+            click.echo(f"note: figure '{f.name}' not drawn. {f.note}", err=True)
+    return 0
+

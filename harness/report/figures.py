@@ -1,0 +1,508 @@
+"""The report's figures (matplotlib, Agg backend), each rendered once to PNG bytes.
+
+One colour and one marker per strategy in every figure (`STRATEGY_STYLE`, a fixed mapping over
+harness.scenario.STRATEGIES): the Okabe-Ito colours plus four of Paul Tol's "muted" set, all distinguishable
+with the common colour-vision deficiencies, and the marker shape repeats the information. Precision is the
+line style. A figure whose data no record carries is not drawn; its note says why.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")  # NOTE: before pyplot is imported; the report never opens a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+from matplotlib.transforms import ScaledTranslation  # noqa: E402
+from matplotlib.ticker import EngFormatter, NullLocator, PercentFormatter, ScalarFormatter  # noqa: E402
+
+from harness.report.frame import COMM_PREFIX, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
+from harness.scenario import PRECISIONS, STRATEGIES  # noqa: E402
+
+DPI = 100
+MAX_MODELS = 4
+"""models drawn in a figure at most; more → an evenly spread subset (smallest and largest included), noted"""
+MAX_PANELS = 8
+"""(model, GPU count) panels per bar/box figure at most"""
+MAX_HEATMAP_COLUMNS = 32
+MAX_HEATMAP_ROWS = 48
+
+# Okabe & Ito (2008) without yellow (too light on white), then Tol's muted indigo, teal, olive, wine.
+_PALETTE = ("#000000", "#0072B2", "#56B4E9", "#332288", "#44AA99", "#999933", "#009E73", "#CC79A7",
+            "#E69F00", "#D55E00", "#882255")
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">")
+_UNKNOWN_STYLE = ("#888888", ".")
+STRATEGY_STYLE: dict[str, tuple[str, str]] = {
+    s: (_PALETTE[i], _MARKERS[i]) if i < len(_PALETTE) else _UNKNOWN_STYLE for i, s in enumerate(STRATEGIES)
+}
+"""strategy → (colour, marker), the same in every figure; a strategy not in the list is grey with '.'"""
+PRECISION_LINESTYLE = {"bf16": "-", "fp16": "--", "fp32": ":"}
+_COLLECTIVE_HATCH = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
+_GREY_NA = "#E6E6E6"
+
+plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
+                     "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 12,
+                     "axes.spines.top": False, "axes.spines.right": False})
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the report: `png` is None when nothing could be drawn, and `note` says why."""
+
+    name: str
+    """file stem: `<name>.png` in the report folder"""
+    title: str
+    caption: str
+    png: bytes | None
+    note: str = ""
+
+
+def style(strategy: str) -> tuple[str, str]:
+    return STRATEGY_STYLE.get(strategy, _UNKNOWN_STYLE)
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, facecolor="white")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _spread(items: list, k: int) -> list:
+    """At most k of items, evenly spread and including the first and the last."""
+    if len(items) <= k:
+        return list(items)
+    idx = sorted({round(i) for i in np.linspace(0, len(items) - 1, k)})
+    return [items[i] for i in idx]
+
+
+def _gpus_label(g: float) -> str:
+    return f"{int(g)} GPU" + ("" if int(g) == 1 else "s")
+
+
+def _params_label(n: float | None) -> str:
+    if n is None or not math.isfinite(n):
+        return ""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit} params"
+    return f"{int(n)} params"
+
+
+def _model_title(fc: pd.DataFrame, model: str) -> str:
+    n = fc.loc[fc["model"] == model, "n_params"].max()
+    label = _params_label(None if pd.isna(n) else float(n))
+    return f"{model} ({label})" if label else str(model)
+
+
+def _omitted_note(what: str, shown: list, total: list) -> str:
+    if len(shown) == len(total):
+        return ""
+    return f"Showing {len(shown)} of {len(total)} {what} ({', '.join(map(str, shown))}); the tables have all."
+
+
+def _select_models(fc: pd.DataFrame, k: int = MAX_MODELS) -> tuple[list[str], str]:
+    models = model_order(fc)
+    shown = _spread(models, k)
+    return shown, _omitted_note("models", shown, models)
+
+
+def _select_panels(fc: pd.DataFrame) -> tuple[list[tuple[str, float]], str]:
+    """(model, GPU count) panels, at most MAX_PANELS, with a note on what was left out."""
+    models, note = _select_models(fc)
+    per_model = max(1, MAX_PANELS // max(1, len(models)))
+    panels, dropped = [], False
+    for m in models:
+        gpus = sorted(fc.loc[fc["model"] == m, "gpus"].unique())
+        shown = _spread(gpus, per_model)
+        dropped |= len(shown) < len(gpus)
+        panels += [(m, g) for g in shown]
+    if dropped:
+        note = (note + " " if note else "") + (f"At most {per_model} GPU count(s) per model are drawn "
+                                               "(smallest and largest first); the tables have all.")
+    return panels, note
+
+
+def _strategy_handles(strategies) -> list:
+    return [Line2D([], [], color=style(s)[0], marker=style(s)[1], linestyle="-", markersize=6, label=s)
+            for s in _ordered_strategies(strategies)]
+
+
+def _ordered_strategies(strategies) -> list[str]:
+    rank = {s: i for i, s in enumerate(STRATEGIES)}
+    return sorted(set(strategies), key=lambda s: (rank.get(s, len(rank)), s))
+
+
+def _row_label(strategy: str, precision: str) -> str:
+    return f"{strategy} · {precision}"
+
+
+def _panel_grid(n_panels: int, n_bars: int) -> tuple[int, int, float, float]:
+    """(nrows, ncols, panel width, panel height) in inches for bar/box panels with rotated labels."""
+    panel_w = max(3.4, 1.0 + 0.34 * n_bars)
+    ncols = max(1, min(n_panels, int(14 // panel_w)))
+    nrows = math.ceil(n_panels / ncols)
+    return nrows, ncols, panel_w, 3.9
+
+
+def _new_panel_figure(n_panels: int, n_bars: int, title: str):
+    nrows, ncols, pw, ph = _panel_grid(n_panels, n_bars)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols + 2.4, ph * nrows + 0.6), squeeze=False,
+                             layout="constrained")
+    fig.suptitle(title)
+    flat = list(axes.flat)
+    for ax in flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, flat[:n_panels]
+
+
+def _categorical_xticks(ax, labels: list[str]) -> None:
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=55, ha="right", rotation_mode="anchor", fontsize=7.5)
+    ax.set_xlim(-0.7, len(labels) - 0.3)
+
+
+def _no_data(name: str, title: str, caption: str, why: str) -> Figure:
+    return Figure(name=name, title=title, caption=caption, png=None, note=f"No data: {why}.")
+
+
+# --- scaling -------------------------------------------------------------------------------------------
+
+def scaling_figure(fc: pd.DataFrame) -> Figure:
+    title = "Throughput scaling"
+    caption = ("Top: tokens/s per GPU against GPU count (log₂ axis), one line per strategy (colour, marker) and "
+               "precision (line style); status-ok cells only. Bottom: scaling efficiency = tokens/s/GPU at N "
+               "GPUs ÷ tokens/s/GPU at the smallest GPU count where that strategy and precision ran "
+               "(1.0 = linear scaling).")
+    ok = fc[(fc["status"] == "ok") & fc["tokens_per_s_per_gpu"].notna()]
+    if ok.empty:
+        return _no_data("scaling", title, caption, "no cell ran ok with a tokens/s/GPU")
+    models, note = _select_models(ok)
+    fig, axes = plt.subplots(2, len(models), figsize=(4.3 * len(models) + 2.6, 7.2), squeeze=False,
+                             sharex="col", layout="constrained")
+    fig.suptitle("Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count")
+    all_gpus = sorted(ok["gpus"].unique())
+    for j, model in enumerate(models):
+        top, bottom = axes[0, j], axes[1, j]
+        sub = ok[ok["model"] == model]
+        eff_max = 1.0
+        for (strategy, precision), line in sub.groupby(["strategy", "precision"], sort=False):
+            line = line.sort_values("gpus")
+            color, marker = style(strategy)
+            ls = PRECISION_LINESTYLE.get(precision, "-.")
+            x, y = line["gpus"].to_numpy(), line["tokens_per_s_per_gpu"].to_numpy()
+            top.plot(x, y, color=color, marker=marker, linestyle=ls, markersize=5, linewidth=1.4)
+            bottom.plot(x, y / y[0], color=color, marker=marker, linestyle=ls, markersize=5, linewidth=1.4)
+            eff_max = max(eff_max, float(np.max(y / y[0])))
+        top.set_title(_model_title(fc, model))
+        top.yaxis.set_major_formatter(EngFormatter(sep=""))
+        top.set_ylim(bottom=0)
+        bottom.axhline(1.0, color="#777777", linewidth=0.8, linestyle=(0, (2, 2)), zorder=0)
+        bottom.set_ylim(0, max(1.15, eff_max * 1.08))
+        bottom.set_xlabel("GPU count (log₂ scale)")
+        for ax in (top, bottom):
+            _log2_gpus_axis(ax, all_gpus)
+            ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+    axes[0, 0].set_ylabel("throughput per GPU (tokens/s)")
+    axes[1, 0].set_ylabel("scaling efficiency (ratio, 1 = linear)")
+    precisions = [p for p in PRECISIONS if p in set(ok["precision"])] + \
+        sorted(set(ok["precision"]) - set(PRECISIONS))
+    prec_handles = [Line2D([], [], color="#444444", linestyle=PRECISION_LINESTYLE.get(p, "-."), label=p)
+                    for p in precisions]
+    fig.legend(handles=_strategy_handles(ok["strategy"]) + prec_handles, loc="outside right upper",
+               title="strategy / precision", frameon=False)
+    if len(all_gpus) == 1:
+        note = (note + " " if note else "") + "Only one GPU count: efficiency is 1 by definition."
+    return Figure("scaling", title, caption, _png(fig), note)
+
+
+def _log2_gpus_axis(ax, gpus: list[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus)
+    fmt = ScalarFormatter()
+    fmt.set_scientific(False)
+    ax.xaxis.set_major_formatter(fmt)
+    ax.xaxis.set_minor_locator(NullLocator())
+    lo, hi = min(gpus), max(gpus)
+    ax.set_xlim(lo / 1.35, hi * 1.35)
+
+
+# --- MFU heatmap -----------------------------------------------------------------------------------------
+
+def mfu_heatmap(fc: pd.DataFrame) -> Figure:
+    title = "MFU heatmap"
+    caption = ("Model FLOPs utilisation (% of the device's dense peak FLOPS for the precision) per strategy · "
+               "precision (rows) and model @ GPU count (columns). Grey: MFU is null (n/a) or the cell did not "
+               "run ok (its status is shown); blank: not in the results.")
+    if fc.empty:
+        return _no_data("mfu_heatmap", title, caption, "no cells")
+    notes = []
+    models = model_order(fc)
+    gpus_per_model = {m: sorted(fc.loc[fc["model"] == m, "gpus"].unique()) for m in models}
+    shown_models = models
+    while len(shown_models) > 1 and sum(len(gpus_per_model[m]) for m in shown_models) > MAX_HEATMAP_COLUMNS:
+        shown_models = _spread(models, len(shown_models) - 1)
+    if len(shown_models) < len(models):
+        notes.append(_omitted_note("models", shown_models, models))
+    columns = [(m, g) for m in shown_models for g in gpus_per_model[m]][:MAX_HEATMAP_COLUMNS]
+    sub = fc[fc["model"].isin(shown_models)]
+    rows = list(dict.fromkeys(zip(sub["strategy"], sub["precision"])))
+    if len(rows) > MAX_HEATMAP_ROWS:
+        notes.append(f"Showing the first {MAX_HEATMAP_ROWS} of {len(rows)} strategy · precision rows.")
+        rows = rows[:MAX_HEATMAP_ROWS]
+    r_index = {r: i for i, r in enumerate(rows)}
+    c_index = {c: j for j, c in enumerate(columns)}
+    values = np.full((len(rows), len(columns)), np.nan)
+    text = np.full((len(rows), len(columns)), "", dtype=object)
+    grey = np.zeros((len(rows), len(columns)), dtype=bool)
+    reasons: dict[str, int] = {}
+    for rec in sub.itertuples(index=False):
+        i, j = r_index.get((rec.strategy, rec.precision)), c_index.get((rec.model, rec.gpus))
+        if i is None or j is None:
+            continue
+        if rec.status != "ok":
+            text[i, j], grey[i, j] = str(rec.status), True
+        elif pd.isna(rec.mfu):
+            text[i, j], grey[i, j] = "n/a", True
+            why = rec.mfu_null_reason if isinstance(rec.mfu_null_reason, str) else "no reason recorded"
+            reasons[why] = reasons.get(why, 0) + 1
+        else:
+            values[i, j] = 100.0 * rec.mfu
+            text[i, j] = f"{100.0 * rec.mfu:.1f}"
+    vmax = float(np.nanmax(values)) if np.isfinite(values).any() else 1.0
+    footnotes = [f"n/a ({n} cell{'s' if n > 1 else ''}): {why}" for why, n in
+                 sorted(reasons.items(), key=lambda kv: -kv[1])[:4]]
+    if len(reasons) > 4:
+        footnotes.append(f"… and {len(reasons) - 4} more reasons (table.csv, column mfu_null_reason)")
+    width = min(26.0, 3.4 + 0.78 * len(columns) + 1.2)
+    wrap = max(60, int(width * 13))
+    foot_lines = [ln for f in footnotes for ln in textwrap.wrap(f, wrap)]
+    height = 1.6 + 0.3 * len(rows) + 0.18 * len(foot_lines) + 0.5
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    cmap = plt.get_cmap("cividis")
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9), aspect="auto")
+    fontsize = 8 if len(columns) <= 12 else 6.5
+    for i in range(len(rows)):
+        for j in range(len(columns)):
+            if grey[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=_GREY_NA, edgecolor="white",
+                                       hatch="////" if text[i, j] == "n/a" else "", linewidth=0.0))
+                ax.text(j, i, text[i, j], ha="center", va="center", fontsize=fontsize, color="#333333")
+            elif text[i, j]:
+                r, g, b, _ = cmap(values[i, j] / max(vmax, 1e-9))
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                ax.text(j, i, text[i, j], ha="center", va="center", fontsize=fontsize,
+                        color="white" if dark else "black")
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels([f"{m}\n{_gpus_label(g)}" for m, g in columns], fontsize=7.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([_row_label(s, p) for s, p in rows], fontsize=7.5)
+    ax.tick_params(axis="y", pad=16, length=0)
+    ax.tick_params(axis="x", length=0)
+    swatch = ax.get_yaxis_transform() + ScaledTranslation(-8 / 72, 0, fig.dpi_scale_trans)
+    for i, (s, _) in enumerate(rows):  # strategy colour and marker next to each row label
+        ax.plot(0, i, marker=style(s)[1], color=style(s)[0], markersize=6, clip_on=False, transform=swatch)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_xlabel("model @ GPU count")
+    ax.set_ylabel("strategy · precision")
+    ax.set_title("MFU (%) per strategy · precision and model @ GPU count")
+    cbar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
+    cbar.set_label("MFU (% of dense peak FLOPS)")
+    if foot_lines:
+        fig.supxlabel("\n".join(foot_lines), fontsize=7.5, ha="left", x=0.01, color="#333333")
+    note = " ".join(notes + footnotes)
+    if not np.isfinite(values).any():
+        note = ("No cell has an MFU value (all are n/a). " + note).strip()
+    return Figure("mfu_heatmap", title, caption, _png(fig), note)
+
+
+# --- peak memory -----------------------------------------------------------------------------------------
+
+def memory_figure(fc: pd.DataFrame) -> Figure:
+    title = "Peak memory"
+    caption = ("Peak memory per GPU: solid bar = peak allocated, pale bar = peak reserved by the caching "
+               "allocator, ◆ = predicted by the planner, dashed line = device capacity (env.device_memory_gib). "
+               "GiB = 2³⁰ bytes.")
+    cols = ["peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib"]
+    data = fc[fc[cols].notna().any(axis=1)]
+    if data.empty:
+        return _no_data("memory", title, caption, "no record has a measured or predicted peak memory")
+    panels, note = _select_panels(data)
+    lacking = int(((fc["status"] == "ok") & fc[cols].isna().all(axis=1)).sum())
+    if lacking:
+        note = (f"{lacking} cell(s) that ran ok have no memory figures and are not drawn. " + note).strip()
+    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
+    fig, axes = _new_panel_figure(len(panels), n_bars, "Peak memory per GPU: measured, predicted, capacity")
+    capacity_unknown = False
+    for ax, (model, gpus) in zip(axes, panels):
+        p = data[(data["model"] == model) & (data["gpus"] == gpus)]
+        x = np.arange(len(p))
+        colors = [style(s)[0] for s in p["strategy"]]
+        alloc = p["peak_memory_allocated_gib"].to_numpy()
+        reserved = p["peak_memory_reserved_gib"].to_numpy()
+        pred = p["predicted_memory_gib"].to_numpy()
+        cap = p["device_memory_gib"].to_numpy()
+        ax.bar(x, np.nan_to_num(reserved, nan=0.0), width=0.75, color=colors, alpha=0.35, edgecolor=colors,
+               linewidth=0.8)
+        ax.bar(x, np.nan_to_num(alloc, nan=0.0), width=0.75, color=colors, edgecolor=colors)
+        ax.plot(x, pred, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
+        top = float(np.nanmax(np.concatenate([alloc, reserved, pred])))
+        caps = sorted(set(cap[~np.isnan(cap)]))
+        if not caps:
+            capacity_unknown = True
+        elif top >= 0.05 * max(caps):
+            if len(caps) == 1:
+                ax.axhline(caps[0], color="#444444", linestyle="--", linewidth=1.2)
+                ax.text(0.99, caps[0], f"capacity {caps[0]:.3g} GiB", transform=ax.get_yaxis_transform(),
+                        ha="right", va="bottom", fontsize=7.5, color="#444444")
+                top = max(top, caps[0])
+            else:
+                ax.hlines(cap, x - 0.45, x + 0.45, color="#444444", linestyle="--", linewidth=1.2)
+                top = max(top, max(caps))
+        else:
+            ax.text(0.02, 0.97, f"device capacity {max(caps):.3g} GiB (off scale)", transform=ax.transAxes,
+                    fontsize=7.5, va="top", color="#444444")
+        for xi, st, a, r in zip(x, p["status"], alloc, reserved):
+            if st != "ok" and np.isnan(a) and np.isnan(r):
+                ax.text(xi, top * 0.02, st, rotation=90, ha="center", va="bottom", fontsize=7.5,
+                        color="#333333")
+        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+        _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_ylabel("peak memory per GPU (GiB)")
+        ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+        ax.set_axisbelow(True)
+    handles = _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]) + [
+        Patch(facecolor="#666666", label="peak allocated"),
+        Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666", label="peak reserved"),
+        Line2D([], [], linestyle="none", marker="D", color="black", label="predicted"),
+        Line2D([], [], linestyle="--", color="#444444", label="device capacity")]
+    fig.legend(handles=handles, loc="outside right upper", frameon=False)
+    if capacity_unknown:
+        note = (note + " " if note else "") + ("Device capacity unknown for some panels "
+                                               "(env.device_memory_gib is null): no capacity line there.")
+    return Figure("memory", title, caption, _png(fig), note)
+
+
+# --- collective bytes ------------------------------------------------------------------------------------
+
+def _byte_unit(max_bytes: float) -> tuple[float, str]:
+    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if max_bytes >= div:
+            return float(div), unit
+    return 1.0, "bytes"
+
+
+def comm_figure(fc: pd.DataFrame) -> Figure:
+    title = "Collective bytes per step"
+    caption = ("Bytes moved by collectives per training step (comm.by_collective), stacked by collective type "
+               "(hatching) for each strategy · precision; the bar colour is the strategy. ◆ = predicted bytes "
+               "per step (predicted.comm_bytes_per_step). Bytes not attributed to a collective type are "
+               "drawn as 'not broken down'.")
+    ccols = collective_columns(fc)
+    has = fc["comm_bytes_per_step"].notna()
+    if ccols:
+        has |= fc[ccols].notna().any(axis=1)
+    data = fc[has]
+    if data.empty:
+        return _no_data("comm", title, caption, "no record has a comm section")
+    panels, note = _select_panels(data)
+    lacking = int(((fc["status"] == "ok") & ~has).sum())
+    if lacking:
+        note = (f"{lacking} cell(s) that ran ok have no comm section and are not drawn. " + note).strip()
+    names = [c[len(COMM_PREFIX):] for c in ccols]
+    parts = data[ccols].fillna(0.0).to_numpy() if ccols else np.zeros((len(data), 0))
+    known = parts.sum(axis=1)
+    total = data["comm_bytes_per_step"].to_numpy()
+    rest = np.where(np.isnan(total), 0.0, np.maximum(total - known, 0.0))
+    rest = np.where(rest > 0.005 * np.nan_to_num(total, nan=0.0), rest, 0.0)
+    stacks = np.column_stack([parts, rest])
+    labels = names + ["not broken down"]
+    pred = data["predicted_comm_bytes_per_step"].to_numpy()
+    div, unit = _byte_unit(float(np.nanmax(np.concatenate([stacks.sum(axis=1), pred]))))
+    used = [k for k in range(stacks.shape[1]) if stacks[:, k].any()]
+    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
+    fig, axes = _new_panel_figure(len(panels), n_bars, "Collective bytes per step by collective type")
+    for ax, (model, gpus) in zip(axes, panels):
+        mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
+        p = data[mask]
+        x = np.arange(len(p))
+        colors = [style(s)[0] for s in p["strategy"]]
+        bottom = np.zeros(len(p))
+        for k in used:
+            h = stacks[mask, k] / div
+            ax.bar(x, h, bottom=bottom, width=0.75, color=colors, edgecolor="white", linewidth=0.6,
+                   hatch=_COLLECTIVE_HATCH[used.index(k) % len(_COLLECTIVE_HATCH)])
+            bottom = bottom + h  # NOTE: a new array; bar() keeps a reference to `bottom`
+        ax.plot(x, pred[mask] / div, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
+        for xi, st, b in zip(x, p["status"], bottom):
+            if st != "ok" and b == 0:
+                ax.text(xi, 0, st, rotation=90, ha="center", va="bottom", fontsize=7.5, color="#333333")
+        _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_ylabel(f"bytes per step ({unit})")
+        top = float(np.nanmax(np.concatenate([bottom, pred[mask] / div, [0.0]])))
+        ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
+        ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+        ax.set_axisbelow(True)
+    handles = _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]) + [
+        Patch(facecolor="#999999", edgecolor="white", hatch=_COLLECTIVE_HATCH[i % len(_COLLECTIVE_HATCH)],
+              label=labels[k]) for i, k in enumerate(used)] + [
+        Line2D([], [], linestyle="none", marker="D", color="black", label="predicted total")]
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, title="strategy / collective")
+    return Figure("comm", title, caption, _png(fig), note)
+
+
+# --- step-time distributions -----------------------------------------------------------------------------
+
+def step_time_figure(fc: pd.DataFrame) -> Figure:
+    title = "Step-time distributions"
+    caption = ("Distribution of the measured step times (after warm-up) per strategy · precision: box = "
+               "p25–p75, line = median, whiskers = 1.5 × IQR, points = outliers.")
+    data = fc[fc[SAMPLES_COLUMN].map(len) > 0]
+    if data.empty:
+        return _no_data("step_time", title, caption, "no record has step-time samples")
+    panels, note = _select_panels(data)
+    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
+    fig, axes = _new_panel_figure(len(panels), n_bars, "Step-time distributions (measured steps)")
+    for ax, (model, gpus) in zip(axes, panels):
+        mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
+        p = data[mask]
+        series = [np.asarray(s) * 1e3 for s in p[SAMPLES_COLUMN]]
+        bp = ax.boxplot(series, positions=np.arange(len(p)), widths=0.6, patch_artist=True,
+                        medianprops={"color": "black", "linewidth": 1.2},
+                        flierprops={"markersize": 3, "markeredgecolor": "#555555"})
+        for box, s in zip(bp["boxes"], p["strategy"]):
+            box.set_facecolor(style(s)[0])
+            box.set_alpha(0.75)
+        lo = min(float(np.min(s)) for s in series)
+        hi = max(float(np.max(s)) for s in series)
+        if lo > 0 and hi / lo > 30:
+            ax.set_yscale("log")
+        _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_ylabel("step time (ms)")
+        ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+        ax.set_axisbelow(True)
+    fig.legend(handles=_strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]),
+               loc="outside right upper", frameon=False, title="strategy")
+    return Figure("step_time", title, caption, _png(fig), note)
+
+
+def all_figures(fc: pd.DataFrame) -> list[Figure]:
+    """Every figure of the report, in report order, from the figure cells (frame.figure_cells)."""
+    return [scaling_figure(fc), mfu_heatmap(fc), memory_figure(fc), comm_figure(fc),
+            step_time_figure(fc)]
+
+
+FIGURE_NAMES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")

@@ -1,0 +1,315 @@
+"""Records → one pandas DataFrame, one row per record of any status; the cell table the report shows.
+
+Every metric is copied as the record has it: a null (or a field the record lacks, such as a missing `comm`
+or `predicted` section) stays NaN here and becomes "n/a" in the tables, never 0. A field of the wrong type
+is a warning and NaN, not a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.results import load_records
+from harness.scenario import PRECISIONS, STRATEGIES
+
+# Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
+# vary within a report (e.g. two micro-batch sizes); label → short form in row labels.
+VARIANT_FIELDS: dict[str, str] = {
+    "nodes": "nodes",
+    "micro_batch": "mb",
+    "seq_len": "seq",
+    "grad_accum": "ga",
+    "activation_checkpointing": "ac",
+    "offload": "offload",
+}
+CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
+ROW_KEYS = ("strategy", "precision", "variant")
+
+# Scalar columns of the frame and of table.csv / table.parquet, in order. Units are in the names:
+# _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %).
+SCALAR_COLUMNS: tuple[str, ...] = (
+    "sweep", "cluster", "run_id", "status", "reason", "failed_rank",
+    "model", "n_params", "strategy", "precision", "gpus", "variant",
+    *VARIANT_FIELDS,
+    "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_null_reason",
+    "step_time_p50_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
+    "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
+    "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step",
+    "loss", "device_name", "device_type", "backend", "harness_git_sha", "started_at", "finished_at", "path",
+)
+NUMERIC_COLUMNS: tuple[str, ...] = (
+    "failed_rank", "n_params", "gpus", "nodes", "micro_batch", "seq_len", "grad_accum",
+    "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+    "step_time_p50_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
+    "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
+    "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step", "loss",
+)
+FRACTIONAL_COLUMNS = frozenset(c for c in NUMERIC_COLUMNS if c.endswith(("_s", "_gib", "_per_s", "_per_gpu"))
+                               or c in ("mfu", "loss", "tokens_per_s_per_gpu"))
+"""measured quantities that stay float in table.csv even when a value happens to be whole (152000.0 tok/s)"""
+SAMPLES_COLUMN = "step_time_samples_s"
+"""list of per-step times (s) per row; in the frame and table.parquet, not in table.csv"""
+COMM_PREFIX = "comm_bytes."
+"""columns `comm_bytes.<collective>`: bytes per step of that collective type (comm.by_collective)"""
+
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+class _Reader:
+    """Typed getters that turn a wrong-typed field into None plus one warning per (file, field)."""
+
+    def __init__(self, path: str, warnings: list[str]):
+        self.path, self.warnings = path, warnings
+
+    def num(self, where: str, x: Any) -> float | None:
+        if x is None:
+            return None
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            self.warnings.append(f"{self.path}: {where} is {x!r}, not a number; shown as n/a")
+            return None
+        return float(x)
+
+    def text(self, x: Any) -> str | None:
+        return None if x is None else str(x)
+
+
+def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
+    """One record → (scalar row, {collective: bytes per step})."""
+    path = str(rec.get("_path", "?"))
+    r = _Reader(path, warnings)
+    spec, metrics = _dict(rec.get("spec")), _dict(rec.get("metrics"))
+    env, comm, predicted = _dict(rec.get("env")), _dict(rec.get("comm")), _dict(rec.get("predicted"))
+    step = _dict(metrics.get("step_time_s"))
+    samples = step.get("samples")
+    samples = [float(s) for s in samples if isinstance(s, (int, float)) and not isinstance(s, bool)
+               and math.isfinite(s)] if isinstance(samples, list) else []
+    null_reasons = _dict(metrics.get("null_reasons"))
+    ac = spec.get("activation_checkpointing")
+    row = {
+        "sweep": r.text(rec.get("sweep")),
+        "cluster": r.text(rec.get("cluster")),
+        "run_id": r.text(rec.get("run_id")),
+        "status": rec.get("status"),
+        "reason": r.text(rec.get("reason")),
+        "failed_rank": r.num("failed_rank", rec.get("failed_rank")),
+        "model": r.text(spec.get("model")),
+        "n_params": r.num("metrics.n_params", metrics.get("n_params")),
+        "strategy": r.text(spec.get("strategy")),
+        "precision": r.text(spec.get("precision")),
+        "gpus": r.num("spec.world_size", spec.get("world_size")),
+        "nodes": r.num("spec.nodes", spec.get("nodes")),
+        "micro_batch": r.num("spec.micro_batch", spec.get("micro_batch")),
+        "seq_len": r.num("spec.seq_len", spec.get("seq_len")),
+        "grad_accum": r.num("spec.grad_accum", spec.get("grad_accum")),
+        "activation_checkpointing": None if ac is None else str(ac).lower(),
+        "offload": r.text(spec.get("offload")),
+        "tokens_per_s": r.num("metrics.tokens_per_s", metrics.get("tokens_per_s")),
+        "tokens_per_s_per_gpu": r.num("metrics.tokens_per_s_per_gpu", metrics.get("tokens_per_s_per_gpu")),
+        "tflops_per_gpu": r.num("metrics.tflops_per_gpu", metrics.get("tflops_per_gpu")),
+        "mfu": r.num("metrics.mfu", metrics.get("mfu")),
+        "mfu_null_reason": r.text(null_reasons.get("mfu")),
+        "step_time_p50_s": r.num("metrics.step_time_s.median", step.get("median")),
+        "step_time_p10_s": r.num("metrics.step_time_s.p10", step.get("p10")),
+        "step_time_p90_s": r.num("metrics.step_time_s.p90", step.get("p90")),
+        "step_time_mean_s": r.num("metrics.step_time_s.mean", step.get("mean")),
+        "n_step_samples": float(len(samples)) if samples else None,
+        "peak_memory_allocated_gib": r.num("metrics.peak_memory_allocated_gib",
+                                           metrics.get("peak_memory_allocated_gib")),
+        "peak_memory_reserved_gib": r.num("metrics.peak_memory_reserved_gib",
+                                          metrics.get("peak_memory_reserved_gib")),
+        "predicted_memory_gib": r.num("predicted.memory_gib.total",
+                                      _dict(predicted.get("memory_gib")).get("total")),
+        "device_memory_gib": r.num("env.device_memory_gib", env.get("device_memory_gib")),
+        "comm_bytes_per_step": r.num("comm.bytes_per_step", comm.get("bytes_per_step")),
+        "comm_calls_per_step": r.num("comm.calls_per_step", comm.get("calls_per_step")),
+        "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step",
+                                               predicted.get("comm_bytes_per_step")),
+        "loss": r.num("metrics.loss", metrics.get("loss")),
+        "device_name": r.text(env.get("device_name")),
+        "device_type": r.text(env.get("device_type")),
+        "backend": r.text(env.get("backend")),
+        "harness_git_sha": r.text(env.get("harness_git_sha")),
+        "started_at": r.text(rec.get("started_at")),
+        "finished_at": r.text(rec.get("finished_at")),
+        "path": path,
+        SAMPLES_COLUMN: samples,
+    }
+    by_coll = {}
+    for name, c in _dict(comm.get("by_collective")).items():
+        b = r.num(f"comm.by_collective.{name}.bytes", _dict(c).get("bytes"))
+        if b is not None:
+            by_coll[_NAME_SAFE.sub("_", str(name))] = b
+    return row, by_coll
+
+
+def _variant_labels(df: pd.DataFrame) -> pd.Series:
+    """'mb=4 seq=2048' from the variant fields that take more than one value in this report, else ''."""
+    parts = []
+    for field, short in VARIANT_FIELDS.items():
+        col = df[field]
+        if col.nunique(dropna=False) <= 1:
+            continue
+        if field == "activation_checkpointing":
+            parts.append(col.map({"true": "ac", "false": "no-ac"}).fillna(f"{short}=?"))
+        else:
+            shown = col.map(lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v))
+                            else (f"{v:g}" if isinstance(v, float) else str(v)))
+            parts.append(short + "=" + shown)
+    if not parts:
+        return pd.Series("", index=df.index, dtype=object)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + " " + p
+    return out.astype(object)
+
+
+def records_frame(records: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per record (columns SCALAR_COLUMNS, SAMPLES_COLUMN, `comm_bytes.<collective>`), + warnings."""
+    warnings: list[str] = []
+    rows, comm = [], []
+    for rec in records:
+        row, by_coll = _flatten(rec, warnings)
+        rows.append(row)
+        comm.append(by_coll)
+    df = pd.DataFrame(rows, columns=[*SCALAR_COLUMNS, SAMPLES_COLUMN])
+    for col in NUMERIC_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in set(SCALAR_COLUMNS) - set(NUMERIC_COLUMNS) - {"variant"}:
+        df[col] = df[col].astype(object).where(df[col].notna(), None)
+    df["variant"] = _variant_labels(df) if len(df) else pd.Series(dtype=object)
+    colls = sorted({k for d in comm for k in d}, key=collective_sort_key)
+    if colls:
+        cdf = pd.DataFrame(comm, columns=colls, index=df.index, dtype="float64")
+        cdf.columns = [COMM_PREFIX + c for c in colls]
+        df = pd.concat([df, cdf], axis=1)
+    missing = df[["model", "strategy", "precision", "gpus"]].isna().any(axis=1)
+    for p in df.loc[missing, "path"]:
+        warnings.append(f"{p}: spec lacks model/strategy/precision/world_size; listed in table.csv only")
+    return df, warnings
+
+
+_COLLECTIVE_ORDER = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send", "recv")
+
+
+def collective_sort_key(name: str) -> tuple[int, str]:
+    return (_COLLECTIVE_ORDER.index(name) if name in _COLLECTIVE_ORDER else len(_COLLECTIVE_ORDER), name)
+
+
+def collective_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith(COMM_PREFIX)]
+
+
+def load_frame(*dirs: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """Every record under `dirs` (recursively) as a frame; unreadable/partial/unknown-schema files → warnings."""
+    records, warnings = load_records(*dirs)
+    df, more = records_frame(records)
+    return df, warnings + more
+
+
+def _order(values: pd.Series, known: tuple[str, ...]) -> pd.Series:
+    """Rank of each value in `known`; unknown values after the known ones (then by name)."""
+    rank = {v: i for i, v in enumerate(known)}
+    return values.map(lambda v: rank.get(v, len(known)))
+
+
+def model_order(df: pd.DataFrame) -> list[str]:
+    """Models smallest first (by metrics.n_params, else the zoo's count for that name), then by name."""
+    from harness.zoo import ZOO
+
+    sizes = df.groupby("model")["n_params"].max()
+    def key(m: str) -> tuple[float, str]:
+        n = sizes.get(m)
+        if n is None or math.isnan(n):
+            n = ZOO[m].n_params() if m in ZOO else math.inf
+        return (n, m)
+    return sorted(df["model"].dropna().unique(), key=key)
+
+
+def sort_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Report order: model by size, strategy as harness.scenario.STRATEGIES, precision, variant, GPU count."""
+    models = {m: i for i, m in enumerate(model_order(df))}
+    keyed = df.assign(_m=df["model"].map(models), _s=_order(df["strategy"], STRATEGIES),
+                      _p=_order(df["precision"], PRECISIONS))
+    keyed = keyed.sort_values(["_m", "_s", "strategy", "_p", "precision", "variant", "gpus"], kind="stable")
+    return keyed.drop(columns=["_m", "_s", "_p"])
+
+
+def cell_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """One row per cell (model, strategy, precision, variant, GPU count), in report order, + warnings.
+    The index is the frame's, so `df.index.isin(cells.index)` marks the records shown.
+
+    Several records of one cell (a rerun, or the same sweep in two result dirs) → the one that finished
+    last is shown, and a warning says how many were set aside.
+    """
+    placed = df.dropna(subset=["model", "strategy", "precision", "gpus"])
+    placed = placed.assign(_fin=placed["finished_at"].fillna(""))
+    placed = placed.sort_values("_fin", kind="stable")
+    dup = placed.duplicated(list(CELL_KEYS), keep="last")
+    warnings = []
+    if dup.any():
+        n_cells = placed[dup].drop_duplicates(list(CELL_KEYS)).shape[0]
+        warnings.append(f"{int(dup.sum())} older record(s) of {n_cells} cell(s) set aside: several records of "
+                        "one cell (same model, strategy, precision, configuration, GPU count); the one that "
+                        "finished last is shown (all are in table.csv)")
+    cells = placed[~dup].drop(columns=["_fin"])
+    return sort_cells(cells), warnings  # NOTE: keeps the frame's index, so rows map back to records
+
+
+def best_per_model_gpus(cells: pd.DataFrame) -> pd.DataFrame:
+    """Fastest cell per (model, GPU count) among status ok with a tokens/s/GPU, + the best other strategy.
+
+    Columns: model, gpus, strategy, precision, variant, tokens_per_s_per_gpu, mfu, runner_up,
+    runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), n_ok, n_cells.
+    Groups where nothing ran ok have strategy None.
+    """
+    out = []
+    ran = cells[(cells["status"] == "ok") & cells["tokens_per_s_per_gpu"].notna()]
+    for (model, gpus), group in cells.groupby(["model", "gpus"], sort=False):
+        ok = ran[(ran["model"] == model) & (ran["gpus"] == gpus)]
+        row: dict[str, Any] = {"model": model, "gpus": gpus, "n_ok": len(ok), "n_cells": len(group),
+                               "statuses": dict(Counter(group["status"]))}
+        if len(ok):
+            ok = ok.sort_values("tokens_per_s_per_gpu", ascending=False, kind="stable")
+            best = ok.iloc[0]
+            others = ok[ok["strategy"] != best["strategy"]]
+            row.update(strategy=best["strategy"], precision=best["precision"], variant=best["variant"],
+                       tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"], mfu=best["mfu"])
+            if len(others):
+                ru = others.iloc[0]
+                row.update(runner_up=ru["strategy"], runner_up_precision=ru["precision"],
+                           runner_up_tokens_per_s_per_gpu=ru["tokens_per_s_per_gpu"],
+                           margin=best["tokens_per_s_per_gpu"] / ru["tokens_per_s_per_gpu"] - 1.0)
+        out.append(row)
+    cols = ["model", "gpus", "strategy", "precision", "variant", "tokens_per_s_per_gpu", "mfu", "runner_up",
+            "runner_up_precision", "runner_up_tokens_per_s_per_gpu", "margin", "n_ok", "n_cells", "statuses"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def figure_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """One cell per (model, strategy, precision, GPU count) for the figures: when a report has several
+    configurations (variants) of a cell, the fastest that ran ok stands for it (else the latest record)."""
+    ranked = cells.assign(_ok=(cells["status"] == "ok").astype(int),
+                          _t=cells["tokens_per_s_per_gpu"].fillna(-math.inf))
+    ranked = ranked.sort_values(["_ok", "_t"], kind="stable")
+    keep = ~ranked.duplicated(["model", "strategy", "precision", "gpus"], keep="last")
+    return sort_cells(ranked[keep].drop(columns=["_ok", "_t"])).reset_index(drop=True)
+
+
+def report_name(df: pd.DataFrame) -> str:
+    """The sweep name when every record shares one, else 'report' (safe as a folder name)."""
+    sweeps = df["sweep"].unique() if len(df) else []
+    if len(sweeps) == 1 and sweeps[0]:
+        name = _NAME_SAFE.sub("_", str(sweeps[0])).strip("._")
+        if name:
+            return name
+    return "report"

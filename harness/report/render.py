@@ -1,0 +1,378 @@
+"""The report's tables as text: one self-contained HTML page and one GitHub-flavoured Markdown page.
+
+Numbers are formatted here and only here; a null is "n/a" (the record has no value), "—" means the cell is
+not in the results at all. Units: tokens/s per GPU, MFU in % of dense peak FLOPS, step times in ms, memory in
+GiB (2**30 bytes), collective bytes per step in binary units (KiB/MiB/GiB).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from harness.report.figures import Figure
+
+NA = "n/a"
+ABSENT = "—"
+MAX_MD_FAILED_ROWS = 200
+MAX_MD_WARNINGS = 50
+MAX_REASON_MD = 300
+MAX_REASON_HTML = 2000
+
+
+def _null(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt_tokens(v: Any) -> str:
+    return NA if _null(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}")
+
+
+def fmt_pct(v: Any) -> str:
+    return NA if _null(v) else f"{100.0 * v:.1f}%"
+
+
+def fmt_ms(v: Any) -> str:
+    if _null(v):
+        return NA
+    ms = 1e3 * v
+    return f"{ms:,.0f}" if ms >= 100 else (f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}")
+
+
+def fmt_gib(v: Any) -> str:
+    if _null(v):
+        return NA
+    return f"{v:.1f}" if v >= 10 else (f"{v:.2f}" if v >= 1 else f"{v:.3g}")
+
+
+def fmt_bytes(v: Any) -> str:
+    if _null(v):
+        return NA
+    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if v >= div:
+            return f"{v / div:.3g} {unit}"
+    return f"{v:.0f} B"
+
+
+def fmt_text(v: Any) -> str:
+    return NA if _null(v) else str(v)
+
+
+def fmt_int(v: Any) -> str:
+    return NA if _null(v) else f"{v:.0f}"
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    fmt: Callable[[Any], str]
+
+
+CELL_METRICS: tuple[Column, ...] = (
+    Column("tokens_per_s_per_gpu", "tok/s/GPU", fmt_tokens),
+    Column("mfu", "MFU", fmt_pct),
+    Column("step_time_p50_s", "step p50 (ms)", fmt_ms),
+    Column("step_time_p90_s", "step p90 (ms)", fmt_ms),
+    Column("peak_memory_allocated_gib", "mem alloc (GiB)", fmt_gib),
+    Column("peak_memory_reserved_gib", "mem reserved (GiB)", fmt_gib),
+    Column("predicted_memory_gib", "mem predicted (GiB)", fmt_gib),
+    Column("device_memory_gib", "capacity (GiB)", fmt_gib),
+    Column("comm_bytes_per_step", "collective bytes/step", fmt_bytes),
+    Column("status", "status", fmt_text),
+)
+
+
+def _row_keys(cells: pd.DataFrame) -> list[str]:
+    return ["strategy", "precision"] + (["variant"] if (cells["variant"] != "").any() else [])
+
+
+def _short(text: Any, limit: int, *, one_line: bool = True) -> str:
+    s = " ".join(fmt_text(text).split()) if one_line else fmt_text(text).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _best_keys(best: pd.DataFrame) -> set[tuple]:
+    ok = best.dropna(subset=["strategy"])
+    return set(zip(ok["model"], ok["gpus"], ok["strategy"], ok["precision"], ok["variant"]))
+
+
+def _is_best(rec: Any, best_keys: set[tuple]) -> bool:
+    return (rec["model"], rec["gpus"], rec["strategy"], rec["precision"], rec["variant"]) in best_keys
+
+
+def _gpus_label(g: float) -> str:
+    return f"{g:.0f} GPU" + ("" if g == 1 else "s")
+
+
+def _statuses_text(statuses: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(statuses.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _best_rows(best: pd.DataFrame, *, with_variant: bool) -> list[list[str]]:
+    rows = []
+    for b in best.to_dict("records"):
+        if _null(b["strategy"]):
+            rows.append([b["model"], fmt_int(b["gpus"]), "none ran ok", ABSENT] + ([ABSENT] if with_variant else [])
+                        + [NA, NA, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"])
+            continue
+        ru = ABSENT if _null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
+        margin = ABSENT if _null(b["margin"]) else f"+{100 * b['margin']:.1f}%"
+        rows.append([b["model"], fmt_int(b["gpus"]), b["strategy"], b["precision"]]
+                    + ([b["variant"] or ABSENT] if with_variant else [])
+                    + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin,
+                       f"{b['n_ok']} of {b['n_cells']}"])
+    return rows
+
+
+def _best_header(with_variant: bool) -> list[str]:
+    return (["model", "GPUs", "best strategy", "precision"] + (["configuration"] if with_variant else [])
+            + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "cells ok"])
+
+
+FAILED_COLUMNS = ("model", "strategy", "precision", "configuration", "GPUs", "status", "failed rank", "reason",
+                  "record")
+
+
+def _failed_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = True) -> list[list[str]]:
+    bad = cells[cells["status"] != "ok"]
+    return [[r["model"], r["strategy"], r["precision"], r["variant"] or ABSENT, fmt_int(r["gpus"]), r["status"],
+             fmt_int(r["failed_rank"]), _short(r["reason"], reason_limit, one_line=one_line), str(r["path"]).rsplit("/", 1)[-1]]
+            for r in bad.to_dict("records")]
+
+
+def _summary_items(ctx: dict[str, Any]) -> list[tuple[str, str]]:
+    df, cells = ctx["frame"], ctx["cells"]
+    statuses = df["status"].value_counts()
+    def uniq(col: str) -> str:
+        vals = sorted({str(v) for v in df[col].dropna().unique()})
+        return ", ".join(vals[:8]) + (f" … ({len(vals)} in all)" if len(vals) > 8 else "") if vals else NA
+    return [
+        ("generated", ctx["generated_at"]),
+        ("result dirs", ", ".join(map(str, ctx["dirs"]))),
+        ("records", f"{len(df)} loaded, {ctx['n_unreadable']} file(s) not readable as records; "
+                    f"{len(cells)} cells shown"),
+        ("statuses", ", ".join(f"{n} {s}" for s, n in statuses.items())),
+        ("sweeps", uniq("sweep")),
+        ("clusters", uniq("cluster")),
+        ("devices", uniq("device_name")),
+        ("harness commits", uniq("harness_git_sha")),
+    ]
+
+
+DEFINITIONS = (
+    "tok/s/GPU: trained tokens per second divided by the GPU count (metrics.tokens_per_s_per_gpu).",
+    "MFU: model FLOPs per second per GPU as a share of the device's dense peak FLOPS for the precision; "
+    "n/a when the record has no value (the reason is in the MFU figure and in table.csv, mfu_null_reason).",
+    "step p50/p90: median and 90th percentile of the measured step times, warm-up steps excluded.",
+    "mem alloc / reserved: peak memory allocated by tensors / reserved by the caching allocator, per GPU, "
+    "after warm-up; predicted: the planner's estimate; capacity: env.device_memory_gib. GiB = 2^30 bytes.",
+    "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
+    "binary units (KiB = 2^10 bytes).",
+    "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations; "
+    "the lead is over the fastest other strategy.",
+    "Scaling efficiency: tok/s/GPU at N GPUs divided by tok/s/GPU at the smallest GPU count where that "
+    "strategy and precision ran ok.",
+    "n/a: the record has no value (null); —: the cell is not in the results.",
+)
+
+
+# --- Markdown ---------------------------------------------------------------------------------------------
+
+def _md_escape(s: str) -> str:
+    return str(s).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+
+
+def _md_table(header: list[str], rows: list[list[str]], *, right: set[int] = frozenset()) -> str:
+    lines = ["| " + " | ".join(_md_escape(h) for h in header) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(ctx: dict[str, Any]) -> str:
+    cells, best, figures = ctx["cells"], ctx["best"], ctx["figures"]
+    with_variant = "variant" in _row_keys(cells)
+    best_keys = _best_keys(best)
+    out = [f"# Benchmark report: {ctx['name']}", ""]
+    out += [f"- **{k}**: {_md_escape(v)}" for k, v in _summary_items(ctx)] + [""]
+    warnings = ctx["warnings"]
+    if warnings:
+        out += [f"## Warnings ({len(warnings)})", ""]
+        out += [f"- {_md_escape(_short(w, 400))}" for w in warnings[:MAX_MD_WARNINGS]]
+        if len(warnings) > MAX_MD_WARNINGS:
+            out.append(f"- … {len(warnings) - MAX_MD_WARNINGS} more (all are in index.html)")
+        out.append("")
+    out += ["## Best strategy per model and GPU count", ""]
+    out += [_md_table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
+                      right={1, 4 + with_variant, 5 + with_variant}), ""]
+    label_cols = _row_keys(cells)
+    for model, mcells in cells.groupby("model", sort=False):
+        out += [f"## Model {model}", ""]
+        for gpus, g in mcells.groupby("gpus", sort=False):
+            out += [f"### {model} · {_gpus_label(gpus)}", ""]
+            rows = []
+            for r in g.to_dict("records"):
+                vals = [c.fmt(r[c.key]) for c in CELL_METRICS]
+                if _is_best(r, best_keys):
+                    vals[0] = f"**{vals[0]}** ★"
+                if r["status"] != "ok":
+                    vals[-1] = f"**{r['status']}**"
+                rows.append([r[k] or ABSENT for k in label_cols] + vals)
+            header = [{"variant": "configuration"}.get(k, k) for k in label_cols] + [c.label for c in CELL_METRICS]
+            out += [_md_table(header, rows, right=set(range(len(label_cols), len(header) - 1))), ""]
+    out += ["## Figures", "", "PNG files next to this report (index.html has them inline):", ""]
+    for f in figures:
+        if f.png is None:
+            out.append(f"- **{f.title}**: not drawn. {_md_escape(f.note)}")
+        else:
+            note = f" {_md_escape(f.note)}" if f.note else ""
+            out.append(f"- [{f.title}]({f.name}.png): {_md_escape(f.caption)}{note}")
+    out.append("")
+    failed = _failed_rows(cells, reason_limit=MAX_REASON_MD)
+    out += [f"## Failed and skipped cells ({len(failed)})", ""]
+    if failed:
+        out.append(_md_table(list(FAILED_COLUMNS), failed[:MAX_MD_FAILED_ROWS], right={4, 6}))
+        if len(failed) > MAX_MD_FAILED_ROWS:
+            out.append(f"\n… {len(failed) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
+    else:
+        out.append("Every cell ran ok.")
+    out += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS] + [""]
+    return "\n".join(out)
+
+
+# --- HTML -------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+       color: #1a1a1a; margin: 24px auto; max-width: 1360px; padding: 0 16px; }
+h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 19px; margin-top: 32px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 12.5px; }
+th, td { border: 1px solid #d0d0d0; padding: 3px 7px; vertical-align: top; }
+th { background: #f1f1f1; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.na { color: #888; } td.best { background: #e4f1fa; font-weight: 700; }
+td.bad { color: #a33d00; font-weight: 600; } td.reason { max-width: 560px; white-space: pre-wrap;
+  font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 11.5px; }
+th.group { text-align: center; background: #e6e6e6; } .scroll { overflow-x: auto; }
+dl.summary { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; }
+dl.summary dt { font-weight: 600; } dl.summary dd { margin: 0; }
+figure { margin: 16px 0 28px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 13px; color: #333; max-width: 1100px; } .note { color: #7a4a00; }
+ul.warnings li { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
+"""
+
+# Counts the figures the browser actually decoded (the Chromium test reads these from the DOM).
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  document.body.dataset.imagesLoaded = String(imgs.filter(function (i) {
+    return i.complete && i.naturalWidth > 0; }).length);
+  document.body.dataset.imagesTotal = String(imgs.length);
+});
+"""
+
+
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _td(text: str, *, cls: str = "", title: str = "") -> str:
+    if text == NA:
+        cls = (cls + " na").strip()
+    attrs = (f' class="{cls}"' if cls else "") + (f' title="{_e(title)}"' if title else "")
+    return f"<td{attrs}>{_e(text)}</td>"
+
+
+def _html_simple_table(header: list[str], rows: list[list[str]], *, num: set[int] = frozenset(),
+                       reason: set[int] = frozenset()) -> str:
+    out = ['<div class="scroll"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in header)
+           + "</tr></thead><tbody>"]
+    for row in rows:
+        out.append("<tr>" + "".join(_td(c, cls="num" if i in num else ("reason" if i in reason else ""))
+                                     for i, c in enumerate(row)) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: set[tuple]) -> str:
+    gpus = sorted(mcells["gpus"].unique())
+    labels = [{"variant": "configuration"}.get(k, k) for k in label_cols]
+    head1 = "".join(f'<th rowspan="2">{_e(lbl)}</th>' for lbl in labels) + "".join(
+        f'<th class="group" colspan="{len(CELL_METRICS)}">{_e(_gpus_label(g))}</th>' for g in gpus)
+    head2 = "".join(f"<th>{_e(c.label)}</th>" for c in CELL_METRICS) * len(gpus)
+    out = ['<div class="scroll"><table><thead>', f"<tr>{head1}</tr>", f"<tr>{head2}</tr>", "</thead><tbody>"]
+    by_cell = {(r["strategy"], r["precision"], r["variant"], r["gpus"]): r for r in mcells.to_dict("records")}
+    row_keys = list(dict.fromkeys(zip(mcells["strategy"], mcells["precision"], mcells["variant"])))
+    for s, p, v in row_keys:
+        tds = [_td(x or ABSENT) for x in [s, p, v][: len(label_cols)]]
+        for g in gpus:
+            r = by_cell.get((s, p, v, g))
+            if r is None:
+                tds += [_td(ABSENT, cls="na")] * len(CELL_METRICS)
+                continue
+            best = _is_best(r, best_keys)
+            for c in CELL_METRICS:
+                text = c.fmt(r[c.key])
+                if c.key == "status":
+                    bad = r["status"] != "ok"
+                    tds.append(_td(text, cls="bad" if bad else "", title=fmt_text(r["reason"]) if bad else ""))
+                elif c.key == "tokens_per_s_per_gpu" and best:
+                    tds.append(_td(text + " ★", cls="num best", title="best strategy for this model and GPU count"))
+                elif c.key == "mfu" and text == NA and isinstance(r["mfu_null_reason"], str):
+                    tds.append(_td(text, cls="num", title=r["mfu_null_reason"]))
+                else:
+                    tds.append(_td(text, cls="num"))
+        out.append("<tr>" + "".join(tds) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def _html_figure(f: Figure) -> str:
+    if f.png is None:
+        return (f'<figure id="fig-{_e(f.name)}"><figcaption><b>{_e(f.title)}</b>: not drawn. '
+                f'<span class="note">{_e(f.note)}</span></figcaption></figure>')
+    data = base64.b64encode(f.png).decode("ascii")
+    note = f' <span class="note">{_e(f.note)}</span>' if f.note else ""
+    return (f'<figure id="fig-{_e(f.name)}"><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption><b>{_e(f.title)}.</b> {_e(f.caption)}{note}</figcaption></figure>")
+
+
+def html_page(ctx: dict[str, Any]) -> str:
+    cells, best, figures = ctx["cells"], ctx["best"], ctx["figures"]
+    label_cols = _row_keys(cells)
+    with_variant = "variant" in label_cols
+    best_keys = _best_keys(best)
+    n_drawn = sum(f.png is not None for f in figures)
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           f"<title>Benchmark report: {_e(ctx['name'])}</title>", f"<style>{_CSS}</style>",
+           f"<script>{_SCRIPT}</script>", "</head>",
+           f'<body data-figures="{n_drawn}">', f"<h1>Benchmark report: {_e(ctx['name'])}</h1>",
+           '<dl class="summary">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _summary_items(ctx))
+           + "</dl>"]
+    warnings = ctx["warnings"]
+    if warnings:
+        out += [f'<h2 id="warnings">Warnings ({len(warnings)})</h2>', '<ul class="warnings">']
+        out += [f"<li>{_e(w)}</li>" for w in warnings] + ["</ul>"]
+    out += ['<h2 id="best">Best strategy per model and GPU count</h2>',
+            _html_simple_table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
+                               num={1, 4 + with_variant, 5 + with_variant, 7 + with_variant})]
+    for model, mcells in cells.groupby("model", sort=False):
+        out += [f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>',
+                _html_model_table(mcells, label_cols, best_keys)]
+    out.append('<h2 id="figures">Figures</h2>')
+    out += [_html_figure(f) for f in figures]
+    failed = _failed_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
+    out.append(f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>')
+    out.append(_html_simple_table(list(FAILED_COLUMNS), failed, num={4, 6}, reason={7}) if failed
+               else "<p>Every cell ran ok.</p>")
+    out += ['<h2 id="definitions">Definitions</h2>', "<ul>"] + [f"<li>{_e(d)}</li>" for d in DEFINITIONS]
+    out += ["</ul>", "</body></html>", ""]
+    return "\n".join(out)

@@ -1,0 +1,26 @@
+"""DDP: full replica per rank, one all_reduce of all gradients per step (in 25 MB buckets)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from harness.models import apply_activation_checkpointing, build_model
+from harness.precision import policy
+from harness.scenario import RunSpec
+from harness.strategies.base import Topology, TorchTrainer, adamw
+
+BUCKET_CAP_MB = 25
+
+
+def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
+    prec = policy(spec.precision)
+    model = build_model(spec.model_config, seed=spec.settings.seed, device=topo.device)
+    if spec.settings.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    ddp = DDP(model, device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
+              bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=True)
+    opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
+    scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
+    return TorchTrainer(ddp, opt, autocast=lambda: prec.autocast(topo.device_type), scaler=scaler,
+                        no_sync=ddp.no_sync)

@@ -1,0 +1,234 @@
+"""The per-rank benchmark: init the process group, build + wrap the model, warm up, time each step.
+
+Launched one process per rank, either by submitit (`submitit_entry`, sweeps) or by the foreground
+launcher (`python -m harness.worker PAYLOAD.json` with torchrun-style RANK/WORLD_SIZE/... variables).
+Rank 0 writes the cell's record; a rank that fails writes a fragment (status, traceback) that the
+dispatcher turns into the record when rank 0 could not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import find_peak
+from harness.results import atomic_write_json, new_record, sanitize, sweep_dir, write_record
+from harness.scenario import RunSpec
+
+# NOTE: torch and the strategies are imported inside run(): the submitit driver unpickles this module
+# in every task, and `import harness.worker` must stay cheap for it.
+
+
+def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
+    return sweep_dir(results, sweep) / ".fragments" / run_id
+
+
+def write_fragment(payload: dict, rank: int, status: str, reason: str, extra: dict | None = None) -> None:
+    frag = {"rank": rank, "attempt": payload.get("attempt"), "status": status, "reason": reason, "time": time.time(),
+            "hostname": socket.gethostname(), **(extra or {})}
+    atomic_write_json(fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json",
+                      sanitize(frag))
+
+
+def _process_start_time() -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable
+        return None
+
+
+def _is_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
+
+
+def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
+        master_port: int) -> dict | None:
+    """Run one cell on this rank. Returns the record on rank 0 (also written to disk), else None."""
+    t_entry = time.time()
+    cluster = payload["cluster"]
+    for k, v in cluster.get("env", {}).items():
+        os.environ.setdefault(k, str(v))
+    import torch
+    import torch.distributed as dist
+
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+    from harness import env as envmod
+    from harness.meters.memory import MemoryMeter
+    from harness.meters.timing import summarize, synchronize, time_steps
+    from harness.models import synthetic_batch
+    from harness.strategies import family
+    from harness.strategies.base import Topology, Unsupported
+
+    spec = RunSpec.from_dict(payload["spec"])
+    s = spec.settings
+    if spec.world_size != world_size:
+        raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.world_size} cell")
+    record = new_record(spec=spec.to_dict(), run_id=payload["run_id"], sweep=payload["sweep"],
+                        cluster=cluster["name"], status="ok")
+    record["attempt"] = payload.get("attempt")
+    record["started_at"] = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
+    if payload.get("predicted") is not None:
+        record["predicted"] = payload["predicted"]
+
+    if cluster["device"] == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("cluster profile says cuda but torch.cuda.is_available() is False")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device if backend == "nccl" else None)
+    try:
+        try:
+            topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
+                            gpus_per_node=spec.gpus_per_node, device=device)
+            unsupported = spec.unsupported_reason(device.type)
+            if unsupported:
+                raise Unsupported(unsupported)
+            torch.manual_seed(s.seed)
+            trainer = family(spec.strategy).setup(spec, topo=topo)
+            batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
+                                       seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
+            t_ready = time.time()
+            warm_losses = [trainer.step(batches) for _ in range(s.warmup_steps)]
+            synchronize(device)
+            meter = MemoryMeter(device)
+            dist.barrier()
+            meter.reset()
+            times, losses = time_steps(lambda: trainer.step(batches), n=s.measure_steps, device=device)
+            mem = meter.read()
+        except Unsupported as e:
+            if rank == 0:
+                record.update(status="skipped", reason=str(e))
+                record["env"] = envmod.capture(device.type) | {"backend": backend, "harness_git_sha": payload.get("git_sha")}
+                record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                write_record(payload["results"], record)
+                return record
+            return None
+
+        # ---- aggregation over ranks (outside the timed region) ----
+        all_losses = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)
+        dist.all_reduce(all_losses)
+        all_losses = (all_losses / world_size).tolist()
+        step_times = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
+        peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0],
+                             dtype=torch.float64, device=device)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        hosts: list[str | None] = [None] * world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        if rank != 0:
+            return None
+
+        env = envmod.capture(device.type)
+        env.update(backend=backend, hostnames=sorted(set(hosts)), harness_git_sha=payload.get("git_sha"))
+        samples = step_times.tolist()
+        summary = summarize(samples)
+        tokens = spec.tokens_per_step
+        flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
+        tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
+        null_reasons = dict(mem["null_reasons"])
+        peak_key = spec.precision if spec.precision != "fp32" else ("tf32" if env["allow_tf32"] else "fp32")
+        peak = find_peak(env["device_name"]) if device.type == "cuda" else None
+        if peak is None:
+            mfu = hfu = None
+            null_reasons["mfu"] = (f"no dense peak FLOPS known for device {env['device_name']!r} "
+                                   f"({spec.precision}); see harness/cluster.py PEAKS")
+            null_reasons["hfu"] = null_reasons["mfu"]
+        else:
+            mfu = tflops_per_gpu / peak.tflops[peak_key]
+            # activation checkpointing re-runs each block's forward: 8 instead of 6 FLOPs per matmul parameter
+            hfu = mfu * (4.0 / 3.0 if s.activation_checkpointing else 1.0)
+        start = _process_start_time()
+        record["metrics"] = {
+            "step_time_s": summary,
+            "tokens_per_s": tokens / summary["median"],
+            "tokens_per_s_per_gpu": tokens / summary["median"] / world_size,
+            "tflops_per_gpu": tflops_per_gpu,
+            "mfu": mfu,
+            "hfu": hfu,
+            "mfu_peak_tflops": None if peak is None else peak.tflops[peak_key],
+            "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
+            "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
+            "alloc_retries": mem["alloc_retries"],
+            "loss": all_losses[-1],
+            "losses": all_losses,
+            "n_params": spec.model_config.n_params(),
+            "flops_per_step": flops_per_step,
+            "tokens_per_step": tokens,
+            "setup_s": t_ready - t_entry,
+            "startup_s": None if start is None else t_ready - start,
+            "null_reasons": null_reasons,
+        }
+        if start is None:
+            null_reasons["startup_s"] = "process start time unavailable (psutil)"
+        if not all(math.isfinite(x) for x in all_losses):
+            first = next(i for i, x in enumerate(all_losses) if not math.isfinite(x))
+            record.update(status="nan", reason=f"loss is not finite at step {first + 1} "
+                                                f"({'warmup' if first < s.warmup_steps else 'measured'})")
+        record["env"] = env
+        record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        write_record(payload["results"], record)
+        return record
+    except BaseException as e:
+        status = "oom" if _is_oom(e) else "error"
+        extra = {"traceback": traceback.format_exc(limit=30)}
+        if status == "oom" and torch.cuda.is_available():
+            extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+            extra["memory_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+        write_fragment(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def submitit_entry(payload: dict[str, Any]) -> None:
+    """Entry point of every submitit task: rank and rendezvous come from submitit's job environment."""
+    import submitit
+
+    job_env = submitit.JobEnvironment()
+    port = payload.get("master_port")
+    if port is None:  # on a cluster, all tasks derive the same port from the job id
+        port = submitit.helpers.TorchDistributedEnvironment().master_port
+    run(payload, rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
+        master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
+        master_port=int(port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m harness.worker PAYLOAD.json` under torchrun-style environment variables."""
+    argv = sys.argv[1:] if argv is None else argv
+    payload = json.loads(Path(argv[0]).read_text())
+    try:
+        run(payload, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
+    except BaseException:  # noqa: BLE001 - the fragment has the details; the exit code tells the launcher
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
