@@ -471,8 +471,11 @@ def compare_metric(metric: Metric, baseline: Mapping[str, Any], candidate: Mappi
                            baseline=b, candidate=c, verdict=NA,
                            threshold=None if metric.kind == EXACT else threshold)
     if b is None or c is None:
-        row.note = "; ".join(_null_note(rec, metric, side) for rec, side, v in
-                             ((baseline, "baseline", b), (candidate, "candidate", c)) if v is None)
+        notes = [_null_note(rec, metric, side) for rec, side, v in
+                 ((baseline, "baseline", b), (candidate, "candidate", c)) if v is None]
+        if len(notes) == 2 and notes[0].removeprefix("null in baseline") == notes[1].removeprefix("null in candidate"):
+            notes = ["null on both sides" + notes[0].removeprefix("null in baseline")]
+        row.note = "; ".join(notes)
         return row
     row.ratio = c / b if b != 0 else (1.0 if c == 0 else None)
     factor = _worse_factor(metric, b, c)
@@ -958,14 +961,15 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _keep_files(baseline: Path) -> list[Path]:
-    """Files of an old baseline that are not records (README, .gitattributes): carried into the new one."""
+    """Files of an old baseline that are not records (README, .gitattributes): carried into the new one.
+    Not carried: records, sweep manifests, the old provenance, temp files, anything under a hidden dir."""
     records = {p.resolve() for p in iter_record_files(baseline)}
     keep = []
     for p in sorted(baseline.rglob("*")):
         if not p.is_file() or p.resolve() in records or p.name in (PROMOTED_FILE, "manifest.json"):
             continue
-        if p.name.startswith(".") and p.name.endswith(".tmp"):
-            continue
+        if p.name.endswith(".tmp") or any(part.startswith(".") for part in p.relative_to(baseline).parts[:-1]):
+            continue  # temp files; hidden dirs (a sweep's .fragments/)
         keep.append(p)
     return keep
 
@@ -1115,8 +1119,8 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
         raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
 
     if promote and not force and not base_paths[0].exists():
-        raise InputError([Problem(str(base_paths[0]), "", "baseline: no such directory; to make CANDIDATE the first "
-                                  "baseline: --promote --force")])
+        raise InputError([Problem(str(base_paths[0]), "", "baseline: no such directory; to make CANDIDATE "
+                                  "the first baseline: --promote --force")])
     if promote:
         check_promote_target(base_paths[0], sources=cand_paths)
     thresholds = parse_thresholds(threshold_args)
@@ -1163,8 +1167,8 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
             click.echo(f"promoted {len(chosen)} candidate record(s) to baseline {dest}"
                        + (" (forced)" if code else ""), err=True)
         else:
-            click.echo(f"not promoted: the candidate regressed; baseline {base_paths[0]} is unchanged "
-                       "(--force accepts the regression)", err=True)
+            click.echo(f"not promoted: the comparison failed (exit {code}); baseline {base_paths[0]} is "
+                       "unchanged (--force promotes anyway)", err=True)
     return code
 
 

@@ -1,0 +1,535 @@
+"""harness compare on synthetic record sets written in the contract's shape (harness.results.write_record).
+
+Records are synthetic because a real sweep needs minutes of multi-process runs; their specs are real RunSpecs
+(so run_ids are the real digests) and every derived metric is computed the way the contract defines it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.compare import (
+    IMPROVEMENT,
+    INSUFFICIENT,
+    NA,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    UNCHANGED,
+    compare,
+    mann_whitney_p,
+    promote_baseline,
+)
+from harness.results import load_records, write_record
+from harness.scenario import RunSpec, Settings, load_scenario
+from harness.zoo import ZOO
+
+ROOT = Path(__file__).resolve().parents[2]
+TIGHT = [0.1000, 0.1010, 0.0990, 0.1005, 0.0995, 0.1002, 0.0998]  # 7 samples, ~1% spread
+MFU_AT_1S = 0.004  # mfu * step_time: fixed FLOPs per step over a fixed peak
+
+
+def make_record(*, strategy: str = "ddp", precision: str = "fp32", world_size: int = 2, samples=TIGHT,
+                status: str = "ok", reason: str | None = None, sweep: str = "nightly", peak_alloc: float = 1.0,
+                peak_reserved: float | None = 1.25, comm_bytes: int = 1_182_208, predicted_total: float = 0.0038,
+                predicted_comm: int = 1_182_208, mfu: bool = True, finished_at: str = "2026-11-29T23:10:08+00:00",
+                **settings) -> dict:
+    """One record as the worker writes it: spec from a real RunSpec, metrics derived from the step samples."""
+    spec = RunSpec(model="tiny", model_config=ZOO["tiny"], strategy=strategy, precision=precision,
+                   world_size=world_size, nodes=1, gpus_per_node=world_size,
+                   settings=Settings(measure_steps=len(samples), **settings))
+    rec = {
+        "schema_version": 1, "run_id": spec.run_id, "sweep": sweep, "cluster": "local", "status": status,
+        "reason": reason, "failed_rank": None, "spec": spec.to_dict(), "metrics": {},
+        "env": {"torch": "2.13.0+cpu", "device_name": "cpu", "harness_git_sha": "abc1234"},
+        "started_at": "2026-11-29T23:10:00+00:00", "finished_at": finished_at,
+    }
+    if status != "ok":
+        return rec
+    median = statistics.median(samples)
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    tokens = spec.tokens_per_step
+    rec["metrics"] = {
+        "step_time_s": {"median": median, "p10": deciles[0], "p90": deciles[-1],
+                        "mean": statistics.fmean(samples), "samples": list(samples)},
+        "tokens_per_s": tokens / median,
+        "tokens_per_s_per_gpu": tokens / median / world_size,
+        "tflops_per_gpu": 0.002,
+        "mfu": MFU_AT_1S / median if mfu else None,
+        "peak_memory_allocated_gib": peak_alloc,
+        "peak_memory_reserved_gib": peak_reserved,
+        "null_reasons": {} if mfu else {"mfu": "no dense peak FLOPS known for device 'cpu' (fp32)"},
+    }
+    rec["comm"] = {"bytes_per_step": comm_bytes, "calls_per_step": 14}
+    rec["predicted"] = {"comm_bytes_per_step": predicted_comm, "memory_gib": {"total": predicted_total}}
+    return rec
+
+
+def cells(**overrides) -> dict[str, dict]:
+    """The nightly matrix (3 strategies x 2 precisions), keyed `strategy/precision`; overrides per key."""
+    out = {}
+    for strategy in ("ddp", "fsdp.full_shard", "zero2"):
+        for precision in ("fp32", "bf16"):
+            key = f"{strategy}/{precision}"
+            out[key] = make_record(strategy=strategy, precision=precision, **overrides.get(key, {}))
+    return out
+
+
+def write_set(root: Path, records) -> Path:
+    for rec in records:
+        write_record(root, rec)
+    return root
+
+
+def run_cli(*args) -> int:
+    return main(["compare", *map(str, args)])
+
+
+def run_pair(tmp_path: Path, base: dict, cand: dict, *args, capsys=None):
+    b = write_set(tmp_path / "base", base.values())
+    c = write_set(tmp_path / "cand", cand.values())
+    return run_cli(b, c, *args)
+
+
+def scaled(factor: float, samples=TIGHT) -> list[float]:
+    return [s * factor for s in samples]
+
+
+def row(cmp, label: str, metric: str):
+    return next(m for m in cmp.cell(label).metrics if m.metric == metric)
+
+
+# ------------------------------------------------------------------------------------------------- verdicts
+
+
+def test_identical_sets_exit_0_and_every_metric_unchanged(tmp_path, capsys):
+    assert run_pair(tmp_path, cells(), cells()) == 0
+    out = capsys.readouterr().out
+    assert "no metric changed beyond its threshold" in out
+    assert "6 matched, 0 added, 0 missing" in out
+
+    cmp = compare(cells().values(), cells().values())
+    assert len(cmp.matched) == 6 and not cmp.has_regression
+    for cell in cmp.cells:
+        verdicts = {m.metric: m.verdict for m in cell.metrics}
+        assert verdicts["peak_memory_reserved_gib"] == UNCHANGED
+        assert all(v == UNCHANGED for v in verdicts.values()), verdicts
+        assert all(m.ratio == 1.0 for m in cell.metrics)
+        st = row(cmp, cell.label, "step_time_s")
+        assert st.n_baseline == st.n_candidate == 7 and st.p_value == 1.0
+
+
+def test_20_percent_slower_with_tight_samples_is_a_regression(tmp_path, capsys):
+    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, cells(), cand) == 1
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "step_time_s" in ln)
+    assert "tiny fsdp.full_shard bf16 g2" in line and "regression" in line and "1.200x" in line
+    assert "+20.0%" in line
+
+    cmp = compare(cells().values(), cand.values())
+    st = row(cmp, "tiny fsdp.full_shard bf16 g2", "step_time_s")
+    assert st.verdict == REGRESSION and st.ratio == pytest.approx(1.2)
+    # 7 vs 7 fully separated samples: the exact two-sided p is 2 / C(14, 7)
+    assert st.p_value == pytest.approx(2 / 3432)
+    tps = row(cmp, "tiny fsdp.full_shard bf16 g2", "tokens_per_s")
+    assert tps.verdict == REGRESSION and tps.ratio == pytest.approx(1 / 1.2) and tps.p_value == pytest.approx(2 / 3432)
+    assert row(cmp, "tiny fsdp.full_shard bf16 g2", "mfu").ratio == pytest.approx(1 / 1.2)
+    assert row(cmp, "tiny fsdp.full_shard bf16 g2", "peak_memory_allocated_gib").verdict == UNCHANGED
+    assert {(c.label, m.metric) for c, m in cmp.regressions} == {
+        ("tiny fsdp.full_shard bf16 g2", m) for m in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")}
+    assert row(cmp, "tiny ddp fp32 g2", "step_time_s").verdict == UNCHANGED
+
+
+def test_20_percent_faster_is_an_improvement_not_a_failure(tmp_path):
+    cand = cells(**{"ddp/fp32": {"samples": scaled(1 / 1.2)}})
+    assert run_pair(tmp_path, cells(), cand) == 0
+    cmp = compare(cells().values(), cand.values())
+    st = row(cmp, "tiny ddp fp32 g2", "step_time_s")
+    assert st.verdict == IMPROVEMENT and st.ratio == pytest.approx(1 / 1.2)
+    assert len(cmp.improvements) == 4 and cmp.exit_code() == 0
+
+
+def test_slower_median_with_overlapping_noisy_samples_is_not_flagged(tmp_path, capsys):
+    noisy_base = [0.05, 0.08, 0.10, 0.12, 0.15]
+    noisy_cand = [0.06, 0.09, 0.12, 0.14, 0.16]  # median 0.12 vs 0.10: +20%, but the samples interleave
+    base = cells(**{"zero2/bf16": {"samples": noisy_base}})
+    cand = cells(**{"zero2/bf16": {"samples": noisy_cand}})
+    assert run_pair(tmp_path, base, cand) == 0
+    assert "not significant" in capsys.readouterr().out
+    cmp = compare(base.values(), cand.values())
+    st = row(cmp, "tiny zero2 bf16 g2", "step_time_s")
+    assert st.verdict == NOT_SIGNIFICANT and st.ratio == pytest.approx(1.2)
+    assert 0.5 < st.p_value < 0.7  # U = 9.5 of 25
+    assert not cmp.has_regression
+
+
+def test_too_few_samples_is_insufficient_not_a_regression(tmp_path):
+    base = cells(**{"ddp/bf16": {"samples": TIGHT[:3]}})
+    cand = cells(**{"ddp/bf16": {"samples": scaled(1.3, TIGHT[:3])}})
+    assert run_pair(tmp_path, base, cand) == 0
+    cmp = compare(base.values(), cand.values())
+    st = row(cmp, "tiny ddp bf16 g2", "step_time_s")
+    assert st.verdict == INSUFFICIENT and st.p_value is None and (st.n_baseline, st.n_candidate) == (3, 3)
+    # with --min-samples 3 the test runs: 3 vs 3 separated gives p = 0.1 > 0.05, still not a regression
+    cmp3 = compare(base.values(), cand.values(), min_samples=3)
+    assert row(cmp3, "tiny ddp bf16 g2", "step_time_s").p_value == pytest.approx(0.1)
+    assert row(cmp3, "tiny ddp bf16 g2", "step_time_s").verdict == NOT_SIGNIFICANT
+
+
+def test_change_within_threshold_is_unchanged_even_when_significant():
+    cand = cells(**{"ddp/fp32": {"samples": scaled(1.04)}})
+    cmp = compare(cells().values(), cand.values())
+    st = row(cmp, "tiny ddp fp32 g2", "step_time_s")
+    assert st.p_value < 0.01 and st.verdict == UNCHANGED
+
+
+def test_peak_memory_plus_10_percent_is_flagged_without_a_test(tmp_path, capsys):
+    cand = cells(**{"zero2/fp32": {"peak_alloc": 1.10}})
+    assert run_pair(tmp_path, cells(), cand) == 1
+    out = capsys.readouterr().out
+    assert any("tiny zero2 fp32 g2" in ln and "peak_memory_allocated_gib" in ln and "regression" in ln
+               for ln in out.splitlines())
+    cmp = compare(cells().values(), cand.values())
+    pm = row(cmp, "tiny zero2 fp32 g2", "peak_memory_allocated_gib")
+    assert pm.verdict == REGRESSION and pm.ratio == pytest.approx(1.10) and pm.p_value is None
+    # +3% is inside the default 5%; a per-metric override of 15% accepts +10%
+    small = cells(**{"zero2/fp32": {"peak_alloc": 1.03}})
+    assert row(compare(cells().values(), small.values()), "tiny zero2 fp32 g2",
+               "peak_memory_allocated_gib").verdict == UNCHANGED
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "peak_memory_allocated_gib=0.15") == 0
+
+
+def test_default_threshold_option_raises_the_bar(tmp_path):
+    cand = cells(**{"ddp/fp32": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, cells(), cand, "--threshold", "0.25") == 0
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "0.25",
+                   "--threshold", "step_time_s=0.1") == 1
+
+
+def test_collective_bytes_one_byte_more_is_flagged_and_less_is_an_improvement(tmp_path, capsys):
+    cand = cells(**{"fsdp.full_shard/fp32": {"comm_bytes": 1_182_209}, "ddp/fp32": {"comm_bytes": 1_182_207}})
+    assert run_pair(tmp_path, cells(), cand) == 1
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "comm.bytes_per_step" in ln and "full_shard fp32" in ln)
+    assert "+1 B" in line and "1,182,208 B" in line and "1,182,209 B" in line and "regression" in line
+    cmp = compare(cells().values(), cand.values())
+    cb = row(cmp, "tiny fsdp.full_shard fp32 g2", "comm.bytes_per_step")
+    assert cb.verdict == REGRESSION and cb.threshold is None and cb.to_dict()["delta"] == 1
+    assert row(cmp, "tiny ddp fp32 g2", "comm.bytes_per_step").verdict == IMPROVEMENT
+
+
+def test_predicted_metrics_compare_exactly():
+    cand = cells(**{"zero2/bf16": {"predicted_total": 0.0038000001, "predicted_comm": 1_182_208}})
+    cmp = compare(cells().values(), cand.values())
+    assert row(cmp, "tiny zero2 bf16 g2", "predicted.memory_gib.total").verdict == REGRESSION
+    assert row(cmp, "tiny zero2 bf16 g2", "predicted.comm_bytes_per_step").verdict == UNCHANGED
+
+
+def test_null_metric_is_na_never_a_regression(tmp_path):
+    base = cells(**{"ddp/fp32": {"mfu": False, "peak_reserved": None}})
+    cand = cells(**{"ddp/fp32": {"samples": scaled(1.0), "peak_reserved": 9.0}})
+    cmp = compare(base.values(), cand.values())
+    mfu = row(cmp, "tiny ddp fp32 g2", "mfu")
+    assert mfu.verdict == NA and "no dense peak FLOPS" in mfu.note and mfu.ratio is None
+    assert row(cmp, "tiny ddp fp32 g2", "peak_memory_reserved_gib").verdict == NA
+    assert run_pair(tmp_path, base, cand) == 0
+
+
+# ------------------------------------------------------------------------------------------------- cells
+
+
+def test_missing_and_added_cells_are_listed(tmp_path, capsys):
+    base, cand = cells(), cells()
+    del cand["zero2/bf16"]
+    cand["ddp/fp32-mb4"] = make_record(strategy="ddp", precision="fp32", micro_batch=4)
+    assert run_pair(tmp_path, base, cand) == 0
+    out = capsys.readouterr().out
+    missing = out.split("missing (only in baseline) (1):")[1].splitlines()[1]
+    added = out.split("added (only in candidate) (1):")[1].splitlines()[1]
+    assert "tiny zero2 bf16 g2" in missing
+    assert "tiny ddp fp32 g2 micro_batch=4" in added
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--fail-on-missing") == 1
+    cmp = compare(base.values(), cand.values())
+    assert [c.label for c in cmp.missing] == ["tiny zero2 bf16 g2"]
+    assert [c.label for c in cmp.added] == ["tiny ddp fp32 g2 micro_batch=4"]
+    assert cmp.cell("tiny ddp fp32 g2 micro_batch=2").state == "ok"
+
+
+def test_renamed_sweep_in_another_folder_still_matches(tmp_path):
+    base = cells()
+    cand = {k: {**r, "sweep": "nightly-2026-11-30"} for k, r in cells().items()}
+    b = write_set(tmp_path / "a" / "old-name", base.values())
+    c = write_set(tmp_path / "elsewhere", cand.values())
+    assert run_cli(b, c, "--fail-on-missing") == 0
+    recs, _ = load_records(c)
+    assert all("nightly-2026-11-30" in r["_path"] for r in recs)
+    cmp = compare(load_records(b)[0], recs)
+    assert len(cmp.matched) == 6 and not cmp.added and not cmp.missing
+
+
+def test_newly_failing_cell_is_a_regression_and_newly_fixed_an_improvement(tmp_path, capsys):
+    oom = {"status": "oom", "reason": "CUDA out of memory (rank 1)"}
+    cand = cells(**{"zero2/fp32": oom})
+    assert run_pair(tmp_path, cells(), cand) == 1
+    out = capsys.readouterr().out
+    section = out.split("newly failing (regression) (1):")[1].splitlines()[1]
+    assert "tiny zero2 fp32 g2: ok → oom (CUDA out of memory (rank 1))" in section
+    cmp = compare(cells().values(), cand.values())
+    assert [c.label for c in cmp.newly_failing] == ["tiny zero2 fp32 g2"]
+    assert cmp.summary()["regressions"] == 1 and cmp.regressions == []
+
+    fixed = compare(cand.values(), cells().values())
+    assert [c.label for c in fixed.newly_fixed] == ["tiny zero2 fp32 g2"] and fixed.exit_code() == 0
+    still = compare(cand.values(), cells(**{"zero2/fp32": {"status": "error", "reason": "x"}}).values())
+    assert [c.label for c in still.still_failing] == ["tiny zero2 fp32 g2"] and still.exit_code() == 0
+
+
+def test_duplicate_spec_on_one_side_uses_the_latest_record(tmp_path):
+    old = make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00")
+    new = make_record(finished_at="2026-11-30T01:00:00+00:00")
+    cmp = compare([make_record()], [new, old])
+    assert row(cmp, "tiny ddp fp32 g2", "step_time_s").ratio == pytest.approx(1.0)
+    assert any("2 records for one spec" in w for w in cmp.warnings)
+
+
+def test_no_matching_cell_is_an_input_error_with_the_differing_key(tmp_path, capsys):
+    b = write_set(tmp_path / "base", [make_record()])
+    c = write_set(tmp_path / "cand", [make_record(time_limit_s=1200.0)])
+    assert run_cli(b, c) == 2
+    err = capsys.readouterr().err
+    assert "no cell matches" in err and "time_limit_s: 900.0 → 1200.0" in err
+    assert run_cli(b, c, "--ignore-spec-key", "time_limit_s") == 0
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+
+
+def test_dir_with_only_corrupt_json_exits_2_naming_the_file(tmp_path, capsys):
+    good = write_set(tmp_path / "base", cells().values())
+    bad = tmp_path / "cand" / "nightly"
+    bad.mkdir(parents=True)
+    (bad / "torn.json").write_text('{"schema_version": 1, "run_id": "x", "sta')
+    assert run_cli(good, tmp_path / "cand") == 2
+    err = capsys.readouterr().err
+    assert "candidate: no readable records; 1 unreadable file(s) skipped" in err
+    assert f"{bad / 'torn.json'}" in err and "not valid JSON" in err
+
+
+def test_one_corrupt_file_beside_good_ones_is_a_warning(tmp_path, capsys):
+    write_set(tmp_path / "cand", cells().values())
+    (tmp_path / "cand" / "nightly" / "torn.json").write_text("{")
+    write_set(tmp_path / "base", cells().values())
+    assert run_cli(tmp_path / "base", tmp_path / "cand") == 0
+    assert "warning: candidate: skipped" in capsys.readouterr().err
+
+
+def test_nonexistent_dir_exits_2_naming_it(tmp_path, capsys):
+    good = write_set(tmp_path / "base", cells().values())
+    assert run_cli(good, tmp_path / "nope") == 2
+    assert f"error: {tmp_path / 'nope'}: candidate: no such file or directory" in capsys.readouterr().err
+
+
+def test_empty_dir_exits_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    good = write_set(tmp_path / "base", cells().values())
+    assert run_cli(tmp_path / "empty", good) == 2
+    assert "baseline: no readable records (no *.json record files found)" in capsys.readouterr().err
+
+
+def test_unknown_schema_version_exits_2_naming_the_file(tmp_path, capsys):
+    write_set(tmp_path / "base", cells().values())
+    write_set(tmp_path / "cand", cells().values())
+    future = tmp_path / "cand" / "nightly" / "future.json"
+    future.write_text(json.dumps({**make_record(), "schema_version": 2}))
+    assert run_cli(tmp_path / "base", tmp_path / "cand") == 2
+    err = capsys.readouterr().err
+    assert f"error: {future}: schema_version: candidate: unknown schema_version 2" in err
+
+
+def test_bad_options_exit_2(tmp_path, capsys):
+    write_set(tmp_path / "base", cells().values())
+    write_set(tmp_path / "cand", cells().values())
+    b, c = tmp_path / "base", tmp_path / "cand"
+    assert run_cli(b, c, "--threshold", "step_time=0.1") == 2
+    assert "did you mean 'step_time_s'?" in capsys.readouterr().err
+    assert run_cli(b, c, "--threshold", "comm.bytes_per_step=0.1") == 2
+    assert "compared exactly" in capsys.readouterr().err
+    assert run_cli(b, c, "--threshold", "lots") == 2
+    assert run_cli(b, c, "--alpha", "1.5") == 2
+    assert run_cli(b, c, "--format", "github-benchmark") == 2
+    assert "--direction smaller|bigger" in capsys.readouterr().err
+    assert run_cli(b) == 2
+
+
+# ------------------------------------------------------------------------------------------------- formats
+
+
+def test_github_benchmark_shape(tmp_path, capsys):
+    cand = cells(**{"ddp/fp32": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, cells(), cand, "--format", "github-benchmark", "--direction", "smaller") == 1
+    smaller = json.loads(capsys.readouterr().out)
+    assert isinstance(smaller, list) and len(smaller) == 6 * 4  # step time, 2 memories, comm bytes per cell
+    for e in smaller:
+        assert set(e) <= {"name", "unit", "value", "range", "extra"} and {"name", "unit", "value"} <= set(e)
+        assert isinstance(e["name"], str) and isinstance(e["value"], (int, float))
+    ddp = make_record()
+    step = next(e for e in smaller if e["name"] == f"{ddp['run_id']} step_time_s")
+    assert step["unit"] == "s" and step["value"] == pytest.approx(0.1 * 1.2)
+    assert step["range"].startswith("± ") and "regression" in step["extra"] and "ratio 1.200x" in step["extra"]
+    assert {e["unit"] for e in smaller} == {"s", "GiB", "bytes"}
+
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark",
+                   "--direction", "bigger") == 1
+    bigger = json.loads(capsys.readouterr().out)
+    assert {e["name"].rsplit(" ", 1)[1] for e in bigger} == {"tokens_per_s", "tokens_per_s_per_gpu", "mfu"}
+    tps = next(e for e in bigger if e["name"] == f"{ddp['run_id']} tokens_per_s")
+    assert tps["value"] == pytest.approx(ddp["metrics"]["tokens_per_s"] / 1.2)
+
+
+def test_output_dir_writes_every_format_and_o_writes_the_stdout_format(tmp_path, capsys):
+    cand = cells(**{"ddp/fp32": {"peak_alloc": 2.0}})
+    out_dir, md_file = tmp_path / "report", tmp_path / "summary.md"
+    assert run_pair(tmp_path, cells(), cand, "--format", "md", "-o", md_file, "--output-dir", out_dir) == 1
+    stdout = capsys.readouterr().out
+    assert md_file.read_text() == stdout
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "benchmark-bigger.json", "benchmark-smaller.json", "compare.json", "compare.md", "compare.txt"]
+    assert (out_dir / "compare.md").read_text() == stdout
+    report = json.loads((out_dir / "compare.json").read_text())
+    assert report["exit_code"] == 1 and report["summary"]["metric_regressions"] == 1
+    assert report["summary"]["matched"] == 6
+    cell = next(c for c in report["cells"] if c["label"] == "tiny ddp fp32 g2")
+    pm = next(m for m in cell["metrics"] if m["metric"] == "peak_memory_allocated_gib")
+    assert pm["ratio"] == pytest.approx(2.0) and pm["verdict"] == "regression" and pm["change"] == pytest.approx(1.0)
+    assert len(json.loads((out_dir / "benchmark-smaller.json").read_text())) == 24
+    # github-benchmark with --output-dir and no --direction: files written, the table on stdout
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark",
+                   "--output-dir", tmp_path / "r2") == 1
+    assert "peak_memory_allocated_gib" in capsys.readouterr().out
+    assert (tmp_path / "r2" / "benchmark-bigger.json").exists()
+
+
+def test_markdown_contains_a_table(tmp_path, capsys):
+    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "timeout",
+                                                                                    "reason": "900 s"}})
+    assert run_pair(tmp_path, cells(), cand, "--format", "md") == 1
+    md = capsys.readouterr().out
+    lines = md.splitlines()
+    assert lines[0] == "## Benchmark comparison: 🔴 5 regression(s)"
+    header = lines.index("| cell | metric | baseline | candidate | ratio | change | p | verdict |")
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|"
+    first = lines[header + 2]
+    assert first.startswith("| tiny fsdp.full_shard bf16 g2 | step_time_s | 100 ms | 120 ms | 1.200x | +20.0% |")
+    assert "| 0.00058 | regression |" in first
+    assert "### Newly failing (regression) (1)" in md and "- tiny zero2 fp32 g2: ok → timeout (900 s)" in md
+    assert "<details><summary>All 45 metric comparisons</summary>" in md  # 5 ok cells x 9 metrics
+
+
+def test_json_format_round_trips(tmp_path, capsys):
+    assert run_pair(tmp_path, cells(), cells(), "--format", "json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["regression"] is False and d["exit_code"] == 0
+    assert d["settings"] == {"thresholds": {"default": 0.05}, "alpha": 0.05, "min_samples": 5}
+    assert len(d["cells"]) == 6 and all(len(c["metrics"]) == 9 for c in d["cells"])
+
+
+def test_mann_whitney_p_handles_all_equal_samples():
+    assert mann_whitney_p([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == 1.0
+    assert mann_whitney_p(list(range(7)), list(range(10, 17))) == pytest.approx(2 / 3432)
+
+
+# ------------------------------------------------------------------------------------------------- promotion
+
+
+def _record_files(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): p.read_text() for p in sorted(d.rglob("*.json")) if p.name != ".promoted.json"}
+
+
+def test_promote_replaces_the_baseline_only_without_regressions(tmp_path, capsys):
+    base = cells()
+    base["gone"] = make_record(micro_batch=8)  # a cell the new baseline no longer has
+    write_set(tmp_path / "base", base.values())
+    (tmp_path / "base" / "README.md").write_text("nightly baseline for a100\n")
+    (tmp_path / "base" / "nightly" / ".fragments" / "x").mkdir(parents=True)
+    (tmp_path / "base" / "nightly" / ".fragments" / "x" / "rank0.json").write_text("{}")
+    faster = cells(**{"ddp/fp32": {"samples": scaled(0.8)}})
+    write_set(tmp_path / "cand", faster.values())
+
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--promote") == 0
+    assert "promoted 6 candidate record(s)" in capsys.readouterr().err
+    assert _record_files(tmp_path / "base") == _record_files(tmp_path / "cand")  # byte-identical, old cell gone
+    assert (tmp_path / "base" / "README.md").read_text() == "nightly baseline for a100\n"
+    assert not (tmp_path / "base" / "nightly" / ".fragments").exists()
+    prov = json.loads((tmp_path / "base" / ".promoted.json").read_text())
+    assert prov["records"] == 6 and prov["sources"] == [str(tmp_path / "cand")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".base")]  # staging cleaned up
+
+    slower = cells(**{"ddp/fp32": {"samples": scaled(1.5)}})
+    write_set(tmp_path / "cand2", slower.values())
+    before = _record_files(tmp_path / "base")
+    assert run_cli(tmp_path / "base", tmp_path / "cand2", "--promote") == 1
+    assert "not promoted" in capsys.readouterr().err
+    assert _record_files(tmp_path / "base") == before
+    assert run_cli(tmp_path / "base", tmp_path / "cand2", "--promote", "--force") == 1
+    assert _record_files(tmp_path / "base") == _record_files(tmp_path / "cand2")
+
+
+def test_promote_force_bootstraps_a_missing_baseline(tmp_path, capsys):
+    write_set(tmp_path / "cand", cells().values())
+    assert run_cli(tmp_path / "baselines" / "a100", tmp_path / "cand", "--promote") == 2
+    assert "to make CANDIDATE the first baseline: --promote --force" in capsys.readouterr().err
+    assert not (tmp_path / "baselines" / "a100").exists()
+    assert run_cli(tmp_path / "baselines" / "a100", tmp_path / "cand", "--promote", "--force") == 0
+    assert _record_files(tmp_path / "baselines" / "a100") == _record_files(tmp_path / "cand")
+    assert run_cli(tmp_path / "baselines" / "a100", tmp_path / "cand") == 0
+
+
+def test_promote_without_atomic_exchange_falls_back_to_renames(tmp_path, monkeypatch):
+    import harness.compare as hc
+
+    monkeypatch.setattr(hc, "_exchange", lambda a, b: False)
+    write_set(tmp_path / "base", [make_record(micro_batch=8)])
+    recs = [make_record(), make_record(strategy="zero2")]
+    promote_baseline(recs, tmp_path / "base")
+    names = sorted(p.name for p in (tmp_path / "base" / "nightly").iterdir())
+    assert names == sorted(f"{r['run_id']}.json" for r in recs)
+    assert [p.name for p in tmp_path.iterdir()] == ["base"]
+
+
+def test_promote_refuses_overlapping_dirs(tmp_path, capsys):
+    write_set(tmp_path / "res", cells().values())
+    assert run_cli(tmp_path / "res", tmp_path / "res" / "nightly", "--promote") == 2
+    out, err = capsys.readouterr()
+    assert "overlap" in err and out == ""  # refused before comparing
+    assert len(load_records(tmp_path / "res")[0]) == 6
+
+
+# ------------------------------------------------------------------------------------------------- nightly files
+
+
+def test_nightly_scenario_loads_and_expands_to_six_two_gpu_cells():
+    scenario = load_scenario(ROOT / "scenarios" / "nightly.yaml")
+    specs = scenario.expand(gpus_per_node=8)
+    assert scenario.name == "nightly"
+    assert sorted((s.strategy, s.precision) for s in specs) == sorted(
+        (st, p) for st in ("ddp", "fsdp.full_shard", "zero2") for p in ("fp32", "bf16"))
+    assert {(s.model, s.world_size, s.nodes) for s in specs} == {("tiny", 2, 1)}
+    assert all(s.settings.measure_steps >= 5 for s in specs)  # enough samples for the default --min-samples
+
+
+def test_nightly_workflow_runs_make_nightly_and_feeds_the_step_summary():
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly-benchmark.yml").read_text())
+    steps = wf["jobs"]["nightly"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "make nightly CLUSTER=a100" in runs and "GITHUB_STEP_SUMMARY" in runs
+    uses = [s.get("uses", "") for s in steps]
+    bench = [s for s in steps if s.get("uses", "").startswith("benchmark-action/github-action-benchmark")]
+    assert {s["with"]["tool"] for s in bench} == {"customSmallerIsBetter", "customBiggerIsBetter"}
+    assert any(u.startswith("actions/upload-artifact") for u in uses)
+    assert "self-hosted" in wf["jobs"]["nightly"]["runs-on"]
