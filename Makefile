@@ -12,13 +12,14 @@ TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?=
 
-.PHONY: setup sweep test report plan clean help
+.PHONY: setup sweep test report plan nightly clean help
 
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
 	@echo "make test                                                             run every test"
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
 	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
+	@echo "make nightly CLUSTER=a100 BASELINE=dir [COMPARE_ARGS=--promote]       sweep + compare with a baseline"
 
 # `make setup` is idempotent: the stamp depends on pyproject.toml and this Makefile.
 setup: $(VENV)/.stamp
@@ -43,6 +44,19 @@ report: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# nightly: fresh sweep of scenarios/nightly.yaml, then compare with BASELINE (exit 1 on a regression).
+NIGHTLY_SCENARIO ?= scenarios/nightly.yaml
+BASELINE ?= baselines/$(CLUSTER)
+NIGHTLY_RESULTS ?= $(RESULTS)/nightly-$(CLUSTER)
+NIGHTLY_REPORT ?= $(REPORTS)/nightly-$(CLUSTER)
+COMPARE_ARGS ?=
+
+nightly: setup
+	rm -rf $(NIGHTLY_RESULTS) $(NIGHTLY_REPORT)
+	@# sweep exit 1 = some cells failed: still compare (newly failing cells are regressions there); 2 = bad input
+	$(VENV)/bin/harness sweep $(NIGHTLY_SCENARIO) --cluster $(CLUSTER) --results $(NIGHTLY_RESULTS) || test $$? -eq 1
+	$(VENV)/bin/harness compare $(BASELINE) $(NIGHTLY_RESULTS) --output-dir $(NIGHTLY_REPORT) $(COMPARE_ARGS)
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) .submitit

@@ -1,0 +1,34 @@
+"""Shared test helpers: build RunSpecs from a few keys and run cells for real (gloo processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.cluster import load_cluster
+from harness.scenario import RunSpec, parse_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_spec(*, strategy: str, precision: str = "fp32", gpus: int = 2, model: str = "tiny",
+              gpus_per_node: int = 2, **settings) -> RunSpec:
+    doc = {"name": "t", "matrix": {"model": [model], "strategy": [strategy], "precision": [precision],
+                                  "gpus": [gpus]}, "settings": settings}
+    (spec,) = parse_scenario(doc, "test").expand(gpus_per_node=gpus_per_node)
+    return spec
+
+
+def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "local") -> dict:
+    """Run one cell in the foreground launcher (real processes, real gloo group) and return its record."""
+    from harness.dispatch import launch_foreground, make_payload
+
+    payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None,
+                           predicted=None)
+    return launch_foreground(payload, time_limit_s=spec.settings.time_limit_s, stream=False)
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return tmp_path / "results"
