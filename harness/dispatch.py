@@ -40,7 +40,11 @@ def predict(spec: RunSpec, cluster: Cluster) -> dict | None:
         from harness.planner import predict as _predict
     except ImportError:
         return None
-    return _predict(spec, cluster)
+    try:
+        return _predict(spec, cluster)
+    except Exception as e:  # noqa: BLE001 - a planner bug must not cost the measurement; it is reported
+        print(f"warning: planner failed for {spec.run_id}: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None,

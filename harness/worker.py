@@ -67,6 +67,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
     from harness import env as envmod
+    from harness.meters.comm import CommMeter
     from harness.meters.memory import MemoryMeter
     from harness.meters.timing import summarize, synchronize, time_steps
     from harness.models import synthetic_batch
@@ -113,10 +114,14 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             warm_losses = [trainer.step(batches) for _ in range(s.warmup_steps)]
             synchronize(device)
             meter = MemoryMeter(device)
+            comm = CommMeter().install()
             dist.barrier()
             meter.reset()
-            times, losses = time_steps(lambda: trainer.step(batches), n=s.measure_steps, device=device)
+            with comm.measure():
+                times, losses = time_steps(lambda: trainer.step(batches), n=s.measure_steps, device=device)
             mem = meter.read()
+            comm_summary = comm.summary(steps=s.measure_steps, gpus_per_node=spec.gpus_per_node)
+            comm.uninstall()
         except Unsupported as e:
             if rank == 0:
                 record.update(status="skipped", reason=str(e))
@@ -186,6 +191,10 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             first = next(i for i, x in enumerate(all_losses) if not math.isfinite(x))
             record.update(status="nan", reason=f"loss is not finite at step {first + 1} "
                                                 f"({'warmup' if first < s.warmup_steps else 'measured'})")
+        record["comm"] = comm_summary
+        predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
+        if predicted_comm:
+            record["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
         record["env"] = env
         record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         write_record(payload["results"], record)

@@ -1,0 +1,171 @@
+"""Collective accounting: every c10d collective this process issues, with dtype, bytes and group.
+
+A kernel is registered for the `c10d` ops through `torch.library` at the Autograd dispatch key. Every
+collective — from Python (`torch.distributed.*`, DeepSpeed), from DDP's C++ reducer, from FSDP1/FSDP2 —
+goes through these ops, on any thread, so one hook sees all of them once. The kernel appends a small
+tuple to a list and redispatches below Autograd: no synchronisation, no tensor reads.
+
+Bytes follow the nccl-tests convention, per rank: the buffer for all_reduce / broadcast / reduce, the
+(whole) output for all_gather, the (whole) input for reduce_scatter, the input for all_to_all, the tensor
+for send/recv; barrier counts a call and 0 bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _first(ts) -> torch.Tensor:
+    while isinstance(ts, (list, tuple)):
+        ts = ts[0]
+    return ts
+
+
+def _sum_bytes(ts) -> int:
+    if isinstance(ts, (list, tuple)):
+        return sum(_sum_bytes(t) for t in ts)
+    return _nbytes(ts)
+
+
+# op name → (collective name, bytes(args), index of the ProcessGroup argument)
+_OPS: dict[str, tuple[str, Callable[[tuple], int], int]] = {
+    "allreduce_": ("all_reduce", lambda a: _sum_bytes(a[0]), 1),
+    "allreduce_coalesced_": ("all_reduce", lambda a: _sum_bytes(a[0]), 1),
+    "allgather_": ("all_gather", lambda a: _sum_bytes(a[0]), 2),
+    "_allgather_base_": ("all_gather", lambda a: _nbytes(a[0]), 2),
+    "allgather_coalesced_": ("all_gather", lambda a: _sum_bytes(a[0]), 2),
+    "allgather_into_tensor_coalesced_": ("all_gather", lambda a: _sum_bytes(a[0]), 2),
+    "reduce_scatter_": ("reduce_scatter", lambda a: _sum_bytes(a[1]), 2),
+    "_reduce_scatter_base_": ("reduce_scatter", lambda a: _nbytes(a[1]), 2),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", lambda a: _sum_bytes(a[1]), 2),
+    "broadcast_": ("broadcast", lambda a: _sum_bytes(a[0]), 1),
+    "reduce_": ("reduce", lambda a: _sum_bytes(a[0]), 1),
+    "alltoall_": ("all_to_all", lambda a: _sum_bytes(a[1]), 2),
+    "alltoall_base_": ("all_to_all", lambda a: _nbytes(a[1]), 2),
+    "send": ("send", lambda a: _sum_bytes(a[0]), 1),
+    "recv_": ("recv", lambda a: _sum_bytes(a[0]), 1),
+    "recv_any_source_": ("recv", lambda a: _sum_bytes(a[0]), 1),
+    "gather_": ("gather", lambda a: _sum_bytes(a[1]), 2),
+    "scatter_": ("scatter", lambda a: _sum_bytes(a[0]), 2),
+    "barrier": ("barrier", lambda a: 0, 1),
+}
+
+
+def _dtype_of(op: str, args: tuple) -> str:
+    t = _first(args[1] if op in ("reduce_scatter_", "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_",
+                                 "alltoall_", "alltoall_base_", "gather_") else args[0])
+    return str(t.dtype).removeprefix("torch.")
+
+
+class CommMeter:
+    """Counts collectives while `active`. Install once per process; `measure()` opens a counting window."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, int, Any]] = []
+        self.active = False
+        self._lib: torch.library.Library | None = None
+        self._lock = threading.Lock()
+
+    def install(self) -> "CommMeter":
+        if self._lib is not None:
+            return self
+        lib = torch.library.Library("c10d", "IMPL")  # noqa: TOR901 - registering kernels for an existing namespace
+        for name, (coll, size_fn, pg_index) in _OPS.items():
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is None:
+                continue
+            lib.impl(name, self._kernel(name, packet.default, coll, size_fn, pg_index), "Autograd")
+        self._lib = lib
+        return self
+
+    def uninstall(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+
+    def _kernel(self, name: str, op, coll: str, size_fn, pg_index: int):
+        def kernel(*args, **kwargs):
+            if self.active:
+                ev = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
+                with self._lock:
+                    self.events.append(ev)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op(*args, **kwargs)
+
+        return kernel
+
+    @contextmanager
+    def measure(self):
+        with self._lock:
+            self.events.clear()
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = False
+
+    def summary(self, *, steps: int, gpus_per_node: int) -> dict:
+        """Per-step totals, by collective and by group kind (intra-node / inter-node / mixed)."""
+        by_coll: dict[str, dict] = {}
+        by_group: dict[str, dict] = {}
+        groups: dict[str, dict] = {}
+        total_calls = total_bytes = 0
+        for coll, dtype, nbytes, pg in self.events:
+            ranks, kind = _group_info(pg, gpus_per_node)
+            c = by_coll.setdefault(coll, {"calls": 0, "bytes": 0, "dtypes": {}})
+            c["calls"] += 1
+            c["bytes"] += nbytes
+            c["dtypes"][dtype] = c["dtypes"].get(dtype, 0) + nbytes
+            g = by_group.setdefault(kind, {"calls": 0, "bytes": 0})
+            g["calls"] += 1
+            g["bytes"] += nbytes
+            gname = f"{kind}:{','.join(map(str, ranks))}" if ranks else kind
+            gg = groups.setdefault(gname, {"ranks": ranks, "kind": kind, "calls": 0, "bytes": 0})
+            gg["calls"] += 1
+            gg["bytes"] += nbytes
+            total_calls += 1
+            total_bytes += nbytes
+        for c in by_coll.values():
+            c["dtype"] = max(c["dtypes"], key=c["dtypes"].get) if c["dtypes"] else None
+            for k in ("calls", "bytes"):
+                c[k] = c[k] / steps
+            c["dtypes"] = {d: b / steps for d, b in c["dtypes"].items()}
+        for g in list(by_group.values()) + list(groups.values()):
+            g["calls"] /= steps
+            g["bytes"] /= steps
+        return {
+            "bytes_per_step": total_bytes / steps,
+            "calls_per_step": total_calls / steps,
+            "by_collective": by_coll,
+            "by_group": by_group,
+            "groups": list(groups.values()),
+            "measured_steps": steps,
+        }
+
+
+def _group_info(pg: Any, gpus_per_node: int) -> tuple[list[int], str]:
+    """Global ranks of a process group and whether they sit in one node (intra) or one per node (inter)."""
+    try:
+        if isinstance(pg, torch.ScriptObject):  # the op sees the boxed TorchScript form of the group
+            pg = torch._C._distributed_c10d.ProcessGroup.unbox(pg)
+        ranks = sorted(dist.get_process_group_ranks(pg))
+    except Exception:  # noqa: BLE001 - a group the Python registry does not know
+        return [], "unknown"
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(ranks) == 1:
+        return ranks, "self"
+    if len(nodes) == 1:
+        return ranks, "intra"
+    if len(nodes) == len(ranks):
+        return ranks, "inter"
+    return ranks, "mixed"
