@@ -9,6 +9,7 @@ a null metric stays null ("n/a"), never 0.
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,26 +78,33 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
-    per cell shown), "best": DataFrame, "figures": [Figure]}. With no readable record nothing is written and
+    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. With no readable record nothing is written and
     "out" is None. InputError when a dir does not exist or `out` is a file.
     """
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     dirs = [Path(d) for d in dirs]
     if not dirs:
         raise InputError("no result directories given")
     out_path = Path(out) if out is not None else None
     _check_inputs(dirs, out_path)
     records, warnings = load_records(*dirs)
+    timings["load"] = time.perf_counter() - t0
     n_unreadable = len(warnings)
     df, more = records_frame(records)
     warnings += more
     result: dict[str, Any] = {"out": None, "name": report_name(df), "paths": {}, "warnings": warnings,
-                              "frame": df, "cells": None, "best": None, "figures": []}
+                              "frame": df, "cells": None, "best": None, "figures": [], "timings_s": timings}
     if df.empty:
         return result
     cells, more = cell_table(df)
     warnings += more
     best = best_per_model_gpus(cells)
+    timings["frame"] = time.perf_counter() - t0 - timings["load"]
+    t1 = time.perf_counter()
     figures = all_figures(figure_cells(cells))
+    timings["figures"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     df = df.assign(in_tables=df.index.isin(cells.index))
     out_path = out_path or Path("reports") / result["name"]
     out_path.mkdir(parents=True, exist_ok=True)
@@ -109,6 +117,8 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
     paths["markdown"].write_text(markdown(ctx))
     paths["html"] = out_path / "index.html"
     paths["html"].write_text(html_page(ctx))
+    timings["write"] = time.perf_counter() - t1
+    timings["total"] = time.perf_counter() - t0
     result.update(out=out_path, paths=paths, frame=df, cells=cells, best=best, figures=figures)
     return result
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import io
 import math
+import multiprocessing
+import os
+import sys
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import matplotlib
@@ -21,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import ScaledTranslation  # noqa: E402
 from matplotlib.ticker import EngFormatter, NullLocator, PercentFormatter, ScalarFormatter  # noqa: E402
 
@@ -33,7 +37,9 @@ MAX_MODELS = 4
 """models drawn in a figure at most; more → an evenly spread subset (smallest and largest included), noted"""
 MAX_PANELS = 8
 """(model, GPU count) panels per bar/box figure at most"""
-MAX_HEATMAP_COLUMNS = 32
+MAX_HEATMAP_COLUMNS = 24
+MAX_ANNOTATED_CELLS = 400
+"""heatmap cells with their value printed at most; a bigger heatmap is colour only (printing is slow)"""
 MAX_HEATMAP_ROWS = 48
 
 # Okabe & Ito (2008) without yellow (too light on white), then Tol's muted indigo, teal, olive, wine.
@@ -48,6 +54,7 @@ STRATEGY_STYLE: dict[str, tuple[str, str]] = {
 PRECISION_LINESTYLE = {"bf16": "-", "fp16": "--", "fp32": ":"}
 _COLLECTIVE_HATCH = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
 _GREY_NA = "#E6E6E6"
+_GREY_FAILED = "#BDBDBD"
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
                      "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 12,
@@ -133,7 +140,7 @@ def _select_panels(fc: pd.DataFrame) -> tuple[list[tuple[str, float]], str]:
 
 
 def _strategy_handles(strategies) -> list:
-    return [Line2D([], [], color=style(s)[0], marker=style(s)[1], linestyle="-", markersize=6, label=s)
+    return [Line2D([], [], color=style(s)[0], marker=style(s)[1], linestyle="none", markersize=7, label=s)
             for s in _ordered_strategies(strategies)]
 
 
@@ -162,7 +169,14 @@ def _new_panel_figure(n_panels: int, n_bars: int, title: str):
     flat = list(axes.flat)
     for ax in flat[n_panels:]:
         ax.set_visible(False)
-    return fig, flat[:n_panels]
+    return fig, flat[:n_panels], flat[min(ncols, n_panels) - 1]
+
+
+def _legend(anchor: plt.Axes, handles: list, title: str | None = None) -> None:
+    """The figure's legend to the right of `anchor` (the top-right panel), top-aligned with it. An axes legend,
+    not a figure legend, so the constrained layout makes room for it and it never covers the title."""
+    anchor.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  frameon=False, title=title, alignment="left")
 
 
 def _categorical_xticks(ax, labels: list[str]) -> None:
@@ -187,7 +201,7 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
     if ok.empty:
         return _no_data("scaling", title, caption, "no cell ran ok with a tokens/s/GPU")
     models, note = _select_models(ok)
-    fig, axes = plt.subplots(2, len(models), figsize=(4.3 * len(models) + 2.6, 7.2), squeeze=False,
+    fig, axes = plt.subplots(2, len(models), figsize=(max(8.0, 4.3 * len(models) + 2.6), 7.2), squeeze=False,
                              sharex="col", layout="constrained")
     fig.suptitle("Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count")
     all_gpus = sorted(ok["gpus"].unique())
@@ -218,8 +232,7 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
         sorted(set(ok["precision"]) - set(PRECISIONS))
     prec_handles = [Line2D([], [], color="#444444", linestyle=PRECISION_LINESTYLE.get(p, "-."), label=p)
                     for p in precisions]
-    fig.legend(handles=_strategy_handles(ok["strategy"]) + prec_handles, loc="outside right upper",
-               title="strategy / precision", frameon=False)
+    _legend(axes[0, -1], _strategy_handles(ok["strategy"]) + prec_handles, "strategy / precision")
     if len(all_gpus) == 1:
         note = (note + " " if note else "") + "Only one GPU count: efficiency is 1 by definition."
     return Figure("scaling", title, caption, _png(fig), note)
@@ -289,19 +302,34 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
     height = 1.6 + 0.3 * len(rows) + 0.18 * len(foot_lines) + 0.5
     fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
     cmap = plt.get_cmap("cividis")
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9), aspect="auto")
-    fontsize = 8 if len(columns) <= 12 else 6.5
-    for i in range(len(rows)):
-        for j in range(len(columns)):
+    is_na = text == "n/a"
+    background = np.ones((len(rows), len(columns), 3))  # white: not in the results
+    background[grey & is_na] = matplotlib.colors.to_rgb(_GREY_NA)
+    background[grey & ~is_na] = matplotlib.colors.to_rgb(_GREY_FAILED)
+    ax.imshow(background, aspect="auto", interpolation="nearest")
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9), aspect="auto",
+                   interpolation="nearest")
+    annotate = len(rows) * len(columns) <= MAX_ANNOTATED_CELLS
+    if annotate:
+        fontsize = 8 if len(columns) <= 12 else 6.5
+        for i, j in zip(*np.nonzero(text != "")):
             if grey[i, j]:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=_GREY_NA, edgecolor="white",
-                                       hatch="////" if text[i, j] == "n/a" else "", linewidth=0.0))
-                ax.text(j, i, text[i, j], ha="center", va="center", fontsize=fontsize, color="#333333")
-            elif text[i, j]:
+                color = "#333333"
+            else:
                 r, g, b, _ = cmap(values[i, j] / max(vmax, 1e-9))
-                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-                ax.text(j, i, text[i, j], ha="center", va="center", fontsize=fontsize,
-                        color="white" if dark else "black")
+                color = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+            ax.text(j, i, text[i, j], ha="center", va="center", fontsize=fontsize, color=color)
+    else:
+        notes.append(f"{len(rows) * len(columns)} cells: values are not printed in the cells (colour only).")
+    ax.set_xticks(np.arange(len(columns) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0)
+    ax.tick_params(which="minor", length=0)
+    ax.legend(handles=[Patch(facecolor=_GREY_NA, label="n/a: MFU is null"),
+                       Patch(facecolor=_GREY_FAILED, label="did not run ok (status)"),
+                       Patch(facecolor="white", edgecolor="#999999", label="not in the results")],
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3, frameon=False, fontsize=7.5,
+              borderaxespad=0.3)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([f"{m}\n{_gpus_label(g)}" for m, g in columns], fontsize=7.5)
     ax.set_yticks(range(len(rows)))
@@ -315,12 +343,12 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
         spine.set_visible(False)
     ax.set_xlabel("model @ GPU count")
     ax.set_ylabel("strategy · precision")
-    ax.set_title("MFU (%) per strategy · precision and model @ GPU count")
+    fig.suptitle("MFU (%) per strategy · precision and model @ GPU count")
     cbar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
     cbar.set_label("MFU (% of dense peak FLOPS)")
     if foot_lines:
         fig.supxlabel("\n".join(foot_lines), fontsize=7.5, ha="left", x=0.01, color="#333333")
-    note = " ".join(notes + footnotes)
+    note = " ".join(notes + (["; ".join(footnotes) + "."] if footnotes else []))
     if not np.isfinite(values).any():
         note = ("No cell has an MFU value (all are n/a). " + note).strip()
     return Figure("mfu_heatmap", title, caption, _png(fig), note)
@@ -342,7 +370,7 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
     if lacking:
         note = (f"{lacking} cell(s) that ran ok have no memory figures and are not drawn. " + note).strip()
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
-    fig, axes = _new_panel_figure(len(panels), n_bars, "Peak memory per GPU: measured, predicted, capacity")
+    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Peak memory per GPU: measured, predicted, capacity")
     capacity_unknown = False
     for ax, (model, gpus) in zip(axes, panels):
         p = data[(data["model"] == model) & (data["gpus"] == gpus)]
@@ -382,12 +410,17 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         ax.set_ylabel("peak memory per GPU (GiB)")
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
-    handles = _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]) + [
-        Patch(facecolor="#666666", label="peak allocated"),
-        Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666", label="peak reserved"),
-        Line2D([], [], linestyle="none", marker="D", color="black", label="predicted"),
-        Line2D([], [], linestyle="--", color="#444444", label="device capacity")]
-    fig.legend(handles=handles, loc="outside right upper", frameon=False)
+    shown = data[data["model"].isin({m for m, _ in panels})]
+    handles = _strategy_handles(shown["strategy"])
+    for col, handle in (
+            ("peak_memory_allocated_gib", Patch(facecolor="#666666", label="peak allocated")),
+            ("peak_memory_reserved_gib", Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666",
+                                               label="peak reserved")),
+            ("predicted_memory_gib", Line2D([], [], linestyle="none", marker="D", color="black", label="predicted")),
+            ("device_memory_gib", Line2D([], [], linestyle="--", color="#444444", label="device capacity"))):
+        if shown[col].notna().any():  # no legend entry for what no panel draws
+            handles.append(handle)
+    _legend(corner, handles, "strategy")
     if capacity_unknown:
         note = (note + " " if note else "") + ("Device capacity unknown for some panels "
                                                "(env.device_memory_gib is null): no capacity line there.")
@@ -432,7 +465,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
     div, unit = _byte_unit(float(np.nanmax(np.concatenate([stacks.sum(axis=1), pred]))))
     used = [k for k in range(stacks.shape[1]) if stacks[:, k].any()]
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
-    fig, axes = _new_panel_figure(len(panels), n_bars, "Collective bytes per step by collective type")
+    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Collective bytes per step by collective type")
     for ax, (model, gpus) in zip(axes, panels):
         mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
         p = data[mask]
@@ -459,32 +492,48 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
         Patch(facecolor="#999999", edgecolor="white", hatch=_COLLECTIVE_HATCH[i % len(_COLLECTIVE_HATCH)],
               label=labels[k]) for i, k in enumerate(used)] + [
         Line2D([], [], linestyle="none", marker="D", color="black", label="predicted total")]
-    fig.legend(handles=handles, loc="outside right upper", frameon=False, title="strategy / collective")
+    _legend(corner, handles, "strategy / collective")
     return Figure("comm", title, caption, _png(fig), note)
 
 
 # --- step-time distributions -----------------------------------------------------------------------------
 
+def _boxes(ax, series: list[np.ndarray], colors: list[str]) -> None:
+    """Tukey box plots drawn as a handful of collections (ax.boxplot makes ~7 artists per box, which is slow
+    for hundreds of boxes): box p25–p75, median line, whiskers to the last sample within 1.5 × IQR, outliers."""
+    x = np.arange(len(series), dtype=float)
+    q1, med, q3 = np.array([np.percentile(s, [25, 50, 75]) for s in series]).T
+    iqr = q3 - q1
+    lo = np.array([s[s >= a].min() for s, a in zip(series, q1 - 1.5 * iqr)])
+    hi = np.array([s[s <= b].max() for s, b in zip(series, q3 + 1.5 * iqr)])
+    ax.bar(x, q3 - q1, bottom=q1, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
+    # the median as a white line with a black rim: visible on every strategy colour, black included
+    ax.hlines(med, x - 0.3, x + 0.3, color="black", linewidth=3.0, zorder=3)
+    ax.hlines(med, x - 0.28, x + 0.28, color="white", linewidth=1.4, zorder=4)
+    ax.vlines(np.concatenate([x, x]), np.concatenate([lo, q3]), np.concatenate([q1, hi]), color="black",
+              linewidth=0.8)
+    ax.hlines(np.concatenate([lo, hi]), np.concatenate([x, x]) - 0.15, np.concatenate([x, x]) + 0.15,
+              color="black", linewidth=0.8)
+    fx = np.concatenate([np.full(((s < a) | (s > b)).sum(), xi) for s, a, b, xi in zip(series, lo, hi, x)])
+    fy = np.concatenate([s[(s < a) | (s > b)] for s, a, b in zip(series, lo, hi)])
+    ax.plot(fx, fy, linestyle="none", marker="o", markersize=3, markerfacecolor="none", markeredgecolor="#555555")
+
+
 def step_time_figure(fc: pd.DataFrame) -> Figure:
     title = "Step-time distributions"
     caption = ("Distribution of the measured step times (after warm-up) per strategy · precision: box = "
-               "p25–p75, line = median, whiskers = 1.5 × IQR, points = outliers.")
+               "p25–p75, white line = median, whiskers = last sample within 1.5 × IQR, circles = outliers.")
     data = fc[fc[SAMPLES_COLUMN].map(len) > 0]
     if data.empty:
         return _no_data("step_time", title, caption, "no record has step-time samples")
     panels, note = _select_panels(data)
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
-    fig, axes = _new_panel_figure(len(panels), n_bars, "Step-time distributions (measured steps)")
+    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Step-time distributions (measured steps)")
     for ax, (model, gpus) in zip(axes, panels):
         mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
         p = data[mask]
         series = [np.asarray(s) * 1e3 for s in p[SAMPLES_COLUMN]]
-        bp = ax.boxplot(series, positions=np.arange(len(p)), widths=0.6, patch_artist=True,
-                        medianprops={"color": "black", "linewidth": 1.2},
-                        flierprops={"markersize": 3, "markeredgecolor": "#555555"})
-        for box, s in zip(bp["boxes"], p["strategy"]):
-            box.set_facecolor(style(s)[0])
-            box.set_alpha(0.75)
+        _boxes(ax, series, [style(s)[0] for s in p["strategy"]])
         lo = min(float(np.min(s)) for s in series)
         hi = max(float(np.max(s)) for s in series)
         if lo > 0 and hi / lo > 30:
@@ -494,15 +543,28 @@ def step_time_figure(fc: pd.DataFrame) -> Figure:
         ax.set_ylabel("step time (ms)")
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
-    fig.legend(handles=_strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]),
-               loc="outside right upper", frameon=False, title="strategy")
+    _legend(corner, _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]), "strategy")
     return Figure("step_time", title, caption, _png(fig), note)
 
 
-def all_figures(fc: pd.DataFrame) -> list[Figure]:
-    """Every figure of the report, in report order, from the figure cells (frame.figure_cells)."""
-    return [scaling_figure(fc), mfu_heatmap(fc), memory_figure(fc), comm_figure(fc),
-            step_time_figure(fc)]
-
-
+FIGURE_MAKERS = (scaling_figure, mfu_heatmap, memory_figure, comm_figure, step_time_figure)
 FIGURE_NAMES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")
+PARALLEL_MIN_CELLS = 300
+"""with at least this many cells (and Linux, and more than one CPU) the figures render in forked processes"""
+
+
+def all_figures(fc: pd.DataFrame, *, workers: int | None = None) -> list[Figure]:
+    """Every figure of the report, in report order, from the figure cells (frame.figure_cells).
+
+    Rendering is most of a big report's time and the figures are independent, so with many cells they are
+    drawn in parallel (one process per CPU, forked: the children inherit the imported modules, no start-up).
+    The PNG bytes are the same either way.
+    """
+    if workers is None:
+        big = len(fc) >= PARALLEL_MIN_CELLS and sys.platform == "linux"
+        workers = min(len(FIGURE_MAKERS), os.cpu_count() or 1) if big else 1
+    if workers <= 1:
+        return [make(fc) for make in FIGURE_MAKERS]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(make, fc) for make in FIGURE_MAKERS]
+        return [f.result() for f in futures]

@@ -153,12 +153,16 @@ def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], 
 
 
 def _variant_labels(df: pd.DataFrame) -> pd.Series:
-    """'mb=4 seq=2048' from the variant fields that take more than one value in this report, else ''."""
+    """'mb=4 seq=2048' from the variant fields that take more than one value within one (model, strategy,
+    precision, GPU count), else ''. A field that only changes with the GPU count or the strategy (hybrid
+    strategies on 2 nodes, the rest on 1) is not a second configuration of a cell, so it is left out."""
+    keys = ["model", "strategy", "precision", "gpus"]
+    grouped = df.assign(**{k: df[k].astype(object).where(df[k].notna(), "?") for k in keys}).groupby(keys)
     parts = []
     for field, short in VARIANT_FIELDS.items():
-        col = df[field]
-        if col.nunique(dropna=False) <= 1:
+        if grouped[field].nunique(dropna=False).max() <= 1:
             continue
+        col = df[field]
         if field == "activation_checkpointing":
             parts.append(col.map({"true": "ac", "false": "no-ac"}).fillna(f"{short}=?"))
         else:
@@ -240,7 +244,8 @@ def sort_cells(df: pd.DataFrame) -> pd.DataFrame:
     models = {m: i for i, m in enumerate(model_order(df))}
     keyed = df.assign(_m=df["model"].map(models), _s=_order(df["strategy"], STRATEGIES),
                       _p=_order(df["precision"], PRECISIONS))
-    keyed = keyed.sort_values(["_m", "_s", "strategy", "_p", "precision", "variant", "gpus"], kind="stable")
+    # NOTE: by the variant fields themselves, not the label, so mb=8 comes before mb=16
+    keyed = keyed.sort_values(["_m", "_s", "strategy", "_p", "precision", *VARIANT_FIELDS, "gpus"], kind="stable")
     return keyed.drop(columns=["_m", "_s", "_p"])
 
 

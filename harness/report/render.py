@@ -23,6 +23,8 @@ ABSENT = "—"
 MAX_MD_FAILED_ROWS = 200
 MAX_MD_WARNINGS = 50
 MAX_REASON_MD = 300
+MAX_MD_BYTES = 900 * 2**10
+"""report.md larger than this drops its per-model tables ($GITHUB_STEP_SUMMARY takes at most 1 MiB)"""
 MAX_REASON_HTML = 2000
 
 
@@ -197,6 +199,14 @@ def _md_table(header: list[str], rows: list[list[str]], *, right: set[int] = fro
 
 
 def markdown(ctx: dict[str, Any]) -> str:
+    """report.md; without the per-model tables when it would not fit GitHub's 1 MiB step-summary limit."""
+    text = _markdown(ctx, per_model=True)
+    if len(text.encode()) > MAX_MD_BYTES:
+        text = _markdown(ctx, per_model=False)
+    return text
+
+
+def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
     cells, best, figures = ctx["cells"], ctx["best"], ctx["figures"]
     with_variant = "variant" in _row_keys(cells)
     best_keys = _best_keys(best)
@@ -213,7 +223,10 @@ def markdown(ctx: dict[str, Any]) -> str:
     out += [_md_table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
                       right={1, 4 + with_variant, 5 + with_variant}), ""]
     label_cols = _row_keys(cells)
-    for model, mcells in cells.groupby("model", sort=False):
+    if not per_model:
+        out += ["## Per-model tables", "", f"Left out here: this page would exceed {MAX_MD_BYTES // 2**10} KiB "
+                "(GitHub's step-summary limit is 1 MiB). They are in index.html; every record is in table.csv.", ""]
+    for model, mcells in cells.groupby("model", sort=False) if per_model else ():
         out += [f"## Model {model}", ""]
         for gpus, g in mcells.groupby("gpus", sort=False):
             out += [f"### {model} · {_gpus_label(gpus)}", ""]
@@ -251,16 +264,18 @@ def markdown(ctx: dict[str, Any]) -> str:
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
-       color: #1a1a1a; margin: 24px auto; max-width: 1360px; padding: 0 16px; }
+       color: #1a1a1a; margin: 24px auto; max-width: 1600px; padding: 0 16px; }
 h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 19px; margin-top: 32px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 12.5px; }
-th, td { border: 1px solid #d0d0d0; padding: 3px 7px; vertical-align: top; }
+th, td { border: 1px solid #d0d0d0; padding: 3px 6px; vertical-align: top; }
 th { background: #f1f1f1; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.na { color: #888; } td.best { background: #e4f1fa; font-weight: 700; }
 td.bad { color: #a33d00; font-weight: 600; } td.reason { max-width: 560px; white-space: pre-wrap;
   font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 11.5px; }
 th.group { text-align: center; background: #e6e6e6; } .scroll { overflow-x: auto; }
+table.cells .lbl { position: sticky; left: 0; background: #fff; white-space: nowrap; z-index: 1; }
+table.cells th.lbl { background: #f1f1f1; }
 dl.summary { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; }
 dl.summary dt { font-weight: 600; } dl.summary dd { margin: 0; }
 figure { margin: 16px 0 28px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
@@ -302,16 +317,19 @@ def _html_simple_table(header: list[str], rows: list[list[str]], *, num: set[int
 
 
 def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: set[tuple]) -> str:
+    """Rows strategy · precision (· configuration), a column group per GPU count; the label column is sticky
+    so it stays in view when the table scrolls sideways."""
     gpus = sorted(mcells["gpus"].unique())
-    labels = [{"variant": "configuration"}.get(k, k) for k in label_cols]
-    head1 = "".join(f'<th rowspan="2">{_e(lbl)}</th>' for lbl in labels) + "".join(
+    label = " · ".join({"variant": "configuration"}.get(k, k) for k in label_cols)
+    head1 = f'<th class="lbl" rowspan="2">{_e(label)}</th>' + "".join(
         f'<th class="group" colspan="{len(CELL_METRICS)}">{_e(_gpus_label(g))}</th>' for g in gpus)
     head2 = "".join(f"<th>{_e(c.label)}</th>" for c in CELL_METRICS) * len(gpus)
-    out = ['<div class="scroll"><table><thead>', f"<tr>{head1}</tr>", f"<tr>{head2}</tr>", "</thead><tbody>"]
+    out = ['<div class="scroll"><table class="cells"><thead>', f"<tr>{head1}</tr>", f"<tr>{head2}</tr>",
+           "</thead><tbody>"]
     by_cell = {(r["strategy"], r["precision"], r["variant"], r["gpus"]): r for r in mcells.to_dict("records")}
     row_keys = list(dict.fromkeys(zip(mcells["strategy"], mcells["precision"], mcells["variant"])))
     for s, p, v in row_keys:
-        tds = [_td(x or ABSENT) for x in [s, p, v][: len(label_cols)]]
+        tds = [_td(" · ".join(x for x in [s, p, v][: len(label_cols)] if x), cls="lbl")]
         for g in gpus:
             r = by_cell.get((s, p, v, g))
             if r is None:
