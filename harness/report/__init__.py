@@ -78,8 +78,8 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
-    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. With no readable record nothing is written and
-    "out" is None. InputError when a dir does not exist or `out` is a file.
+    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. With no readable
+    record nothing is written and "out" is None. InputError when a dir does not exist or `out` is a file.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}

@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import ScaledTranslation  # noqa: E402
-from matplotlib.ticker import EngFormatter, NullLocator, PercentFormatter, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
 from harness.report.frame import COMM_PREFIX, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
 from harness.scenario import PRECISIONS, STRATEGIES  # noqa: E402
@@ -548,7 +548,6 @@ def step_time_figure(fc: pd.DataFrame) -> Figure:
 
 
 FIGURE_MAKERS = (scaling_figure, mfu_heatmap, memory_figure, comm_figure, step_time_figure)
-FIGURE_NAMES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")
 PARALLEL_MIN_CELLS = 300
 """with at least this many cells (and Linux, and more than one CPU) the figures render in forked processes"""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +146,7 @@ FAILED_COLUMNS = ("model", "strategy", "precision", "configuration", "GPUs", "st
 def _failed_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = True) -> list[list[str]]:
     bad = cells[cells["status"] != "ok"]
     return [[r["model"], r["strategy"], r["precision"], r["variant"] or ABSENT, fmt_int(r["gpus"]), r["status"],
-             fmt_int(r["failed_rank"]), _short(r["reason"], reason_limit, one_line=one_line), str(r["path"]).rsplit("/", 1)[-1]]
+             fmt_int(r["failed_rank"]), _short(r["reason"], reason_limit, one_line=one_line), Path(r["path"]).name]
             for r in bad.to_dict("records")]
 
 
