@@ -25,9 +25,25 @@ COMMANDS: dict[str, str] = {
 }
 
 
+SHORT_HELP: dict[str, str] = {
+    "sweep": "Run every cell of a scenario; one JSON record per cell.",
+    "run": "Run one cell in the foreground.",
+    "list": "List models, strategies, clusters, or a scenario's cells.",
+    "plan": "Predict memory, FLOPs and traffic per cell; launches nothing.",
+    "status": "Per-cell state of the sweeps in a results dir.",
+    "report": "Tables and figures (HTML, Markdown, CSV) from result dirs.",
+    "compare": "Regressions between a baseline and a candidate (exit 1).",
+}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # static one-liners: `harness --help` must not import torch, pandas or matplotlib
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
@@ -58,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in e.problems:
             click.echo(f"error: {p}", err=True)
         return 2
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted: the manifest and records are consistent; re-run the same command to resume",
+                   err=True)
         return 130
     except click.ClickException as e:
         e.show()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import click
@@ -29,6 +30,10 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed."""
     from harness.dispatch import run_sweep
 
+    def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))

@@ -5,6 +5,7 @@ fragments, the job's state and its logs when rank 0 could not write it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,28 +70,65 @@ def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | 
 # the manifest: which cells a sweep has, their job ids and states
 
 
+@contextmanager
+def file_lock(path: Path, *, blocking: bool = True):
+    """An exclusive flock on `path` (created if missing); yields False when non-blocking and already held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Manifest:
+    """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled),
+    status, job id and attempt. Every update re-reads the file under a lock, so concurrent sweeps into the
+    same dir interleave their updates instead of overwriting each other's."""
+
     path: Path
-    data: dict[str, Any] = field(default_factory=dict)
+    header: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str) -> "Manifest":
-        path = sweep_dir(results, sweep) / "manifest.json"
-        data: dict[str, Any] = {}
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                data = {}
-        data.setdefault("cells", {})
-        data.update(sweep=sweep, scenario=scenario, cluster=cluster)
-        return cls(path, data)
+    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str,
+             run_ids: list[str] | None = None) -> "Manifest":
+        m = cls(sweep_dir(results, sweep) / "manifest.json", {"sweep": sweep, "scenario": scenario, "cluster": cluster})
+        with m._locked() as data:
+            for run_id in run_ids or []:
+                data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
+        return m
+
+    @contextmanager
+    def _locked(self):
+        with file_lock(self.path.with_name(".manifest.lock")):
+            data: dict[str, Any] = {}
+            if self.path.exists():
+                try:
+                    data = json.loads(self.path.read_text())
+                except (OSError, json.JSONDecodeError):
+                    data = {}
+            data.update(self.header)
+            data.setdefault("cells", {})
+            yield data
+            atomic_write_json(self.path, data)
 
     def set(self, run_id: str, **fields: Any) -> None:
-        cell = self.data["cells"].setdefault(run_id, {})
-        cell.update(fields, updated_at=utc_now())
-        atomic_write_json(self.path, self.data)
+        with self._locked() as data:
+            cell = data["cells"].setdefault(run_id, {})
+            cell.update(fields, updated_at=utc_now())
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -120,6 +159,42 @@ def _fresh_record(payload: dict) -> dict | None:
     return rec if rec.get("attempt") == payload["attempt"] else None
 
 
+SECONDARY = ("connection closed", "connection reset", "broken pipe", "econnreset", "connection refused",
+             "socket closed", "read error", "nccl communicator was aborted", "process group was aborted")
+TIMEOUTS = ("timed out", "timeout", "watchdog")
+
+
+def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit_s: float, cancelled: bool,
+             exit_codes: list | None, pg_timeout_s: float | None) -> tuple[str, str, int | None]:
+    """(status, reason, failed rank) of a cell that ended without rank 0's record.
+
+    The first rank to fail is the root cause. Ranks that left no fragment while others report a broken
+    collective are the culprits: they died (the others saw their connection close) or hung (the others'
+    collective hit the watchdog).
+    """
+    if cancelled:
+        return "cancelled", "the job was cancelled before the cell finished", None
+    reported = {f["rank"] for f in frags}
+    silent = sorted(set(range(world_size)) - reported)
+    primary = [f for f in frags if not any(k in f["reason"].lower() for k in SECONDARY + TIMEOUTS)]
+    if primary:
+        first = min(primary, key=lambda f: f["time"])
+        return first["status"], first["reason"], first["rank"]
+    if frags:
+        first = min(frags, key=lambda f: f["time"])
+        culprit = silent[0] if silent else first["rank"]
+        who = f"rank {', '.join(map(str, silent))}" if silent else f"rank {culprit}"
+        if any(k in f["reason"].lower() for f in frags for k in TIMEOUTS):
+            return ("timeout", f"collective timed out after the {pg_timeout_s:g} s watchdog: {who} stopped making "
+                    f"progress (rank {first['rank']} reported: {first['reason'][:300]})", culprit)
+        return ("crashed", f"{who} died without raising an exception; the others saw its connection close "
+                f"(rank {first['rank']}: {first['reason'][:300]})", culprit)
+    if elapsed_s >= time_limit_s:
+        return "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
+    codes = f" (exit codes {exit_codes})" if exit_codes else ""
+    return "crashed", f"the ranks exited without a record or an exception{codes}", None
+
+
 def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled: bool = False,
              log_tail: str = "", exit_codes: list | None = None) -> dict:
     """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known."""
@@ -128,17 +203,9 @@ def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled:
         return rec
     spec = payload["spec"]
     frags = _fragments(payload)
-    if cancelled:
-        status, reason, rank = "cancelled", "the job was cancelled before the cell finished", None
-    elif frags:
-        # the first rank to fail is the root cause; the others usually fail on the broken collective after it
-        first = min(frags, key=lambda f: f["time"])
-        status, reason, rank = first["status"], first["reason"], first["rank"]
-    elif elapsed_s >= time_limit_s:
-        status, reason, rank = "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
-    else:
-        codes = f" (exit codes {exit_codes})" if exit_codes else ""
-        status, reason, rank = "crashed", f"a rank died without raising an exception{codes}", None
+    status, reason, rank = classify(frags, world_size=spec["world_size"], elapsed_s=elapsed_s,
+                                    time_limit_s=time_limit_s, cancelled=cancelled, exit_codes=exit_codes,
+                                    pg_timeout_s=payload["cluster"].get("pg_timeout_s"))
     rec = new_record(spec=spec, run_id=payload["run_id"], sweep=payload["sweep"],
                      cluster=payload["cluster"]["name"], status=status, reason=reason, failed_rank=rank)
     rec["attempt"] = payload["attempt"]
@@ -146,7 +213,7 @@ def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled:
         rec["predicted"] = payload["predicted"]
     if frags:
         rec["failures"] = [{k: f.get(k) for k in ("rank", "status", "reason", "hostname", "traceback",
-                                                   "memory_allocated_gib", "memory_reserved_gib")} for f in frags]
+                                                   "memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")} for f in frags]
     if log_tail:
         rec["log_tail"] = log_tail[-4000:]
     rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
@@ -194,9 +261,10 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
             pgid = p.pid if pgid is None else pgid
             procs.append(p)
         cancelled = False
+        watch = FailureWatch(payload)
         try:
             while any(p.poll() is None for p in procs):
-                if time.time() - t0 > time_limit_s:
+                if time.time() - t0 > time_limit_s or watch.stuck():
                     break
                 time.sleep(0.1)
         except KeyboardInterrupt:
@@ -209,6 +277,50 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
         elapsed = time.time() - t0
         return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, cancelled=cancelled,
                         exit_codes=[p.returncode for p in procs])
+
+
+class FailureWatch:
+    """A rank that failed leaves a fragment; ranks still alive `grace_s` later are stuck (a hung peer, a
+    collective that will never complete): the launcher ends the cell instead of waiting for its time limit."""
+
+    def __init__(self, payload: dict, grace_s: float = 15.0):
+        self.payload, self.grace_s = payload, grace_s
+        self.first_seen: float | None = None
+        self._next_check = 0.0
+
+    def stuck(self) -> bool:
+        now = time.time()
+        if now < self._next_check:
+            return False
+        self._next_check = now + 1.0
+        if self.first_seen is None:
+            if _fragments(self.payload):
+                self.first_seen = now
+            return False
+        return now - self.first_seen > self.grace_s
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGTERM, then SIGKILL, a process and all its descendants (a local submitit job: controller + ranks)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except Exception:  # noqa: BLE001 - already gone
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except Exception:  # noqa: BLE001
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=3)
+    for p in alive:
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001
+            pass
+    psutil.wait_procs(alive, timeout=3)
 
 
 def _kill_group(pgid: int | None) -> None:
@@ -259,20 +371,20 @@ def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit
     job = executor.submit(submitit_entry, payload)
     if on_submit:
         on_submit(job)
-    cancelled = False
+    watch = FailureWatch(payload)
     try:
         while not job.done():
+            over = time.time() - t0 > time_limit_s + 15  # the controller's own kill is late or missing
+            if over or watch.stuck():
+                _kill_tree(int(job.job_id))
+                break
             time.sleep(0.2)
     except KeyboardInterrupt:
-        cancelled = True
-        job.cancel()
+        _kill_tree(int(job.job_id))
+        finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
         raise
-    finally:
-        if cancelled:
-            finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
     elapsed = time.time() - t0
-    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s,
-                    log_tail=_job_log_tail(job, world))
+    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=_job_log_tail(job, world))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,37 +419,62 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
     if only is not None:
         specs = [s for s in specs if s.run_id in only]
     sha = git_sha()
-    manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name)
+    manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name,
+                             run_ids=[s.run_id for s in specs])
     folder = sweep_dir(results, scenario.name) / ".submitit"
+    locks = sweep_dir(results, scenario.name) / ".locks"
     records = []
     for i, spec in enumerate(specs, 1):
         tag = f"[{i}/{len(specs)}] {spec.run_id}"
-        if not force and existing_ok(results, scenario.name, spec.run_id):
-            echo(f"{tag}  ok (already recorded; --force reruns)")
-            records.append(read_record(record_path(results, scenario.name, spec.run_id)))
-            manifest.set(spec.run_id, state="done", status="ok")
-            continue
-        predicted = predict(spec, cluster)
-        reason = spec.unsupported_reason(cluster.device)
-        if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
-            reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
-        if reason is not None:
-            rec = skipped_record(spec, sweep=scenario.name, cluster=cluster, results=results, reason=reason,
-                                 predicted=predicted)
-            manifest.set(spec.run_id, state="skipped", status="skipped")
-            echo(f"{tag}  skipped: {reason}")
-            records.append(rec)
-            continue
-        payload = make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha,
-                               predicted=predicted)
-        manifest.set(spec.run_id, state="running", attempt=payload["attempt"])
-        c0 = time.time()
+        with file_lock(locks / f"{spec.run_id}.lock", blocking=False) as mine:
+            if not mine:
+                echo(f"{tag}  running in another sweep; waiting for its record")
+                with file_lock(locks / f"{spec.run_id}.lock"):
+                    pass
+                try:
+                    rec = read_record(record_path(results, scenario.name, spec.run_id))
+                except ValueError:
+                    rec = None
+                if rec is not None:
+                    echo(f"{tag}  {describe(rec)}  (recorded by the other sweep)")
+                    records.append(rec)
+                    continue
+            records.append(_run_cell(spec, i=i, n=len(specs), scenario=scenario, cluster=cluster, results=results,
+                                     force=force, no_skip=no_skip, manifest=manifest, folder=folder, sha=sha,
+                                     echo=echo))
+    return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
+
+
+def _run_cell(spec: RunSpec, *, i: int, n: int, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
+              no_skip: bool, manifest: Manifest, folder: Path, sha: str | None, echo: Callable[[str], None]) -> dict:
+    tag = f"[{i}/{n}] {spec.run_id}"
+    if not force and existing_ok(results, scenario.name, spec.run_id):
+        echo(f"{tag}  ok (already recorded; --force reruns)")
+        manifest.set(spec.run_id, state="done", status="ok")
+        return read_record(record_path(results, scenario.name, spec.run_id))
+    predicted = predict(spec, cluster)
+    reason = spec.unsupported_reason(cluster.device)
+    if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
+        reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
+    if reason is not None:
+        rec = skipped_record(spec, sweep=scenario.name, cluster=cluster, results=results, reason=reason,
+                             predicted=predicted)
+        manifest.set(spec.run_id, state="skipped", status="skipped")
+        echo(f"{tag}  skipped: {reason}")
+        return rec
+    payload = make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha, predicted=predicted)
+    manifest.set(spec.run_id, state="running", status=None, attempt=payload["attempt"])
+    c0 = time.time()
+    try:
         rec = launch_submitit(payload, cluster=cluster, folder=folder, time_limit_s=spec.settings.time_limit_s,
                               on_submit=lambda job: manifest.set(spec.run_id, job_id=str(job.job_id)))
-        manifest.set(spec.run_id, state="done" if rec["status"] == "ok" else "failed", status=rec["status"])
-        echo(f"{tag}  {describe(rec)}  ({time.time() - c0:.1f} s)")
-        records.append(rec)
-    return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
+    except KeyboardInterrupt:
+        manifest.set(spec.run_id, state="cancelled", status="cancelled")
+        echo(f"{tag}  cancelled (interrupted; re-run the sweep to resume)")
+        raise
+    manifest.set(spec.run_id, state="done" if rec["status"] == "ok" else "failed", status=rec["status"])
+    echo(f"{tag}  {describe(rec)}  ({time.time() - c0:.1f} s)")
+    return rec
 
 
 def describe(rec: dict) -> str:

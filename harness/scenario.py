@@ -37,6 +37,8 @@ STRATEGIES: tuple[str, ...] = (
 HYBRID_STRATEGIES = frozenset({"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"})
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception")
+INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step")
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -60,6 +62,7 @@ class Settings:
     seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
     lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
     time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
+    inject: dict | None = _setting(None, "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}")
 
 
 SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
@@ -130,6 +133,8 @@ class RunSpec:
         `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device.
         """
         s = self.settings
+        if s.inject is not None and s.inject.get("rank", 0) >= self.world_size:
+            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.world_size}"
         if self.strategy in HYBRID_STRATEGIES:
             if self.world_size % self.gpus_per_node:
                 return (f"{self.strategy} needs world_size divisible by gpus_per_node "
@@ -232,7 +237,31 @@ def _type_ok(value: Any, typ: type) -> bool:
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
 
 
+def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        problems.append(Problem(file, where, f"{value!r} must be null or a mapping like "
+                                "{fault: exception, rank: 1, step: 3}"))
+        return
+    for k in value:
+        if k not in INJECT_KEYS:
+            problems.append(Problem(file, f"{where}.{k}", f"unknown key; allowed: {', '.join(INJECT_KEYS)}"
+                                    f"{did_you_mean(k, INJECT_KEYS)}"))
+    if "fault" not in value:
+        problems.append(Problem(file, f"{where}.fault", f"missing; one of {', '.join(FAULTS)}"))
+    elif value["fault"] not in FAULTS:
+        problems.append(Problem(file, f"{where}.fault", one_of(value["fault"], FAULTS)))
+    for k, minimum in (("rank", 0), ("step", 1)):
+        v = value.get(k, minimum)
+        if not _type_ok(v, int) or v < minimum:
+            problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not an integer >= {minimum}"))
+
+
 def _check_setting(name: str, value: Any, where: str, file: str, problems: list[Problem]) -> None:
+    if name == "inject":
+        _check_inject(value, where, file, problems)
+        return
     f = SETTING_FIELDS[name]
     typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
     if not _type_ok(value, typ):

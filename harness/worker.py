@@ -50,7 +50,10 @@ def _process_start_time() -> float | None:
 def _is_oom(e: BaseException) -> bool:
     import torch
 
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    # host allocations fail as RuntimeError from the CPU allocator; CUDA's as "CUDA out of memory"
+    return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
 
 
 def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
@@ -67,6 +70,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
     from harness import env as envmod
+    from harness.faults import FaultInjector
     from harness.meters.comm import CommMeter
     from harness.meters.memory import MemoryMeter
     from harness.meters.timing import summarize, synchronize, time_steps
@@ -97,6 +101,12 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
     timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
+    # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
+    # from these module globals, not from the world group: set them so the watchdog covers every group.
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=device if backend == "nccl" else None)
     try:
@@ -111,14 +121,15 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
                                        seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
             t_ready = time.time()
-            warm_losses = [trainer.step(batches) for _ in range(s.warmup_steps)]
+            step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
+            warm_losses = [step() for _ in range(s.warmup_steps)]
             synchronize(device)
             meter = MemoryMeter(device)
             comm = CommMeter().install()
             dist.barrier()
             meter.reset()
             with comm.measure():
-                times, losses = time_steps(lambda: trainer.step(batches), n=s.measure_steps, device=device)
+                times, losses = time_steps(step, n=s.measure_steps, device=device)
             mem = meter.read()
             comm_summary = comm.summary(steps=s.measure_steps, gpus_per_node=spec.gpus_per_node)
             comm.uninstall()
@@ -132,9 +143,11 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             return None
 
         # ---- aggregation over ranks (outside the timed region) ----
-        all_losses = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)
-        dist.all_reduce(all_losses)
-        all_losses = (all_losses / world_size).tolist()
+        local = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)
+        per_rank = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(per_rank, local)
+        per_rank_losses = torch.stack(per_rank).cpu()  # (rank, step)
+        all_losses = per_rank_losses.double().mean(0).tolist()
         step_times = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
         peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0],
@@ -187,10 +200,12 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         }
         if start is None:
             null_reasons["startup_s"] = "process start time unavailable (psutil)"
-        if not all(math.isfinite(x) for x in all_losses):
-            first = next(i for i, x in enumerate(all_losses) if not math.isfinite(x))
-            record.update(status="nan", reason=f"loss is not finite at step {first + 1} "
-                                                f"({'warmup' if first < s.warmup_steps else 'measured'})")
+        bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
+        if bad:
+            bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
+            record.update(status="nan", failed_rank=bad_rank,
+                          reason=f"loss is not finite at step {first + 1} "
+                                 f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}")
         record["comm"] = comm_summary
         predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
         if predicted_comm:
@@ -202,14 +217,34 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     except BaseException as e:
         status = "oom" if _is_oom(e) else "error"
         extra = {"traceback": traceback.format_exc(limit=30)}
-        if status == "oom" and torch.cuda.is_available():
-            extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
-            extra["memory_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+        if status == "oom":
+            if torch.cuda.is_available():
+                extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+                extra["memory_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+            else:
+                from harness.meters.memory import rss_bytes
+
+                extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
         write_fragment(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _step_fn(trainer, batches, injector):
+    """The callable the worker times: the trainer's step, with the fault injector in front only when armed."""
+    if injector.fault is None:
+        return lambda: trainer.step(batches)
+    count = 0
+
+    def step():
+        nonlocal count
+        count += 1
+        injector.before_step(count, trainer.model)
+        return trainer.step(batches)
+
+    return step
 
 
 def submitit_entry(payload: dict[str, Any]) -> None:

@@ -52,11 +52,20 @@ class MemoryMeter:
         }
 
 
-def _vm_hwm_bytes() -> int | None:
+def _status_kib(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def _vm_hwm_bytes() -> int | None:
+    return _status_kib("VmHWM")
+
+
+def rss_bytes() -> int | None:
+    """Current resident set size of this process (bytes)."""
+    return _status_kib("VmRSS")

@@ -1,0 +1,173 @@
+"""Every cell ends in a truthful record: injected faults on real gloo ranks, through the real sweep path
+(submitit's local executor), each with its status and failing rank, and the sweep goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.results import load_records
+
+pytestmark = pytest.mark.dist
+
+REPO = Path(__file__).resolve().parents[2]
+FAST_CLUSTER = """\
+name: local-fast-watchdog
+description: local CPU with a 10 s collective watchdog, for fault tests
+executor: local
+device: cpu
+gpus_per_node: 2
+pg_timeout_s: 10
+env: {OMP_NUM_THREADS: "1"}
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fault_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    cluster = write(tmp / "cluster.yaml", FAST_CLUSTER)
+    scenario = write(tmp / "faults.yaml", """\
+        name: faults
+        matrix:
+          model: [tiny]
+          strategy: [ddp]
+          precision: [fp32]
+          gpus: [2]
+          inject:
+            - {fault: exception, rank: 1, step: 3}
+            - {fault: oom, rank: 1, step: 2}
+            - {fault: nan, rank: 0, step: 3}
+            - {fault: crash, rank: 1, step: 3}
+            - {fault: hang, rank: 1, step: 3}
+            - null
+          include:
+            - {model: tiny, strategy: fsdp.hybrid_shard, precision: fp32, gpus: 4, inject: {fault: hang, rank: 3, step: 2}}
+        settings: {warmup_steps: 2, measure_steps: 3, time_limit_s: 120}
+    """)
+    results = tmp / "results"
+    t0 = time.time()
+    code = main(["sweep", str(scenario), "--cluster", str(cluster), "--results", str(results)])
+    wall = time.time() - t0
+    records, warnings = load_records(results)
+    by_fault = {(r["spec"]["strategy"], (r["spec"].get("inject") or {}).get("fault")): r for r in records}
+    return {"code": code, "records": by_fault, "warnings": warnings, "wall": wall, "results": results}
+
+
+def test_sweep_went_on_and_flagged_failure(fault_sweep):
+    assert fault_sweep["code"] == 1  # some cells failed
+    assert len(fault_sweep["records"]) == 7 and not fault_sweep["warnings"]
+    clean = fault_sweep["records"][("ddp", None)]
+    assert clean["status"] == "ok" and clean["metrics"]["loss"] < clean["metrics"]["losses"][0]
+
+
+@pytest.mark.parametrize("fault,status,rank,needle", [
+    ("exception", "error", 1, "injected exception"),
+    ("oom", "oom", 1, "allocate"),
+    ("nan", "nan", 0, "not finite at step 3"),
+    ("crash", "crashed", 1, "rank 1"),
+    ("hang", "timeout", 1, "rank 1"),
+])
+def test_injected_fault_has_status_rank_and_reason(fault_sweep, fault, status, rank, needle):
+    rec = fault_sweep["records"][("ddp", fault)]
+    assert rec["status"] == status, rec["reason"]
+    assert rec["failed_rank"] == rank
+    assert needle in rec["reason"]
+    if fault == "oom":  # memory at failure, from the failing rank
+        assert next(f for f in rec["failures"] if f["rank"] == 1)["memory_rss_gib"] > 0.1
+
+
+def test_error_record_carries_the_traceback(fault_sweep):
+    rec = fault_sweep["records"][("ddp", "exception")]
+    tb = next(f["traceback"] for f in rec["failures"] if f["rank"] == 1)
+    assert "RuntimeError: injected exception" in tb and "harness/worker.py" in tb
+
+
+def test_hang_in_a_hybrid_subgroup_hits_the_watchdog(fault_sweep):
+    # the profile's 10 s watchdog applies to the hybrid's sub-groups too, not only the world group
+    rec = fault_sweep["records"][("fsdp.hybrid_shard", "hang")]
+    assert rec["status"] == "timeout" and rec["failed_rank"] == 3
+    assert "collective" in rec["reason"]
+
+
+def test_no_worker_outlives_its_cell(fault_sweep):
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(fault_sweep["results"]) not in out
+
+
+# ---- interrupted, resumed, and concurrent sweeps -------------------------------------------------------
+
+THREE_CELLS = """\
+    name: {name}
+    matrix: {{model: [tiny], strategy: [ddp, fsdp.full_shard, zero1], precision: [fp32], gpus: [2]}}
+    settings: {{warmup_steps: 2, measure_steps: 2}}
+"""
+
+
+def sweep_proc(scenario: Path, results: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_interrupted_sweep_resumes_to_exactly_one_record_per_cell(tmp_path):
+    scenario = write(tmp_path / "s.yaml", THREE_CELLS.format(name="resume"))
+    results = tmp_path / "results"
+    proc = sweep_proc(scenario, results)
+    manifest = results / "resume" / "manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until the second cell is running
+        if manifest.exists():
+            cells = json.loads(manifest.read_text())["cells"]
+            if sum(c.get("state") == "done" for c in cells.values()) >= 1 and any(
+                    c.get("state") == "running" for c in cells.values()):
+                break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the sweep never reached its second cell")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    cells = json.loads(manifest.read_text())["cells"]
+    assert "running" not in {c["state"] for c in cells.values()}, cells
+    assert sorted(c["state"] for c in cells.values()) == ["cancelled", "done", "pending"]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(results) not in ps  # the interrupted cell's ranks are gone
+
+    assert main(["sweep", str(scenario), "--results", str(results)]) == 0
+    records, warnings = load_records(results)
+    assert not warnings
+    assert sorted(r["spec"]["strategy"] for r in records) == ["ddp", "fsdp.full_shard", "zero1"]
+    assert all(r["status"] == "ok" for r in records)
+    cells = json.loads(manifest.read_text())["cells"]
+    assert [c["state"] for c in cells.values()] == ["done"] * 3
+
+
+def test_two_sweeps_into_one_results_dir(tmp_path):
+    """The same scenario launched twice at once: each cell runs once, ends with one record, manifest intact."""
+    scenario = write(tmp_path / "s.yaml", THREE_CELLS.format(name="twice"))
+    results = tmp_path / "results"
+    a, b = sweep_proc(scenario, results), sweep_proc(scenario, results)
+    outs = [p.communicate(timeout=600)[0] for p in (a, b)]
+    assert a.returncode == 0 and b.returncode == 0, outs
+    records, warnings = load_records(results)
+    assert not warnings and len(records) == 3 and all(r["status"] == "ok" for r in records)
+    assert sum(o.count("another sweep") for o in outs) >= 1  # one of them waited instead of rerunning
+    cells = json.loads((results / "twice" / "manifest.json").read_text())["cells"]
+    assert len(cells) == 3 and all(c["state"] == "done" for c in cells.values())
+    assert not list((results / "twice").glob(".*.tmp"))
+    assert os.listdir(results) == ["twice"]
