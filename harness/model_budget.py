@@ -17,9 +17,9 @@ to that peak, and bytes of host memory for CPU offload:
                  gradient, gradients in flight, FSDP's gathered units and unsharded gradients, ZeRO's reduce
                  bucket, live parameters and fp32 gradient buffer, autocast's 16-bit weight copies (DDP)
 
-The peak is the largest of five moments of a step (`WINDOWS`): forward end, loss backward (the start of
-backward), the first block's backward, backward end, optimizer step; each strategy says what it holds in
-each. No allocator fragmentation or caching is modelled: the prediction is `max_memory_allocated`, not
+The peak is the largest over the moments of a step (`WINDOWS`: forward end, loss backward, the first
+block's backward and its reduction, the last block's backward, backward end, optimizer step); each strategy
+says what it holds in each. No allocator fragmentation or caching is modelled: the prediction is `max_memory_allocated`, not
 reserved. Whether a cell fits compares the total with the device's memory minus `DEVICE_RESERVE_GIB`.
 
 Units: bytes internally; GiB = 2**30 in every `*_gib` field; GB = 1e9 only where the users' arithmetic is
@@ -47,7 +47,8 @@ but do come out of `total_memory`. A cell fits when its predicted total <= devic
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """bytes per element of each precision's dtype"""
 
-# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py, 0.19.8); harness.strategies.zero sets none of them.
+# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py, 0.19.8); harness.strategies.zero sets none of them
+# (overlap_comm defaults to on for stage 3 only, and stage 3 allocates a single reduce bucket anyway).
 DS_REDUCE_BUCKET_ELEMS = 500_000_000
 """reduce_bucket_size: the contiguous gradient bucket (elements), allocated in full whatever the model size"""
 DS_PARAM_PERSISTENCE_THRESHOLD = 100_000

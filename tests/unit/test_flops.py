@@ -1,0 +1,130 @@
+"""FLOPs per step: the zoo's formula (6 per matmul parameter + the attention term) and the recompute that
+activation checkpointing adds, checked against torch.utils.flop_counter.FlopCounterMode.
+
+Two counts: on the meta device (no memory, no compute: SDPA takes the math path there, two bmm's forward
+and four backward, exactly the 12 · n_layers · d_model · seq_len convention), and a real CPU forward +
+backward through the SDPA flash kernel for CPU, which FlopCounterMode counts only once its formulas are
+registered here. Its flash-backward formula adds the recomputation of the scores (2 · b · h · s² · hd,
+a hardware FLOP): that is the one documented difference.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import model_budget as mb
+from harness.scenario import RunSpec, Settings
+from harness.zoo import ZOO, ModelConfig
+
+torch = pytest.importorskip("torch")
+from torch.utils.flop_counter import (FlopCounterMode, flop_registry, register_flop_formula,  # noqa: E402
+                                      sdpa_backward_flop_count, sdpa_flop_count)
+
+from harness.models import apply_activation_checkpointing, build_model, loss_fn  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def register_cpu_sdpa() -> None:
+    """Teach FlopCounterMode the CPU flash-attention ops (it knows only the CUDA ones and counts these as 0)."""
+    for op, formula in ((aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa),
+                        (aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_sdpa_backward)):
+        if op not in flop_registry:
+            register_flop_formula(op)(formula)
+
+
+def counted_flops(cfg: ModelConfig, *, micro_batch: int, seq_len: int, device: str, ckpt: bool = False) -> dict:
+    torch.manual_seed(0)
+    model = build_model(cfg, seed=0, device=device)
+    if ckpt:
+        apply_activation_checkpointing(model)
+    x = torch.randint(0, cfg.vocab, (micro_batch, seq_len), device=device)
+    y = torch.randint(0, cfg.vocab, (micro_batch, seq_len), device=device)
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(x), y).backward()
+    return {"total": counter.get_total_flops(),
+            "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}}
+
+
+def spec_for(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ckpt: bool = False, world: int = 1) -> RunSpec:
+    return RunSpec(model="m", model_config=cfg, strategy="ddp", precision="fp32", world_size=world, nodes=1,
+                   gpus_per_node=world, settings=Settings(micro_batch=micro_batch, seq_len=seq_len,
+                                                          activation_checkpointing=ckpt))
+
+
+GQA = ModelConfig(d_model=256, n_layers=3, n_heads=8, ffn=688, vocab=1000, n_kv_heads=2)
+SIZES = [  # (name, config, micro_batch, seq_len): three zoo sizes and a grouped-query shape, meta device
+    ("tiny", ZOO["tiny"], 2, 64),
+    ("125m", ZOO["125m"], 1, 128),
+    ("1.3b", ZOO["1.3b"], 1, 256),
+    ("gqa", GQA, 2, 128),
+]
+
+
+@pytest.mark.parametrize("name, cfg, mb_, seq", SIZES, ids=[s[0] for s in SIZES])
+def test_model_flops_match_flop_counter(name, cfg, mb_, seq):
+    got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="meta")
+    want = mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    assert want == pytest.approx(got["total"], rel=0.02)
+    assert want == got["total"]  # exact: matmuls 2/4 FLOPs per MAC forward/backward, attention 4 + 8 b·h·s²·hd
+    attention = 12 * cfg.n_layers * cfg.d_model * seq * mb_ * seq
+    assert got["by_op"]["aten.bmm"] == attention
+
+
+@pytest.mark.parametrize("name, cfg, mb_, seq", SIZES, ids=[s[0] for s in SIZES])
+def test_checkpointing_recompute_matches_flop_counter(name, cfg, mb_, seq):
+    """HFU's numerator: one more forward of every block except its last matmul (w2): non-reentrant
+    checkpointing stops recomputing once every saved tensor is back, and nothing saves w2's output."""
+    s = spec_for(cfg, micro_batch=mb_, seq_len=seq, ckpt=True)
+    got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="meta", ckpt=True)
+    assert mb.hardware_flops_per_step(s) == got["total"]
+    assert mb.flops_per_step(s) == mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    assert mb.hardware_flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq)) == mb.flops_per_step(s)
+
+
+@pytest.mark.parametrize("cfg, mb_, seq", [(ZOO["tiny"], 2, 64), (ModelConfig(d_model=128, n_layers=2, n_heads=4,
+                                                                               ffn=352, vocab=2000), 1, 128)],
+                         ids=["tiny", "small"])
+def test_cpu_flash_attention_counts_the_scores_recompute(cfg, mb_, seq):
+    """A real CPU step: without the registration SDPA counts 0; with it, the counter's flash-backward formula
+    also counts recomputing QKᵀ (2 of its 10 b·h·s²·hd), which model FLOPs (and MFU) leave out."""
+    saved = {op: flop_registry.pop(op) for op in (aten._scaled_dot_product_flash_attention_for_cpu,
+                                                   aten._scaled_dot_product_flash_attention_for_cpu_backward)
+             if op in flop_registry}
+    try:
+        unregistered = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="cpu")
+    finally:
+        flop_registry.update(saved)
+    assert not any("flash_attention" in op for op in unregistered["by_op"])
+    register_cpu_sdpa()
+    got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="cpu")
+    assert got["by_op"]["aten._scaled_dot_product_flash_attention_for_cpu"] > 0
+    tokens = mb_ * seq
+    model = mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    scores_recompute = 2 * cfg.n_layers * cfg.d_model * seq * tokens
+    assert got["total"] == model + scores_recompute
+    assert model == pytest.approx(got["total"], rel=0.03)
+
+
+def test_flops_per_step_is_global():
+    cfg = ZOO["125m"]
+    one = mb.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=1))
+    eight = mb.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=8))
+    assert eight == 8 * one == 8 * cfg.flops_per_token(512) * 2 * 512
+
+
+def test_recompute_formula():
+    cfg = ZOO["7b"]
+    per_block = cfg.block_params() - 2 * cfg.d_model  # matmul parameters of a block
+    want = cfg.n_layers * (2 * (per_block - cfg.d_model * cfg.ffn) + 4 * cfg.d_model * 4096)
+    assert mb.recompute_flops_per_token(cfg, 4096) == want
+    # about a quarter on top of the model FLOPs (a forward is a third of forward+backward, minus w2)
+    assert 0.2 < want / cfg.flops_per_token(4096) < 0.3
