@@ -326,9 +326,14 @@ def _canonical(obj: Any) -> Any:
 
 
 def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
-    """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys."""
+    """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys and minus
+    settings at their default (RunSpec.identity's rule: a setting added later, at its default, still
+    matches records written before it existed)."""
+    from harness.scenario import SETTING_FIELDS
+
     ignored = set(ignore)
-    kept = {k: v for k, v in spec.items() if k not in ignored}
+    kept = {k: v for k, v in spec.items() if k not in ignored
+            and not (k in SETTING_FIELDS and _canonical(v) == _canonical(SETTING_FIELDS[k].default))}
     return json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
 
 

@@ -250,13 +250,14 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
         base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"] or free_port()),
                         WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
         gpn = payload["spec"]["gpus_per_node"]
-        out = None if stream else subprocess.DEVNULL
+        # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
+        out = sys.stderr if stream else subprocess.DEVNULL
         t0 = time.time()
         pgid = None
         for r in range(world):
             env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
             p = subprocess.Popen([sys.executable, "-m", "harness.worker", str(ppath)], env=env,
-                                 stdout=out, stderr=subprocess.STDOUT if not stream else None,
+                                 stdout=out, stderr=subprocess.STDOUT,
                                  process_group=pgid if pgid is not None else 0)
             pgid = p.pid if pgid is None else pgid
             procs.append(p)

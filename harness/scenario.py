@@ -58,6 +58,7 @@ class Settings:
     warmup_steps: int = _setting(2, "steps run before timing (>= 2: DDP rebuilds its buckets at step 2)", minimum=2)
     measure_steps: int = _setting(5, "timed steps; every one is kept as a sample", minimum=1)
     activation_checkpointing: bool = _setting(False, "recompute each block's activations in backward")
+    compile: bool = _setting(False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)")
     offload: str = _setting("none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS)
     seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
     lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
@@ -114,10 +115,18 @@ class RunSpec:
             settings=Settings(**known),
         )
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two cells the same cell: the spec without settings left at their default.
+
+        A setting added in a later version (at its default) thus keeps every existing run_id and match.
+        """
+        defaults = {name: f.default for name, f in SETTING_FIELDS.items()}
+        return {k: v for k, v in self.to_dict().items() if not (k in defaults and v == defaults[k])}
+
     @property
     def run_id(self) -> str:
         """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
         return f"{self.model}-{self.strategy}-{self.precision}-g{self.world_size}-{digest}"
 

@@ -122,8 +122,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
                                        seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
             t_ready = time.time()
             step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
-            warm_losses = [step() for _ in range(s.warmup_steps)]
-            synchronize(device)
+            warm_times, warm_losses = time_steps(step, n=s.warmup_steps, device=device)
             meter = MemoryMeter(device)
             comm = CommMeter().install()
             dist.barrier()
@@ -178,6 +177,12 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             # activation checkpointing re-runs each block's forward: 8 instead of 6 FLOPs per matmul parameter
             hfu = mfu * (4.0 / 3.0 if s.activation_checkpointing else 1.0)
         start = _process_start_time()
+        if s.compile:
+            # the first step traces and compiles; what it took beyond a steady step is the compile cost
+            compile_s = max(0.0, warm_times[0] - summary["median"])
+        else:
+            compile_s = None
+            null_reasons["compile_s"] = "compile is off for this cell"
         record["metrics"] = {
             "step_time_s": summary,
             "tokens_per_s": tokens / summary["median"],
@@ -195,6 +200,8 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             "flops_per_step": flops_per_step,
             "tokens_per_step": tokens,
             "setup_s": t_ready - t_entry,
+            "warmup_step_times_s": warm_times,
+            "compile_s": compile_s,
             "startup_s": None if start is None else t_ready - start,
             "null_reasons": null_reasons,
         }

@@ -70,4 +70,5 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     opt = adamw(fsdp.parameters(), lr=spec.settings.lr,
                 device=init_device if offload == "optimizer+params" else topo.device)
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
-    return TorchTrainer(fsdp, opt, scaler=scaler, no_sync=fsdp.no_sync)
+    model_for_step = torch.compile(fsdp) if spec.settings.compile else fsdp
+    return TorchTrainer(model_for_step, opt, scaler=scaler, no_sync=fsdp.no_sync)

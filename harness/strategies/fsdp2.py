@@ -50,6 +50,11 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     mesh = topo.mesh(hybrid=spec.strategy == "fsdp2.hybrid_shard")
     mp = MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32) if prec.mixed \
         else MixedPrecisionPolicy()
+    if spec.settings.compile:
+        # NOTE: per-block compile before fully_shard (torchtitan's order): each block is one graph and
+        # FSDP2's all-gather/reduce-scatter hooks stay outside it
+        for block in model.blocks:
+            block.compile()
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)

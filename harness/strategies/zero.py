@@ -82,6 +82,9 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
         model = build_model(cfg, seed=spec.settings.seed, device=topo.device)
     if spec.settings.activation_checkpointing:
         apply_activation_checkpointing(model)
+    if spec.settings.compile:
+        for block in model.blocks:  # per block, so DeepSpeed's ZeRO-3 gather hooks stay outside the graphs
+            block.compile()
     if spec.settings.offload != "none":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 

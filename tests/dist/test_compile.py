@@ -1,0 +1,29 @@
+"""The `compile` axis: compiled cells (DDP: the wrapped module; FSDP2: per block) train the same model as
+the eager reference, and record their compile cost apart from the step time."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import make_spec, run_cell
+from tests.dist.test_equivalence import STEPS, reference_losses
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2.full_shard"])
+def test_compiled_cell_matches_eager_reference(strategy, results):
+    spec = make_spec(strategy=strategy, precision="fp32", compile=True, **STEPS)
+    rec = run_cell(spec, results)
+    assert rec["status"] == "ok", rec.get("reason")
+    for g, r in zip(rec["metrics"]["losses"], reference_losses(spec)):
+        assert g == pytest.approx(r, rel=1e-4)  # inductor's fused kernels change the rounding, not the math
+    m = rec["metrics"]
+    assert m["compile_s"] > 0 and m["compile_s"] > 10 * m["step_time_s"]["median"]
+    assert m["warmup_step_times_s"][0] > m["step_time_s"]["median"]
+
+
+def test_eager_cell_has_no_compile_time(results):
+    rec = run_cell(make_spec(strategy="ddp", **STEPS), results)
+    assert rec["metrics"]["compile_s"] is None
+    assert rec["metrics"]["null_reasons"]["compile_s"] == "compile is off for this cell"
