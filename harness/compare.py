@@ -44,7 +44,7 @@ from typing import Any
 
 import click
 
-from harness.errors import InputError, Problem, did_you_mean
+from harness.errors import InputError, Problem, did_you_mean, one_of
 from harness.results import SCHEMA_VERSION, atomic_write_json, iter_record_files, load_records, utc_now
 
 DEFAULT_THRESHOLD = 0.05
@@ -540,8 +540,9 @@ def check_thresholds(thresholds: Mapping[str, float] | None) -> dict[str, float]
 def compare(baseline_records: Iterable[Mapping[str, Any]], candidate_records: Iterable[Mapping[str, Any]], *,
             thresholds: Mapping[str, float] | None = None, alpha: float = DEFAULT_ALPHA,
             min_samples: int = DEFAULT_MIN_SAMPLES, ignore_spec_keys: Iterable[str] = (),
-            baseline_sources: Sequence[str] = (), candidate_sources: Sequence[str] = ()) -> Comparison:
-    """Match two record sets by spec and judge every metric of every cell.
+            baseline_sources: Sequence[str] = (), candidate_sources: Sequence[str] = (),
+            metrics: Iterable[str] | None = None) -> Comparison:
+    """Match two record sets by spec and judge every metric of every cell (or only `metrics`, by name).
 
     `thresholds` maps metric name (see METRICS) → fraction, with "default" for the rest (0.05 when absent).
     `ignore_spec_keys` are top-level spec keys left out of matching (e.g. time_limit_s after raising it).
@@ -551,6 +552,7 @@ def compare(baseline_records: Iterable[Mapping[str, Any]], candidate_records: It
     if min_samples < 1:
         raise InputError([Problem("--min-samples", "", f"{min_samples!r} is below 1")])
     limits = check_thresholds(thresholds)
+    judged = select_metrics(metrics)
     base_list, cand_list = list(baseline_records), list(candidate_records)
     notes: list[str] = []
     base = _index(base_list, side="baseline", ignore=ignore_spec_keys, warnings_out=notes)
@@ -574,12 +576,30 @@ def compare(baseline_records: Iterable[Mapping[str, Any]], candidate_records: It
             cell.notes.extend(_env_notes(b, c))
             if cell.state == BOTH_OK:
                 cell.metrics = [compare_metric(m, b, c, threshold=limits.get(m.name, limits["default"]),
-                                               alpha=alpha, min_samples=min_samples) for m in METRICS]
+                                               alpha=alpha, min_samples=min_samples) for m in judged]
         cells.append(cell)
     _note_near_misses(cells)
     return Comparison(cells=cells, thresholds=limits, alpha=alpha, min_samples=min_samples,
                       baseline_sources=list(baseline_sources), candidate_sources=list(candidate_sources),
                       baseline_records=len(base_list), candidate_records=len(cand_list), warnings=notes)
+
+
+def select_metrics(names: Iterable[str] | None) -> tuple[Metric, ...]:
+    """The metrics to judge: all, or the named ones ("exact" stands for every deterministic metric)."""
+    if names is None:
+        return METRICS
+    wanted: set[str] = set()
+    problems = []
+    for n in names:
+        if n == "exact":
+            wanted |= {m.name for m in METRICS if m.kind == EXACT}
+        elif n in METRICS_BY_NAME:
+            wanted.add(n)
+        else:
+            problems.append(Problem("--metric", "", one_of(n, [*METRICS_BY_NAME, "exact"])))
+    if problems:
+        raise InputError(problems)
+    return tuple(m for m in METRICS if m.name in wanted)
 
 
 def _env_notes(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[str]:
@@ -1091,6 +1111,9 @@ def parse_thresholds(values: Sequence[str]) -> dict[str, float]:
 @click.option("--all", "all_rows", is_flag=True, help="List unchanged and n/a metrics too.")
 @click.option("--ignore-spec-key", multiple=True, metavar="KEY",
               help="Leave a top-level spec key out of matching (e.g. time_limit_s). Repeatable.")
+@click.option("--metric", "metric_names", multiple=True, metavar="NAME",
+              help="Judge only these metrics (repeatable); 'exact' = the deterministic ones (collective bytes, "
+                   "predicted memory and bytes), for CI on machines whose timings mean nothing.")
 @click.option("--fail-on-missing", is_flag=True, help="Exit 1 when a baseline cell is missing from the candidate.")
 @click.option("--promote", is_flag=True,
               help="Afterwards, replace BASELINE's records with CANDIDATE's if there is no regression.")
@@ -1100,6 +1123,7 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
                     more_candidate: tuple[Path, ...], threshold_args: tuple[str, ...], alpha: float,
                     min_samples: int, fmt: str, direction: str | None, output: Path | None,
                     output_dir: Path | None, all_rows: bool, ignore_spec_key: tuple[str, ...],
+                    metric_names: tuple[str, ...],
                     fail_on_missing: bool, promote: bool, force: bool) -> int:
     """Compare CANDIDATE results against BASELINE results, cell by cell (matched by spec).
 
@@ -1139,7 +1163,7 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
 
     cmp = compare(base_records, cand_records, thresholds=thresholds, alpha=alpha, min_samples=min_samples,
                   ignore_spec_keys=ignore_spec_key, baseline_sources=[str(p) for p in base_paths],
-                  candidate_sources=[str(p) for p in cand_paths])
+                  candidate_sources=[str(p) for p in cand_paths], metrics=metric_names or None)
     cmp.warnings[:0] = notes
     if not cmp.matched and not (promote and force):
         raise InputError([_no_match_problem(cmp, base_paths, cand_paths)])

@@ -533,3 +533,19 @@ def test_nightly_workflow_runs_make_nightly_and_feeds_the_step_summary():
     assert {s["with"]["tool"] for s in bench} == {"customSmallerIsBetter", "customBiggerIsBetter"}
     assert any(u.startswith("actions/upload-artifact") for u in uses)
     assert "self-hosted" in wf["jobs"]["nightly"]["runs-on"]
+
+
+def test_metric_selection_exact_only(tmp_path):
+    """`--metric exact` (the project's CI): a 50% slower step is not judged, one more byte is."""
+    from harness.compare import compare, select_metrics
+
+    assert {m.name for m in select_metrics(["exact"])} == {
+        "comm.bytes_per_step", "predicted.memory_gib.total", "predicted.comm_bytes_per_step"}
+    base = make_record(samples=[1.0] * 8, comm_bytes=1000)
+    slow = make_record(samples=[1.5] * 8, comm_bytes=1000)
+    assert not compare([base], [slow], metrics=["exact"]).regressions
+    assert compare([base], [slow]).regressions
+    more = make_record(samples=[1.0] * 8, comm_bytes=1001)
+    assert [r.metric for _, r in compare([base], [more], metrics=["exact"]).regressions] == ["comm.bytes_per_step"]
+    with pytest.raises(InputError, match="'bytes' is not one of"):
+        select_metrics(["bytes"])
