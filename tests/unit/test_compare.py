@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from harness.cli import main
+from harness.errors import InputError
 from harness.compare import (
     IMPROVEMENT,
     INSUFFICIENT,
