@@ -366,7 +366,9 @@ def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit
         raise NotImplementedError("SLURM dispatch is not implemented yet (use --cluster local)")
     executor = submitit.LocalExecutor(folder=folder)
     # timeout_min bounds the whole job; the Controller then kills every task
+    # NOTE: gpus_per_node also sets CUDA_VISIBLE_DEVICES for the tasks; 0 would hide every GPU
     executor.update_parameters(tasks_per_node=world, nodes=1, timeout_min=time_limit_s / 60.0,
+                               gpus_per_node=world if cluster.device == "cuda" else 0,
                                signal_delay_s=min(30, max(1, int(time_limit_s // 10))))
     t0 = time.time()
     job = executor.submit(submitit_entry, payload)
