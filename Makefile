@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?=
 
-.PHONY: setup sweep test report plan nightly bench-report clean help
+.PHONY: setup sweep test report plan nightly baseline bench-report clean help
 
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
@@ -57,6 +57,14 @@ nightly: setup
 	@# sweep exit 1 = some cells failed: still compare (newly failing cells are regressions there); 2 = bad input
 	$(VENV)/bin/harness sweep $(NIGHTLY_SCENARIO) --cluster $(CLUSTER) --results $(NIGHTLY_RESULTS) || test $$? -eq 1
 	$(VENV)/bin/harness compare $(BASELINE) $(NIGHTLY_RESULTS) --output-dir $(NIGHTLY_REPORT) $(COMPARE_ARGS)
+
+# baseline: re-sweep the smoke scenario and make it the committed baseline that CI compares exactly against
+# (collective bytes, predicted memory and bytes). Run it when a change alters those on purpose; commit it.
+baseline: setup
+	rm -rf .baseline-sweep
+	$(VENV)/bin/harness sweep scenarios/smoke.yaml --results .baseline-sweep
+	$(VENV)/bin/harness compare baselines/smoke-local .baseline-sweep/smoke --metric exact --promote --force
+	rm -rf .baseline-sweep
 
 bench-report: setup
 	$(PY) bench/bench_report.py

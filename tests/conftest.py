@@ -32,3 +32,20 @@ def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> dict:
+    """scenarios/smoke.yaml swept once per test session through the real CLI path (submitit, gloo):
+    {"code", "results" (dir), "records" (run_id → record), "warnings", "wall_s"}."""
+    import time
+
+    from harness.cli import main
+    from harness.results import load_records
+
+    results = tmp_path_factory.mktemp("smoke") / "results"
+    t0 = time.time()
+    code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
+    records, warnings = load_records(results)
+    return {"code": code, "results": results, "records": {r["run_id"]: r for r in records},
+            "warnings": warnings, "wall_s": time.time() - t0}

@@ -1,0 +1,44 @@
+"""The smoke sweep end to end, as `make sweep` runs it: every cell ok, records complete, the report builds,
+and the deterministic metrics (collective bytes, predicted memory and bytes) equal the committed baseline
+— so a change that alters a strategy's communication volume or memory plan fails CI.
+
+To accept an intended change: `make baseline` (re-sweeps and promotes results into baselines/smoke-local)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import main
+from harness.scenario import load_scenario
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.dist
+BASELINE = REPO / "baselines" / "smoke-local"
+
+
+def test_every_smoke_cell_is_ok(smoke_sweep):
+    specs = load_scenario(REPO / "scenarios" / "smoke.yaml").expand(gpus_per_node=2)
+    assert smoke_sweep["code"] == 0 and not smoke_sweep["warnings"]
+    assert set(smoke_sweep["records"]) == {s.run_id for s in specs}
+    for rec in smoke_sweep["records"].values():
+        assert rec["status"] == "ok", (rec["run_id"], rec["reason"])
+        m = rec["metrics"]
+        assert len(m["step_time_s"]["samples"]) == rec["spec"]["measure_steps"]
+        assert m["tokens_per_s"] == pytest.approx(m["tokens_per_s_per_gpu"] * rec["spec"]["world_size"])
+        assert m["mfu"] is None and "no dense peak" in m["null_reasons"]["mfu"]  # CPU: no invented MFU
+        assert m["peak_memory_allocated_gib"] > 0
+        assert rec["comm"]["bytes_per_step"] > 0 and rec["predicted"]["memory_gib"]["total"] > 0
+
+
+def test_deterministic_metrics_equal_the_committed_baseline(smoke_sweep, capsys):
+    code = main(["compare", str(BASELINE), str(smoke_sweep["results"]), "--metric", "exact", "--fail-on-missing"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+
+def test_report_builds_from_the_sweep(smoke_sweep, tmp_path):
+    out = tmp_path / "report"
+    assert main(["report", str(smoke_sweep["results"]), "-o", str(out)]) == 0
+    html = (out / "index.html").read_text()
+    assert html.count("data:image/png;base64,") >= 5
+    assert "tiny" in (out / "report.md").read_text()
