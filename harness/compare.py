@@ -45,7 +45,8 @@ from typing import Any
 import click
 
 from harness.errors import InputError, Problem, did_you_mean, one_of
-from harness.results import SCHEMA_VERSION, atomic_write_json, iter_record_files, load_records, utc_now
+from harness.results import (SCHEMA_VERSION, atomic_write_json, atomic_write_text, iter_record_files, load_records,
+                             utc_now)
 
 DEFAULT_THRESHOLD = 0.05
 """relative change (fraction) beyond which a non-deterministic metric counts as changed"""
@@ -932,25 +933,6 @@ def load_side(paths: Sequence[Path], *, side: str, problems: list[Problem],
 
 # --------------------------------------------------------------------------------------------------
 # writing and promoting
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Readers see the old file or the whole new one (temp + fsync + rename), like results.atomic_write_json."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _fsync_dir(path: Path) -> None:

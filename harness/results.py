@@ -46,15 +46,15 @@ def record_path(results: str | Path, sweep: str, run_id: str) -> Path:
     return sweep_dir(results, sweep) / f"{run_id}.json"
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON so readers see the old file or the whole new one, never a torn one (temp + fsync + rename)."""
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a file so readers see the old one or the whole new one, never a torn one (temp + fsync + rename,
+    then fsync of the directory so the rename survives a crash)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -69,6 +69,11 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """`atomic_write_text` of indented JSON (NaN refused: JSON has none)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
 def new_record(*, spec: dict[str, Any], run_id: str, sweep: str, cluster: str, status: str,
