@@ -26,15 +26,18 @@ What each family does (torch 2.13, deepspeed 0.19; docs/comm.md has the formulas
 - DeepSpeed ZeRO-3: parameters of <= 1e5 elements are "persistent": resident through forward and
   backward and all-gathered one by one after the step. The others are gathered (coalesced, with
   prefetch) in forward, and again in backward only if their next use lies more than
-  stage3_max_reuse_distance (1e9) elements down the module trace — simulated here as DeepSpeed's
-  coordinator does it. Gradients reduce_scattered (coalesced, each padded to the world) in the model
-  dtype every micro-step; the grad-norm all_reduce is fp64 (one element per sub-group); fp16 adds the
+  stage3_max_reuse_distance (1e9) elements down the module trace (with activation checkpointing the
+  recomputed forward is part of that trace) — simulated as DeepSpeed's coordinator does it, call by
+  call. Gradients reduce_scattered (coalesced, each padded to the world) in the model dtype every
+  micro-step; the grad-norm all_reduce is fp64 (one element per optimizer sub-group); fp16 adds the
   overflow all_reduce.
+- World 1: DDP and DeepSpeed still reduce on the one-rank group; FSDP1 runs as NO_SHARD (all_reduce per
+  unit); FSDP2 issues nothing.
 
-Combinations this module returns None for (the reason is in `unsupported_reason`): CPU offload with
-DeepSpeed (the offload paths reduce gradients differently and are not measured here) and activation
-checkpointing under ZeRO-3 (recompute re-enters the parameter coordinator with a trace that this model
-does not simulate).
+Returns None (the reason: `unsupported_reason`) for cells that cannot run, DeepSpeed CPU offload (other
+reduction and norm code paths, not measurable here) and hybrids with one rank per node (a one-rank shard
+group: FSDP's fallback there is unmeasured). FSDP1 CPU offload is predicted (same collectives) but could
+not be measured here: CPUOffload needs an accelerator.
 
 No torch import: the planner calls this for every cell.
 """
@@ -59,11 +62,24 @@ FSDP_ALIGNMENT_BYTES = 16
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py); harness.strategies.zero sets none of them
 DS_REDUCE_BUCKET_NUMEL = 500_000_000
 DS_NCCL_START_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor
-DS_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold (elements)
-DS_MAX_REUSE_DISTANCE = 1_000_000_000  # stage3_max_reuse_distance (elements)
-DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters (elements)
-DS_PREFETCH_BUCKET_NUMEL = 50_000_000  # stage3_prefetch_bucket_size (elements)
 DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size (elements per rank)
+
+
+@dataclass(frozen=True)
+class Zero3Config:
+    """The ZeRO-3 parameter-coordinator knobs (DeepSpeed's defaults; harness.strategies.zero sets none)."""
+
+    persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: parameters of at most this many elements stay resident (elements)"""
+    max_reuse_distance: int = 1_000_000_000
+    """stage3_max_reuse_distance: a parameter used again within this many trace elements is kept (elements)"""
+    prefetch_bucket: int = 50_000_000
+    """stage3_prefetch_bucket_size: elements prefetched per fetch"""
+    max_live: int = 1_000_000_000
+    """stage3_max_live_parameters: prefetch stops at this many available elements"""
+
+
+ZERO3 = Zero3Config()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,6 +194,8 @@ class Item:
 
 @dataclass
 class Ledger:
+    """Every collective a strategy issues per step, one Item per kind, and sentences on what was assumed."""
+
     items: list[Item] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -232,7 +250,7 @@ def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
     return buckets
 
 
-def _ddp(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
+def _ddp(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     # gradients become ready in reverse registration order (head first, embedding last); DDP rebuilds its
     # buckets in that order after the first step, so measured steps see these buckets
     sizes = [p.numel * 4 for p in reversed(params)]
@@ -262,12 +280,16 @@ def fsdp1_flat_numel(unit: list[Param], *, shard_size: int, param_dtype_bytes: i
     return total
 
 
-def _fsdp1(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
+def _fsdp1(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     s = spec.strategy.split(".", 1)[1]
     prec = spec.precision
     pdt = PRECISION_DTYPE[prec]  # MixedPrecision(param_dtype=compute dtype) for bf16/fp16; none for fp32
     pbytes = DTYPE_BYTES[pdt]
     accum = spec.settings.grad_accum
+    if g.shard_size == 1 and g.replicate is None and s != "no_shard":
+        # FSDP1 turns every strategy into NO_SHARD on a one-rank group (and still all_reduces on it)
+        led.notes.append(f"FSDP1 {s} at world 1 runs as NO_SHARD")
+        s = "no_shard"
     sharded = s != "no_shard"
     reshard_after_forward = s in ("full_shard", "hybrid_shard")
     for name, unit in units(params).items():
@@ -294,6 +316,10 @@ def _fsdp1(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
             led.add(f"all_reduce gradient {label}, fp32", "all_reduce", "float32", flat * 4, 1, group=g.world)
     if prec == "fp16":
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
+    if spec.settings.offload != "none":
+        led.notes.append("FSDP1 CPUOffload: the same collectives (the shard is copied to the device before the "
+                         "all_gather, the reduced shard back after the reduce_scatter); not measured here, CPUOffload "
+                         "needs an accelerator")
     led.notes.append(f"FSDP1 {s}: flat parameters padded to {FSDP_ALIGNMENT_BYTES}-byte alignment of {pdt} and to a "
                      f"multiple of {g.shard_size}; gathered in {pdt}, gradients reduced in fp32")
 
@@ -308,11 +334,14 @@ def fsdp2_padded_numel(p: Param, *, shard_size: int) -> int:
     return d0 * math.prod(p.shape[1:])
 
 
-def _fsdp2(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
+def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     prec = spec.precision
     pdt = PRECISION_DTYPE[prec]  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
     pbytes = DTYPE_BYTES[pdt]
     accum = spec.settings.grad_accum
+    if g.shard_size == 1 and g.replicate is None:
+        led.notes.append("FSDP2 at world 1 issues no collective (all_gather and reduce_scatter are skipped)")
+        return
     for name, unit in units(params).items():
         numel = sum(fsdp2_padded_numel(p, shard_size=g.shard_size) for p in unit)
         pad = numel - sum(p.numel for p in unit)
@@ -335,7 +364,7 @@ def _fsdp2(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
 # DeepSpeed
 
 
-def ds_ipg_buckets(numels: list[int], cap: int = DS_REDUCE_BUCKET_NUMEL) -> list[list[int]]:
+def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_NUMEL) -> list[list[int]]:
     """DeepSpeed's independent-partition gradient buckets, as lists of positions in `numels` (the order
     gradients arrive in): a bucket is reduced before a gradient that would take it past `cap` elements is
     added, and at the end of backward."""
@@ -353,7 +382,7 @@ def ds_ipg_buckets(numels: list[int], cap: int = DS_REDUCE_BUCKET_NUMEL) -> list
     return buckets
 
 
-def _zero12(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
+def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     stage = int(spec.strategy[-1])
     prec = spec.precision
     dt = PRECISION_DTYPE[prec]  # the model dtype: parameters, gradients and communication
@@ -382,34 +411,43 @@ def _zero12(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
                      f"buffer padded to a multiple of {align}")
 
 
-def zero3_module_trace(cfg: ModelConfig) -> list[tuple[str, int | None]]:
-    """The modules DeepSpeed's hooks fetch for, in order, over one forward + backward: (module, index of the
-    one parameter it owns, or None). Parameter-less modules (Transformer, Block, Attention, SwiGLU) are in
-    the trace too: every fetch runs the prefetcher.
+def zero3_module_trace(cfg: ModelConfig, *, checkpointing: bool = False
+                       ) -> tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]:
+    """The modules DeepSpeed's hooks fetch for, in order, over one forward and one backward: (module, index
+    of the one parameter it owns, or None). Parameter-less modules (Transformer, Block, Attention, SwiGLU,
+    the checkpoint wrapper) are in the trace too: every fetch runs the prefetcher.
 
     Backward follows autograd: a module's pre-backward hook fires when its output's gradient is ready —
     the outermost module first, a block's SwiGLU before its w2, w3 before w1 (created later in forward),
-    the norm feeding both after them, wv before wk before wq.
+    the norm feeding both after them, wv before wk before wq. With activation checkpointing the block's
+    forward runs again (every forward hook fires) when w2's backward first unpacks a saved tensor.
     """
-    fwd: list[tuple[str, int | None]] = [("model", None), ("tok_emb", 0)]
-    bwd_blocks: list[list[tuple[str, int | None]]] = []
-    for i in range(cfg.n_layers):
-        b = 1 + 9 * i  # parameter index of blocks.i.attn_norm
-        u = f"blocks.{i}"
-        fwd += [(u, None), (f"{u}.attn_norm", b), (f"{u}.attn", None), (f"{u}.attn.wq", b + 1),
+    def block_fwd(i: int) -> list[tuple[str, int | None]]:
+        b, u = 1 + 9 * i, f"blocks.{i}"
+        return [(u, None), (f"{u}.attn_norm", b), (f"{u}.attn", None), (f"{u}.attn.wq", b + 1),
                 (f"{u}.attn.wk", b + 2), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wo", b + 4), (f"{u}.mlp_norm", b + 5),
                 (f"{u}.mlp", None), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w2", b + 8)]
-        bwd_blocks.append([(u, None), (f"{u}.mlp", None), (f"{u}.mlp.w2", b + 8), (f"{u}.mlp.w3", b + 7),
-                           (f"{u}.mlp.w1", b + 6), (f"{u}.mlp_norm", b + 5), (f"{u}.attn", None),
-                           (f"{u}.attn.wo", b + 4), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wk", b + 2),
-                           (f"{u}.attn.wq", b + 1), (f"{u}.attn_norm", b)])
+
+    def block_bwd(i: int) -> list[tuple[str, int | None]]:
+        b, u = 1 + 9 * i, f"blocks.{i}"
+        head = [(u, None), (f"{u}.mlp", None), (f"{u}.mlp.w2", b + 8)]
+        rest = [(f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp_norm", b + 5), (f"{u}.attn", None),
+                (f"{u}.attn.wo", b + 4), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wk", b + 2), (f"{u}.attn.wq", b + 1),
+                (f"{u}.attn_norm", b)]
+        if checkpointing:
+            return [(f"{u}.ckpt", None)] + head + block_fwd(i) + rest
+        return head + rest
+
     n = 1 + 9 * cfg.n_layers
+    fwd: list[tuple[str, int | None]] = [("model", None), ("tok_emb", 0)]
+    for i in range(cfg.n_layers):
+        fwd += ([(f"blocks.{i}.ckpt", None)] if checkpointing else []) + block_fwd(i)
     fwd += [("norm", n), ("head", n + 1)]
     bwd: list[tuple[str, int | None]] = [("model", None), ("head", n + 1), ("norm", n)]
-    for blk in reversed(bwd_blocks):
-        bwd += blk
+    for i in reversed(range(cfg.n_layers)):
+        bwd += block_bwd(i)
     bwd.append(("tok_emb", 0))
-    return fwd + bwd
+    return fwd, bwd
 
 
 @dataclass
@@ -417,35 +455,35 @@ class Zero3Trace:
     """What DeepSpeed's PartitionedParameterCoordinator gathers in one forward + backward (complete trace)."""
 
     gathers: list[tuple[str, list[int]]]
-    """(phase, parameter indices) of every all_gather call, in order"""
+    """(phase the call is issued in, parameter indices) of every all_gather call, in order; a prefetch late
+    in forward may already gather parameters for backward"""
     regathered: list[int]
-    """indices of non-persistent parameters gathered again in backward"""
+    """indices of non-persistent parameters gathered twice (released after forward, needed in backward)"""
 
 
-def zero3_trace(cfg: ModelConfig, *, persistence_threshold: int = DS_PERSISTENCE_THRESHOLD,
-                max_reuse_distance: int = DS_MAX_REUSE_DISTANCE, prefetch_bucket: int = DS_PREFETCH_BUCKET_NUMEL,
-                max_live: int = DS_MAX_LIVE_PARAMETERS) -> Zero3Trace:
+def zero3_trace(cfg: ModelConfig, *, conf: Zero3Config | None = None, checkpointing: bool = False) -> Zero3Trace:
     """Simulate the coordinator's fetch / prefetch / release over the module trace (a complete trace: the
     measured steps come after >= 2 warmup steps, the first records the trace, the second completes it).
 
     The rules are partitioned_param_coordinator.py's: at each module, gather its unavailable parameters
     (one call), pop its entries off the parameter queue, prefetch the next unavailable parameters of the
-    queue up to `prefetch_bucket` elements (one call, at most `max_live` available), then — after the
-    module ran — release its non-persistent parameters unless a prefetch already looked past their next
-    use, or that use lies within `max_reuse_distance` elements of the remaining module trace.
+    queue up to `conf.prefetch_bucket` elements (one call, at most `conf.max_live` available), then — after
+    the module ran — release its non-persistent parameters unless a prefetch already looked past their next
+    use, or that use lies within `conf.max_reuse_distance` elements of the remaining module trace.
     """
+    conf = conf or ZERO3
     params = parameters(cfg)
     numel = [p.numel for p in params]
-    persist = [p.numel <= persistence_threshold for p in params]
-    trace = zero3_module_trace(cfg)
-    n_fwd = len(trace) // 2
+    persist = [p.numel <= conf.persistence_threshold for p in params]
+    fwd, bwd = zero3_module_trace(cfg, checkpointing=checkpointing)
+    trace = fwd + bwd
+    n_fwd = len(fwd)
     queue = deque((pi, s) for s, (_, pi) in enumerate(trace) if pi is not None)
     available = list(persist)  # persistent parameters were gathered after the previous step
     recent = [-(10**12)] * len(params)
     n_avail = 0
     gathers: list[tuple[str, list[int]]] = []
-    gathered_fwd: set[int] = set()
-    regathered: list[int] = []
+    times = [0] * len(params)
 
     def gather(phase: str, idx: list[int]) -> None:
         nonlocal n_avail
@@ -453,10 +491,7 @@ def zero3_trace(cfg: ModelConfig, *, persistence_threshold: int = DS_PERSISTENCE
         for i in idx:
             available[i] = True
             n_avail += numel[i]
-            if phase == "forward":
-                gathered_fwd.add(i)
-            elif i in gathered_fwd:
-                regathered.append(i)
+            times[i] += 1
 
     for s, (_, pi) in enumerate(trace):
         phase = "forward" if s < n_fwd else "backward"
@@ -468,7 +503,7 @@ def zero3_trace(cfg: ModelConfig, *, persistence_threshold: int = DS_PERSISTENCE
                 if q != pi:
                     raise RuntimeError(f"ZeRO-3 trace simulation out of order at step {s}")
                 recent[q] = t
-        budget = min(max_live - n_avail, prefetch_bucket)
+        budget = min(conf.max_live - n_avail, conf.prefetch_bucket)
         batch: list[int] = []
         taken = 0
         while queue and taken < budget:
@@ -485,7 +520,7 @@ def zero3_trace(cfg: ModelConfig, *, persistence_threshold: int = DS_PERSISTENCE
         traversed = 0
         reused = False
         for _, m in trace[step:]:
-            if traversed >= max_reuse_distance:
+            if traversed >= conf.max_reuse_distance:
                 break
             if m is None:
                 continue
@@ -496,23 +531,37 @@ def zero3_trace(cfg: ModelConfig, *, persistence_threshold: int = DS_PERSISTENCE
         if not reused:
             available[pi] = False
             n_avail -= numel[pi]
-    return Zero3Trace(gathers=gathers, regathered=regathered)
+    return Zero3Trace(gathers=gathers, regathered=[i for i, t in enumerate(times) if t > 1])
 
 
-def _zero3(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
+def zero3_sub_groups(partition_numels: list[int], *, sub_group_size: int = DS_SUB_GROUP_SIZE) -> int:
+    """How many optimizer sub-groups ZeRO-3 cuts the parameter group into (stage3._create_fp16_sub_groups):
+    consecutive parameters until their per-rank partitions reach `sub_group_size` elements."""
+    if sub_group_size >= sum(partition_numels):
+        return 1
+    groups, acc = 0, 0
+    for i, n in enumerate(partition_numels):
+        acc += n
+        if acc >= sub_group_size or i == len(partition_numels) - 1:
+            groups, acc = groups + 1, 0
+    return groups
+
+
+def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     prec = spec.precision
     dt = PRECISION_DTYPE[prec]
     eb = DTYPE_BYTES[dt]
     w = spec.world_size
     accum = spec.settings.grad_accum
     padded = [-(-p.numel // w) * w for p in params]  # each parameter partitioned into ceil(numel / world)
-    persistent = [i for i, p in enumerate(params) if p.numel <= DS_PERSISTENCE_THRESHOLD]
+    conf = ZERO3
+    persistent = [i for i, p in enumerate(params) if p.numel <= conf.persistence_threshold]
     if w > 1:
-        tr = zero3_trace(spec.model_config)
+        tr = zero3_trace(spec.model_config, conf=conf, checkpointing=spec.settings.activation_checkpointing)
         for phase in ("forward", "backward"):
             calls = [idx for ph, idx in tr.gathers if ph == phase]
             for k, idx in enumerate(calls):
-                led.add(f"{phase} all_gather #{k} of {len(idx)} parameter(s) ({sum(padded[i] for i in idx)} elements)",
+                led.add(f"all_gather #{k} issued in {phase}, {len(idx)} parameter(s) ({sum(padded[i] for i in idx)} elements)",
                         "all_gather", dt, sum(padded[i] for i in idx) * eb, accum, group=g.world)
         if tr.regathered:
             led.notes.append(f"ZeRO-3: {len(tr.regathered)} parameter(s) lie beyond stage3_max_reuse_distance and are "
@@ -529,10 +578,10 @@ def _zero3(spec: RunSpec, params: list[Param], g: Groups, led: Ledger) -> None:
                 numel * eb, accum, group=g.world)
     if prec == "fp16":
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
-    local = sum(padded) // w
-    sub_groups = -(-local // DS_SUB_GROUP_SIZE) if local > DS_SUB_GROUP_SIZE else 1
-    led.add("gradient norm (fp64, one per sub-group)", "all_reduce", "float64", 8, sub_groups, group=g.world)
-    led.notes.append(f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {DS_PERSISTENCE_THRESHOLD} "
+    sub_groups = zero3_sub_groups([pad // w for pad in padded])
+    led.add(f"gradient norm (fp64, one per optimizer sub-group: {sub_groups})", "all_reduce", "float64", 8, sub_groups,
+            group=g.world)
+    led.notes.append(f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {conf.persistence_threshold} "
                      f"elements), gathered once after the step; gradients reduce_scattered in {dt}")
 
 
@@ -544,10 +593,10 @@ def unsupported_reason(spec: RunSpec) -> str | None:
     s = spec.settings
     if spec.unsupported_reason() is not None:
         return f"the cell cannot run: {spec.unsupported_reason()}"
+    if spec.strategy in HYBRID_STRATEGIES and spec.gpus_per_node == 1:
+        return "a hybrid with one rank per node has a one-rank shard group: FSDP's fallback there is not measured"
     if spec.strategy.startswith("zero") and s.offload != "none":
         return "DeepSpeed CPU offload reduces and norms gradients on other code paths, not modelled"
-    if spec.strategy == "zero3" and s.activation_checkpointing:
-        return "ZeRO-3 with activation checkpointing: recompute re-enters the parameter trace, not modelled"
     return None
 
 
@@ -565,15 +614,15 @@ def predict_comm(spec: RunSpec) -> dict | None:
     led = Ledger()
     fam = spec.strategy.split(".")[0]
     if fam == "ddp":
-        _ddp(spec, params, g, led)
+        _ddp(spec, params=params, g=g, led=led)
     elif fam == "fsdp":
-        _fsdp1(spec, params, g, led)
+        _fsdp1(spec, params=params, g=g, led=led)
     elif fam == "fsdp2":
-        _fsdp2(spec, params, g, led)
+        _fsdp2(spec, params=params, g=g, led=led)
     elif spec.strategy in ("zero1", "zero2"):
-        _zero12(spec, params, g, led)
+        _zero12(spec, params=params, g=g, led=led)
     elif spec.strategy == "zero3":
-        _zero3(spec, params, g, led)
+        _zero3(spec, params=params, g=g, led=led)
     else:
         return None
     return led.summary()
