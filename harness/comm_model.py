@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from harness.scenario import HYBRID_STRATEGIES, RunSpec
-from harness.zoo import ModelConfig
+from harness.zoo import ModelConfig, Param, parameters
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -84,44 +84,6 @@ ZERO3 = Zero3Config()
 
 # --------------------------------------------------------------------------------------------------
 # the model's parameters, exactly as harness.models.Transformer registers them
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of the Transformer, in registration (= forward-use) order."""
-
-    name: str
-    shape: tuple[int, ...]
-    unit: str
-    """the wrapping unit: "root" (embedding, final norm, head) or "blocks.<i>" """
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def parameters(cfg: ModelConfig) -> list[Param]:
-    """Every parameter of `harness.models.Transformer(cfg)` in `named_parameters()` order, with its shape.
-
-    nn.Linear weights are (out_features, in_features); there are no biases and no buffers.
-    """
-    d, hd = cfg.d_model, cfg.head_dim
-    ps = [Param("tok_emb.weight", (cfg.vocab, d), "root")]
-    for i in range(cfg.n_layers):
-        u = f"blocks.{i}"
-        ps += [
-            Param(f"{u}.attn_norm.weight", (d,), u),
-            Param(f"{u}.attn.wq.weight", (cfg.n_heads * hd, d), u),
-            Param(f"{u}.attn.wk.weight", (cfg.kv_heads * hd, d), u),
-            Param(f"{u}.attn.wv.weight", (cfg.kv_heads * hd, d), u),
-            Param(f"{u}.attn.wo.weight", (d, cfg.n_heads * hd), u),
-            Param(f"{u}.mlp_norm.weight", (d,), u),
-            Param(f"{u}.mlp.w1.weight", (cfg.ffn, d), u),
-            Param(f"{u}.mlp.w3.weight", (cfg.ffn, d), u),
-            Param(f"{u}.mlp.w2.weight", (d, cfg.ffn), u),
-        ]
-    ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
-    return ps
 
 
 def units(params: list[Param]) -> dict[str, list[Param]]:

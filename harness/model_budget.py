@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.scenario import HYBRID_STRATEGIES, RunSpec
-from harness.zoo import ModelConfig
+from harness.zoo import ModelConfig, parameters
 
 GIB = 2**30
 GB = 1e9
@@ -73,45 +73,10 @@ beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes pe
 # parameters by module
 
 
-@dataclass(frozen=True)
-class ParamShape:
-    """One parameter tensor of harness.models.Transformer."""
-
-    name: str
-    shape: tuple[int, ...]
-    unit: str
-    """'root' (embedding, final norm, head) or 'block<i>': the FSDP unit / checkpointed block it belongs to"""
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def param_shapes(cfg: ModelConfig) -> list[ParamShape]:
-    """Every parameter with its shape, in module order; `sum(numel) == cfg.n_params()`."""
-    d, hd, f, v = cfg.d_model, cfg.head_dim, cfg.ffn, cfg.vocab
-    out = [ParamShape("tok_emb.weight", (v, d), "root")]
-    for i in range(cfg.n_layers):
-        u, p = f"block{i}", f"blocks.{i}."
-        out += [
-            ParamShape(p + "attn_norm.weight", (d,), u),
-            ParamShape(p + "attn.wq.weight", (cfg.n_heads * hd, d), u),
-            ParamShape(p + "attn.wk.weight", (cfg.kv_heads * hd, d), u),
-            ParamShape(p + "attn.wv.weight", (cfg.kv_heads * hd, d), u),
-            ParamShape(p + "attn.wo.weight", (d, cfg.n_heads * hd), u),
-            ParamShape(p + "mlp_norm.weight", (d,), u),
-            ParamShape(p + "mlp.w1.weight", (f, d), u),
-            ParamShape(p + "mlp.w3.weight", (f, d), u),
-            ParamShape(p + "mlp.w2.weight", (d, f), u),
-        ]
-    out += [ParamShape("norm.weight", (d,), "root"), ParamShape("head.weight", (v, d), "root")]
-    return out
-
-
 def unit_numels(cfg: ModelConfig) -> dict[str, int]:
-    """Elements per FSDP unit: 'root' and 'block0'…'block<L-1>'."""
+    """Elements per FSDP unit: 'root' and 'blocks.0'…'blocks.<L-1>'."""
     units: dict[str, int] = {}
-    for p in param_shapes(cfg):
+    for p in parameters(cfg):
         units[p.unit] = units.get(p.unit, 0) + p.numel
     return units
 
@@ -479,7 +444,7 @@ def _fsdp2(spec: RunSpec) -> Memory:
     block = max(v for k, v in unit_numels(cfg).items() if k != "root")
     # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
     return _fsdp_memory(
-        spec, sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in param_shapes(cfg)),
+        spec, sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg)),
         root_gathered_in_loss=True,
         gathered=(f"{FSDP_UNITS_IN_FLIGHT} block units gathered", BYTES[spec.precision] * FSDP_UNITS_IN_FLIGHT * block),
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
@@ -533,7 +498,7 @@ def _zero(spec: RunSpec) -> Memory:
 
     # ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
     # persistence threshold also stay gathered on every rank
-    shapes = param_shapes(cfg)
+    shapes = parameters(cfg)
     partitions = sum(_ceil_div(ps.numel, nshard) for ps in shapes)
     persistent = sum(ps.numel for ps in shapes if ps.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
     master = 0 if spec.precision == "fp32" else 4 * partitions

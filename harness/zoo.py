@@ -7,6 +7,7 @@ torch modules that realise these shapes live in `harness.models`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 
@@ -71,6 +72,42 @@ class ModelConfig:
         causal-half, attention square; this is what "model FLOPs" for MFU means in the literature).
         """
         return 6.0 * self.n_matmul_params() + 12.0 * self.n_layers * self.d_model * seq_len
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor of harness.models.Transformer, in registration (= forward-use) order."""
+
+    name: str
+    shape: tuple[int, ...]
+    unit: str
+    """the wrapping unit: "root" (embedding, final norm, head) or "blocks.<i>" (an FSDP unit, a checkpointed block)"""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def parameters(cfg: ModelConfig) -> list[Param]:
+    """Every parameter of `harness.models.Transformer(cfg)` in `named_parameters()` order, with its shape
+    (nn.Linear weights are (out_features, in_features); no biases, no buffers). `sum(numel) == n_params()`."""
+    d, hd = cfg.d_model, cfg.head_dim
+    ps = [Param("tok_emb.weight", (cfg.vocab, d), "root")]
+    for i in range(cfg.n_layers):
+        u = f"blocks.{i}"
+        ps += [
+            Param(f"{u}.attn_norm.weight", (d,), u),
+            Param(f"{u}.attn.wq.weight", (cfg.n_heads * hd, d), u),
+            Param(f"{u}.attn.wk.weight", (cfg.kv_heads * hd, d), u),
+            Param(f"{u}.attn.wv.weight", (cfg.kv_heads * hd, d), u),
+            Param(f"{u}.attn.wo.weight", (d, cfg.n_heads * hd), u),
+            Param(f"{u}.mlp_norm.weight", (d,), u),
+            Param(f"{u}.mlp.w1.weight", (cfg.ffn, d), u),
+            Param(f"{u}.mlp.w3.weight", (cfg.ffn, d), u),
+            Param(f"{u}.mlp.w2.weight", (d, cfg.ffn), u),
+        ]
+    ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
+    return ps
 
 
 ZOO: dict[str, ModelConfig] = {

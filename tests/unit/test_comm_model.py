@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from harness.comm_model import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets, ds_ipg_buckets,
-                                fsdp1_flat_numel, fsdp2_padded_numel, parameters, predict_comm, unsupported_reason,
-                                zero3_module_trace, zero3_sub_groups, zero3_trace, Param, Zero3Config)
-from harness.zoo import ZOO, ModelConfig
+                                fsdp1_flat_numel, fsdp2_padded_numel, predict_comm, unsupported_reason,
+                                zero3_module_trace, zero3_sub_groups, zero3_trace, Zero3Config)
+from harness.zoo import ZOO, ModelConfig, Param, parameters
 from tests.conftest import make_spec
 
 TINY_P = ZOO["tiny"].n_params()  # 166208

@@ -20,7 +20,7 @@ import pytest
 
 from harness import model_budget as mb
 from harness.scenario import RunSpec, Settings
-from harness.zoo import ZOO, ModelConfig
+from harness.zoo import ZOO, ModelConfig, parameters
 
 REPO = Path(__file__).resolve().parents[2]
 CFG7 = ZOO["7b"]
@@ -42,24 +42,24 @@ def spec(strategy: str, precision: str = "bf16", world: int = 1, *, model: str =
 
 
 @pytest.mark.parametrize("name", list(ZOO))
-def test_param_shapes_add_up_to_the_zoo_count(name):
+def test_parameters_add_up_to_the_zoo_count(name):
     cfg = ZOO[name]
-    shapes = mb.param_shapes(cfg)
+    shapes = parameters(cfg)
     assert sum(p.numel for p in shapes) == cfg.n_params()
     units = mb.unit_numels(cfg)
     assert len(units) == cfg.n_layers + 1
     assert units["root"] == cfg.embedding_params() + cfg.head_params() + cfg.d_model
-    assert all(units[f"block{i}"] == cfg.block_params() for i in range(cfg.n_layers))
+    assert all(units[f"blocks.{i}"] == cfg.block_params() for i in range(cfg.n_layers))
 
 
-def test_param_shapes_match_the_torch_model():
+def test_parameters_match_the_torch_model():
     torch = pytest.importorskip("torch")
     from harness.models import build_model
 
     cfg = ModelConfig(d_model=64, n_layers=3, n_heads=8, ffn=96, vocab=100, n_kv_heads=2)
     model = build_model(cfg, seed=0, device="meta")
     got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
-    assert got == [(p.name, p.shape) for p in mb.param_shapes(cfg)]
+    assert got == [(p.name, p.shape) for p in parameters(cfg)]
     assert isinstance(model.tok_emb.weight, torch.Tensor)
 
 
@@ -95,7 +95,7 @@ def test_fp16_is_accounted_like_bf16():
 ])
 def test_bytes_per_param_unsharded(strategy, precision, per_param):
     mem = mb.memory(spec(strategy, precision, 1))
-    persistent = sum(p.numel for p in mb.param_shapes(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
     extra = persistent * 4 if strategy == "zero3" else 0  # ZeRO-3's persistent params: partition + gathered copy
     assert (mem.params - extra, mem.grads_after_backward, mem.optimizer) == tuple(b * P7 for b in per_param)
 
@@ -107,7 +107,7 @@ def test_bytes_per_param_unsharded(strategy, precision, per_param):
 def test_zero_stages_shard_optimizer_then_grads_then_params():
     n = 8
     z1, z2, z3 = (mb.memory(spec(s, "bf16", n)) for s in ("zero1", "zero2", "zero3"))
-    persistent = sum(p.numel for p in mb.param_shapes(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
     assert persistent == (2 * CFG7.n_layers + 1) * CFG7.d_model  # the RMSNorm weights
     # ZeRO-1: optimizer / N
     assert (z1.params, z1.grads_after_backward, z1.optimizer) == (2 * P7, 2 * P7, 12 * P7 // n)
@@ -216,7 +216,7 @@ def test_zero3_offload_moves_optimizer_grads_and_params_to_cpu():
     base = mb.memory(spec("zero3", "bf16", 1))
     opt = mb.memory(spec("zero3", "bf16", 1, offload="optimizer"))
     both = mb.memory(spec("zero3", "bf16", 1, offload="optimizer+params"))
-    persistent = sum(p.numel for p in mb.param_shapes(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
     assert base.cpu == 0
     assert (opt.optimizer, opt.grads) == (0, 0)
     assert opt.params == base.params
@@ -427,7 +427,7 @@ def test_fsdp2_step_peak_matches_fsdp_memtracker_on_a_fake_process_group(world, 
     units = mb.unit_numels(SMALL)
     p = mb.BYTES[precision]
     if not ckpt:
-        assert got["UNSHARDED_PARAM"] + got["ALL_GATHER"] == p * (units["root"] + 2 * units["block0"])
+        assert got["UNSHARDED_PARAM"] + got["ALL_GATHER"] == p * (units["root"] + 2 * units["blocks.0"])
     # checkpointed cells overestimate by a few %: the model puts the last block's peak at its MLP backward
     assert mem.total == pytest.approx(got["Total"], rel=rel), (mem.total, got)
     assert mem.total >= got["Total"] * 0.99
