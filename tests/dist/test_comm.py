@@ -1,7 +1,9 @@
 """Measured collectives equal the analytic model (harness.comm_model), on real gloo groups.
 
-Every strategy × {fp32, bf16} on the tiny model, world 2 (hybrids 4 = 2 nodes × 2): the meter's record of
-the measured steps (`comm`, what harness.meters.comm counted) against `predict_comm(spec)`. The
+Every strategy × {fp32, bf16} on the tiny model, world 2 (hybrids 4 = 2 nodes × 2) — the cells of
+scenarios/smoke.yaml, swept once per session (the `smoke_sweep` fixture) — the meter's record of the
+measured steps (`comm`, what harness.meters.comm counted) against `predict_comm(spec)`, and against the
+`predicted` section the sweep wrote into the same record. The
 requirement is bytes per step within 1%; the model is exact, so calls, bytes and dtypes per collective
 and the intra-/inter-node split are asserted equal too.
 """
@@ -11,16 +13,9 @@ from __future__ import annotations
 import pytest
 
 from harness.comm_model import predict_comm
-from harness.scenario import HYBRID_STRATEGIES, STRATEGIES
-from tests.conftest import make_spec, run_cell
+from harness.scenario import HYBRID_STRATEGIES, STRATEGIES, RunSpec
 
 pytestmark = pytest.mark.dist
-
-STEPS = dict(warmup_steps=2, measure_steps=2)  # >= 2 warmup: DDP's bucket rebuild, ZeRO-3's trace are done
-
-
-def world_for(strategy: str) -> int:
-    return 4 if strategy in HYBRID_STRATEGIES else 2
 
 
 def _ledger(pred: dict) -> str:
@@ -30,14 +25,18 @@ def _ledger(pred: dict) -> str:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_measured_comm_equals_prediction(strategy, precision, results):
-    spec = make_spec(strategy=strategy, precision=precision, gpus=world_for(strategy), **STEPS)
+def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
+    (rec,) = [r for r in smoke_sweep["records"].values()
+              if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)]
+    assert rec["status"] == "ok", rec.get("reason")
+    spec = RunSpec.from_dict(rec["spec"])
     pred = predict_comm(spec)
     assert pred is not None
-    rec = run_cell(spec, results)
-    assert rec["status"] == "ok", rec.get("reason")
     got = rec["comm"]
-    assert got["measured_steps"] == STEPS["measure_steps"]
+    assert got["measured_steps"] == spec.settings.measure_steps
+    # the record carries the prediction beside the measurement, and they agree
+    assert rec["predicted"]["comm_bytes_per_step"] == pred["comm_bytes_per_step"]
+    assert rec["predicted"]["comm_deviation"] == 0.0
     why = f"\nmeasured {got['by_collective']}\npredicted ledger:\n{_ledger(pred)}"
 
     # the requirement: bytes per step within 1%
