@@ -71,3 +71,14 @@ bench-report: setup
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) .submitit
+
+# The SLURM cluster on localhost that tests/slurm and `--cluster local-slurm` use (docs/slurm.md); needs root.
+.PHONY: slurm-up slurm-down slurm-status
+slurm-up:
+	scripts/slurm-local.sh up
+
+slurm-down:
+	scripts/slurm-local.sh down
+
+slurm-status:
+	scripts/slurm-local.sh status

@@ -5,6 +5,7 @@ Pure: no torch import.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,119 @@ def find_peak(device_name: str | None) -> Peak | None:
     return None
 
 
+SLURM_CHECK_PERIOD_S = 30
+"""SLURM checks time limits about this often, so submitit's USR2 can come this much earlier than asked (s)"""
+START_MARGIN_S = 15
+"""start-up a task needs before submitit's USR2 handler is installed, with margin (s)"""
+
+
+def min_job_minutes(signal_delay_s: int) -> int:
+    """The shortest --time (min) at which USR2 cannot arrive before a task has started: a shorter limit sends it
+    in the job's first seconds, and the task dies of the signal (docs/slurm.md)."""
+    return math.ceil((signal_delay_s + SLURM_CHECK_PERIOD_S + START_MARGIN_S) / 60)
+
+
+@dataclass(frozen=True)
+class SlurmProfile:
+    """A profile's `slurm:` block: how each cell's job is requested (sbatch options, through submitit).
+
+    Every key is optional; None leaves the option to the site's default.
+    """
+
+    partition: str | None = None
+    """--partition"""
+    account: str | None = None
+    """--account"""
+    qos: str | None = None
+    """--qos"""
+    constraint: str | None = None
+    """--constraint: node features, e.g. "h100&ib" """
+    cpus_per_task: int | None = None
+    """--cpus-per-task: CPU cores per rank (a rank is one task)"""
+    mem_per_node_gib: float | None = None
+    """--mem per node, GiB (2**30; SLURM's G)"""
+    time_limit_min: int | None = None
+    """the longest --time a cell's job may ask for (min), e.g. the partition's MaxTime; a cell asks for
+    ceil(settings.time_limit_s / 60), at least min_job_minutes(signal_delay_s), at most this"""
+    signal_delay_s: int = 90
+    """submitit's USR2 warning comes this long before the limit (s), plus up to SLURM_CHECK_PERIOD_S"""
+    setup: tuple[str, ...] = ()
+    """shell lines run in the sbatch script before srun (module load, source .venv/bin/activate)"""
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    """any other #SBATCH option, e.g. {exclusive: true, reservation: name} (underscores become dashes)"""
+
+
+SLURM_KEYS = ("partition", "account", "qos", "constraint", "cpus_per_task", "mem_per_node_gib", "time_limit_min",
+              "signal_delay_s", "setup", "additional_parameters")
+# sbatch options the harness sets per cell, and those a key of the `slurm:` block sets
+SLURM_PER_CELL = ("nodes", "ntasks", "ntasks_per_node", "time", "signal", "array", "output", "error", "job_name",
+                  "gpus", "gpus_per_node", "gres", "open_mode")
+SLURM_OWN_KEY = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
+                 "cpus_per_task": "cpus_per_task", "mem": "mem_per_node_gib"}
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
+    """The `slurm:` block, every problem appended to `problems` (the caller raises once)."""
+    if doc is None:
+        return SlurmProfile()
+    if not isinstance(doc, dict):
+        problems.append(Problem(file, "slurm", "must be a mapping"))
+        return SlurmProfile()
+    n0 = len(problems)
+    for k in doc:
+        if k not in SLURM_KEYS:
+            problems.append(Problem(file, f"slurm.{k}", f"unknown key; allowed: {', '.join(SLURM_KEYS)}"
+                                    f"{did_you_mean(k, SLURM_KEYS)}"))
+    for k in ("partition", "account", "qos", "constraint"):
+        v = doc.get(k)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            problems.append(Problem(file, f"slurm.{k}", f"{v!r} must be a non-empty string or null"))
+    for k in ("cpus_per_task", "time_limit_min"):
+        v = doc.get(k)
+        if v is not None and not _positive_int(v):
+            problems.append(Problem(file, f"slurm.{k}", f"{v!r} is not a positive integer"))
+    mem = doc.get("mem_per_node_gib")
+    if mem is not None and (not isinstance(mem, (int, float)) or isinstance(mem, bool) or mem <= 0):
+        problems.append(Problem(file, "slurm.mem_per_node_gib", f"{mem!r} is not a positive number"))
+    delay = doc.get("signal_delay_s", 90)
+    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+        problems.append(Problem(file, "slurm.signal_delay_s", f"{delay!r} is not a whole number of seconds >= 0"))
+    elif _positive_int(doc.get("time_limit_min")) and doc["time_limit_min"] < min_job_minutes(delay):
+        problems.append(Problem(file, "slurm.time_limit_min",
+                                f"{doc['time_limit_min']} min leaves no time before submitit's USR2 (signal_delay_s "
+                                f"{delay} + up to {SLURM_CHECK_PERIOD_S} s of SLURM's check period + start-up): "
+                                f"at least {min_job_minutes(delay)}"))
+    setup = doc.get("setup") or []
+    if not isinstance(setup, list) or not all(isinstance(line, str) for line in setup):
+        problems.append(Problem(file, "slurm.setup", "must be a list of shell lines (strings)"))
+    extra = doc.get("additional_parameters") or {}
+    if not isinstance(extra, dict):
+        problems.append(Problem(file, "slurm.additional_parameters", "must be a mapping of sbatch options"))
+        extra = {}
+    for k, v in extra.items():
+        where = f"slurm.additional_parameters.{k}"
+        norm = str(k).replace("-", "_")
+        if norm in SLURM_PER_CELL:
+            problems.append(Problem(file, where, "set by the harness for each cell (nodes, tasks, GPUs, time "
+                                    "limit, signal, logs); not settable here"))
+        elif norm in SLURM_OWN_KEY:
+            problems.append(Problem(file, where, f"use slurm.{SLURM_OWN_KEY[norm]} instead"))
+        elif not isinstance(v, (str, int, float, bool)):
+            problems.append(Problem(file, where, f"{v!r} must be a string, number or true"))
+    if len(problems) > n0:
+        return SlurmProfile()
+    return SlurmProfile(
+        partition=doc.get("partition"), account=doc.get("account"), qos=doc.get("qos"),
+        constraint=doc.get("constraint"), cpus_per_task=doc.get("cpus_per_task"),
+        mem_per_node_gib=doc.get("mem_per_node_gib"), time_limit_min=doc.get("time_limit_min"),
+        signal_delay_s=delay, setup=tuple(setup), additional_parameters=dict(extra),
+    )
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A cluster profile: where cells run and what the devices are."""
@@ -75,8 +189,8 @@ class Cluster:
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
     """environment variables set in every rank (NCCL_* and friends)"""
-    slurm: dict[str, Any] = field(default_factory=dict)
-    """SLURM executor parameters (partition, account, qos, ...); used when executor is slurm"""
+    slurm: SlurmProfile = field(default_factory=SlurmProfile)
+    """how cells' jobs are requested when executor is slurm (partition, account, time limits, ...)"""
 
     @property
     def backend(self) -> str:
@@ -109,10 +223,9 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         v = doc.get(k)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
             problems.append(Problem(file, k, f"{v!r} is not a positive number"))
-    for k in ("env", "slurm"):
-        v = doc.get(k)
-        if v is not None and not isinstance(v, dict):
-            problems.append(Problem(file, k, "must be a mapping"))
+    if doc.get("env") is not None and not isinstance(doc.get("env"), dict):
+        problems.append(Problem(file, "env", "must be a mapping"))
+    slurm = parse_slurm(doc.get("slurm"), file, problems)
     env = doc.get("env") or {}
     if isinstance(env, dict):
         for k, v in env.items():
@@ -124,7 +237,7 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         name=name, path=file, executor=doc.get("executor", "local"), device=doc.get("device", "cpu"),
         gpus_per_node=gpn, device_memory_gib=doc.get("device_memory_gib"),
         pg_timeout_s=float(doc.get("pg_timeout_s", 300.0)), description=doc.get("description", "") or "",
-        env={str(k): str(v) for k, v in env.items()}, slurm=dict(doc.get("slurm") or {}),
+        env={str(k): str(v) for k, v in env.items()}, slurm=slurm,
     )
 
 

@@ -26,9 +26,15 @@ def _cluster_option(f):
               help="results dir; records go to RESULTS/<scenario name>/<run_id>.json")
 @click.option("--force", is_flag=True, help="rerun cells that already have an ok record")
 @click.option("--no-skip", is_flag=True, help="run cells the planner predicts will not fit")
-def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool) -> int:
-    """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed."""
+@click.option("--no-wait", is_flag=True,
+              help="SLURM: submit and return; `harness status` follows the jobs, re-running the sweep collects them")
+def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool) -> int:
+    """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed.
+
+    On a SLURM profile every cell is one job (job arrays of cells asking for the same resources); the sweep
+    waits for them unless --no-wait, and a re-run re-attaches to jobs still queued or running."""
     from harness.dispatch import run_sweep
+    from harness.slurm import SlurmUnavailable
 
     def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
         raise KeyboardInterrupt
@@ -36,13 +42,21 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     signal.signal(signal.SIGTERM, _interrupt)
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
+    if no_wait and cluster.executor != "slurm":
+        raise InputError([Problem("--no-wait", "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as "
+                                  "children of the sweep")])
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
     click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})")
-    res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, echo=click.echo)
+    try:
+        res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, echo=click.echo)
+    except SlurmUnavailable as e:
+        raise click.ClickException(f"{e} (nothing was submitted or written)") from None
     counts: dict[str, int] = {}
     for r in res.records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if res.in_flight:
+        summary = ", ".join(filter(None, [summary, f"{res.in_flight} still on SLURM"]))
     click.echo(f"done in {res.wall_s:.1f} s: {summary}")
     click.echo(f"records: {res.results_dir}/  (harness report {results} | harness status {res.results_dir})")
     return 1 if res.failed else 0
@@ -111,7 +125,8 @@ def list_(what: str, scenario: str | None, cluster_name: str) -> int:
 @click.command()
 @click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
 def status(results_dir: str) -> int:
-    """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records)."""
+    """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records). Cells still
+    queued or running on SLURM show SLURM's live state (one sacct call per sweep)."""
     root = Path(results_dir)
     manifests = [root / "manifest.json"] if (root / "manifest.json").exists() else sorted(root.glob("*/manifest.json"))
     if not manifests:
@@ -119,10 +134,54 @@ def status(results_dir: str) -> int:
     for mpath in manifests:
         data = json.loads(mpath.read_text())
         cells = data.get("cells", {})
+        live, unavailable = _live_slurm_states(data)
         counts: dict[str, int] = {}
         click.echo(f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells")
         for run_id, c in cells.items():
-            counts[c.get("state", "?")] = counts.get(c.get("state", "?"), 0) + 1
-            click.echo(f"  {c.get('state', '?'):8s} {c.get('status') or '':9s} {run_id}  job {c.get('job_id', '-')}")
+            state, note = c.get("state", "?"), ""
+            if run_id in live:
+                state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[run_id])
+            elif unavailable and c.get("state") in ("submitted", "running"):
+                note = f"  (live SLURM state unavailable: {unavailable})"
+            counts[state] = counts.get(state, 0) + 1
+            click.echo(f"  {state:9s} {c.get('status') or '-':9s} {run_id}  job {c.get('job_id', '-')}{note}")
         click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0
+
+
+def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]:
+    """({run_id: (sacct state, nodes)} of a SLURM sweep's cells still in flight, why it is unavailable or '')."""
+    if manifest.get("executor") != "slurm":
+        return {}, ""
+    in_flight = {run_id: c["job_id"] for run_id, c in manifest.get("cells", {}).items()
+                 if c.get("state") in ("submitted", "running") and c.get("job_id")}
+    if not in_flight:
+        return {}, ""
+    from harness.slurm import SlurmUnavailable, live_states
+
+    try:
+        states = live_states(list(in_flight.values()))
+    except SlurmUnavailable as e:
+        return {}, str(e)
+    return {run_id: states[job_id] for run_id, job_id in in_flight.items()}, ""
+
+
+def _shown_slurm_state(sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str) -> tuple[str, str]:
+    """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
+    rank 0 wrote this attempt's record, else ended (the next sweep run composes its record)."""
+    from harness.results import read_record
+    from harness.slurm import flight_state
+
+    state = flight_state(slurm_state)
+    note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
+    if state == "submitted":
+        return "pending", note
+    if state == "running":
+        return "running", note
+    try:
+        rec = read_record(sweep_dir / f"{run_id}.json")
+    except ValueError:
+        rec = None
+    if rec is not None and rec.get("attempt") == cell.get("attempt"):
+        return ("done" if rec["status"] == "ok" else "failed"), note
+    return "ended", note + "; re-run the sweep to collect its record"

@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,17 +91,19 @@ def file_lock(path: Path, *, blocking: bool = True):
 
 @dataclass
 class Manifest:
-    """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled),
-    status, job id and attempt. Every update re-reads the file under a lock, so concurrent sweeps into the
-    same dir interleave their updates instead of overwriting each other's."""
+    """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled, and
+    submitted: queued on SLURM), status, job id and attempt (SLURM cells also slurm_state and nodes). Every
+    update re-reads the file under a lock, so concurrent sweeps into the same dir interleave their updates
+    instead of overwriting each other's."""
 
     path: Path
     header: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str,
+    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str, executor: str = "local",
              run_ids: list[str] | None = None) -> "Manifest":
-        m = cls(sweep_dir(results, sweep) / "manifest.json", {"sweep": sweep, "scenario": scenario, "cluster": cluster})
+        m = cls(sweep_dir(results, sweep) / "manifest.json",
+                {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor})
         with m._locked() as data:
             for run_id in run_ids or []:
                 data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
@@ -135,7 +137,8 @@ class Manifest:
 # turning a finished job into exactly one record
 
 
-def _fragments(payload: dict) -> list[dict]:
+def read_fragments(payload: dict) -> list[dict]:
+    """The failure fragments the ranks of this attempt wrote."""
     from harness.worker import fragment_dir
 
     d = fragment_dir(payload["results"], payload["sweep"], payload["run_id"])
@@ -164,19 +167,33 @@ SECONDARY = ("connection closed", "connection reset", "broken pipe", "econnreset
 TIMEOUTS = ("timed out", "timeout", "watchdog")
 
 
+def is_secondary(frag: dict) -> bool:
+    """A rank that failed because another one did: its collective broke or timed out."""
+    return any(k in frag["reason"].lower() for k in SECONDARY + TIMEOUTS)
+
+
+def _exception_line(tb: str) -> str:
+    lines = [line for line in tb.strip().splitlines() if line.strip() and not line.startswith(("-", " "))]
+    return lines[-1][:500] if lines else tb.strip()[-500:]
+
+
 def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit_s: float, cancelled: bool,
-             exit_codes: list | None, pg_timeout_s: float | None) -> tuple[str, str, int | None]:
+             exit_codes: list | None, pg_timeout_s: float | None, ended: tuple[str, str] | None = None,
+             job_errors: dict[int, str] | None = None) -> tuple[str, str, int | None]:
     """(status, reason, failed rank) of a cell that ended without rank 0's record.
 
     The first rank to fail is the root cause. Ranks that left no fragment while others report a broken
     collective are the culprits: they died (the others saw their connection close) or hung (the others'
-    collective hit the watchdog).
+    collective hit the watchdog). `ended` is the scheduler's verdict when it explains the end (a time limit, a
+    cancel, a node failure); `job_errors` are tracebacks the scheduler's tasks left when no fragment was written.
     """
     if cancelled:
         return "cancelled", "the job was cancelled before the cell finished", None
+    if ended is not None:
+        return ended[0], ended[1], None
     reported = {f["rank"] for f in frags}
     silent = sorted(set(range(world_size)) - reported)
-    primary = [f for f in frags if not any(k in f["reason"].lower() for k in SECONDARY + TIMEOUTS)]
+    primary = [f for f in frags if not is_secondary(f)]
     if primary:
         first = min(primary, key=lambda f: f["time"])
         return first["status"], first["reason"], first["rank"]
@@ -189,6 +206,9 @@ def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit
                     f"progress (rank {first['rank']} reported: {first['reason'][:300]})", culprit)
         return ("crashed", f"{who} died without raising an exception; the others saw its connection close "
                 f"(rank {first['rank']}: {first['reason'][:300]})", culprit)
+    if job_errors:
+        rank = min(job_errors)
+        return "error", f"{_exception_line(job_errors[rank])} (rank {rank}, outside the benchmark)", rank
     if elapsed_s >= time_limit_s:
         return "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
     codes = f" (exit codes {exit_codes})" if exit_codes else ""
@@ -196,16 +216,19 @@ def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit
 
 
 def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled: bool = False,
-             log_tail: str = "", exit_codes: list | None = None) -> dict:
-    """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known."""
+             log_tail: str = "", exit_codes: list | None = None, ended: tuple[str, str] | None = None,
+             job_errors: dict[int, str] | None = None) -> dict:
+    """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known
+    (`ended`, `job_errors`: see classify)."""
     rec = _fresh_record(payload)
     if rec is not None:
         return rec
     spec = payload["spec"]
-    frags = _fragments(payload)
+    frags = read_fragments(payload)
     status, reason, rank = classify(frags, world_size=spec["world_size"], elapsed_s=elapsed_s,
                                     time_limit_s=time_limit_s, cancelled=cancelled, exit_codes=exit_codes,
-                                    pg_timeout_s=payload["cluster"].get("pg_timeout_s"))
+                                    pg_timeout_s=payload["cluster"].get("pg_timeout_s"), ended=ended,
+                                    job_errors=job_errors)
     rec = new_record(spec=spec, run_id=payload["run_id"], sweep=payload["sweep"],
                      cluster=payload["cluster"]["name"], status=status, reason=reason, failed_rank=rank)
     rec["attempt"] = payload["attempt"]
@@ -214,6 +237,9 @@ def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled:
     if frags:
         rec["failures"] = [{k: f.get(k) for k in ("rank", "status", "reason", "hostname", "traceback",
                                                    "memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")} for f in frags]
+    elif job_errors:
+        rec["failures"] = [{"rank": k, "status": "error", "reason": _exception_line(tb), "traceback": tb[-8000:]}
+                           for k, tb in sorted(job_errors.items())]
     if log_tail:
         rec["log_tail"] = log_tail[-4000:]
     rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
@@ -295,7 +321,7 @@ class FailureWatch:
             return False
         self._next_check = now + 1.0
         if self.first_seen is None:
-            if _fragments(self.payload):
+            if read_fragments(self.payload):
                 self.first_seen = now
             return False
         return now - self.first_seen > self.grace_s
@@ -341,7 +367,7 @@ def _kill_group(pgid: int | None) -> None:
             time.sleep(0.05)
 
 
-def _job_log_tail(job, n_tasks: int) -> str:
+def job_log_tail(job, n_tasks: int) -> str:
     """The end of each task's stderr (for records of cells that died without a fragment)."""
     tails = []
     for k in range(n_tasks):
@@ -356,14 +382,14 @@ def _job_log_tail(job, n_tasks: int) -> str:
 
 def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
                     on_submit: Callable[[Any], None] | None = None) -> dict:
-    """Run one cell as a submitit job with one task per rank and wait for it."""
+    """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells: harness.slurm)."""
     import submitit
 
     from harness.worker import submitit_entry
 
     world = payload["spec"]["world_size"]
     if cluster.executor != "local":
-        raise NotImplementedError("SLURM dispatch is not implemented yet (use --cluster local)")
+        raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
     executor = submitit.LocalExecutor(folder=folder)
     # timeout_min bounds the whole job; the Controller then kills every task
     # NOTE: gpus_per_node also sets CUDA_VISIBLE_DEVICES for the tasks; 0 would hide every GPU
@@ -387,7 +413,7 @@ def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit
         finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
         raise
     elapsed = time.time() - t0
-    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=_job_log_tail(job, world))
+    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=job_log_tail(job, world))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -399,6 +425,8 @@ class SweepResult:
     records: list[dict]
     results_dir: Path
     wall_s: float
+    in_flight: int = 0
+    """cells left running on SLURM by a detached (--no-wait) sweep"""
 
     @property
     def failed(self) -> list[dict]:
@@ -413,50 +441,74 @@ def existing_ok(results: str | Path, sweep: str, run_id: str) -> bool:
 
 
 def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, force: bool = False,
-              no_skip: bool = False, only: set[str] | None = None,
+              no_skip: bool = False, only: set[str] | None = None, no_wait: bool = False,
               echo: Callable[[str], None] = print) -> SweepResult:
-    """Run every cell of a scenario, one after another, each ending in one record."""
+    """Run every cell of a scenario, each ending in one record: locally one after another; on SLURM all
+    submitted at once (job arrays), then each finalized as its job ends — or left running with `no_wait`."""
     t0 = time.time()
     results = Path(results)
     specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
     if only is not None:
         specs = [s for s in specs if s.run_id in only]
+    if cluster.executor == "slurm":
+        from harness.slurm import preflight
+
+        preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
+    elif no_wait:
+        raise ValueError("no_wait needs a SLURM profile: local cells run as children of the sweep")
     sha = git_sha()
     manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name,
-                             run_ids=[s.run_id for s in specs])
+                             executor=cluster.executor, run_ids=[s.run_id for s in specs])
     folder = sweep_dir(results, scenario.name) / ".submitit"
     locks = sweep_dir(results, scenario.name) / ".locks"
+    sweep = dict(scenario=scenario, cluster=cluster, results=results, force=force, no_skip=no_skip,
+                 manifest=manifest, sha=sha, echo=echo)
+    if cluster.executor == "slurm":
+        records, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, **sweep)
+        return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0,
+                           in_flight=in_flight)
     records = []
     for i, spec in enumerate(specs, 1):
         tag = f"[{i}/{len(specs)}] {spec.run_id}"
         with file_lock(locks / f"{spec.run_id}.lock", blocking=False) as mine:
             if not mine:
-                echo(f"{tag}  running in another sweep; waiting for its record")
-                with file_lock(locks / f"{spec.run_id}.lock"):
-                    pass
-                try:
-                    rec = read_record(record_path(results, scenario.name, spec.run_id))
-                except ValueError:
-                    rec = None
+                rec = _record_of_other_sweep(spec, tag=tag, locks=locks, results=results, sweep=scenario.name,
+                                             echo=echo)
                 if rec is not None:
-                    echo(f"{tag}  {describe(rec)}  (recorded by the other sweep)")
                     records.append(rec)
                     continue
-            records.append(_run_cell(spec, i=i, n=len(specs), scenario=scenario, cluster=cluster, results=results,
-                                     force=force, no_skip=no_skip, manifest=manifest, folder=folder, sha=sha,
-                                     echo=echo))
+            records.append(_run_cell(spec, tag=tag, folder=folder, **sweep))
     return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
 
 
-def _run_cell(spec: RunSpec, *, i: int, n: int, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
-              no_skip: bool, manifest: Manifest, folder: Path, sha: str | None, echo: Callable[[str], None]) -> dict:
-    tag = f"[{i}/{n}] {spec.run_id}"
+def _record_of_other_sweep(spec: RunSpec, *, tag: str, locks: Path, results: Path, sweep: str,
+                           echo: Callable[[str], None]) -> dict | None:
+    """Wait until the sweep that holds the cell's lock lets go; its record, or None when it left none."""
+    echo(f"{tag}  running in another sweep; waiting for its record")
+    with file_lock(locks / f"{spec.run_id}.lock"):
+        pass
+    try:
+        rec = read_record(record_path(results, sweep, spec.run_id))
+    except ValueError:
+        return None
+    echo(f"{tag}  {describe(rec)}  (recorded by the other sweep)")
+    return rec
+
+
+def _prepare_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
+                  no_skip: bool, manifest: Manifest, sha: str | None,
+                  echo: Callable[[str], None]) -> tuple[dict | None, dict | None]:
+    """(record, None) for a cell that needs no run (an ok record exists, or it is skipped), else (None, payload)."""
     if not force and existing_ok(results, scenario.name, spec.run_id):
         echo(f"{tag}  ok (already recorded; --force reruns)")
         manifest.set(spec.run_id, state="done", status="ok")
-        return read_record(record_path(results, scenario.name, spec.run_id))
+        return read_record(record_path(results, scenario.name, spec.run_id)), None
     predicted = predict(spec, cluster)
     reason = spec.unsupported_reason(cluster.device)
+    if reason is None and cluster.executor == "slurm":
+        from harness.slurm import unsupported_reason
+
+        reason = unsupported_reason(spec)
     if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
         reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
     if reason is not None:
@@ -464,8 +516,17 @@ def _run_cell(spec: RunSpec, *, i: int, n: int, scenario: Scenario, cluster: Clu
                              predicted=predicted)
         manifest.set(spec.run_id, state="skipped", status="skipped")
         echo(f"{tag}  skipped: {reason}")
+        return rec, None
+    return None, make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha,
+                              predicted=predicted)
+
+
+def _run_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
+              no_skip: bool, manifest: Manifest, folder: Path, sha: str | None, echo: Callable[[str], None]) -> dict:
+    rec, payload = _prepare_cell(spec, tag=tag, scenario=scenario, cluster=cluster, results=results, force=force,
+                                 no_skip=no_skip, manifest=manifest, sha=sha, echo=echo)
+    if rec is not None:
         return rec
-    payload = make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha, predicted=predicted)
     manifest.set(spec.run_id, state="running", status=None, attempt=payload["attempt"])
     c0 = time.time()
     try:
@@ -478,6 +539,75 @@ def _run_cell(spec: RunSpec, *, i: int, n: int, scenario: Scenario, cluster: Clu
     manifest.set(spec.run_id, state="done" if rec["status"] == "ok" else "failed", status=rec["status"])
     echo(f"{tag}  {describe(rec)}  ({time.time() - c0:.1f} s)")
     return rec
+
+
+def cell_state(rec: dict) -> str:
+    """The manifest state of a cell that has its record."""
+    return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec["status"], "failed")
+
+
+def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, locks: Path,
+                  echo: Callable[[str], None], **sweep: Any) -> tuple[list[dict], int]:
+    """(records, cells left in flight): every cell through _slurm_round; a cell another sweep was handling is
+    taken from its record, or, when that sweep let go without one (it detached), in a second round."""
+    tags = {s.run_id: f"[{i}/{len(specs)}] {s.run_id}" for i, s in enumerate(specs, 1)}
+    records: dict[str, dict] = {}
+    in_flight = 0
+    todo = specs
+    for _ in range(2):
+        busy, left = _slurm_round(todo, tags=tags, records=records, scenario=scenario, results=results,
+                                  locks=locks, echo=echo, **sweep)
+        in_flight += left
+        todo = []
+        for spec in busy:
+            rec = _record_of_other_sweep(spec, tag=tags[spec.run_id], locks=locks, results=results,
+                                         sweep=scenario.name, echo=echo)
+            if rec is None:
+                todo.append(spec)
+            else:
+                records[spec.run_id] = rec
+        if not todo:
+            break
+    for spec in todo:
+        echo(f"{tags[spec.run_id]}  left to another sweep (no record yet); re-run to collect it")
+    return [records[s.run_id] for s in specs if s.run_id in records], in_flight
+
+
+def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[str, dict], scenario: Scenario,
+                 cluster: Cluster, results: Path, force: bool, no_skip: bool, no_wait: bool, manifest: Manifest,
+                 folder: Path, locks: Path, sha: str | None, echo: Callable[[str], None]) -> tuple[list[RunSpec], int]:
+    """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
+    (job arrays), then finalize each as its job ends — unless `no_wait`. Fills `records`; returns the cells
+    another sweep holds and how many cells were left in flight."""
+    from harness.slurm import SlurmSweep
+
+    busy: list[RunSpec] = []
+    with ExitStack() as held:  # each cell's lock, for as long as this sweep is responsible for the cell
+        flight = SlurmSweep(cluster, folder=folder, manifest=manifest, echo=echo)
+        to_submit = []
+        for spec in specs:
+            tag = tags[spec.run_id]
+            if not held.enter_context(file_lock(locks / f"{spec.run_id}.lock", blocking=False)):
+                busy.append(spec)
+                continue
+            if flight.reattach(spec.run_id, tag=tag):
+                continue
+            rec, payload = _prepare_cell(spec, tag=tag, scenario=scenario, cluster=cluster, results=results,
+                                         force=force, no_skip=no_skip, manifest=manifest, sha=sha, echo=echo)
+            if rec is not None:
+                records[spec.run_id] = rec
+            else:
+                to_submit.append((payload, tag))
+        try:
+            records.update(flight.submit(to_submit))
+            if not no_wait:
+                records.update(flight.wait())
+        except KeyboardInterrupt:
+            # NOTE: an interrupted sweep cancels its jobs and records them cancelled, as the local path does (a
+            # re-run resubmits them); detaching is what --no-wait is for
+            flight.cancel_all(reason="the sweep was interrupted")
+            raise
+        return busy, flight.detach() if no_wait else 0
 
 
 def describe(rec: dict) -> str:

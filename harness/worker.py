@@ -12,6 +12,7 @@ import datetime
 import json
 import math
 import os
+import random
 import socket
 import sys
 import time
@@ -31,9 +32,15 @@ def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
     return sweep_dir(results, sweep) / ".fragments" / run_id
 
 
+def node_name() -> str:
+    """This rank's node: SLURM's name for it when under SLURM (several slurmd can share one host, and a host's
+    name need not be its node name), else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def write_fragment(payload: dict, rank: int, status: str, reason: str, extra: dict | None = None) -> None:
     frag = {"rank": rank, "attempt": payload.get("attempt"), "status": status, "reason": reason, "time": time.time(),
-            "hostname": socket.gethostname(), **(extra or {})}
+            "hostname": node_name(), **(extra or {})}
     atomic_write_json(fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json",
                       sanitize(frag))
 
@@ -54,6 +61,12 @@ def _is_oom(e: BaseException) -> bool:
         return True
     # host allocations fail as RuntimeError from the CPU allocator; CUDA's as "CUDA out of memory"
     return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
+
+
+def _is_slurm_time_limit(e: BaseException) -> bool:
+    """submitit's USR2 handler ends a SLURM job at its time limit by raising this in rank 0's main thread."""
+    return (os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and type(e).__name__ == "UncompletedJobError"
+            and "timed-out" in str(e))
 
 
 def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
@@ -153,12 +166,15 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
                              dtype=torch.float64, device=device)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
         hosts: list[str | None] = [None] * world_size
-        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(hosts, node_name())
         if rank != 0:
             return None
 
         env = envmod.capture(device.type)
         env.update(backend=backend, hostnames=sorted(set(hosts)), harness_git_sha=payload.get("git_sha"))
+        if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
+            env.update(slurm_job_id=payload["job_id"],
+                       slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
         samples = step_times.tolist()
         summary = summarize(samples)
         tokens = spec.tokens_per_step
@@ -222,7 +238,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         write_record(payload["results"], record)
         return record
     except BaseException as e:
-        status = "oom" if _is_oom(e) else "error"
+        status = "oom" if _is_oom(e) else "timeout" if _is_slurm_time_limit(e) else "error"
         extra = {"traceback": traceback.format_exc(limit=30)}
         if status == "oom":
             if torch.cuda.is_available():
@@ -254,14 +270,29 @@ def _step_fn(trainer, batches, injector):
     return step
 
 
+def _forget_earlier_run(payload: dict, job_env: Any) -> None:
+    """A requeued SLURM job runs again with the same payload: this rank's fragment and submitit result file from
+    the run that was interrupted (requeue, preemption) must not be taken for this run's."""
+    if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+        rank = job_env.global_rank
+        (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json").unlink(
+            missing_ok=True)
+        job_env.paths.result_pickle.unlink(missing_ok=True)
+
+
 def submitit_entry(payload: dict[str, Any]) -> None:
     """Entry point of every submitit task: rank and rendezvous come from submitit's job environment."""
     import submitit
 
     job_env = submitit.JobEnvironment()
     port = payload.get("master_port")
-    if port is None:  # on a cluster, all tasks derive the same port from the job id
-        port = submitit.helpers.TorchDistributedEnvironment().master_port
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        payload = dict(payload, job_id=job_env.job_id)
+        _forget_earlier_run(payload, job_env)
+    if port is None:
+        # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
+        # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
+        port = random.Random(job_env.job_id).randint(20000, 60000)
     run(payload, rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
         master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
         master_port=int(port))

@@ -88,7 +88,7 @@ def slurm_folder(slurm_cluster, tmp_path) -> Path:
     return folder
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def slurm_timings() -> dict[str, float]:
     """Where a test records a measured duration (s) for the session's summary."""
     return TIMINGS_S
@@ -98,7 +98,8 @@ def slurm_timings() -> dict[str, float]:
 def _time_each_test(request):
     t0 = time.perf_counter()
     yield
-    TIMINGS_S[request.node.name] = time.perf_counter() - t0
+    if request.node.get_closest_marker("slurm"):  # the cluster's tests; the pure ones take no time
+        TIMINGS_S[request.node.name] = time.perf_counter() - t0
 
 
 def pytest_terminal_summary(terminalreporter):

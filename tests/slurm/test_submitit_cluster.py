@@ -162,20 +162,13 @@ def wait_done(jobs: dict[str, submitit.Job], t0: float) -> dict[str, float]:
 
 
 def submitit_parameters(cluster, *, nodes: int) -> dict:
-    """A cluster profile's `slurm:` mapping as AutoExecutor parameters: the translation the dispatch will own."""
-    slurm = cluster.slurm
-    params = {"nodes": nodes, "tasks_per_node": cluster.gpus_per_node,
-              "timeout_min": slurm.get("time_limit_min", 60), "cpus_per_task": slurm.get("cpus_per_task", 1)}
-    if cluster.device == "cuda":  # a cpu profile's gpus_per_node counts ranks; SLURM has no GPUs to give
-        params["gpus_per_node"] = cluster.gpus_per_node
-    if slurm.get("mem_per_node_gib") is not None:
-        params["mem_gb"] = slurm["mem_per_node_gib"]  # submitit writes --mem=<n>GB, which SLURM reads as GiB
-    for key, name in (("partition", "slurm_partition"), ("account", "slurm_account"), ("qos", "slurm_qos"),
-                      ("constraint", "slurm_constraint"), ("signal_delay_s", "slurm_signal_delay_s"),
-                      ("setup", "slurm_setup"), ("additional_parameters", "slurm_additional_parameters")):
-        if slurm.get(key) not in (None, [], {}):
-            params[name] = slurm[key]
-    return params
+    """A cluster profile's `slurm:` block as AutoExecutor parameters: the translation the dispatch owns
+    (harness.slurm.executor_parameters), for a cell of `nodes` full nodes and the default time limit."""
+    from harness.scenario import Settings
+    from harness.slurm import executor_parameters, job_minutes
+
+    return executor_parameters(cluster, nodes=nodes, tasks_per_node=cluster.gpus_per_node,
+                               timeout_min=job_minutes(Settings().time_limit_s, cluster.slurm))
 
 
 # --- tests -------------------------------------------------------------------------------------------------------
@@ -355,12 +348,13 @@ def test_local_slurm_profile_parameters_are_accepted(slurm_cluster, slurm_folder
     job = ex.submit(task_report, "profile")
     reports = job.results()
 
-    assert cluster.executor == "slurm" and cluster.slurm["partition"] == slurm_cluster.partition
+    assert cluster.executor == "slurm" and cluster.slurm.partition == slurm_cluster.partition
     assert len(reports) == 2 * cluster.gpus_per_node
     assert sorted({r["nodename"] for r in reports}) == list(slurm_cluster.nodes)
     assert {r["env"]["SLURM_JOB_PARTITION"] for r in reports} == {"debug"}
     script = Path(job.paths.submission_file).read_text()
-    assert f"#SBATCH --time={cluster.slurm['time_limit_min']}" in script
-    assert f"#SBATCH --signal=USR2@{cluster.slurm['signal_delay_s']}" in script
+    assert f"#SBATCH --time={params['timeout_min']}\n" in script  # a default cell's 900 s: 15 min
+    assert params["timeout_min"] == 15
+    assert f"#SBATCH --signal=USR2@{cluster.slurm.signal_delay_s}" in script
     assert "--gpus-per-node" not in script
     assert final_state(job) == "COMPLETED"

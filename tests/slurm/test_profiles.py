@@ -1,0 +1,136 @@
+"""SLURM profiles and the pure parts of harness.slurm (no cluster needed, so not marked `slurm`): the `slurm:` block's
+validation, its translation into submitit parameters, the time limit of a cell's job, and how a job's end in SLURM
+becomes a record status."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from harness.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
+from harness.errors import InputError
+from harness.scenario import load_yaml
+from harness.slurm import executor_parameters, flight_state, job_minutes, verdict
+
+
+def profile(slurm: str, **top) -> dict:
+    """A GPU profile document with the given `slurm:` block (YAML)."""
+    return {"name": "p", "executor": "slurm", "device": "cuda", "gpus_per_node": 8, **top,
+            "slurm": yaml.safe_load(textwrap.dedent(slurm))}
+
+
+@pytest.mark.parametrize("name", available_clusters())
+def test_every_shipped_profile_loads(name):
+    cluster = load_cluster(name)
+    if cluster.executor == "slurm":
+        executor_parameters(cluster, nodes=1, tasks_per_node=cluster.gpus_per_node, timeout_min=15)
+
+
+def test_gpu_profiles_are_placeholders_a_user_edits():
+    for name in ("a100", "h100", "h200"):
+        raw = load_yaml(CLUSTERS_DIR / f"{name}.yaml")
+        assert set(raw["slurm"]) == {"partition", "account", "qos", "constraint", "cpus_per_task",
+                                     "mem_per_node_gib", "time_limit_min", "signal_delay_s", "setup",
+                                     "additional_parameters"}
+        assert "EDIT" in (CLUSTERS_DIR / f"{name}.yaml").read_text()
+
+
+def test_every_problem_in_a_slurm_block_is_reported_once():
+    doc = profile("""
+        partiton: gpu
+        cpus_per_task: 0
+        mem_per_node_gib: -1
+        time_limit_min: 2
+        signal_delay_s: 90
+        setup: module load cuda
+        additional_parameters: {time: 10, mem: 4G, exclusive: true, reservation: [a]}
+    """)
+    with pytest.raises(InputError) as raised:
+        parse_cluster(doc, "p.yaml")
+    lines = [str(p) for p in raised.value.problems]
+    assert lines == [
+        "p.yaml: slurm.partiton: unknown key; allowed: partition, account, qos, constraint, cpus_per_task, "
+        "mem_per_node_gib, time_limit_min, signal_delay_s, setup, additional_parameters (did you mean 'partition'?)",
+        "p.yaml: slurm.cpus_per_task: 0 is not a positive integer",
+        "p.yaml: slurm.mem_per_node_gib: -1 is not a positive number",
+        "p.yaml: slurm.time_limit_min: 2 min leaves no time before submitit's USR2 (signal_delay_s 90 + up to 30 s "
+        "of SLURM's check period + start-up): at least 3",
+        "p.yaml: slurm.setup: must be a list of shell lines (strings)",
+        "p.yaml: slurm.additional_parameters.time: set by the harness for each cell (nodes, tasks, GPUs, time "
+        "limit, signal, logs); not settable here",
+        "p.yaml: slurm.additional_parameters.mem: use slurm.mem_per_node_gib instead",
+        "p.yaml: slurm.additional_parameters.reservation: ['a'] must be a string, number or true",
+    ]
+
+
+def test_profile_to_submitit_parameters():
+    doc = profile("""
+        partition: gpu
+        account: proj
+        qos: high
+        constraint: h100
+        cpus_per_task: 12
+        mem_per_node_gib: 800
+        signal_delay_s: 120
+        setup: [module load cuda/12.4]
+        additional_parameters: {exclusive: true}
+    """, env={"NCCL_DEBUG": "WARN"})
+    cluster = parse_cluster(doc, "p.yaml")
+    assert executor_parameters(cluster, nodes=2, tasks_per_node=8, timeout_min=15) == {
+        "nodes": 2, "tasks_per_node": 8, "timeout_min": 15, "gpus_per_node": 8, "cpus_per_task": 12,
+        "mem_gb": 800, "slurm_partition": "gpu", "slurm_account": "proj", "slurm_qos": "high",
+        "slurm_constraint": "h100", "slurm_signal_delay_s": 120, "slurm_setup": ["module load cuda/12.4"],
+        "slurm_additional_parameters": {"exclusive": True}}
+    cpu = load_cluster("local-slurm")  # ranks, not GPUs: nothing asked of SLURM's gres
+    assert "gpus_per_node" not in executor_parameters(cpu, nodes=1, tasks_per_node=2, timeout_min=1)
+
+
+@pytest.mark.parametrize("time_limit_s,signal_delay_s,cap,minutes", [
+    (60, 15, None, 1),     # ceil(60 / 60)
+    (61, 15, None, 2),
+    (60, 90, None, 3),     # USR2 90 s (+30 s) before the end needs 3 minutes
+    (900, 90, None, 15),
+    (7200, 90, 60, 60),    # the profile's time_limit_min caps it
+])
+def test_a_cells_job_time_limit(time_limit_s, signal_delay_s, cap, minutes):
+    from harness.cluster import SlurmProfile
+
+    slurm = SlurmProfile(signal_delay_s=signal_delay_s, time_limit_min=cap)
+    assert job_minutes(time_limit_s, slurm) == minutes
+    assert min_job_minutes(signal_delay_s) <= minutes
+
+
+def frag(rank: int, status: str, reason: str) -> dict:
+    return {"rank": rank, "status": status, "reason": reason, "time": float(rank)}
+
+
+SUBMITIT_TIMEOUT = "UncompletedJobError: Job not requeued because: timed-out too many times."
+
+
+@pytest.mark.parametrize("state,frags,errors,stuck,expected", [
+    ("COMPLETED", [], {}, False, None),
+    ("FAILED", [frag(1, "error", "RuntimeError: boom")], {}, False, None),  # the fragments decide
+    ("TIMEOUT", [], {}, False, "timeout"),
+    ("FAILED", [frag(0, "timeout", SUBMITIT_TIMEOUT), frag(1, "error", "Connection closed by peer")], {}, False,
+     "timeout"),
+    ("FAILED", [], {0: f"Traceback ...\nsubmitit.core.utils.{SUBMITIT_TIMEOUT}"}, False, "timeout"),
+    ("TIMEOUT", [frag(1, "error", "RuntimeError: boom")], {}, False, None),  # the error came first
+    ("CANCELLED by 0", [], {}, False, "cancelled"),
+    ("CANCELLED by 0", [frag(0, "timeout", "collective timed out")], {}, True, None),  # cancelled as stuck
+    ("NODE_FAIL", [], {}, False, "crashed"),
+    ("OUT_OF_MEMORY", [], {}, False, "oom"),
+    ("UNKNOWN", [], {}, False, "crashed"),
+])
+def test_how_a_jobs_end_becomes_a_status(state, frags, errors, stuck, expected):
+    v = verdict(state, frags=frags, errors=errors, minutes=1, job_id="7_1", stopped_stuck=stuck)
+    assert (v and v[0]) == expected
+    if v:
+        assert "7_1" in v[1]
+
+
+def test_slurm_states_as_cell_states():
+    assert [flight_state(s) for s in ("PENDING", "REQUEUED", "RUNNING", "COMPLETING", "COMPLETED",
+                                      "CANCELLED by 0", "TIMEOUT", "PREEMPTED", None)] == [
+        "submitted", "submitted", "running", "running", "ended", "ended", "ended", "submitted", "submitted"]
