@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import InputError, Problem, did_you_mean, one_of
+from harness.errors import InputError, Problem, one_of, unknown
 from harness.scenario import NAME_RE, load_yaml
 
 CLUSTERS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "clusters"
@@ -122,8 +122,7 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
     n0 = len(problems)
     for k in doc:
         if k not in SLURM_KEYS:
-            problems.append(Problem(file, f"slurm.{k}", f"unknown key; allowed: {', '.join(SLURM_KEYS)}"
-                                    f"{did_you_mean(k, SLURM_KEYS)}"))
+            problems.append(unknown(file, f"slurm.{k}", k, SLURM_KEYS))
     for k in ("partition", "account", "qos", "constraint"):
         v = doc.get(k)
         if v is not None and (not isinstance(v, str) or not v.strip()):
@@ -207,8 +206,7 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         raise InputError([Problem(file, "", "a cluster profile must be a mapping")])
     for k in doc:
         if k not in CLUSTER_KEYS:
-            problems.append(Problem(file, str(k), f"unknown key; allowed: {', '.join(CLUSTER_KEYS)}"
-                                    f"{did_you_mean(k, CLUSTER_KEYS)}"))
+            problems.append(unknown(file, str(k), k, CLUSTER_KEYS))
     name = doc.get("name", Path(file).stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append(Problem(file, "name", f"{name!r} must match {NAME_RE.pattern}"))

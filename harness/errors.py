@@ -41,3 +41,9 @@ def did_you_mean(value: object, allowed: Iterable[str]) -> str:
 def one_of(value: object, allowed: Iterable[str]) -> str:
     allowed = list(allowed)
     return f"{value!r} is not one of {', '.join(allowed)}{did_you_mean(value, allowed)}"
+
+
+def unknown(file: str, path: str, key: object, allowed: Iterable[str], *, what: str = "key") -> Problem:
+    """`file: path: unknown key; allowed: a, b, c (did you mean 'b'?)`."""
+    allowed = list(allowed)
+    return Problem(file, path, f"unknown {what}; allowed: {', '.join(allowed)}{did_you_mean(key, allowed)}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from harness.errors import InputError, Problem, did_you_mean, one_of
+from harness.errors import InputError, Problem, one_of, unknown
 from harness.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 
 STRATEGIES: tuple[str, ...] = (
@@ -255,8 +255,7 @@ def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) ->
         return
     for k in value:
         if k not in INJECT_KEYS:
-            problems.append(Problem(file, f"{where}.{k}", f"unknown key; allowed: {', '.join(INJECT_KEYS)}"
-                                    f"{did_you_mean(k, INJECT_KEYS)}"))
+            problems.append(unknown(file, f"{where}.{k}", k, INJECT_KEYS))
     if "fault" not in value:
         problems.append(Problem(file, f"{where}.fault", f"missing; one of {', '.join(FAULTS)}"))
     elif value["fault"] not in FAULTS:
@@ -304,8 +303,7 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
         ok = True
         for k in dims:
             if k not in MODEL_KEYS:
-                problems.append(Problem(file, f"{where}.{k}", f"unknown key; allowed: {', '.join(sorted(MODEL_KEYS))}"
-                                        f"{did_you_mean(k, MODEL_KEYS)}"))
+                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS)))
                 ok = False
         for k in sorted(REQUIRED_MODEL_KEYS - set(dims)):
             problems.append(Problem(file, f"{where}.{k}", "missing (required)"))
@@ -383,8 +381,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
 
     for k in doc:
         if k not in TOP_LEVEL_KEYS:
-            problems.append(Problem(file, str(k), f"unknown key; allowed: {', '.join(TOP_LEVEL_KEYS)}"
-                                    f"{did_you_mean(k, TOP_LEVEL_KEYS)}"))
+            problems.append(unknown(file, str(k), k, TOP_LEVEL_KEYS))
     name = doc.get("name", Path(file).stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append(Problem(file, "name", f"{name!r} must match {NAME_RE.pattern} (it names result folders)"))
@@ -400,8 +397,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         settings_raw = {}
     for k, v in settings_raw.items():
         if k not in SETTING_FIELDS:
-            problems.append(Problem(file, f"settings.{k}", f"unknown setting; allowed: {', '.join(SETTING_FIELDS)}"
-                                    f"{did_you_mean(k, SETTING_FIELDS)}"))
+            problems.append(unknown(file, f"settings.{k}", k, SETTING_FIELDS, what="setting"))
             continue
         before = len(problems)
         _check_setting(k, v, f"settings.{k}", file, problems)
@@ -422,8 +418,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
             continue
         where = f"matrix.{axis}"
         if axis not in allowed_axes:
-            problems.append(Problem(file, where, f"unknown axis; allowed: {', '.join(allowed_axes)}"
-                                    f"{did_you_mean(axis, allowed_axes)}"))
+            problems.append(unknown(file, where, axis, allowed_axes, what="axis"))
             continue
         if not isinstance(values, list) or not values:
             problems.append(Problem(file, where, f"must be a non-empty list, got {values!r}"))
@@ -447,8 +442,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
             before = len(problems)
             for k, v in entry.items():
                 if k not in allowed_axes:
-                    problems.append(Problem(file, f"{where}.{k}", f"unknown axis; allowed: {', '.join(allowed_axes)}"
-                                            f"{did_you_mean(k, allowed_axes)}"))
+                    problems.append(unknown(file, f"{where}.{k}", k, allowed_axes, what="axis"))
                 else:
                     _check_axis_value(k, v, f"{where}.{k}", file, model_names, problems)
             if len(problems) == before:
