@@ -1,6 +1,10 @@
 """Every strategy trains: with the same seed and batches, fp32 runs of every family reach the same losses
 as a single-process reference (relative 1e-4) — proof that `step` does the real work, not a no-op.
-bf16 runs finish with finite, decreasing loss. Real processes, real gloo process groups."""
+bf16 runs finish with finite, decreasing loss. Real processes, real gloo process groups.
+
+The fp32 and bf16 cells are those of scenarios/smoke.yaml (every strategy, world 2, hybrids 4 = 2×2; 2
+warmup + 5 measured steps), swept once per session by the `smoke_sweep` fixture and shared with the
+collective-accounting and integration tests."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import pytest
 import torch
 
 from harness.models import build_model, loss_fn, synthetic_batch
-from harness.scenario import HYBRID_STRATEGIES, STRATEGIES
+from harness.scenario import STRATEGIES, RunSpec
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist
@@ -39,18 +43,19 @@ def reference_losses(spec) -> list[float]:
     return losses
 
 
-def world_for(strategy: str) -> int:
-    return 4 if strategy in HYBRID_STRATEGIES else 2
+def smoke_record(smoke_sweep, strategy: str, precision: str) -> tuple[dict, RunSpec]:
+    (rec,) = [r for r in smoke_sweep["records"].values()
+              if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)]
+    assert rec["status"] == "ok", rec.get("reason")
+    return rec, RunSpec.from_dict(rec["spec"])
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_fp32_matches_single_process_reference(strategy, results):
-    spec = make_spec(strategy=strategy, precision="fp32", gpus=world_for(strategy), **STEPS)
-    rec = run_cell(spec, results)
-    assert rec["status"] == "ok", rec.get("reason")
+def test_fp32_matches_single_process_reference(strategy, smoke_sweep):
+    rec, spec = smoke_record(smoke_sweep, strategy, "fp32")
     ref = reference_losses(spec)
     got = rec["metrics"]["losses"]
-    assert len(got) == len(ref) == 4
+    assert len(got) == len(ref) == spec.settings.warmup_steps + spec.settings.measure_steps
     for i, (g, r) in enumerate(zip(got, ref)):
         assert g == pytest.approx(r, rel=1e-4), f"step {i + 1}: {strategy} {g} vs reference {r}"
     assert got[-1] < got[0]
@@ -66,10 +71,8 @@ def test_gradient_accumulation_matches_reference(strategy, results):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_bf16_finite_and_decreasing(strategy, results):
-    spec = make_spec(strategy=strategy, precision="bf16", gpus=world_for(strategy), warmup_steps=2, measure_steps=3)
-    rec = run_cell(spec, results)
-    assert rec["status"] == "ok", rec.get("reason")
+def test_bf16_finite_and_decreasing(strategy, smoke_sweep):
+    rec, spec = smoke_record(smoke_sweep, strategy, "bf16")
     losses = rec["metrics"]["losses"]
     assert all(math.isfinite(x) for x in losses)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
