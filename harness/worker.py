@@ -89,7 +89,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     from harness.meters.timing import summarize, synchronize, time_steps
     from harness.models import synthetic_batch
     from harness.strategies import family
-    from harness.strategies.base import Topology, Unsupported
+    from harness.strategies.base import Topology
 
     spec = RunSpec.from_dict(payload["spec"])
     s = spec.settings
@@ -123,36 +123,29 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=device if backend == "nccl" else None)
     try:
-        try:
-            topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
-                            gpus_per_node=spec.gpus_per_node, device=device)
-            unsupported = spec.unsupported_reason(device.type)
-            if unsupported:
-                raise Unsupported(unsupported)
-            torch.manual_seed(s.seed)
-            trainer = family(spec.strategy).setup(spec, topo=topo)
-            batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
-                                       seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
-            t_ready = time.time()
-            step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
-            warm_times, warm_losses = time_steps(step, n=s.warmup_steps, device=device)
-            meter = MemoryMeter(device)
-            comm = CommMeter().install()
-            dist.barrier()
-            meter.reset()
-            with comm.measure():
-                times, losses = time_steps(step, n=s.measure_steps, device=device)
-            mem = meter.read()
-            comm_summary = comm.summary(steps=s.measure_steps, gpus_per_node=spec.gpus_per_node)
-            comm.uninstall()
-        except Unsupported as e:
-            if rank == 0:
-                record.update(status="skipped", reason=str(e))
-                record["env"] = envmod.capture(device.type) | {"backend": backend, "harness_git_sha": payload.get("git_sha")}
-                record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-                write_record(payload["results"], record)
-                return record
-            return None
+        # NOTE: the dispatcher records unsupported cells as `skipped` without launching them; reaching
+        # here with one is a launcher bug, so it fails loudly instead of measuring something else
+        unsupported = spec.unsupported_reason(device.type)
+        if unsupported:
+            raise RuntimeError(f"launched an unsupported cell: {unsupported}")
+        topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
+                        gpus_per_node=spec.gpus_per_node, device=device)
+        torch.manual_seed(s.seed)
+        trainer = family(spec.strategy).setup(spec, topo=topo)
+        batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
+                                   seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
+        t_ready = time.time()
+        step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
+        warm_times, warm_losses = time_steps(step, n=s.warmup_steps, device=device)
+        meter = MemoryMeter(device)
+        comm = CommMeter().install()
+        dist.barrier()
+        meter.reset()
+        with comm.measure():
+            times, losses = time_steps(step, n=s.measure_steps, device=device)
+        mem = meter.read()
+        comm_summary = comm.summary(steps=s.measure_steps, gpus_per_node=spec.gpus_per_node)
+        comm.uninstall()
 
         # ---- aggregation over ranks (outside the timed region) ----
         local = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)

@@ -21,10 +21,6 @@ from harness.models import loss_fn
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class Unsupported(Exception):
-    """This strategy × precision × device combination cannot run: the cell is recorded as `skipped`."""
-
-
 @dataclass
 class Topology:
     """Where this rank sits: process-group facts the strategies need."""
