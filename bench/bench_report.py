@@ -34,7 +34,7 @@ def synthetic_record(i: int, night: int, model: str, strategy: str, precision: s
     n_params = ZOO[model].n_params()
     spec = {"model": model, "strategy": strategy, "precision": precision, "world_size": gpus,
             "nodes": max(1, gpus // 8), "gpus_per_node": min(gpus, 8), "micro_batch": mb, "seq_len": 2048,
-            "grad_accum": 1, "warmup_steps": 5, "measure_steps": 20, "activation_checkpointing": False,
+            "grad_accum": 1, "warmup_steps": 5, "measure_steps": 20, "activation_checkpointing": "none",
             "offload": "none"}
     mem = n_params * 16 / 2**30 / (gpus if strategy in ("zero3", "fsdp.full_shard", "fsdp2.full_shard") else 1)
     mem += 0.4 * mb * n_params ** 0.5 / 1e4

@@ -16,6 +16,8 @@ python3 -m harness.cli sweep scenarios/gpu-check.yaml --cluster local-gpu --resu
 python3 - "$OUT/results" <<'PY' | tee "$OUT/table.md"
 import sys
 from harness.results import load_records
+from harness.scenario import canonical_setting
+ac = lambda r: canonical_setting("activation_checkpointing", r["spec"]["activation_checkpointing"])
 recs, warns = load_records(sys.argv[1])
 print("| cell | status | step s (p50) | TFLOPS/GPU | MFU | peak alloc GiB | predicted GiB | pred/meas |")
 print("|---|---|---|---|---|---|---|---|")
@@ -25,7 +27,7 @@ for r in sorted(recs, key=lambda r: r["run_id"]):
     alloc, pred = m.get("peak_memory_allocated_gib"), p.get("total")
     f = lambda v, k="{:.3f}": "n/a" if v is None else k.format(v)
     ratio = f(pred / alloc if pred and alloc else None)
-    print(f"| {r['run_id'][:-11]}{' +ac' if r['spec']['activation_checkpointing'] else ''} | {r['status']} "
+    print(f"| {r['run_id'][:-11]}{'' if ac(r) == 'none' else ' ac=' + ac(r)} | {r['status']} "
           f"{(r.get('reason') or '')[:60]} | {f(st)} | {f(m.get('tflops_per_gpu'), '{:.1f}')} | "
           f"{f(m.get('mfu'), '{:.3f}')} | {f(alloc, '{:.2f}')} | {f(pred, '{:.2f}')} | {ratio} |")
 print("warnings:", warns)

@@ -519,7 +519,7 @@ def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
     conf = ZERO3
     persistent = [i for i, p in enumerate(params) if p.numel <= conf.persistence_threshold]
     if w > 1:
-        tr = zero3_trace(spec.model_config, conf=conf, checkpointing=spec.settings.activation_checkpointing)
+        tr = zero3_trace(spec.model_config, conf=conf, checkpointing=spec.settings.checkpointing)
         for phase in ("forward", "backward"):
             calls = [idx for ph, idx in tr.gathers if ph == phase]
             for k, idx in enumerate(calls):

@@ -330,9 +330,10 @@ def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
     """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys and minus
     settings at their default (RunSpec.identity's rule: a setting added later, at its default, still
     matches records written before it existed)."""
-    from harness.scenario import SETTING_FIELDS
+    from harness.scenario import SETTING_FIELDS, canonical_setting
 
     ignored = set(ignore)
+    spec = {k: canonical_setting(k, v) for k, v in spec.items()}
     kept = {k: v for k, v in spec.items() if k not in ignored
             and not (k in SETTING_FIELDS and _canonical(v) == _canonical(SETTING_FIELDS[k].default))}
     return json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))

@@ -11,8 +11,9 @@ to that peak, and bytes of host memory for CPU offload:
     optimizer    AdamW state: two fp32 moments per parameter, plus the fp32 master copy where the precision
                  keeps one apart from the parameters (DeepSpeed), sharded as the strategy shards it
     activations  tensors saved for backward and live at the peak (the zoo's Llama block with SDPA flash
-                 attention, traced op by op: `ActivationModel`); under checkpointing, each block's input
-                 plus one block recomputed
+                 attention, traced op by op: `ActivationModel`); under full checkpointing, each block's
+                 input plus one block recomputed; under selective, each block's input and its matmul and
+                 attention outputs, plus the rest of one block recomputed
     buffers      what the loss, the backward and the strategy hold transiently at the peak: the cross-entropy
                  gradient, gradients in flight, FSDP's gathered units and unsharded gradients, ZeRO's reduce
                  bucket, live parameters and fp32 gradient buffer, autocast's 16-bit weight copies (DDP)
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.scenario import HYBRID_STRATEGIES, RunSpec
+from harness.scenario import HYBRID_STRATEGIES, RunSpec, canonical_setting
 from harness.zoo import ModelConfig, parameters
 
 GIB = 2**30
@@ -185,15 +186,44 @@ class ActivationModel:
     def outside_blocks(self) -> int:
         return self.tokens * self.outside_blocks_per_token()
 
-    def saved_end_of_forward(self, *, checkpointing: bool) -> int:
-        """Bytes saved for backward when forward returns."""
-        per_block = self.block_input() if checkpointing else self.block()
-        return self.cfg.n_layers * per_block + self.outside_blocks()
+    def selective_kept_per_token(self) -> int:
+        """Bytes the `selective` policy keeps per block per token beside the block's input: the outputs of its
+        seven matmuls (q and o projections, w2: d wide; k and v: kv_heads · head_dim; w1, w3: ffn) and of
+        SDPA (d, and its fp32 logsumexp)."""
+        c, a = self.cfg, self.compute_bytes
+        kv = c.kv_heads * c.head_dim
+        return a * (4 * c.d_model + 2 * kv + 2 * c.ffn) + 4 * c.n_heads
 
-    def recompute_extra(self) -> int:
-        """What recomputing one checkpointed block adds to the kept inputs (its input is already kept when
-        the residual stream is fp32, since the norm saves its input as is)."""
-        return self.block() - (self.block_input() if self.mode != "lowp" else 0)
+    def kept_per_block(self, policy: str) -> int:
+        """Bytes one block keeps from its forward to its backward under `policy` (none | full | selective)."""
+        if policy == "none":
+            return self.block()
+        kept = self.block_input()
+        return kept + (self.tokens * self.selective_kept_per_token() if policy == "selective" else 0)
+
+    def saved_end_of_forward(self, *, checkpointing: bool | str) -> int:
+        """Bytes saved for backward when forward returns."""
+        policy = canonical_setting("activation_checkpointing", checkpointing)
+        return self.cfg.n_layers * self.kept_per_block(policy) + self.outside_blocks()
+
+    def recompute_extra(self, policy: bool | str = "full") -> int:
+        """What recomputing one checkpointed block adds to what it kept: the block's saved tensors, less its
+        input when the residual stream is fp32 (the norm saves its input as is) and, under `selective`, less
+        the kept outputs that the backward uses as they are (SDPA's output and logsumexp, w1's and w3's
+        outputs, and v, a view of wv's output, without grouped-query heads)."""
+        policy = canonical_setting("activation_checkpointing", policy)
+        extra = self.block() - (self.block_input() if self.mode != "lowp" else 0)
+        if policy == "selective":
+            c, a = self.cfg, self.compute_bytes
+            reused = a * c.d_model + 4 * c.n_heads + 2 * a * c.ffn + (a * c.d_model if c.kv_heads == c.n_heads else 0)
+            extra -= self.tokens * reused
+        return extra
+
+    def logits_transient(self) -> int:
+        """Alive while the loss runs log_softmax, beside everything saved: the head's output and, when that
+        is 16 bit, its fp32 copy (`loss_fn` computes in fp32). Freed once the loss returns."""
+        a = self.compute_bytes
+        return self.tokens * self.cfg.vocab * (a + (4 if a != 4 else 0))
 
     def loss_transient(self) -> int:
         return self.tokens * self.cfg.vocab * LOSS_TRANSIENT_BYTES_PER_LOGIT
@@ -204,28 +234,28 @@ class ActivationModel:
         the gradients of silu's output and of w3's output (2 x ffn wide beyond what was freed)."""
         return self.tokens * (self.residual_bytes * self.cfg.d_model + 2 * self.compute_bytes * self.cfg.ffn)
 
-    def windows(self, *, checkpointing: bool) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    def windows(self, *, checkpointing: bool | str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
         """Activation bytes, and the backward's own transients, live at each moment of `WINDOWS`.
 
-        forward end: every saved tensor. loss backward: those plus the cross-entropy gradient. block
+        forward end: every saved tensor, and the logits while the loss runs. loss backward: those plus the cross-entropy gradient. block
         backward: the first block's backward (the head's tensors are freed by then) with its gradients in
-        flight; under checkpointing, that block recomputed on top of the kept inputs. block reduce: that
-        block done (its saved tensors freed), its gradients about to be reduced. last block backward: one
-        block's activations left (recomputed under checkpointing). backward end and optimizer step: none.
+        flight; under checkpointing, that block recomputed on top of what every block kept. block reduce:
+        that block done (its saved tensors freed), its gradients about to be reduced. last block backward:
+        one block's activations left (recomputed under checkpointing). backward end and optimizer step: none.
         """
-        saved = self.saved_end_of_forward(checkpointing=checkpointing)
-        layers = self.cfg.n_layers
-        if checkpointing:
-            block, after_block = layers * self.block_input() + self.recompute_extra(), layers * self.block_input()
+        policy = canonical_setting("activation_checkpointing", checkpointing)
+        saved = self.saved_end_of_forward(checkpointing=policy)
+        layers, kept = self.cfg.n_layers, self.kept_per_block(policy)
+        if policy != "none":
+            block, after_block, last = layers * kept + self.recompute_extra(policy), layers * kept, kept + self.recompute_extra(policy)
         else:
-            block, after_block = layers * self.block(), (layers - 1) * self.block()
+            block, after_block, last = layers * kept, (layers - 1) * kept, kept
         return {
-            FORWARD_END: (saved, []),
+            FORWARD_END: (saved, [("logits in the loss", self.logits_transient())]),
             LOSS_BACKWARD: (saved, [("cross-entropy gradient", self.loss_transient())]),
             BLOCK_BACKWARD: (block, [("gradients in flight", self.mlp_backward_transient())]),
             BLOCK_REDUCE: (after_block, [("gradient into the next block", self.block_input())]),
-            LAST_BLOCK: (self.block_input() + self.recompute_extra() if checkpointing else self.block(),
-                         [("gradients in flight", self.mlp_backward_transient())]),
+            LAST_BLOCK: (last, [("gradients in flight", self.mlp_backward_transient())]),
             BACKWARD_END: (0, []),
             OPTIMIZER_STEP: (0, []),
         }
@@ -332,7 +362,7 @@ def _ddp(spec: RunSpec) -> Memory:
         # head's copy outlives the forward, and a recomputed block re-creates its own (bar w2, not recomputed).
         b, what = BYTES[spec.precision], f"autocast's {spec.precision} weight copies"
         everything = b * cfg.n_matmul_params()
-        if spec.settings.activation_checkpointing:
+        if spec.settings.checkpointing:  # full or selective: both recompute the casts
             per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.d_model * cfg.ffn
             held = {FORWARD_END: [(what, everything)], LOSS_BACKWARD: [(what, b * cfg.head_params())],
                     BLOCK_BACKWARD: [(what, b * per_block)], LAST_BLOCK: [(what, b * per_block)]}
@@ -560,5 +590,6 @@ def flops_per_step(spec: RunSpec) -> float:
 def hardware_flops_per_step(spec: RunSpec) -> float:
     """FLOPs the devices execute per step: model FLOPs plus the recomputed forward of every block under
     activation checkpointing. The HFU numerator."""
-    extra = recompute_flops_per_token(spec.model_config, spec.settings.seq_len) if spec.settings.activation_checkpointing else 0.0
+    full = spec.settings.activation_checkpointing == "full"  # selective keeps every matmul's and SDPA's output
+    extra = recompute_flops_per_token(spec.model_config, spec.settings.seq_len) if full else 0.0
     return flops_per_step(spec) + extra * spec.tokens_per_step

@@ -81,11 +81,16 @@ def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, dtype: torch
     """cos/sin tables (seq, head_dim/2), cached per (seq, head_dim, device, dtype); not module buffers,
     so sharding wrappers never see or shard them."""
     k = (seq_len, head_dim, str(device), dtype)
-    if k not in _ROPE_CACHE:
-        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-        ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
-        _ROPE_CACHE[k] = (ang.cos().to(dtype), ang.sin().to(dtype))
-    return _ROPE_CACHE[k]
+    if k in _ROPE_CACHE:
+        return _ROPE_CACHE[k]
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    tables = (ang.cos().to(dtype), ang.sin().to(dtype))
+    # NOTE: never fill the cache from compiled code: under activation checkpointing, dynamo refuses a
+    # forward that mutates outside state ("HOP: Unsafe side effect") and runs the whole block eagerly
+    if not torch.compiler.is_compiling():
+        _ROPE_CACHE[k] = tables
+    return tables
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -182,16 +187,45 @@ def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str) -> T
         return Transformer(cfg, seed=seed)
 
 
-def apply_activation_checkpointing(model: Transformer) -> None:
-    """Recompute each block in backward (non-reentrant checkpoint wrapper around every Block).
+SELECTIVE_SAVE_OPS = (
+    "mm", "addmm", "bmm",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+)
+"""aten ops whose outputs the `selective` policy keeps from the forward: every matmul and the attention kernel.
+What is left to recompute (norms, RoPE, SiLU, products, casts) costs no matmul FLOPs."""
+
+
+def _selective_policy():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = {getattr(torch.ops.aten, name).default for name in SELECTIVE_SAVE_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> None:
+    """Wrap every Block in a non-reentrant checkpoint: `full` recomputes the block in backward; `selective`
+    keeps the outputs of its matmuls and attention (`SELECTIVE_SAVE_OPS`) and recomputes only the rest.
 
     NOTE: applied before any sharding wrapper, as torchtitan does, so FSDP units wrap checkpointed blocks.
     """
+    import functools
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl, checkpoint_wrapper)
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
+    if policy not in ("full", "selective"):
+        raise ValueError(f"activation checkpointing policy {policy!r}: expected full or selective")
+    extra = {}
+    if policy == "selective":
+        extra["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _selective_policy())
     for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
 
 
 def synthetic_batch(cfg: ModelConfig, *, seed: int, rank: int, micro_batch: int, seq_len: int,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import find_peak
+from harness.model_budget import flops_per_step as model_flops_per_step, hardware_flops_per_step
 from harness.results import atomic_write_json, new_record, sanitize, sweep_dir, write_record
 from harness.scenario import RunSpec
 
@@ -164,6 +165,8 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             return None
 
         env = envmod.capture(device.type)
+        if getattr(trainer, "config", None) is not None:
+            env["deepspeed_config"] = trainer.config
         env.update(backend=backend, hostnames=sorted(set(hosts)), harness_git_sha=payload.get("git_sha"))
         if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
             env.update(slurm_job_id=payload["job_id"],
@@ -183,8 +186,8 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             null_reasons["hfu"] = null_reasons["mfu"]
         else:
             mfu = tflops_per_gpu / peak.tflops[peak_key]
-            # activation checkpointing re-runs each block's forward: 8 instead of 6 FLOPs per matmul parameter
-            hfu = mfu * (4.0 / 3.0 if s.activation_checkpointing else 1.0)
+            # HFU counts what checkpointing recomputes too (model_budget.recompute_flops_per_token)
+            hfu = mfu * hardware_flops_per_step(spec) / model_flops_per_step(spec)
         start = _process_start_time()
         if s.compile:
             # the first step traces and compiles; what it took beyond a steady step is the compile cost

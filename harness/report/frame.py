@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from harness.results import load_records
-from harness.scenario import PRECISIONS, STRATEGIES
+from harness.scenario import PRECISIONS, STRATEGIES, canonical_setting
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
 # vary within a report (e.g. two micro-batch sizes); label → short form in row labels.
@@ -111,7 +111,7 @@ def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], 
         "micro_batch": r.num("spec.micro_batch", spec.get("micro_batch")),
         "seq_len": r.num("spec.seq_len", spec.get("seq_len")),
         "grad_accum": r.num("spec.grad_accum", spec.get("grad_accum")),
-        "activation_checkpointing": None if ac is None else str(ac).lower(),
+        "activation_checkpointing": None if ac is None else str(canonical_setting("activation_checkpointing", ac)),
         "offload": r.text(spec.get("offload")),
         "tokens_per_s": r.num("metrics.tokens_per_s", metrics.get("tokens_per_s")),
         "tokens_per_s_per_gpu": r.num("metrics.tokens_per_s_per_gpu", metrics.get("tokens_per_s_per_gpu")),
@@ -164,7 +164,7 @@ def _variant_labels(df: pd.DataFrame) -> pd.Series:
             continue
         col = df[field]
         if field == "activation_checkpointing":
-            parts.append(col.map({"true": "ac", "false": "no-ac"}).fillna(f"{short}=?"))
+            parts.append(col.map({"none": "no-ac", "full": "ac", "selective": "sac"}).fillna(f"{short}=?"))
         else:
             shown = col.map(lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v))
                             else (f"{v:g}" if isinstance(v, float) else str(v)))

@@ -16,8 +16,8 @@ BUCKET_CAP_MB = 25
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device=topo.device)
-    if spec.settings.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    if spec.settings.checkpointing:
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     ddp = DDP(model, device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
               bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=True)
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)

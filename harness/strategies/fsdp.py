@@ -41,9 +41,9 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     offload = spec.settings.offload
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
-    if spec.settings.activation_checkpointing:
+    if spec.settings.checkpointing:
         # NOTE: checkpoint wrappers go on before FSDP wrapping; the policy then wraps the inner Blocks
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     # offloaded parameters are materialised on the CPU and FSDP keeps them there
     init_device = torch.device("cpu") if offload == "optimizer+params" else topo.device
 

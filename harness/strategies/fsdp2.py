@@ -45,8 +45,8 @@ def _init_sharded_(model: torch.nn.Module) -> None:
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
-    if spec.settings.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    if spec.settings.checkpointing:
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     mesh = topo.mesh(hybrid=spec.strategy == "fsdp2.hybrid_shard")
     mp = MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32) if prec.mixed \
         else MixedPrecisionPolicy()

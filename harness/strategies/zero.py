@@ -8,6 +8,8 @@ so parameters are partitioned as each module is constructed and no rank holds th
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,9 @@ from harness.scenario import RunSpec
 from harness.strategies.base import Batch, Topology
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+ZERO_OVERRIDES_ENV = "HARNESS_DS_ZERO_OVERRIDES"
+"""JSON merged into `zero_optimization` (e.g. lowered stage3_* knobs so that a CPU-sized model shows
+re-gathers); for diagnosing the accounting model, not for benchmarks"""
 
 
 def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
@@ -40,6 +45,9 @@ def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
     }
+    overrides = os.environ.get(ZERO_OVERRIDES_ENV)
+    if overrides:  # diagnostics only (tests/dist/test_comm.py); the record's env.deepspeed_config shows it
+        zero.update(json.loads(overrides))
     if spec.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif spec.precision == "fp16":
@@ -48,9 +56,11 @@ def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
 
 
 class DeepSpeedTrainer:
-    def __init__(self, engine):
+    def __init__(self, engine, config: dict[str, Any]):
         self.engine = engine
         self.model = engine.module
+        self.config = config
+        """the DeepSpeed config, recorded as env.deepspeed_config"""
 
     def step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         total = None
@@ -80,8 +90,8 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
             model: Transformer = Transformer(cfg, seed=spec.settings.seed)
     else:
         model = build_model(cfg, seed=spec.settings.seed, device=topo.device)
-    if spec.settings.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    if spec.settings.checkpointing:
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     if spec.settings.compile:
         for block in model.blocks:  # per block, so DeepSpeed's ZeRO-3 gather hooks stay outside the graphs
             block.compile()
@@ -93,4 +103,4 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
         opt = torch.optim.AdamW(model.parameters(), lr=spec.settings.lr,
                                 fused=topo.device_type == "cuda", foreach=None if topo.device_type == "cuda" else True)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    return DeepSpeedTrainer(engine)
+    return DeepSpeedTrainer(engine, config)

@@ -53,3 +53,41 @@ def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
         {k: (v["calls"], v["bytes"]) for k, v in pred["by_group"].items()}, why
     if strategy in HYBRID_STRATEGIES:
         assert got["by_group"]["inter"]["bytes"] > 0
+
+
+MID = {"d_model": 384, "n_layers": 2, "n_heads": 6, "ffn": 1024, "vocab": 1024}
+"""big enough that DeepSpeed's defaults keep no block parameter resident (the tiny model's all are)"""
+
+
+@pytest.mark.parametrize("policy, measured, calls", [
+    ("none", 41696264, 30), ("full", 43269128, 31), ("selective", 43269128, 31),
+])
+def test_zero3_regathers_and_checkpointing_recompute_with_lowered_knobs(policy, measured, calls, results,
+                                                                        monkeypatch):
+    """ZeRO-3 with stage3_max_reuse_distance and the prefetch bucket lowered (through the diagnostic
+    HARNESS_DS_ZERO_OVERRIDES) so that parameters are released after forward and gathered again in backward,
+    and the recomputed forward of both checkpointing policies gathers once more: the coordinator simulation
+    in comm_model predicts every call and byte, and selective (whose recompute skips the matmuls but still
+    runs every module's gather hook) gathers exactly what full does."""
+    import json
+
+    import harness.comm_model as cm
+    from harness.scenario import parse_scenario
+    from harness.strategies.zero import ZERO_OVERRIDES_ENV
+    from tests.conftest import run_cell
+
+    monkeypatch.setenv(ZERO_OVERRIDES_ENV, json.dumps({"stage3_max_reuse_distance": 5_000_000,
+                                                       "stage3_prefetch_bucket_size": 0}))
+    monkeypatch.setattr(cm, "ZERO3", cm.Zero3Config(max_reuse_distance=5_000_000, prefetch_bucket=0))
+    doc = {"name": "t", "models": {"mid": MID},
+           "matrix": {"model": ["mid"], "strategy": ["zero3"], "precision": ["fp32"], "gpus": [2]},
+           "settings": {"activation_checkpointing": policy, "warmup_steps": 2, "measure_steps": 2}}
+    (spec,) = parse_scenario(doc, "t").expand(gpus_per_node=2)
+    rec = run_cell(spec, results)
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["env"]["deepspeed_config"]["zero_optimization"]["stage3_max_reuse_distance"] == 5_000_000
+    pred = predict_comm(spec)
+    assert (pred["comm_bytes_per_step"], pred["calls_per_step"]) == (measured, calls)
+    got = rec["comm"]
+    why = f"\nmeasured {got['by_collective']}\npredicted ledger:\n{_ledger(pred)}"
+    assert (got["bytes_per_step"], got["calls_per_step"]) == (measured, calls), why

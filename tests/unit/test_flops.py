@@ -41,11 +41,11 @@ def register_cpu_sdpa() -> None:
             register_flop_formula(op)(formula)
 
 
-def counted_flops(cfg: ModelConfig, *, micro_batch: int, seq_len: int, device: str, ckpt: bool = False) -> dict:
+def counted_flops(cfg: ModelConfig, *, micro_batch: int, seq_len: int, device: str, ckpt: bool | str = False) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg, seed=0, device=device)
     if ckpt:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, "full" if ckpt is True else ckpt)
     x = torch.randint(0, cfg.vocab, (micro_batch, seq_len), device=device)
     y = torch.randint(0, cfg.vocab, (micro_batch, seq_len), device=device)
     with FlopCounterMode(display=False) as counter:
@@ -54,7 +54,7 @@ def counted_flops(cfg: ModelConfig, *, micro_batch: int, seq_len: int, device: s
             "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}}
 
 
-def spec_for(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ckpt: bool = False, world: int = 1) -> RunSpec:
+def spec_for(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ckpt: bool | str = False, world: int = 1) -> RunSpec:
     return RunSpec(model="m", model_config=cfg, strategy="ddp", precision="fp32", world_size=world, nodes=1,
                    gpus_per_node=world, settings=Settings(micro_batch=micro_batch, seq_len=seq_len,
                                                           activation_checkpointing=ckpt))
@@ -88,6 +88,22 @@ def test_checkpointing_recompute_matches_flop_counter(name, cfg, mb_, seq):
     assert mb.hardware_flops_per_step(s) == got["total"]
     assert mb.flops_per_step(s) == mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
     assert mb.hardware_flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq)) == mb.flops_per_step(s)
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("name, cfg, mb_, seq", [SIZES[0], SIZES[3]], ids=["tiny", "gqa"])
+def test_selective_checkpointing_recomputes_no_matmul(name, cfg, mb_, seq, device):
+    """The selective policy keeps every matmul's and the attention kernel's output, so its recompute adds
+    no FLOPs the counter sees (on meta SDPA decomposes to bmm, on CPU it is the flash kernel): HFU = MFU."""
+    register_cpu_sdpa()
+    plain = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device=device)
+    sel = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device=device, ckpt="selective")
+    full = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device=device, ckpt="full")
+    assert sel["by_op"] == plain["by_op"] and full["total"] > plain["total"]
+    s = spec_for(cfg, micro_batch=mb_, seq_len=seq, ckpt="selective")
+    assert mb.hardware_flops_per_step(s) == mb.flops_per_step(s)
+    if device == "meta":
+        assert mb.flops_per_step(s) == sel["total"]
 
 
 @pytest.mark.parametrize("cfg, mb_, seq", [(ZOO["tiny"], 2, 64), (ModelConfig(d_model=128, n_layers=2, n_heads=4,

@@ -326,16 +326,54 @@ def test_activation_formula_matches_saved_tensors(mode, cfg):
     assert abs(want - got) <= 16, (want, got)  # all but nll_loss's 4-byte total weight
 
 
+_KEPT_SCRIPT = textwrap.dedent("""
+    import contextlib, json, sys
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from harness.models import apply_activation_checkpointing, build_model, synthetic_batch
+    from harness.zoo import ModelConfig
+    cfg, precision = ModelConfig(**json.loads(sys.argv[1])), sys.argv[2]
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
+    x, _ = synthetic_batch(cfg, seed=0, rank=0, micro_batch=2, seq_len=256)
+    held = {}
+    for policy in ("full", "selective"):
+        model = build_model(cfg, seed=0, device="cpu")
+        apply_activation_checkpointing(model, policy)
+        with ctx():
+            model(x)  # builds the RoPE tables outside the measurement
+        tracker = MemTracker(); tracker.track_external(model)
+        with tracker:
+            with ctx():
+                out = model(x)
+            snap = tracker.get_tracker_snapshot("current")
+        held[policy] = next(iter(snap.values()))["Total"]
+        del out
+    print(json.dumps(held))
+""")
+
+
+@pytest.mark.parametrize("precision, mode", [("fp32", "fp32"), ("bf16", "autocast")])
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_GQA], ids=["small", "small-gqa"])
+def test_selective_keeps_matmul_and_attention_outputs(cfg, precision, mode):
+    """What `selective` keeps beyond `full`, measured after a forward: exactly the seven matmul outputs and
+    SDPA's output and logsumexp of every block (`selective_kept_per_token`)."""
+    got = _run(_KEPT_SCRIPT, json.dumps(cfg.to_dict()), precision)
+    act = mb.ActivationModel(cfg, mode, 2 * 256)
+    assert got["selective"] - got["full"] == cfg.n_layers * act.tokens * act.selective_kept_per_token()
+    assert (act.saved_end_of_forward(checkpointing="selective") - act.saved_end_of_forward(checkpointing="full")
+            == got["selective"] - got["full"])
+
+
 _STEP_SCRIPT = textwrap.dedent("""
     import contextlib, json, sys
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
     from harness.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
     from harness.zoo import ModelConfig
-    cfg, precision, ckpt = ModelConfig(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3] == "1"
+    cfg, precision, ckpt = ModelConfig(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
     model = build_model(cfg, seed=0, device="cpu")
-    if ckpt:
-        apply_activation_checkpointing(model)
+    if ckpt != "none":
+        apply_activation_checkpointing(model, ckpt)
     opt = torch.optim.AdamW(model.parameters(), fused=True)  # fused, as on CUDA: no step temporaries
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     x, y = synthetic_batch(cfg, seed=0, rank=0, micro_batch=2, seq_len=256)
@@ -362,12 +400,12 @@ _FSDP2_SCRIPT = textwrap.dedent("""
     from harness.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
     from harness.zoo import ModelConfig
     cfg, world, precision, ckpt = (ModelConfig(**json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3],
-                                   sys.argv[4] == "1")
+                                   sys.argv[4])
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     mesh = init_device_mesh("cpu", (world,))
     model = build_model(cfg, seed=0, device="cpu")
-    if ckpt:
-        apply_activation_checkpointing(model)
+    if ckpt != "none":
+        apply_activation_checkpointing(model, ckpt)
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
           else MixedPrecisionPolicy())
     for block in model.blocks:
@@ -397,13 +435,14 @@ def _run(script: str, *args: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("precision, ckpt, rel", [
-    ("fp32", False, 0.005), ("bf16", False, 0.005),
-    ("fp32", True, 0.02), ("bf16", True, 0.02),
+    ("fp32", "none", 0.005), ("bf16", "none", 0.005),
+    ("fp32", "full", 0.02), ("bf16", "full", 0.02),
+    ("fp32", "selective", 0.02), ("bf16", "selective", 0.02),
 ])
 def test_single_rank_step_peak_matches_memtracker(precision, ckpt, rel):
     """One rank of DDP, measured whole: params, bucket-view grads, AdamW state, activations, the loss
     gradient and autocast's weight copies, at the step's peak (torch's MemTracker on CPU)."""
-    got = _run(_STEP_SCRIPT, json.dumps(SMALL_GQA.to_dict()), precision, "1" if ckpt else "0")
+    got = _run(_STEP_SCRIPT, json.dumps(SMALL_GQA.to_dict()), precision, ckpt)
     mem = mb.memory(spec("ddp", precision, 1, model="small", cfg=SMALL_GQA, micro_batch=2, seq_len=256,
                          activation_checkpointing=ckpt))
     assert got["PARAM"] == mem.params and got["GRAD"] == mem.grads
@@ -412,13 +451,13 @@ def test_single_rank_step_peak_matches_memtracker(precision, ckpt, rel):
 
 
 @pytest.mark.parametrize("world, precision, ckpt, rel", [
-    (4, "fp32", False, 0.01), (4, "bf16", False, 0.01), (8, "bf16", False, 0.01),
-    (4, "bf16", True, 0.06), (8, "bf16", True, 0.06),
+    (4, "fp32", "none", 0.01), (4, "bf16", "none", 0.01), (8, "bf16", "none", 0.01),
+    (4, "bf16", "full", 0.06), (8, "bf16", "full", 0.06), (4, "bf16", "selective", 0.06),
 ])
 def test_fsdp2_step_peak_matches_fsdp_memtracker_on_a_fake_process_group(world, precision, ckpt, rel):
     """FSDP2 over `world` ranks simulated in one process (fake backend): shards, gathered units, unsharded
     and reduce-scatter gradients, activations, at the measured peak."""
-    got = _run(_FSDP2_SCRIPT, json.dumps(SMALL.to_dict()), str(world), precision, "1" if ckpt else "0")
+    got = _run(_FSDP2_SCRIPT, json.dumps(SMALL.to_dict()), str(world), precision, ckpt)
     mem = mb.memory(spec("fsdp2.full_shard", precision, world, model="small", cfg=SMALL, micro_batch=2,
                          seq_len=256, gpus_per_node=world, activation_checkpointing=ckpt))
     assert got["SHARDED_PARAM"] == mem.params
@@ -426,7 +465,7 @@ def test_fsdp2_step_peak_matches_fsdp_memtracker_on_a_fake_process_group(world, 
     # gathered: the root and one block as parameters, the prefetched block still as the all-gather output
     units = mb.unit_numels(SMALL)
     p = mb.BYTES[precision]
-    if not ckpt:
+    if ckpt == "none":
         assert got["UNSHARDED_PARAM"] + got["ALL_GATHER"] == p * (units["root"] + 2 * units["blocks.0"])
     # checkpointed cells overestimate by a few %: the model puts the last block's peak at its MLP backward
     assert mem.total == pytest.approx(got["Total"], rel=rel), (mem.total, got)

@@ -48,15 +48,15 @@ def test_plan_json_on_a100(capsys):
         assert "comm_bytes_per_step" in c
         assert c["unsupported"] is None
     cell = by_name(cells)
-    ddp1 = cell[("7b", "ddp", 1, "none", False)]
+    ddp1 = cell[("7b", "ddp", 1, "none", "none")]
     assert ddp1["fits"] is False and ddp1["memory_gib"]["total"] > 100
     assert ddp1["reason"].startswith("predicted ") and "> 79.0 GiB usable" in ddp1["reason"]
-    assert cell[("7b", "zero3", 8, "none", False)]["fits"] is True
-    assert cell[("7b", "fsdp.full_shard", 8, "none", False)]["fits"] is True
+    assert cell[("7b", "zero3", 8, "none", "none")]["fits"] is True
+    assert cell[("7b", "fsdp.full_shard", 8, "none", "none")]["fits"] is True
     for strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp.full_shard"):
-        assert cell[("7b", strategy, 1, "none", False)]["fits"] is False  # 16 B/param alone is 100 GiB
-    assert cell[("7b", "ddp", 8, "none", False)]["fits"] is False  # DDP replicates: 8 GPUs do not help
-    assert cell[("7b", "zero3", 8, "none", False)]["reason"] is None
+        assert cell[("7b", strategy, 1, "none", "none")]["fits"] is False  # 16 B/param alone is 100 GiB
+    assert cell[("7b", "ddp", 8, "none", "none")]["fits"] is False  # DDP replicates: 8 GPUs do not help
+    assert cell[("7b", "zero3", 8, "none", "none")]["reason"] is None
 
 
 def test_plan_table_marks_cells_that_do_not_fit(capsys):
@@ -72,13 +72,13 @@ def test_plan_table_marks_cells_that_do_not_fit(capsys):
 def test_plan_shows_unsupported_cells_and_cpu_memory(capsys):
     cells = plan_json(capsys, PLAN_OPTIONS, "--cluster", "h200")
     cell = by_name(cells)
-    ddp = cell[("7b", "ddp", 8, "optimizer", False)]
+    ddp = cell[("7b", "ddp", 8, "optimizer", "none")]
     assert ddp["unsupported"] == "ddp has no CPU offload" and ddp["memory_gib"] is None and ddp["fits"] is None
-    z3 = cell[("7b", "zero3", 1, "optimizer+params", False)]
+    z3 = cell[("7b", "zero3", 1, "optimizer+params", "none")]
     assert z3["cpu_memory_gib"] > 100 and z3["memory_gib"]["optimizer"] == 0 and z3["fits"] is True
-    assert cell[("1.3b", "zero3", 8, "none", True)]["memory_gib"]["activations"] < \
-        cell[("1.3b", "zero3", 8, "none", False)]["memory_gib"]["activations"]
-    ck = cell[("1.3b", "fsdp.full_shard", 8, "none", True)]
+    assert cell[("1.3b", "zero3", 8, "none", "full")]["memory_gib"]["activations"] < \
+        cell[("1.3b", "zero3", 8, "none", "none")]["memory_gib"]["activations"]
+    ck = cell[("1.3b", "fsdp.full_shard", 8, "none", "full")]
     assert ck["hardware_flops_per_step"] > ck["flops_per_step"]
     assert main(["plan", PLAN_OPTIONS, "--cluster", "h200"]) == 0
     table = capsys.readouterr().out

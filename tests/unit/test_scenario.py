@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import InputError
-from harness.scenario import expand_matrix, load_scenario, parse_scenario
+from harness.scenario import RunSpec, expand_matrix, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,8 +96,31 @@ def test_settings_are_matrix_axes():
     doc = with_matrix(seq_len=[32, 64], activation_checkpointing=[False, True])
     specs = parse_scenario({**doc, "settings": {"micro_batch": 4}}, "s.yaml").expand(gpus_per_node=2)
     assert [(s.settings.seq_len, s.settings.activation_checkpointing) for s in specs] == [
-        (32, False), (32, True), (64, False), (64, True)]
+        (32, "none"), (32, "full"), (64, "none"), (64, "full")]
     assert all(s.settings.micro_batch == 4 for s in specs)
+
+
+def test_activation_checkpointing_policies_and_their_boolean_spellings():
+    """none | full | selective; true/false (the only values before the policies) mean full/none, in files,
+    in records read back, and in run_id: a cell spelled either way is one cell."""
+    doc = with_matrix(activation_checkpointing=["none", "full", "selective", False, True])
+    specs = parse_scenario(doc, "s.yaml").expand(gpus_per_node=2)
+    assert [s.settings.activation_checkpointing for s in specs] == ["none", "full", "selective"]
+    assert [s.settings.checkpointing for s in specs] == [False, True, True]
+    none, full, _ = specs
+    assert "activation_checkpointing" not in none.identity()  # the default: run_ids of earlier cells hold
+    old = {**full.to_dict(), "activation_checkpointing": True}  # a record written before the policies
+    assert RunSpec.from_dict(old).run_id == full.run_id
+    # ZeRO-3's gather hooks inside a compiled checkpointed block recompile on every call (measured 5 s steps
+    # instead of 0.08 s): refused as unsupported (a skipped record) rather than timed
+    sel = {**BASE, "settings": {"compile": True}, "matrix": {**BASE["matrix"], "strategy": ["zero3"],
+                                                              "activation_checkpointing": ["none", "selective"]}}
+    plain, ckpt = parse_scenario(sel, "s.yaml").expand(gpus_per_node=2)
+    assert plain.unsupported_reason() is None and "recompile" in ckpt.unsupported_reason()
+    for bad, msg in (("yes", "'yes' is not one of none, full, selective"),
+                     ("selectve", "(did you mean 'selective'?)"), (1, "1 is not one of none, full, selective")):
+        msgs = problems_of({**with_matrix(), "settings": {"activation_checkpointing": bad}})
+        assert any(m.startswith("s.yaml: settings.activation_checkpointing: ") and msg in m for m in msgs), msgs
 
 
 # ---- run_id ------------------------------------------------------------------------------------------
@@ -168,7 +191,7 @@ def test_every_problem_is_reported_at_once():
         "s.yaml: models.y.vocab: missing (required)",
         "s.yaml: settings.micro_batch: 0 is below the minimum 1",
         "s.yaml: settings.offload: 'disk' is not one of none, optimizer, optimizer+params",
-        "s.yaml: settings.activation_checkpointing: 'yes' is not a boolean",
+        "s.yaml: settings.activation_checkpointing: 'yes' is not one of none, full, selective",
         "s.yaml: settings.lr: 'fast' is not a number",
         "s.yaml: matrix.model[0]: 'nope' is not one of tiny, 125m",
         "s.yaml: matrix.strategy: must be a non-empty list, got 'ddp'",
