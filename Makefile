@@ -7,6 +7,8 @@ CLUSTER ?= local
 SCENARIO ?= scenarios/smoke.yaml
 RESULTS ?= results
 REPORTS ?= reports
+# PACK=1: on a SLURM profile, cells of one job shape share one job (harness sweep --pack; docs/slurm.md)
+PACK ?=
 # CPU build for tests and CI; GPU users install the torch build for their CUDA into the venv first.
 TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
@@ -16,6 +18,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
+	@echo "            [PACK=1]   SLURM: one job per job shape, cells back to back (--pack)"
 	@echo "make test                                                             run every test"
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
 	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
@@ -34,7 +37,7 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	@touch $@
 
 sweep: setup
-	$(VENV)/bin/harness sweep $(SCENARIO) --cluster $(CLUSTER) --results $(RESULTS)
+	$(VENV)/bin/harness sweep $(SCENARIO) --cluster $(CLUSTER) --results $(RESULTS)$(if $(filter 1,$(PACK)), --pack)
 
 plan: setup
 	$(VENV)/bin/harness plan $(SCENARIO) --cluster $(CLUSTER)

@@ -28,11 +28,16 @@ def _cluster_option(f):
 @click.option("--no-skip", is_flag=True, help="run cells the planner predicts will not fit")
 @click.option("--no-wait", is_flag=True,
               help="SLURM: submit and return; `harness status` follows the jobs, re-running the sweep collects them")
-def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool) -> int:
+@click.option("--pack", is_flag=True,
+              help="SLURM: cells asking for the same nodes and tasks share one job and run in it one after another, "
+                   "each in fresh processes (one queue wait per pack instead of per cell)")
+def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool,
+          pack: bool) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed.
 
-    On a SLURM profile every cell is one job (job arrays of cells asking for the same resources); the sweep
-    waits for them unless --no-wait, and a re-run re-attaches to jobs still queued or running."""
+    On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
+    one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
+    to jobs still queued or running."""
     from harness.dispatch import run_sweep
     from harness.slurm import SlurmUnavailable
 
@@ -42,13 +47,16 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     signal.signal(signal.SIGTERM, _interrupt)
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
-    if no_wait and cluster.executor != "slurm":
-        raise InputError([Problem("--no-wait", "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as "
-                                  "children of the sweep")])
+    local = [flag for flag, on in (("--no-wait", no_wait), ("--pack", pack)) if on and cluster.executor != "slurm"]
+    if local:
+        raise InputError([Problem(flag, "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as "
+                                  "children of the sweep") for flag in local])
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
-    click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})")
+    click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
+               + (", packed" if pack else ""))
     try:
-        res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, echo=click.echo)
+        res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, pack=pack,
+                        echo=click.echo)
     except SlurmUnavailable as e:
         raise click.ClickException(f"{e} (nothing was submitted or written)") from None
     counts: dict[str, int] = {}
@@ -144,7 +152,8 @@ def status(results_dir: str) -> int:
             elif unavailable and c.get("state") in ("submitted", "running"):
                 note = f"  (live SLURM state unavailable: {unavailable})"
             counts[state] = counts.get(state, 0) + 1
-            click.echo(f"  {state:9s} {c.get('status') or '-':9s} {run_id}  job {c.get('job_id', '-')}{note}")
+            pack = f" (pack {c['pack']['position']}/{c['pack']['of']})" if c.get("pack") else ""
+            click.echo(f"  {state:9s} {c.get('status') or '-':9s} {run_id}  job {c.get('job_id', '-')}{pack}{note}")
         click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0
 
@@ -168,20 +177,27 @@ def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]
 
 def _shown_slurm_state(sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str) -> tuple[str, str]:
     """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
-    rank 0 wrote this attempt's record, else ended (the next sweep run composes its record)."""
+    rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
+    done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
     from harness.results import read_record
     from harness.slurm import flight_state
+    from harness.slurm_pack import read_marker
 
     state = flight_state(slurm_state)
     note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
-    if state == "submitted":
-        return "pending", note
-    if state == "running":
-        return "running", note
+    packed = bool(cell.get("pack"))
+    if state != "ended" and not packed:
+        return ("pending" if state == "submitted" else "running"), note
     try:
         rec = read_record(sweep_dir / f"{run_id}.json")
     except ValueError:
         rec = None
     if rec is not None and rec.get("attempt") == cell.get("attempt"):
         return ("done" if rec["status"] == "ok" else "failed"), note
+    if state == "submitted":
+        return "pending", note
+    if state == "running":
+        if read_marker(sweep_dir, run_id, 0, attempt=cell.get("attempt")) is None:
+            return "pending", note + "; waiting for its turn in the pack"
+        return "running", note
     return "ended", note + "; re-run the sweep to collect its record"

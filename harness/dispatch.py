@@ -441,10 +441,11 @@ def existing_ok(results: str | Path, sweep: str, run_id: str) -> bool:
 
 
 def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, force: bool = False,
-              no_skip: bool = False, only: set[str] | None = None, no_wait: bool = False,
+              no_skip: bool = False, only: set[str] | None = None, no_wait: bool = False, pack: bool = False,
               echo: Callable[[str], None] = print) -> SweepResult:
     """Run every cell of a scenario, each ending in one record: locally one after another; on SLURM all
-    submitted at once (job arrays), then each finalized as its job ends — or left running with `no_wait`."""
+    submitted at once (job arrays, or with `pack` one job per job shape running its cells back to back), then
+    each finalized as it ends — or left running with `no_wait`."""
     t0 = time.time()
     results = Path(results)
     specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
@@ -454,8 +455,9 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
         from harness.slurm import preflight
 
         preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
-    elif no_wait:
-        raise ValueError("no_wait needs a SLURM profile: local cells run as children of the sweep")
+    elif no_wait or pack:
+        raise ValueError(f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of "
+                         "the sweep")
     sha = git_sha()
     manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name,
                              executor=cluster.executor, run_ids=[s.run_id for s in specs])
@@ -464,7 +466,7 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
     sweep = dict(scenario=scenario, cluster=cluster, results=results, force=force, no_skip=no_skip,
                  manifest=manifest, sha=sha, echo=echo)
     if cluster.executor == "slurm":
-        records, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, **sweep)
+        records, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, pack=pack, **sweep)
         return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0,
                            in_flight=in_flight)
     records = []
@@ -574,11 +576,12 @@ def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, lo
 
 
 def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[str, dict], scenario: Scenario,
-                 cluster: Cluster, results: Path, force: bool, no_skip: bool, no_wait: bool, manifest: Manifest,
-                 folder: Path, locks: Path, sha: str | None, echo: Callable[[str], None]) -> tuple[list[RunSpec], int]:
+                 cluster: Cluster, results: Path, force: bool, no_skip: bool, no_wait: bool, pack: bool,
+                 manifest: Manifest, folder: Path, locks: Path, sha: str | None,
+                 echo: Callable[[str], None]) -> tuple[list[RunSpec], int]:
     """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
-    (job arrays), then finalize each as its job ends — unless `no_wait`. Fills `records`; returns the cells
-    another sweep holds and how many cells were left in flight."""
+    (job arrays; with `pack`, one job per pack of same-shaped cells), then finalize each as it ends — unless
+    `no_wait`. Fills `records`; returns the cells another sweep holds and how many cells were left in flight."""
     from harness.slurm import SlurmSweep
 
     busy: list[RunSpec] = []
@@ -599,7 +602,7 @@ def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[st
             else:
                 to_submit.append((payload, tag))
         try:
-            records.update(flight.submit(to_submit))
+            records.update(flight.submit(to_submit, pack=pack))
             if not no_wait:
                 records.update(flight.wait())
         except KeyboardInterrupt:

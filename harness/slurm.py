@@ -1,6 +1,7 @@
 """SLURM dispatch through submitit: one job per cell — nodes = ceil(world / gpus_per_node), one task per rank,
 rendezvous from submitit's job environment — submitted as job arrays of cells that ask for the same resources,
-then followed through sacct until it ends and turned into exactly one record.
+then followed through sacct until it ends and turned into exactly one record. With `--pack`, cells asking for
+the same job shape share one job instead and run back to back in it (harness.slurm_pack), each recorded as it ends.
 
 Owns: the executor built from a profile's `slurm:` block, the check that the cluster can take jobs, arrays,
 re-attaching to the jobs of an earlier sweep (detached with --no-wait, or a driver that died), SLURM states →
@@ -28,7 +29,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from harness.cluster import Cluster, SlurmProfile, min_job_minutes
 from harness.dispatch import Manifest, cell_state, describe, finalize, is_secondary, job_log_tail, read_fragments
 from harness.errors import InputError, Problem, did_you_mean
-from harness.results import atomic_write_json
+from harness.results import atomic_write_json, write_record
 from harness.scenario import RunSpec
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
@@ -130,6 +131,20 @@ def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, ti
     return params
 
 
+def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
+    """Indices of cells (in order) grouped into packs whose summed job minutes fit `cap` (the profile's
+    time_limit_min; None: one pack). Each cell's own minutes are already at most the cap."""
+    packs: list[list[int]] = []
+    total = 0
+    for i, m in enumerate(minutes):
+        if not packs or (cap is not None and total + m > cap):
+            packs.append([])
+            total = 0
+        packs[-1].append(i)
+        total += m
+    return packs
+
+
 class SlurmCell(submitit.helpers.Checkpointable):
     """What every task of a cell's job runs. Checkpointable, so that submitit requeues a preempted job (USR2 well
     before the time limit) and the cell runs again from its start: a benchmark has no state worth keeping."""
@@ -138,6 +153,16 @@ class SlurmCell(submitit.helpers.Checkpointable):
         from harness.worker import submitit_entry
 
         submitit_entry(payload)
+
+
+class SlurmPack(submitit.helpers.Checkpointable):
+    """What every task of a packed job runs (--pack): its rank of each cell, back to back, each in a fresh process
+    (harness.slurm_pack). Checkpointable: a preempted pack is requeued and runs again the cells without a record."""
+
+    def __call__(self, cells: list[dict[str, Any]]) -> None:
+        from harness.slurm_pack import run_pack
+
+        run_pack(cells)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,13 +250,40 @@ def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: i
     return None
 
 
+def pack_verdict(state: str, *, started: bool, frags: list[dict], errors: dict[int, str], minutes: int,
+                 job_id: str, position: int, of: int) -> tuple[str, str] | None:
+    """(status, reason) of a packed cell left without a record when its pack's job ended, or None when a rank of
+    the cell failed first (its fragments decide: dispatch.classify). `started`: the cell had begun (task 0's
+    marker); `errors` are the pack tasks' own (submitit's "timed-out" at the job's limit)."""
+    base = base_state(state)
+    where = ("while this cell ran" if started else "before this cell ran") + f" (cell {position} of {of})"
+    if started and any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
+        return None
+    if (base in ("TIMEOUT", "DEADLINE")
+            or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values())):
+        return "timeout", f"the pack's SLURM job {job_id} reached its time limit of {minutes} min {where}"
+    if base in ("CANCELLED", "PREEMPTED"):
+        return "cancelled", f"SLURM job {job_id} was cancelled ({state}): the pack's job ended {where}"
+    if base in ("NODE_FAIL", "BOOT_FAIL"):
+        return "crashed", f"SLURM ended job {job_id} {state}: a node failed {where}"
+    if base == "OUT_OF_MEMORY" and started:
+        return "oom", f"SLURM ended job {job_id} OUT_OF_MEMORY {where}: host memory beyond --mem"
+    if base == "UNKNOWN":
+        return "crashed", f"sacct has not known SLURM job {job_id} for {UNKNOWN_GRACE_S:g} s (state wiped?) {where}"
+    if started and frags:
+        return None
+    first = next(iter(errors.values()), "").strip().splitlines()
+    why = f": {first[-1][:300]}" if first else ""
+    return "error", f"the pack's SLURM job {job_id} ended ({state}) {where}, without the cell's record{why}"
+
+
 # --------------------------------------------------------------------------------------------------
 # a sweep's cells on SLURM
 
 
 @dataclass
 class InFlight:
-    """One cell's job, followed until it ends."""
+    """One cell's job, followed until it ends (a packed cell: until its record, or its pack's job, ends)."""
 
     payload: dict[str, Any]
     job: Any
@@ -249,10 +301,17 @@ class InFlight:
     returned_since: float | None = None
     stopped_stuck: bool = False
     """this sweep cancelled the job because its ranks were stuck (the record, fragments or errors say why)"""
+    started: bool = False
+    """a packed cell whose turn in its job has come (task 0's marker)"""
 
     @property
     def run_id(self) -> str:
         return self.payload["run_id"]
+
+    @property
+    def pack(self) -> dict | None:
+        """{position (1-based), of, minutes} of a packed cell's place in its job, else None"""
+        return self.payload.get("pack")
 
     @property
     def world(self) -> int:
@@ -294,13 +353,17 @@ class SlurmSweep:
         world = payload["spec"]["world_size"]
         job = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
         self._follow(payload, job, tag)
-        self.echo(f"{tag}  re-attached to SLURM job {payload['job_id']} (submitted earlier; last seen "
+        place = f", cell {payload['pack']['position']} of its pack" if payload.get("pack") else ""
+        self.echo(f"{tag}  re-attached to SLURM job {payload['job_id']}{place} (submitted earlier; last seen "
                   f"{cell.get('slurm_state') or cell['state']})")
         return True
 
-    def submit(self, items: list[tuple[dict, str]]) -> dict[str, dict]:
+    def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, dict]:
         """Submit (payload, tag) cells, one job array per group asking for the same nodes, tasks per node and
-        time limit. Returns the records of the cells sbatch refused (error, with sbatch's message)."""
+        time limit — or with `pack`, one job per pack (submit_packs). Returns the records of the cells sbatch
+        refused (error, with sbatch's message)."""
+        if pack:
+            return self.submit_packs(items)
         groups: dict[tuple[int, int, int], list[tuple[dict, str]]] = {}
         for payload, tag in items:
             spec = payload["spec"]
@@ -328,6 +391,44 @@ class SlurmSweep:
                 self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
         return refused
 
+    def submit_packs(self, items: list[tuple[dict, str]]) -> dict[str, dict]:
+        """--pack: cells asking for the same nodes and tasks per node share one job and run in it one after another
+        (SlurmPack); its --time is the sum of their job minutes, and a group whose sum exceeds the profile's
+        time_limit_min is split into packs that each fit. Returns the records of the cells sbatch refused."""
+        groups: dict[tuple[int, int], list[tuple[dict, str]]] = {}
+        for payload, tag in items:
+            groups.setdefault((payload["spec"]["nodes"], payload["spec"]["gpus_per_node"]), []).append((payload, tag))
+        refused: dict[str, dict] = {}
+        for (nodes, tasks), group in groups.items():
+            minutes = [job_minutes(p["spec"]["time_limit_s"], self.cluster.slurm) for p, _ in group]
+            for indices in split_packs(minutes, self.cluster.slurm.time_limit_min):
+                members = [group[i] for i in indices]
+                total = sum(minutes[i] for i in indices)
+                for position, (payload, _) in enumerate(members, 1):
+                    payload["pack"] = {"position": position, "of": len(members), "minutes": total}
+                shape = (f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, "
+                         f"{total} min")
+                ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=total)
+                try:
+                    job = ex.submit(SlurmPack(), [payload for payload, _ in members])
+                except (FailedJobError, FailedSubmissionError, OSError) as e:
+                    for payload, tag in members:
+                        refused[payload["run_id"]] = self._record(
+                            payload, tag, ended=("error", f"sbatch refused the packed job ({shape}): "
+                                                          f"{str(e).strip()[-2000:]}"))
+                    continue
+                for payload, tag in members:
+                    payload["job_id"] = job.job_id
+                    # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
+                    atomic_write_json(self.payload_path(payload["run_id"]), payload)
+                    self.manifest.set(payload["run_id"], state="submitted", status=None, attempt=payload["attempt"],
+                                      job_id=job.job_id, slurm_state="PENDING", nodes="",
+                                      pack={k: payload["pack"][k] for k in ("position", "of")})
+                    self._follow(payload, job, tag)
+                    self.echo(f"{tag}  submitted: SLURM job {job.job_id}, cell {payload['pack']['position']} of "
+                              f"{len(members)} in one pack ({shape})")
+        return refused
+
     def _executor_for(self, *, nodes: int, tasks_per_node: int, timeout_min: int) -> Any:
         if self._executor is None:
             # max_num_timeout=0: a cell that reaches its time limit ends there (a benchmark resumed after a
@@ -340,7 +441,8 @@ class SlurmSweep:
 
     def _follow(self, payload: dict, job: Any, tag: str) -> None:
         now = time.time()
-        minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+        minutes = (payload["pack"]["minutes"] if payload.get("pack")
+                   else job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm))
         self.cells[payload["run_id"]] = InFlight(payload=payload, job=job, tag=tag, minutes=minutes, since=now,
                                                  state_since=now)
         self._last_change = now
@@ -358,7 +460,9 @@ class SlurmSweep:
                 self.poll()
                 last_poll = now
             for cell in list(self.cells.values()):
-                if self._ended(cell, now):
+                if cell.pack and (rec := self._pack_progress(cell)) is not None:
+                    records[cell.run_id] = rec
+                elif self._ended(cell, now):
                     records[cell.run_id] = self._finalize(cell)
                 elif why := self._stuck(cell, now):
                     cell.job.cancel(check=False)
@@ -386,8 +490,30 @@ class SlurmSweep:
                 self._last_change = now
                 fields = {"slurm_state": state, "nodes": cell.nodes}
                 if flight_state(state) != "ended":  # an ended cell's state comes with its record
-                    fields["state"] = flight_state(state)
+                    fields["state"] = self._cell_state(cell)
                 self.manifest.set(cell.run_id, **fields)
+
+    @staticmethod
+    def _cell_state(cell: InFlight) -> str:
+        """The manifest state of a cell in flight: its job's, except that a packed cell waiting for its turn in a
+        running job is still `submitted`."""
+        state = flight_state(cell.state)
+        return "submitted" if state == "running" and cell.pack and not cell.started else state
+
+    def _pack_progress(self, cell: InFlight) -> dict | None:
+        """A packed cell's record as soon as task 0 has made it final (before its job ends), else None; marks the
+        cell running when its turn has come."""
+        from harness.slurm_pack import cell_recorded, cell_started
+
+        if base_state(cell.state) not in RUNNING_STATES:  # nothing of this run to see yet; an ended job: _finalize
+            return None
+        if not cell.started and cell_started(cell.payload):
+            cell.started = True
+            self.manifest.set(cell.run_id, state="running")
+        if cell_recorded(cell.payload) is None:
+            return None
+        cell.started = True
+        return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
 
     def _poll_interval(self, now: float) -> float:
         return min(SACCT_MAX_S, max(SACCT_MIN_S, (now - self._last_change) / 10))
@@ -406,6 +532,8 @@ class SlurmSweep:
         """Why a running job should be cancelled rather than left to its time limit, or '': a rank failed and the
         job still runs STUCK_GRACE_S later (a hung peer, a collective that will never complete), or every task
         returned and it still runs EXIT_GRACE_S later (a rank hangs on its way out)."""
+        if cell.pack:  # the pack's tasks end a stuck cell themselves, and the job goes on to the next
+            return ""
         # NOTE: only while RUNNING: the fragments and result files of a requeued job's earlier run are still there
         # while it waits; its ranks delete their fragments as they restart
         running = not cell.stopped_stuck and base_state(cell.state) in RUNNING_STATES
@@ -420,26 +548,53 @@ class SlurmSweep:
         return ""
 
     def _progress(self, ended: int) -> str:
-        running = sum(flight_state(c.state) == "running" for c in self.cells.values())
+        running = sum(self._cell_state(c) == "running" for c in self.cells.values())
         return f"{len(self.cells) - running} pending, {running} running, {ended} ended"
 
     def _finalize(self, cell: InFlight) -> dict:
+        if cell.pack:
+            return self._finalize_packed(cell)
         frags = read_fragments(cell.payload)
         errors = task_errors(cell.job, cell.world)
         ended = verdict(cell.state, frags=frags, errors=errors, minutes=cell.minutes, job_id=cell.job.job_id,
                         stopped_stuck=cell.stopped_stuck)
         return self._record(cell.payload, cell.tag, ended=ended, errors=errors, job=cell.job, since=cell.since)
 
+    def _finalize_packed(self, cell: InFlight) -> dict:
+        """A packed cell whose job ended: its record if task 0 made it, else one from how the job ended and whether
+        the cell had begun (pack_verdict)."""
+        from harness.slurm_pack import cell_started, log_tail, this_attempts_record
+
+        if this_attempts_record(cell.payload) is not None:
+            return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
+        started = cell_started(cell.payload)
+        frags = read_fragments(cell.payload) if started else []
+        ended = pack_verdict(cell.state, started=started, frags=frags, errors=task_errors(cell.job, cell.world),
+                             minutes=cell.minutes, job_id=cell.job.job_id, position=cell.pack["position"],
+                             of=cell.pack["of"])
+        tail = log_tail(cell.payload, cell.world) if started else ""
+        return self._record(cell.payload, cell.tag, ended=ended, job=cell.job, since=cell.since, log_tail=tail)
+
     def _record(self, payload: dict, tag: str, *, ended: tuple[str, str] | None, errors: dict | None = None,
-                job: Any = None, since: float | None = None) -> dict:
-        """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done."""
+                job: Any = None, since: float | None = None, log_tail: str | None = None) -> dict:
+        """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done.
+        `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
         minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+        if log_tail is None:
+            log_tail = job_log_tail(job, payload["spec"]["world_size"]) if job is not None else ""
         # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
         # wall-clock rule (for local cells) out of it
         rec = finalize(payload, elapsed_s=0.0, time_limit_s=minutes * 60.0, ended=ended, job_errors=errors or None,
-                       log_tail=job_log_tail(job, payload["spec"]["world_size"]) if job is not None else "")
+                       log_tail=log_tail)
+        if payload.get("pack") and payload.get("job_id") and "slurm_pack" not in rec.get("env", {}):
+            rec.setdefault("env", {})["slurm_pack"] = {"job_id": payload["job_id"],
+                                                       "position": payload["pack"]["position"],
+                                                       "of": payload["pack"]["of"]}
+            write_record(payload["results"], rec)
         self.manifest.set(payload["run_id"], state=cell_state(rec), status=rec["status"], attempt=payload["attempt"])
-        took = f"  (job {job.job_id}, {time.time() - since:.1f} s)" if job is not None and since is not None else ""
+        place = f", cell {payload['pack']['position']}/{payload['pack']['of']}" if payload.get("pack") else ""
+        took = (f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None
+                else "")
         self.echo(f"{tag}  {describe(rec)}{took}")
         self.cells.pop(payload["run_id"], None)
         return rec
@@ -448,18 +603,24 @@ class SlurmSweep:
 
     def cancel_all(self, *, reason: str) -> None:
         """scancel every followed job and record its cell cancelled (rank 0's record wins if it got written)."""
-        for cell in self.cells.values():
+        for cell in {c.job.job_id: c for c in self.cells.values()}.values():  # a pack's job once
             cell.job.cancel(check=False)
         for cell in list(self.cells.values()):
+            if cell.pack:
+                from harness.slurm_pack import cell_started
+
+                where = " while this cell ran" if cell.started or cell_started(cell.payload) else " before this cell ran"
+            else:
+                where = ""
             self._record(cell.payload, cell.tag, job=cell.job, since=cell.since,
-                         ended=("cancelled", f"{reason}: SLURM job {cell.job.job_id} was cancelled (re-running the "
-                                             "sweep runs the cell again)"))
+                         ended=("cancelled", f"{reason}: SLURM job {cell.job.job_id} was cancelled{where} (re-running "
+                                             "the sweep runs the cell again)"))
 
     def detach(self) -> int:
         """Leave the followed jobs running (--no-wait); the manifest has their job ids. Returns how many."""
         n = len(self.cells)
         if n:
-            ids = ", ".join(c.job.job_id for c in self.cells.values())
+            ids = ", ".join(dict.fromkeys(c.job.job_id for c in self.cells.values()))
             self.echo(f"detached from {n} cell{'s' if n > 1 else ''} on SLURM (jobs {ids}): `harness status "
                       f"{self.manifest.path.parent}` follows them; re-running this sweep collects their records")
         self.cells.clear()

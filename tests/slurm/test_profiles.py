@@ -12,7 +12,7 @@ import yaml
 from harness.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
 from harness.errors import InputError
 from harness.scenario import load_yaml
-from harness.slurm import executor_parameters, flight_state, job_minutes, verdict
+from harness.slurm import executor_parameters, flight_state, job_minutes, pack_verdict, split_packs, verdict
 
 
 def profile(slurm: str, **top) -> dict:
@@ -134,3 +134,44 @@ def test_slurm_states_as_cell_states():
     assert [flight_state(s) for s in ("PENDING", "REQUEUED", "RUNNING", "COMPLETING", "COMPLETED",
                                       "CANCELLED by 0", "TIMEOUT", "PREEMPTED", None)] == [
         "submitted", "submitted", "running", "running", "ended", "ended", "ended", "submitted", "submitted"]
+
+
+@pytest.mark.parametrize("minutes,cap,packs", [
+    ([1, 1, 1, 1, 1, 1], 30, [[0, 1, 2, 3, 4, 5]]),   # one job for six 1-minute cells
+    ([15, 15, 15], 30, [[0, 1], [2]]),                 # the cap splits; nothing is truncated
+    ([30, 1, 29, 2], 30, [[0], [1, 2], [3]]),          # in order: a pack never reorders cells
+    ([15, 15, 15], None, [[0, 1, 2]]),                 # no cap
+])
+def test_packs_fit_the_profiles_time_limit(minutes, cap, packs):
+    assert split_packs(minutes, cap) == packs
+    assert all(cap is None or sum(minutes[i] for i in p) <= cap for p in packs)
+
+
+@pytest.mark.parametrize("state,started,frags,errors,expected,words", [
+    ("CANCELLED by 0", True, [], {}, "cancelled", "while this cell ran"),
+    ("CANCELLED by 0", False, [], {}, "cancelled", "before this cell ran"),
+    ("TIMEOUT", True, [frag(1, "error", "Connection closed by peer")], {}, "timeout", "reached its time limit"),
+    ("FAILED", False, [], {0: f"Traceback ...\nsubmitit.core.utils.{SUBMITIT_TIMEOUT}"}, "timeout",
+     "before this cell ran"),
+    ("TIMEOUT", True, [frag(1, "error", "RuntimeError: boom")], {}, None, ""),  # the cell's error came first
+    ("NODE_FAIL", False, [], {}, "crashed", "a node failed before this cell ran"),
+    ("OUT_OF_MEMORY", False, [], {}, "error", "ended (OUT_OF_MEMORY) before this cell ran"),  # it never ran: no oom
+    ("COMPLETED", True, [], {}, "error", "without the cell's record"),
+])
+def test_how_a_packs_end_becomes_the_status_of_a_cell_without_a_record(state, started, frags, errors, expected,
+                                                                       words):
+    v = pack_verdict(state, started=started, frags=frags, errors=errors, minutes=6, job_id="7", position=2, of=3)
+    assert (v and v[0]) == expected
+    if v:
+        assert "job 7" in v[1] and words in v[1] and "(cell 2 of 3)" in v[1], v[1]
+
+
+def test_pack_needs_a_slurm_profile(tmp_path, capsys):
+    from harness.cli import main
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nmatrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2]}\n")
+    assert main(["sweep", str(scenario), "--results", str(tmp_path / "results"), "--pack"]) == 2
+    assert capsys.readouterr().err == ("error: --pack: needs a SLURM profile; 'local' runs cells locally, as "
+                                       "children of the sweep\n")
+    assert not (tmp_path / "results").exists()
