@@ -16,11 +16,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import prefork
 from harness.cluster import Cluster
 from harness.env import git_sha
 from harness.results import (atomic_write_json, new_record, read_record, record_path, sweep_dir, utc_now,
@@ -470,16 +471,19 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
         return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0,
                            in_flight=in_flight)
     records = []
-    for i, spec in enumerate(specs, 1):
-        tag = f"[{i}/{len(specs)}] {spec.run_id}"
-        with file_lock(locks / f"{spec.run_id}.lock", blocking=False) as mine:
-            if not mine:
-                rec = _record_of_other_sweep(spec, tag=tag, locks=locks, results=results, sweep=scenario.name,
-                                             echo=echo)
-                if rec is not None:
-                    records.append(rec)
-                    continue
-            records.append(_run_cell(spec, tag=tag, folder=folder, **sweep))
+    # ranks of local CPU cells fork from one warm interpreter instead of importing torch each (harness.prefork)
+    with prefork.zygote(cluster.env, label=str(sweep_dir(results, scenario.name))) if cluster.device == "cpu" \
+            else nullcontext():
+        for i, spec in enumerate(specs, 1):
+            tag = f"[{i}/{len(specs)}] {spec.run_id}"
+            with file_lock(locks / f"{spec.run_id}.lock", blocking=False) as mine:
+                if not mine:
+                    rec = _record_of_other_sweep(spec, tag=tag, locks=locks, results=results, sweep=scenario.name,
+                                                 echo=echo)
+                    if rec is not None:
+                        records.append(rec)
+                        continue
+                records.append(_run_cell(spec, tag=tag, folder=folder, **sweep))
     return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
 
 

@@ -47,11 +47,16 @@ def write_fragment(payload: dict, rank: int, status: str, reason: str, extra: di
 
 
 def _process_start_time() -> float | None:
-    try:
-        import psutil
+    """When this process started, on the time.time() clock, to the kernel's 10 ms tick.
 
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable
+    NOTE: not psutil's create_time(): it adds the start tick to the boot time, which /proc/stat gives in
+    whole seconds, so every start time was off by the same fraction of a second (0.46 s on the CI machine:
+    a forked rank appeared to take 0.46 s to reach its first line)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
         return None
 
 
@@ -165,6 +170,9 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             return None
 
         env = envmod.capture(device.type)
+        from harness import prefork
+
+        env["prefork"] = prefork.FORKED  # forked from the sweep's warm interpreter, not started cold
         if getattr(trainer, "config", None) is not None:
             env["deepspeed_config"] = trainer.config
         env.update(backend=backend, hostnames=sorted(set(hosts)), harness_git_sha=payload.get("git_sha"))
@@ -289,19 +297,37 @@ def submitit_entry(payload: dict[str, Any]) -> None:
         # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
         # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
         port = random.Random(job_env.job_id).randint(20000, 60000)
-    run(payload, rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
-        master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
-        master_port=int(port))
+    rank = dict(rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
+                master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
+                master_port=int(port))
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" and payload["cluster"]["device"] == "cpu":
+        from harness import prefork
+
+        code = prefork.run_forked(payload, **rank)
+        if code is not None:
+            if code < 0:
+                prefork.exit_like(code)  # died of a signal: so does this task, as the rank itself would have
+            if code > 0:
+                raise RuntimeError(f"rank {job_env.global_rank} exited with code {code} (its fragment and log say why)")
+            return
+    run(payload, **rank)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m harness.worker PAYLOAD.json` under torchrun-style environment variables."""
     argv = sys.argv[1:] if argv is None else argv
     payload = json.loads(Path(argv[0]).read_text())
+    rank = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+                master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
+    if payload["cluster"]["device"] == "cpu":
+        from harness import prefork
+
+        code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a sweep started a zygote
+        if code is not None:
+            prefork.exit_like(code)
     try:
-        run(payload, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-            local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
-            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
+        run(payload, **rank)
     except BaseException:  # noqa: BLE001 - the fragment has the details; the exit code tells the launcher
         traceback.print_exc()
         return 1

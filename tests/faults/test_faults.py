@@ -123,7 +123,11 @@ def sweep_proc(scenario: Path, results: Path) -> subprocess.Popen:
 
 
 def test_interrupted_sweep_resumes_to_exactly_one_record_per_cell(tmp_path):
-    scenario = write(tmp_path / "s.yaml", THREE_CELLS.format(name="resume"))
+    # the second cell runs long enough (300 steps) to be interrupted mid-way: forked ranks start in well
+    # under a second, so a 7-step cell would be over before the signal
+    long_second = THREE_CELLS.format(name="resume").replace(
+        "gpus: [2]}", "gpus: [2],\n             include: [{strategy: fsdp.full_shard, measure_steps: 300}]}")
+    scenario = write(tmp_path / "s.yaml", long_second)
     results = tmp_path / "results"
     proc = sweep_proc(scenario, results)
     manifest = results / "resume" / "manifest.json"
