@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                 local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
                 master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
-    if payload["cluster"]["device"] == "cpu":
+    if payload["cluster"]["device"] == "cpu" and os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         from harness import prefork
 
         code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a sweep started a zygote
