@@ -144,14 +144,20 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
         warm_times, warm_losses = time_steps(step, n=s.warmup_steps, device=device)
         meter = MemoryMeter(device)
-        comm = CommMeter().install()
         dist.barrier()
         meter.reset()
-        with comm.measure():
-            times, losses = time_steps(step, n=s.measure_steps, device=device)
+        times, losses = time_steps(step, n=s.measure_steps, device=device)
         mem = meter.read()
-        comm_summary = comm.summary(steps=s.measure_steps, gpus_per_node=spec.gpus_per_node)
+        # NOTE: collectives are counted (and timed one by one) over one more step after the timed ones, as
+        # steady as they were: the timed steps never run the meter. (Not the last warmup step: DDP broadcasts
+        # its rebuilt bucket order in step 2.) Its loss is not among the recorded losses.
+        comm = CommMeter(timed=True, device=device).install()
+        with comm.measure():
+            counted_times, _ = time_steps(step, n=1, device=device)
         comm.uninstall()
+        comm_summary = comm.summary(steps=1, gpus_per_node=spec.gpus_per_node)
+        comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 1
+        comm_summary["counted_step_time_s"] = counted_times[0]
 
         # ---- aggregation over ranks (outside the timed region) ----
         local = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)

@@ -5,6 +5,12 @@ collective — from Python (`torch.distributed.*`, DeepSpeed), from DDP's C++ re
 goes through these ops, on any thread, so one hook sees all of them once. The kernel appends a small
 tuple to a list and redispatches below Autograd: no synchronisation, no tensor reads.
 
+The worker counts over one untimed step after the timed ones: the timed steps never run the kernel. In
+that step the meter also times each collective in isolation — device sync, issue, wait, device sync — so
+that `summary` can give algbw (bytes / time) and busbw (algbw × the nccl-tests factor for the group size:
+all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send/recv 1).
+Serialising the collectives changes no count: the same calls, in the same order.
+
 Bytes follow the nccl-tests convention, per rank: the buffer for all_reduce / broadcast / reduce, the
 (whole) output for all_gather, the (whole) input for reduce_scatter, the input for all_to_all, the tensor
 for send/recv; barrier counts a call and 0 bytes.
@@ -13,6 +19,7 @@ for send/recv; barrier counts a call and 0 bytes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -67,11 +74,39 @@ def _dtype_of(op: str, args: tuple) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-class CommMeter:
-    """Counts collectives while `active`. Install once per process; `measure()` opens a counting window."""
+BUS_FACTORS: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+}
+"""busbw / algbw per collective for a group of n ranks (nccl-tests, doc/PERFORMANCE.md)"""
 
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, int, Any]] = []
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _wait(out: Any) -> None:
+    work = out[-1] if isinstance(out, (tuple, list)) else out
+    if isinstance(work, torch.ScriptObject):
+        work = torch._C._distributed_c10d.Work.unbox(work)
+    if hasattr(work, "wait"):
+        work.wait()
+
+
+class CommMeter:
+    """Counts collectives while `active`. Install once per process; `measure()` opens a counting window.
+    With `timed`, each collective is also timed in isolation (synchronously: for an untimed step only)."""
+
+    def __init__(self, *, timed: bool = False, device: torch.device | None = None) -> None:
+        self.events: list[tuple[str, str, int, Any, float | None]] = []
+        self.timed, self.device = timed, device
         self.active = False
         self._lib: torch.library.Library | None = None
         self._lock = threading.Lock()
@@ -95,12 +130,25 @@ class CommMeter:
 
     def _kernel(self, name: str, op, coll: str, size_fn, pg_index: int):
         def kernel(*args, **kwargs):
-            if self.active:
-                ev = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
-                with self._lock:
-                    self.events.append(ev)
-            with torch._C._AutoDispatchBelowAutograd():
-                return op(*args, **kwargs)
+            if not self.active:
+                with torch._C._AutoDispatchBelowAutograd():
+                    return op(*args, **kwargs)
+            what = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
+            seconds = None
+            if self.timed:
+                _sync(self.device)
+                t0 = time.perf_counter()
+                with torch._C._AutoDispatchBelowAutograd():
+                    out = op(*args, **kwargs)
+                _wait(out)
+                _sync(self.device)
+                seconds = time.perf_counter() - t0
+            else:
+                with torch._C._AutoDispatchBelowAutograd():
+                    out = op(*args, **kwargs)
+            with self._lock:
+                self.events.append((*what, seconds))
+            return out
 
         return kernel
 
@@ -120,8 +168,14 @@ class CommMeter:
         by_group: dict[str, dict] = {}
         groups: dict[str, dict] = {}
         total_calls = total_bytes = 0
-        for coll, dtype, nbytes, pg in self.events:
+        timing: dict[str, list[float]] = {}  # collective → [seconds, bytes, bus bytes]
+        for coll, dtype, nbytes, pg, seconds in self.events:
             ranks, kind = _group_info(pg, gpus_per_node)
+            if seconds is not None and coll in BUS_FACTORS and len(ranks) > 1:
+                t = timing.setdefault(coll, [0.0, 0.0, 0.0])
+                t[0] += seconds
+                t[1] += nbytes
+                t[2] += nbytes * BUS_FACTORS[coll](len(ranks))
             c = by_coll.setdefault(coll, {"calls": 0, "bytes": 0, "dtypes": {}})
             c["calls"] += 1
             c["bytes"] += nbytes
@@ -135,7 +189,12 @@ class CommMeter:
             gg["bytes"] += nbytes
             total_calls += 1
             total_bytes += nbytes
-        for c in by_coll.values():
+        for name, c in by_coll.items():
+            if name in timing and timing[name][0] > 0:
+                secs, nbytes, bus = timing[name]
+                c["time_s"] = secs / steps
+                c["algbw_gbps"] = nbytes / secs / 1e9
+                c["busbw_gbps"] = bus / secs / 1e9
             c["dtype"] = max(c["dtypes"], key=c["dtypes"].get) if c["dtypes"] else None
             for k in ("calls", "bytes"):
                 c[k] = c[k] / steps
@@ -143,7 +202,9 @@ class CommMeter:
         for g in list(by_group.values()) + list(groups.values()):
             g["calls"] /= steps
             g["bytes"] /= steps
+        timed = sum(t[0] for t in timing.values())
         return {
+            "time_s_per_step": timed / steps if self.timed else None,
             "bytes_per_step": total_bytes / steps,
             "calls_per_step": total_calls / steps,
             "by_collective": by_coll,

@@ -2,7 +2,7 @@
 
 Every strategy × {fp32, bf16} on the tiny model, world 2 (hybrids 4 = 2 nodes × 2) — the cells of
 scenarios/smoke.yaml, swept once per session (the `smoke_sweep` fixture) — the meter's record of the
-measured steps (`comm`, what harness.meters.comm counted) against `predict_comm(spec)`, and against the
+counted step (`comm`, what harness.meters.comm counted over one untimed step after the timed ones) against `predict_comm(spec)`, and against the
 `predicted` section the sweep wrote into the same record. The
 requirement is bytes per step within 1%; the model is exact, so calls, bytes and dtypes per collective
 and the intra-/inter-node split are asserted equal too.
@@ -33,7 +33,9 @@ def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
     pred = predict_comm(spec)
     assert pred is not None
     got = rec["comm"]
-    assert got["measured_steps"] == spec.settings.measure_steps
+    # counted over one untimed step after the timed ones: the timed steps never run the meter
+    assert got["measured_steps"] == 1
+    assert got["counted_step"] == spec.settings.warmup_steps + spec.settings.measure_steps + 1
     # the record carries the prediction beside the measurement, and they agree
     assert rec["predicted"]["comm_bytes_per_step"] == pred["comm_bytes_per_step"]
     assert rec["predicted"]["comm_deviation"] == 0.0
@@ -53,6 +55,17 @@ def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
         {k: (v["calls"], v["bytes"]) for k, v in pred["by_group"].items()}, why
     if strategy in HYBRID_STRATEGIES:
         assert got["by_group"]["inter"]["bytes"] > 0
+    # each collective of the counted step was timed on its own: algbw = bytes / time, busbw = algbw x the
+    # nccl-tests factor of its group size (world 2: all_reduce 2(n-1)/n = 1, all_gather / reduce_scatter 1/2)
+    assert 0 < got["time_s_per_step"] < got["counted_step_time_s"]
+    for name, m in got["by_collective"].items():
+        if name == "barrier" or m["bytes"] == 0:
+            continue
+        assert m["time_s"] > 0
+        assert m["algbw_gbps"] == pytest.approx(m["bytes"] / m["time_s"] / 1e9, rel=1e-9)
+        if strategy not in HYBRID_STRATEGIES:  # one group size: the factor is exact
+            factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0}[name]
+            assert m["busbw_gbps"] == pytest.approx(factor * m["algbw_gbps"], rel=1e-9)
 
 
 MID = {"d_model": 384, "n_layers": 2, "n_heads": 6, "ffn": 1024, "vocab": 1024}
