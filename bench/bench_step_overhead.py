@@ -2,11 +2,15 @@
 
 Both run in one process (world 1), alternating in blocks so drift and noise hit both alike; the ratio of
 medians tells whether the harness's Trainer/timing adds cost a user's own loop would not have
-(target <= 1.02). Prints figures; asserts nothing.
+(target <= 1.02). With `--compile on|both`, each strategy also runs compiled on both sides (the harness's
+`compile: true` against the bare loop compiled in the same known-good order: the wrapped model for DDP and
+FSDP1, each block for FSDP2 (before fully_shard) and ZeRO). Printed per row: both medians, the ratio, and
+the harness's TFLOPS per GPU (model FLOPs, harness.model_budget) and MFU against the device's dense peak
+for the precision (harness.cluster.PEAKS; "n/a" where unknown, e.g. CPU). Prints figures; asserts nothing.
 
     python bench/bench_step_overhead.py --strategy ddp --model tiny
     python bench/bench_step_overhead.py --device cuda --model 1.3b --micro-batch 8 --seq-len 2048 \
-        --precision bf16 --strategy ddp fsdp.full_shard zero1 zero3
+        --precision bf16 --strategy ddp fsdp.full_shard fsdp2.full_shard zero1 zero3 --compile both
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def bare_loop(strategy: str, spec, device: torch.device):
     """The loop a user would write by hand: library defaults, nothing from harness.strategies."""
     cfg, s = spec.model_config, spec.settings
+    compiled = s.compile
     dtype = DTYPES[spec.precision]
     if strategy.startswith("zero"):
         import deepspeed
@@ -50,6 +55,9 @@ def bare_loop(strategy: str, spec, device: torch.device):
                 model = build_model(cfg, seed=s.seed, device=device)
         else:
             model = build_model(cfg, seed=s.seed, device=device)
+        if compiled:
+            for b in model.blocks:
+                b.compile()
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr, fused=device.type == "cuda")
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
 
@@ -66,11 +74,15 @@ def bare_loop(strategy: str, spec, device: torch.device):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if compiled:
+            model = torch.compile(model)
     elif strategy.startswith("fsdp2"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for b in model.blocks:
+            if compiled:
+                b.compile()
             fully_shard(b, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         autocast = None
@@ -82,6 +94,8 @@ def bare_loop(strategy: str, spec, device: torch.device):
         mp = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else None
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp, device_id=device,
                      use_orig_params=True)
+        if compiled:
+            model = torch.compile(model)
         autocast = None
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, fused=device.type == "cuda")
 
@@ -120,7 +134,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="alternations of (harness block, bare block)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per block")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--compile", choices=["off", "on", "both"], default="off")
     args = ap.parse_args()
+    from harness.cluster import find_peak
+    from harness.model_budget import flops_per_step
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -135,11 +152,16 @@ def main() -> None:
     print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch "
           f"{torch.__version__}, model {args.model}, {args.precision}, micro-batch {args.micro_batch}, seq "
           f"{args.seq_len}; {args.rounds} rounds x {args.steps} steps each side, world 1")
-    print(f"{'strategy':18s} {'harness ms':>11s} {'bare ms':>9s} {'ratio':>7s}  (medians of all timed steps)")
-    for strategy in args.strategy:
+    peak = find_peak(torch.cuda.get_device_name()) if device.type == "cuda" else None
+    peak_key = args.precision if args.precision != "fp32" else "fp32"
+    print(f"dense peak: {f'{peak.tflops[peak_key]:g} TFLOPS ({peak_key})' if peak else 'unknown (MFU n/a)'}")
+    print(f"{'strategy':18s} {'compile':>7s} {'harness ms':>11s} {'bare ms':>9s} {'ratio':>7s} {'TFLOPS':>8s} "
+          f"{'MFU':>6s}  (medians of all timed steps; TFLOPS and MFU of the harness's step)")
+    variants = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    for strategy, compiled in [(st, c) for st in args.strategy for c in variants]:
         doc = {"name": "bench", "matrix": {"model": [args.model], "strategy": [strategy],
                                           "precision": [args.precision], "gpus": [1]},
-               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len}}
+               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "compile": compiled}}
         (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=1)
         trainer = family(strategy).setup(spec, topo=topo)
         bare = bare_loop(strategy, spec, device)
@@ -155,7 +177,10 @@ def main() -> None:
             for name, fn in (blocks if r % 2 == 0 else blocks[::-1]):
                 (h if name == "h" else b).extend(fn())
         mh, mb = statistics.median(h), statistics.median(b)
-        print(f"{strategy:18s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f}")
+        tflops = flops_per_step(spec) / mh / 1e12
+        mfu = f"{tflops / peak.tflops[peak_key]:6.1%}" if peak else f"{'n/a':>6s}"
+        print(f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
+              f"{tflops:8.2f} {mfu}", flush=True)
         del trainer, bare
         if device.type == "cuda":
             torch.cuda.empty_cache()
