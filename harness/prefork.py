@@ -126,7 +126,9 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 def _fork_rank(conn: socket.socket, listener: socket.socket) -> int | None:
     try:
+        conn.settimeout(10.0)  # a stub that connects and dies before sending must not stall every later cell
         request, fds = _recv(conn)
+        conn.settimeout(None)
     except (OSError, ValueError):
         conn.close()
         return None
