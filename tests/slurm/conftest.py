@@ -7,9 +7,11 @@ package install failed (the script's exit code 3). Any other failure to come up 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +109,32 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("SLURM timings (s)")
         for name, seconds in TIMINGS_S.items():
             terminalreporter.write_line(f"{name:<58} {seconds:7.1f}")
+
+
+# ---- helpers shared by the SLURM test modules -----------------------------------------------------------
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def manifest_cells(results: Path, sweep: str) -> dict[str, dict]:
+    path = results / sweep / "manifest.json"
+    return json.loads(path.read_text())["cells"] if path.exists() else {}
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """The job's state per run (-D: a requeued job has one row per run), straight from sacct."""
+    out = subprocess.run(["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True,
+                         capture_output=True, text=True).stdout
+    return [line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job_id]
+
+
+def wait_for(predicate, *, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

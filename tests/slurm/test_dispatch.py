@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from harness.cli import main
 from harness.results import load_records
+from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 
 pytestmark = pytest.mark.slurm
 
@@ -45,11 +45,6 @@ MAIN_SCENARIO = """\
 """
 
 
-def write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
 def cell_key(rec: dict) -> str:
     s = rec["spec"]
     if s["world_size"] == 6:
@@ -61,11 +56,6 @@ def cell_key(rec: dict) -> str:
     return {0: "ddp", 1: "requeue", 2: "preempt"}[s["seed"]]
 
 
-def manifest_cells(results: Path, sweep: str) -> dict[str, dict]:
-    path = results / sweep / "manifest.json"
-    return json.loads(path.read_text())["cells"] if path.exists() else {}
-
-
 def scontrol_job(job_id: str) -> dict[str, str]:
     """`scontrol show job -o` as a dict (JobState, Restarts, RunTime, ...); {} once SLURM has forgotten it."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
@@ -75,23 +65,6 @@ def scontrol_job(job_id: str) -> dict[str, str]:
 def runtime_s(info: dict[str, str]) -> int:
     h, m, s = (int(x) for x in info.get("RunTime", "0:0:0").split("-")[-1].split(":"))
     return h * 3600 + m * 60 + s
-
-
-def sacct_states(job_id: str) -> list[str]:
-    """The job's state per run (-D: a requeued job has one row per run), straight from sacct."""
-    out = subprocess.run(["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True,
-                         capture_output=True, text=True).stdout
-    return [line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job_id]
-
-
-def wait_for(predicate, *, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Requeuer:

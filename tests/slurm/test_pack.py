@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from harness.cli import main
 from harness.results import load_records
+from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 from harness.slurm_pack import cell_started
 
 pytestmark = pytest.mark.slurm
@@ -45,32 +45,6 @@ FAULTS = """\
       include: [{model: tiny, strategy: ddp, precision: fp32, gpus: 6}]  # 3 nodes: a pack sbatch refuses
     settings: {warmup_steps: 2, measure_steps: 3, time_limit_s: 30}
 """
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def manifest_cells(results: Path, sweep: str) -> dict[str, dict]:
-    path = results / sweep / "manifest.json"
-    return json.loads(path.read_text())["cells"] if path.exists() else {}
-
-
-def sacct_states(job_id: str) -> list[str]:
-    """The job's state per run, straight from sacct."""
-    out = subprocess.run(["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True,
-                         capture_output=True, text=True).stdout
-    return [line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job_id]
-
-
-def wait_for(predicate, *, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def sweep_cmd(scenario: Path, results: Path, *extra: str) -> list[str]:
