@@ -88,7 +88,6 @@ def main() -> None:
     med = {k: {c: statistics.median(r[c] for r in runs) for c in cols} for k, runs in rows.items()}
     for (s, m), v in med.items():
         ratio = f"{med[(s, 'cold')]['wall'] / med[(s, 'warm')]['wall']:>11.2f}" if m == "cold" else ""
-        v = dict(v, step_ms=v["step_ms"])
         print(f"{s:<18}{m:>6}" + "".join(f"{v[c]:>9.2f}" for c in cols) + ratio)
     for m, _ in modes:
         print(f"{m}: sum of medians {sum(v['wall'] for (s, mm), v in med.items() if mm == m):.1f} s")

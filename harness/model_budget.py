@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.scenario import HYBRID_STRATEGIES, RunSpec, canonical_setting
+from harness.scenario import HYBRID_STRATEGIES, RunSpec
 from harness.zoo import ModelConfig, parameters
 
 GIB = 2**30
@@ -201,17 +201,15 @@ class ActivationModel:
         kept = self.block_input()
         return kept + (self.tokens * self.selective_kept_per_token() if policy == "selective" else 0)
 
-    def saved_end_of_forward(self, *, checkpointing: bool | str) -> int:
-        """Bytes saved for backward when forward returns."""
-        policy = canonical_setting("activation_checkpointing", checkpointing)
-        return self.cfg.n_layers * self.kept_per_block(policy) + self.outside_blocks()
+    def saved_end_of_forward(self, *, checkpointing: str) -> int:
+        """Bytes saved for backward when forward returns, under a policy (none | full | selective)."""
+        return self.cfg.n_layers * self.kept_per_block(checkpointing) + self.outside_blocks()
 
-    def recompute_extra(self, policy: bool | str = "full") -> int:
+    def recompute_extra(self, policy: str = "full") -> int:
         """What recomputing one checkpointed block adds to what it kept: the block's saved tensors, less its
         input when the residual stream is fp32 (the norm saves its input as is) and, under `selective`, less
         the kept outputs that the backward uses as they are (SDPA's output and logsumexp, w1's and w3's
         outputs, and v, a view of wv's output, without grouped-query heads)."""
-        policy = canonical_setting("activation_checkpointing", policy)
         extra = self.block() - (self.block_input() if self.mode != "lowp" else 0)
         if policy == "selective":
             c, a = self.cfg, self.compute_bytes
@@ -234,7 +232,7 @@ class ActivationModel:
         the gradients of silu's output and of w3's output (2 x ffn wide beyond what was freed)."""
         return self.tokens * (self.residual_bytes * self.cfg.d_model + 2 * self.compute_bytes * self.cfg.ffn)
 
-    def windows(self, *, checkpointing: bool | str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    def windows(self, *, checkpointing: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
         """Activation bytes, and the backward's own transients, live at each moment of `WINDOWS`.
 
         forward end: every saved tensor, and the logits while the loss runs. loss backward: those plus the cross-entropy gradient. block
@@ -243,7 +241,7 @@ class ActivationModel:
         that block done (its saved tensors freed), its gradients about to be reduced. last block backward:
         one block's activations left (recomputed under checkpointing). backward end and optimizer step: none.
         """
-        policy = canonical_setting("activation_checkpointing", checkpointing)
+        policy = checkpointing
         saved = self.saved_end_of_forward(checkpointing=policy)
         layers, kept = self.cfg.n_layers, self.kept_per_block(policy)
         if policy != "none":

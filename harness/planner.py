@@ -15,7 +15,7 @@ import click
 
 from harness import model_budget as mb
 from harness.cluster import Cluster, load_cluster
-from harness.scenario import RunSpec, canonical_setting, load_scenario
+from harness.scenario import RunSpec, load_scenario
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 
@@ -122,7 +122,7 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
     for c in cells:
         s = c["spec"]
         name = f"{s['model']} {s['strategy']} {s['precision']} g{s['world_size']}"
-        ac = canonical_setting("activation_checkpointing", s["activation_checkpointing"])
+        ac = s["activation_checkpointing"]
         opts = ",".join(o for o in ((f"ac={ac}" if ac != "none" else ""),
                                     (f"offload={s['offload']}" if s["offload"] != "none" else ""),
                                     f"mb{s['micro_batch']}x{s['seq_len']}") if o)

@@ -155,7 +155,6 @@ def _fork_rank(conn: socket.socket, listener: socket.socket) -> int | None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.argv = ["harness.worker (forked)"]
         code = _run_rank(request)
     except BaseException:  # noqa: BLE001 - whatever happens, the fork must not return into the zygote's loop
         import traceback
@@ -257,9 +256,11 @@ def _connect(pid: int, path: str) -> socket.socket | None:
 
 def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
     """Have the zygote fork this rank and wait for it: its exit code (negative: the signal that ended it),
-    or None when there is no zygote to ask (the caller then runs the rank itself)."""
+    or None when this rank is not to be forked (the caller then runs it itself): no zygote, switched off, a
+    GPU cell (CUDA does not survive a fork), or inside a SLURM job (its tasks start their ranks cold)."""
     where = os.environ.get(SOCKET_ENV)
-    if not where or os.environ.get(OFF_ENV):
+    if (not where or os.environ.get(OFF_ENV) or payload["cluster"]["device"] != "cpu"
+            or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"):
         return None
     host, pid, path = where.split(":", 2)
     if host != socket.gethostname():

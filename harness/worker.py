@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from harness import prefork
 from harness.cluster import find_peak
 from harness.model_budget import flops_per_step as model_flops_per_step, hardware_flops_per_step
 from harness.results import atomic_write_json, new_record, sanitize, sweep_dir, write_record
@@ -176,8 +177,6 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             return None
 
         env = envmod.capture(device.type)
-        from harness import prefork
-
         env["prefork"] = prefork.FORKED  # forked from the sweep's warm interpreter, not started cold
         if getattr(trainer, "config", None) is not None:
             env["deepspeed_config"] = trainer.config
@@ -306,17 +305,13 @@ def submitit_entry(payload: dict[str, Any]) -> None:
     rank = dict(rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
                 master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
                 master_port=int(port))
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" and payload["cluster"]["device"] == "cpu":
-        from harness import prefork
-
-        code = prefork.run_forked(payload, **rank)
-        if code is not None:
-            if code < 0:
-                prefork.exit_like(code)  # died of a signal: so does this task, as the rank itself would have
-            if code > 0:
-                raise RuntimeError(f"rank {job_env.global_rank} exited with code {code} (its fragment and log say why)")
-            return
-    run(payload, **rank)
+    code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
+    if code is None:
+        run(payload, **rank)
+    elif code < 0:
+        prefork.exit_like(code)  # died of a signal: so does this task, as the rank itself would have
+    elif code > 0:
+        raise RuntimeError(f"rank {job_env.global_rank} exited with code {code} (its fragment and log say why)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,12 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                 local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
                 master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
-    if payload["cluster"]["device"] == "cpu" and os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        from harness import prefork
-
-        code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a sweep started a zygote
-        if code is not None:
-            prefork.exit_like(code)
+    code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
+    if code is not None:
+        prefork.exit_like(code)
     try:
         run(payload, **rank)
     except BaseException:  # noqa: BLE001 - the fragment has the details; the exit code tells the launcher

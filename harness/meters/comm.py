@@ -134,18 +134,16 @@ class CommMeter:
                 with torch._C._AutoDispatchBelowAutograd():
                     return op(*args, **kwargs)
             what = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
-            seconds = None
             if self.timed:
                 _sync(self.device)
                 t0 = time.perf_counter()
-                with torch._C._AutoDispatchBelowAutograd():
-                    out = op(*args, **kwargs)
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op(*args, **kwargs)
+            seconds = None
+            if self.timed:
                 _wait(out)
                 _sync(self.device)
                 seconds = time.perf_counter() - t0
-            else:
-                with torch._C._AutoDispatchBelowAutograd():
-                    out = op(*args, **kwargs)
             with self._lock:
                 self.events.append((*what, seconds))
             return out

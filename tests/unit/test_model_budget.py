@@ -178,8 +178,8 @@ def test_activation_per_block_formulas():
 def test_checkpointing_keeps_only_block_inputs():
     """Blocks' share of saved activations shrinks by block bytes / input bytes (23.8x for 7b in bf16)."""
     act = mb.ActivationModel(CFG7, "lowp", 2048)
-    full = act.saved_end_of_forward(checkpointing=False) - act.outside_blocks()
-    ckpt = act.saved_end_of_forward(checkpointing=True) - act.outside_blocks()
+    full = act.saved_end_of_forward(checkpointing="none") - act.outside_blocks()
+    ckpt = act.saved_end_of_forward(checkpointing="full") - act.outside_blocks()
     assert full == CFG7.n_layers * act.block()
     assert ckpt == CFG7.n_layers * act.block_input() == CFG7.n_layers * 2 * CFG7.d_model * 2048
     assert full / ckpt == pytest.approx((26 * 4096 + 8 * 11008 + 4 * 32 + 8) / (2 * 4096))
@@ -189,7 +189,7 @@ def test_checkpointing_keeps_only_block_inputs():
     ck = mb.memory(spec("zero3", "bf16", 8, activation_checkpointing=True))
     assert ck.activations < plain.activations / 10
     # ... to the kept inputs plus the head's tensors (start of backward) or plus one block recomputed
-    assert ck.activations in (act.saved_end_of_forward(checkpointing=True),
+    assert ck.activations in (act.saved_end_of_forward(checkpointing="full"),
                               CFG7.n_layers * act.block_input() + act.recompute_extra())
 
 
@@ -322,7 +322,7 @@ def _saved_bytes(cfg: ModelConfig, mode: str, *, micro_batch: int, seq_len: int)
 @pytest.mark.parametrize("cfg", [SMALL, SMALL_GQA, ZOO["tiny"]], ids=["small", "small-gqa", "tiny"])
 def test_activation_formula_matches_saved_tensors(mode, cfg):
     got = _saved_bytes(cfg, mode, micro_batch=2, seq_len=96)
-    want = mb.ActivationModel(cfg, mode, 2 * 96).saved_end_of_forward(checkpointing=False)
+    want = mb.ActivationModel(cfg, mode, 2 * 96).saved_end_of_forward(checkpointing="none")
     assert abs(want - got) <= 16, (want, got)  # all but nll_loss's 4-byte total weight
 
 
