@@ -37,15 +37,20 @@ def results(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory) -> dict:
     """scenarios/smoke.yaml swept once per test session through the real CLI path (submitit, gloo):
-    {"code", "results" (dir), "records" (run_id → record), "warnings", "wall_s"}."""
+    {"code", "results" (dir), "records" (run_id → record), "warnings", "wall_s", "extensions" (what the ranks
+    JIT-built into their own, initially empty TORCH_EXTENSIONS_DIR)}."""
+    import os
     import time
 
     from harness.cli import main
     from harness.results import load_records
 
     results = tmp_path_factory.mktemp("smoke") / "results"
+    extensions = tmp_path_factory.mktemp("torch_extensions")
     t0 = time.time()
-    code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+        code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
     records, warnings = load_records(results)
     return {"code": code, "results": results, "records": {r["run_id"]: r for r in records},
-            "warnings": warnings, "wall_s": time.time() - t0}
+            "warnings": warnings, "wall_s": time.time() - t0, "extensions": sorted(os.listdir(extensions))}

@@ -75,9 +75,25 @@ class DeepSpeedTrainer:
         return total
 
 
+def _skip_shm_comm_build() -> None:
+    """DeepSpeed's CPU backend JIT-compiles a shared-memory all_reduce (deepspeed_shm_comm) when its comm layer
+    starts, which only `inference_all_reduce` uses; training never calls it. The build is a C++ compile in every
+    rank's startup: about 30 s on a fresh 2-core machine, 65 s with two cells building at once under SLURM, and
+    again whenever the virtual environment's path changes. Skipping it changes no collective (the comm tests
+    count the same bytes either way)."""
+    import importlib
+
+    # NOTE: not `import deepspeed.comm.torch as m`: deepspeed.comm re-exports the real torch as `torch`, so
+    # that binds torch itself
+    ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(ds_comm_torch, "build_shm_op"):
+        ds_comm_torch.build_shm_op = lambda: None
+
+
 def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
     import deepspeed
 
+    _skip_shm_comm_build()
     deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo",
                                auto_mpi_discovery=False)
     config = ds_config(spec, world_size=topo.world_size)

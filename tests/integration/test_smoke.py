@@ -30,6 +30,14 @@ def test_every_smoke_cell_is_ok(smoke_sweep):
         assert rec["comm"]["bytes_per_step"] > 0 and rec["predicted"]["memory_gib"]["total"] > 0
 
 
+def test_deepspeed_cells_compile_nothing(smoke_sweep):
+    """DeepSpeed's CPU comm layer would JIT-compile its shared-memory all_reduce (deepspeed_shm_comm, used only by
+    inference_all_reduce) in every rank's startup: 30-65 s of g++ on a fresh machine. The zero cells skip it."""
+    zero = [r for r in smoke_sweep["records"].values() if r["spec"]["strategy"].startswith("zero")]
+    assert len(zero) == 6 and all(r["status"] == "ok" for r in zero)
+    assert smoke_sweep["extensions"] == []
+
+
 def test_deterministic_metrics_equal_the_committed_baseline(smoke_sweep, capsys):
     code = main(["compare", str(BASELINE), str(smoke_sweep["results"]), "--metric", "exact", "--fail-on-missing"])
     out = capsys.readouterr().out
