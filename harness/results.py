@@ -13,7 +13,9 @@ Record contract v1 (later versions add fields, never rename these):
                       micro_batch, seq_len, grad_accum, warmup_steps, measure_steps, ...}
     metrics          {step_time_s: {median, p10, p90, mean, samples}, tokens_per_s, tokens_per_s_per_gpu,
                       tflops_per_gpu, mfu, peak_memory_allocated_gib, peak_memory_reserved_gib,
-                      loss, losses, n_params, flops_per_step, null_reasons: {metric: why it is null}}
+                      loss, losses, n_params, flops_per_step, compile_s, startup_s,
+                      dynamo: {frames, graphs, graph_breaks, frames_in_measured_steps},
+                      null_reasons: {metric: why it is null}}
     env              {torch, cuda, nccl, deepspeed, python, device_type, device_name, backend, hostnames,
                       harness_git_sha, slurm_job_id, ...}
     started_at, finished_at   ISO-8601 UTC

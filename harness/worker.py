@@ -22,6 +22,7 @@ from typing import Any
 
 from harness import prefork
 from harness.cluster import find_peak
+from harness.meters import dynamo as dynamo_meter
 from harness.model_budget import flops_per_step as model_flops_per_step, hardware_flops_per_step
 from harness.results import atomic_write_json, new_record, sanitize, sweep_dir, write_record
 from harness.scenario import RunSpec
@@ -147,8 +148,10 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         meter = MemoryMeter(device)
         dist.barrier()
         meter.reset()
+        dynamo_warm = dynamo_meter.snapshot()
         times, losses = time_steps(step, n=s.measure_steps, device=device)
         mem = meter.read()
+        dynamo = dynamo_meter.snapshot()
         # NOTE: collectives are counted (and timed one by one) over one more step after the timed ones, as
         # steady as they were: the timed steps never run the meter. (Not the last warmup step: DDP broadcasts
         # its rebuilt bucket order in step 2.) Its loss is not among the recorded losses.
@@ -168,8 +171,10 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         all_losses = per_rank_losses.double().mean(0).tolist()
         step_times = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
-        peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0],
-                             dtype=torch.float64, device=device)
+        # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
+        # recompilation on any rank stalls every rank's step)
+        peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0,
+                              dynamo["frames"] - dynamo_warm["frames"]], dtype=torch.float64, device=device)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
         hosts: list[str | None] = [None] * world_size
         dist.all_gather_object(hosts, node_name())
@@ -228,8 +233,13 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             "warmup_step_times_s": warm_times,
             "compile_s": compile_s,
             "startup_s": None if start is None else t_ready - start,
+            "dynamo": dict(dynamo, frames_in_measured_steps=int(peaks[2])),
             "null_reasons": null_reasons,
         }
+        if peaks[2] > 0:
+            record["reason"] = (f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
+                                "(recompilation): those steps' times include compile time; raise warmup_steps "
+                                "or look for the changing guard with TORCH_LOGS=recompiles")
         if start is None:
             null_reasons["startup_s"] = "process start time unavailable (psutil)"
         bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs

@@ -25,10 +25,30 @@ def test_compiled_cell_matches_eager_reference(strategy, ac, results):
     m = rec["metrics"]
     assert m["compile_s"] > 0 and m["compile_s"] > 10 * m["step_time_s"]["median"]
     assert m["warmup_step_times_s"][0] > m["step_time_s"]["median"]
+    # everything compiled in warmup: no recompilation was timed as step time
+    assert m["dynamo"]["graphs"] > 0 and m["dynamo"]["frames_in_measured_steps"] == 0 and rec["reason"] is None
 
 
 def test_eager_cell_has_no_compile_time(results):
     rec = run_cell(make_spec(strategy="ddp", **STEPS), results)
     assert rec["metrics"]["compile_s"] is None
     assert rec["metrics"]["null_reasons"]["compile_s"] == "compile is off for this cell"
+    assert rec["metrics"]["dynamo"] == {"frames": 0, "graphs": 0, "graph_breaks": 0, "frames_in_measured_steps": 0}
+
+
+def test_dynamo_snapshot_counts_a_recompilation():
+    """What the worker reads around the measured steps: a call that recompiles (a new input rank) counts a frame."""
+    import torch
+
+    from harness.meters import dynamo as dynamo_meter
+
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
+    f(torch.ones(3))
+    before = dynamo_meter.snapshot()
+    f(torch.ones(3))
+    same = dynamo_meter.snapshot()
+    f(torch.ones(3, 2))
+    after = dynamo_meter.snapshot()
+    assert same == before
+    assert after["frames"] == before["frames"] + 1 and after["graphs"] == before["graphs"] + 1
 
