@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The prepared device checks (H200, world 1), in parts that each fit one device call (budget: 15 min in all):
 #   small  125m every strategy x checkpointing policy (planner: predicted vs measured peak), a real CUDA OOM
-#          then an ok cell                                                              (~4 min)
-#   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory) (~6 min)
-#   bench  harness step vs bare loop, 125m and 1.3b, each family with and without compile, TFLOPS, MFU;
-#          the comm meter's per-collective cost                                          (~5 min)
-# Everything lands in $OUT. Device run: bash bench/gpu_check.sh small   (carry .whl: deepspeed, submitit,
-# hjson, pydantic, ... wheels; see the device README)
+#          then an ok cell
+#   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
+#   bench  the comm meter's cost (1.3b); harness step vs bare loop, 1.3b compiled, 1.3b eager, then 125m, each
+#          family, TFLOPS, MFU
+# Each part ends by DEADLINE seconds (default 560; the device call's limit is 600): every command gets what is
+# left, most valuable first; a sweep cut short is interrupted (SIGINT) so its cells left are recorded
+# `cancelled` and the table is still written. Everything lands in $OUT, one file per command as it goes.
+# Device run: bash bench/gpu_check.sh small, carrying .whl (DeepSpeed, submitit, pydantic, hjson, ... as cp312
+# wheels; build it here first with `bash bench/device_wheels.sh`)
 set -uo pipefail
 PART=${1:-small}
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
@@ -16,19 +19,27 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+DEADLINE=${DEADLINE:-560}
+left() { local l=$((DEADLINE - SECONDS)); echo $((l > 10 ? l : 10)); }   # seconds left (at least 10)
+cap() { local l; l=$(left); echo $(($1 < l ? $1 : l)); }                  # min(cap, seconds left)
 if [ "$PART" = bench ]; then
-  for model in 125m 1.3b; do
-    timeout 280 python3 bench/bench_step_overhead.py --device cuda --model $model --micro-batch 8 --seq-len 2048 \
-      --precision bf16 --strategy ddp fsdp.full_shard fsdp2.full_shard zero3 --compile both --rounds 4 --steps 3 \
-      2>&1 | grep -v WARNING | tee "$OUT/step_overhead_$model.txt"
-  done
-  timeout 60 python3 bench/bench_comm_meter.py --device cuda 2>&1 | grep -v WARNING | tail -15 | tee "$OUT/comm_meter.txt"
+  timeout "$(cap 150)" python3 bench/bench_comm_meter.py --device cuda --world 1 --model 1.3b --precision bf16 \
+    --micro-batch 4 --seq-len 2048 --rounds 40 2>&1 | grep -v WARNING | tee "$OUT/comm_meter.txt"
+  overhead() {  # model compile seconds-cap
+    timeout "$(cap "$3")" python3 bench/bench_step_overhead.py --device cuda --model "$1" --micro-batch 8 \
+      --seq-len 2048 --precision bf16 --strategy ddp fsdp.full_shard fsdp2.full_shard zero3 --compile "$2" \
+      --rounds 4 --steps 3 2>&1 | grep -v WARNING | tee "$OUT/step_overhead_$1_compile-$2.txt"
+  }
+  overhead 1.3b on 220
+  overhead 1.3b off 120
+  overhead 125m both 200
   exit 0
 fi
 SCEN=scenarios/gpu-check.yaml; [ "$PART" = small ] && SCEN=scenarios/gpu-check-small.yaml
-python3 -m harness.cli sweep $SCEN --cluster local-gpu --results "$OUT/results" --no-skip \
-  2>&1 | tee "$OUT/sweep_$PART.log" | grep -E '^\[|done in|records'
-python3 - "$OUT/results" <<'PY' | tee "$OUT/table_$PART.md"
+RESULTS=/tmp/gpu-check-results  # records travel back as one archive: a call returns at most 8 files
+timeout -s INT -k 20 "$(($(left) - 25))" python3 -m harness.cli sweep $SCEN --cluster local-gpu \
+  --results "$RESULTS" --no-skip 2>&1 | tee "$OUT/sweep_$PART.log" | grep -E '^\[|done in|records|nterrupt'
+python3 - "$RESULTS" <<'PY' | tee "$OUT/table_$PART.md"
 import sys
 from harness.results import load_records
 ac = lambda r: r["spec"]["activation_checkpointing"]
@@ -46,3 +57,4 @@ for r in sorted(recs, key=lambda r: r["run_id"]):
           f"{f(m.get('mfu'), '{:.3f}')} | {f(alloc, '{:.2f}')} | {f(pred, '{:.2f}')} | {ratio} |")
 print("warnings:", warns)
 PY
+tar czf "$OUT/records_$PART.tgz" -C "$RESULTS" .
