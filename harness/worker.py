@@ -62,6 +62,23 @@ def _process_start_time() -> float | None:
         return None
 
 
+def utilisation(spec: RunSpec, tflops_per_gpu: float, *, device_type: str, device_name: str | None,
+                allow_tf32: bool, null_reasons: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+    """(MFU, HFU, the dense peak TFLOPS they divide by) of a cell's achieved model TFLOPS per GPU; (None, None,
+    None) with the reason added to null_reasons where the device's peak for the precision is unknown (CPU, a
+    device not in harness.cluster.PEAKS). fp32 matmuls count against the TF32 peak when TF32 is allowed."""
+    peak = find_peak(device_name) if device_type == "cuda" else None
+    key = spec.precision if spec.precision != "fp32" else ("tf32" if allow_tf32 else "fp32")
+    if peak is None or key not in peak.tflops:
+        null_reasons["mfu"] = (f"no dense peak FLOPS known for device {device_name!r} ({spec.precision}); "
+                               "see harness/cluster.py PEAKS")
+        null_reasons["hfu"] = null_reasons["mfu"]
+        return None, None, None
+    mfu = tflops_per_gpu / peak.tflops[key]
+    # HFU counts what checkpointing recomputes too (model_budget.recompute_flops_per_token)
+    return mfu, mfu * hardware_flops_per_step(spec) / model_flops_per_step(spec), peak.tflops[key]
+
+
 def _is_oom(e: BaseException) -> bool:
     import torch
 
@@ -195,17 +212,9 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
         tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
         null_reasons = dict(mem["null_reasons"])
-        peak_key = spec.precision if spec.precision != "fp32" else ("tf32" if env["allow_tf32"] else "fp32")
-        peak = find_peak(env["device_name"]) if device.type == "cuda" else None
-        if peak is None:
-            mfu = hfu = None
-            null_reasons["mfu"] = (f"no dense peak FLOPS known for device {env['device_name']!r} "
-                                   f"({spec.precision}); see harness/cluster.py PEAKS")
-            null_reasons["hfu"] = null_reasons["mfu"]
-        else:
-            mfu = tflops_per_gpu / peak.tflops[peak_key]
-            # HFU counts what checkpointing recomputes too (model_budget.recompute_flops_per_token)
-            hfu = mfu * hardware_flops_per_step(spec) / model_flops_per_step(spec)
+        mfu, hfu, peak_tflops = utilisation(spec, tflops_per_gpu, device_type=device.type,
+                                            device_name=env["device_name"], allow_tf32=env["allow_tf32"],
+                                            null_reasons=null_reasons)
         start = _process_start_time()
         if s.compile:
             # the first step traces and compiles; what it took beyond a steady step is the compile cost
@@ -220,7 +229,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             "tflops_per_gpu": tflops_per_gpu,
             "mfu": mfu,
             "hfu": hfu,
-            "mfu_peak_tflops": None if peak is None else peak.tflops[peak_key],
+            "mfu_peak_tflops": peak_tflops,
             "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
             "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
             "alloc_retries": mem["alloc_retries"],

@@ -144,3 +144,45 @@ def test_recompute_formula():
     assert mb.recompute_flops_per_token(cfg, 4096) == want
     # about a quarter on top of the model FLOPs (a forward is a third of forward+backward, minus w2)
     assert 0.2 < want / cfg.flops_per_token(4096) < 0.3
+
+
+# ---- MFU / HFU as the worker computes them on a GPU (the device name is given, not detected: no GPU here) ----
+
+@pytest.mark.parametrize("ac", ["none", "full", "selective"])
+def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
+    from harness.worker import utilisation
+    from tests.conftest import make_spec
+
+    spec = make_spec(strategy="ddp", precision="bf16", model="1.3b", gpus=1, activation_checkpointing=ac)
+    reasons: dict[str, str] = {}
+    mfu, hfu, peak = utilisation(spec, 550.0, device_type="cuda", device_name="NVIDIA H200", allow_tf32=False,
+                                 null_reasons=reasons)
+    assert peak == 989.4 and mfu == pytest.approx(550.0 / 989.4) and reasons == {}
+    # full checkpointing recomputes each block's forward: HFU = MFU x (6N + recompute) / 6N-with-attention
+    ratio = mb.hardware_flops_per_step(spec) / mb.flops_per_step(spec)
+    assert hfu == pytest.approx(mfu * ratio)
+    # (full: the blocks' forward again, at most a third more, less the head's share; selective: no matmul again)
+    assert (1.2 < ratio < 4 / 3) if ac == "full" else (ratio == 1.0)
+
+
+def test_fp32_mfu_uses_the_tf32_peak_only_when_tf32_is_allowed():
+    from harness.worker import utilisation
+    from tests.conftest import make_spec
+
+    spec = make_spec(strategy="ddp", precision="fp32", model="125m", gpus=1)
+    assert utilisation(spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=True,
+                       null_reasons={})[2] == 494.7
+    assert utilisation(spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=False,
+                       null_reasons={})[2] == 67.0
+
+
+@pytest.mark.parametrize("device_type, name", [("cpu", "cpu"), ("cuda", "NVIDIA GeForce RTX 4090")])
+def test_mfu_is_null_with_a_reason_where_the_peak_is_unknown(device_type, name):
+    from harness.worker import utilisation
+    from tests.conftest import make_spec
+
+    spec = make_spec(strategy="ddp", precision="bf16", gpus=1)
+    reasons: dict[str, str] = {}
+    assert utilisation(spec, 1.0, device_type=device_type, device_name=name, allow_tf32=False,
+                       null_reasons=reasons) == (None, None, None)
+    assert reasons["mfu"] == reasons["hfu"] and f"no dense peak FLOPS known for device {name!r} (bf16)" in reasons["mfu"]
