@@ -6,7 +6,9 @@ medians tells whether the harness's Trainer/timing adds cost a user's own loop w
 `compile: true` against the bare loop compiled in the same known-good order: the wrapped model for DDP and
 FSDP1, each block for FSDP2 (before fully_shard) and ZeRO). Printed per row: both medians, the ratio, and
 the harness's TFLOPS per GPU (model FLOPs, harness.model_budget) and MFU against the device's dense peak
-for the precision (harness.cluster.PEAKS; "n/a" where unknown, e.g. CPU). Prints figures; asserts nothing.
+for the precision (harness.cluster.PEAKS; "n/a" where unknown, e.g. CPU), and on CUDA the host syncs one
+step makes on each side (CUDA's sync debug mode; the timing fence is outside the step). Prints figures;
+asserts nothing.
 
     python bench/bench_step_overhead.py --strategy ddp --model tiny
     python bench/bench_step_overhead.py --device cuda --model 1.3b --micro-batch 8 --seq-len 2048 \
@@ -124,6 +126,27 @@ def bare_times(step, x, y, n: int, device: torch.device) -> list[float]:
     return times
 
 
+def host_syncs(fn) -> str:
+    """Host synchronisations one call of fn makes, as CUDA's sync debug mode reports them (it catches
+    cudaStreamSynchronize, blocking copies, .item(); not every sync, per torch's docs). "-" on CPU, where
+    there is nothing to catch."""
+    if not torch.cuda.is_available():
+        return "-"
+    import warnings
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return str(sum("synchroniz" in str(w.message) for w in caught))
+    except Exception as e:  # noqa: BLE001 - a figure the table can do without; the timing rows still print
+        return f"err:{type(e).__name__}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategy", nargs="+", default=["ddp", "fsdp.full_shard", "fsdp2.full_shard", "zero1", "zero3"])
@@ -156,7 +179,8 @@ def main() -> None:
     peak_key = args.precision if args.precision != "fp32" else "fp32"
     print(f"dense peak: {f'{peak.tflops[peak_key]:g} TFLOPS ({peak_key})' if peak else 'unknown (MFU n/a)'}")
     print(f"{'strategy':18s} {'compile':>7s} {'harness ms':>11s} {'bare ms':>9s} {'ratio':>7s} {'TFLOPS':>8s} "
-          f"{'MFU':>6s}  (medians of all timed steps; TFLOPS and MFU of the harness's step)")
+          f"{'MFU':>6s} {'syncs h/b':>9s}  (medians of all timed steps; TFLOPS and MFU of the harness's step; "
+          "host syncs in one step, harness/bare)")
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     for strategy, compiled in [(st, c) for st in args.strategy for c in variants]:
         doc = {"name": "bench", "matrix": {"model": [args.model], "strategy": [strategy],
@@ -176,11 +200,12 @@ def main() -> None:
                       ("b", lambda: bare_times(bare, x, y, args.steps, device))]
             for name, fn in (blocks if r % 2 == 0 else blocks[::-1]):
                 (h if name == "h" else b).extend(fn())
+        syncs = f"{host_syncs(lambda: trainer.step([(x, y)]))}/{host_syncs(lambda: bare(x, y))}"
         mh, mb = statistics.median(h), statistics.median(b)
         tflops = flops_per_step(spec) / mh / 1e12
         mfu = f"{tflops / peak.tflops[peak_key]:6.1%}" if peak else f"{'n/a':>6s}"
         print(f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
-              f"{tflops:8.2f} {mfu}", flush=True)
+              f"{tflops:8.2f} {mfu} {syncs:>9s}", flush=True)
         del trainer, bare
         if device.type == "cuda":
             torch.cuda.empty_cache()
