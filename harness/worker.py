@@ -127,27 +127,35 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     if payload.get("predicted") is not None:
         record["predicted"] = payload["predicted"]
 
-    if cluster["device"] == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("cluster profile says cuda but torch.cuda.is_available() is False")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
-    timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
-    # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
-    # from these module globals, not from the world group: set them so the watchdog covers every group.
-    import torch.distributed.distributed_c10d as c10d
-
-    c10d.default_pg_timeout = timeout
-    c10d.default_pg_nccl_timeout = timeout
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
-                            device_id=device if backend == "nccl" else None)
     try:
+        # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
+        # local rank beyond the GPUs there are, a rendezvous that fails) writes a fragment saying so, instead of
+        # leaving the cell "crashed" with no reason
+        if cluster["device"] == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
+                                   f"is False here (torch {torch.__version__}, host {node_name()})")
+            if local_rank >= torch.cuda.device_count():
+                raise RuntimeError(f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has "
+                                   f"{torch.cuda.device_count()} CUDA device(s) visible "
+                                   f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+        timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
+        # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
+        # from these module globals, not from the world group: set them so the watchdog covers every group.
+        import torch.distributed.distributed_c10d as c10d
+
+        c10d.default_pg_timeout = timeout
+        c10d.default_pg_nccl_timeout = timeout
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device if backend == "nccl" else None)
         # NOTE: the dispatcher records unsupported cells as `skipped` without launching them; reaching
         # here with one is a launcher bug, so it fails loudly instead of measuring something else
         unsupported = spec.unsupported_reason(device.type)

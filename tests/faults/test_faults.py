@@ -175,3 +175,18 @@ def test_two_sweeps_into_one_results_dir(tmp_path):
     assert len(cells) == 3 and all(c["state"] == "done" for c in cells.values())
     assert not list((results / "twice").glob(".*.tmp"))
     assert os.listdir(results) == ["twice"]
+
+
+# ---- a rank that cannot get its device --------------------------------------------------------------------
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_gpu_profile_without_cuda_is_an_error_with_the_reason(tmp_path):
+    """Before the device and the process group were inside the worker's fragment-writing handler, this cell was
+    `crashed: the ranks exited without a record or an exception`; now every rank says why."""
+    from tests.conftest import make_spec, run_cell
+
+    rec = run_cell(make_spec(strategy="ddp", precision="bf16", warmup_steps=2, measure_steps=2), tmp_path / "r",
+                   cluster="local-gpu")
+    assert rec["status"] == "error" and rec["failed_rank"] in (0, 1)  # both fail at once; the first to say so
+    assert "cluster profile 'local-gpu' says cuda, but torch.cuda.is_available() is False" in rec["reason"]
+    assert {f["rank"] for f in rec["failures"]} == {0, 1}
