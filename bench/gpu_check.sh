@@ -5,13 +5,18 @@
 #   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
 #   bench  the comm meter's cost (1.3b); harness step vs bare loop, 1.3b compiled, 1.3b eager, then 125m, each
 #          family, TFLOPS, MFU
-# Each part ends by DEADLINE seconds (default 560; the device call's limit is 600): every command gets what is
-# left, most valuable first; a sweep cut short is interrupted (SIGINT) so its cells left are recorded
-# `cancelled` and the table is still written. Everything lands in $OUT, one file per command as it goes.
-# Device run: bash bench/gpu_check.sh small, carrying .whl (DeepSpeed, submitit, pydantic, hjson, ... as cp312
+# Several parts may share one call (`gpu_check.sh large bench`), in the order given. Everything ends by DEADLINE
+# seconds (default 560; the device call's limit is 600): every command gets what is left, most valuable first;
+# a sweep cut short is interrupted (SIGINT) so its cells left are recorded `cancelled` and its table is still
+# written; a part reached with under a minute left says so and is skipped. In $OUT (a call returns at most 8
+# files): gpu.txt, table_<part>.md and records_<part>.tgz (records and sweep log) per sweep part, bench.txt.
+# Device run: bash bench/gpu_check.sh large, carrying .whl (DeepSpeed, submitit, pydantic, hjson, ... as cp312
 # wheels; build it here first with `bash bench/device_wheels.sh`)
 set -uo pipefail
-PART=${1:-small}
+PARTS=("${@:-small}")
+for part in "${PARTS[@]}"; do
+  case $part in small|large|bench) ;; *) echo "unknown part '$part' (small | large | bench)" >&2; exit 2 ;; esac
+done
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 if [ -d .whl ]; then
@@ -22,24 +27,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 DEADLINE=${DEADLINE:-560}
 left() { local l=$((DEADLINE - SECONDS)); echo $((l > 10 ? l : 10)); }   # seconds left (at least 10)
 cap() { local l; l=$(left); echo $(($1 < l ? $1 : l)); }                  # min(cap, seconds left)
-if [ "$PART" = bench ]; then
+
+bench_part() {
   timeout "$(cap 150)" python3 bench/bench_comm_meter.py --device cuda --world 1 --model 1.3b --precision bf16 \
-    --micro-batch 4 --seq-len 2048 --rounds 40 2>&1 | grep -v WARNING | tee "$OUT/comm_meter.txt"
+    --micro-batch 4 --seq-len 2048 --rounds 40 2>&1 | grep -v WARNING | tee -a "$OUT/bench.txt"
   overhead() {  # model compile seconds-cap
     timeout "$(cap "$3")" python3 bench/bench_step_overhead.py --device cuda --model "$1" --micro-batch 8 \
       --seq-len 2048 --precision bf16 --strategy ddp fsdp.full_shard fsdp2.full_shard zero3 --compile "$2" \
-      --rounds 4 --steps 3 2>&1 | grep -v WARNING | tee "$OUT/step_overhead_$1_compile-$2.txt"
+      --rounds 4 --steps 3 2>&1 | grep -v WARNING | tee -a "$OUT/bench.txt"
   }
   overhead 1.3b on 220
   overhead 1.3b off 120
   overhead 125m both 200
-  exit 0
-fi
-SCEN=scenarios/gpu-check.yaml; [ "$PART" = small ] && SCEN=scenarios/gpu-check-small.yaml
-RESULTS=/tmp/gpu-check-results  # records travel back as one archive: a call returns at most 8 files
-timeout -s INT -k 20 "$(($(left) - 25))" python3 -m harness.cli sweep $SCEN --cluster local-gpu \
-  --results "$RESULTS" --no-skip 2>&1 | tee "$OUT/sweep_$PART.log" | grep -E '^\[|done in|records|nterrupt'
-python3 - "$RESULTS" <<'PY' | tee "$OUT/table_$PART.md"
+}
+
+sweep_part() {
+  local part=$1 scen=scenarios/gpu-check.yaml results=/tmp/gpu-check-results/$1
+  [ "$part" = small ] && scen=scenarios/gpu-check-small.yaml
+  mkdir -p "$results"
+  timeout -s INT -k 20 "$(($(left) - 25))" python3 -m harness.cli sweep $scen --cluster local-gpu \
+    --results "$results" --no-skip 2>&1 | tee "$results.log" | grep -E '^\[|done in|records|nterrupt'
+  python3 - "$results" <<'PY' | tee "$OUT/table_$part.md"
 import sys
 from harness.results import load_records
 ac = lambda r: r["spec"]["activation_checkpointing"]
@@ -57,4 +65,15 @@ for r in sorted(recs, key=lambda r: r["run_id"]):
           f"{f(m.get('mfu'), '{:.3f}')} | {f(alloc, '{:.2f}')} | {f(pred, '{:.2f}')} | {ratio} |")
 print("warnings:", warns)
 PY
-tar czf "$OUT/records_$PART.tgz" -C "$RESULTS" .
+  cp "$results.log" "$results/"
+  tar czf "$OUT/records_$part.tgz" -C "$results" .
+}
+
+for part in "${PARTS[@]}"; do
+  if [ $((DEADLINE - SECONDS)) -lt 60 ]; then
+    echo "part $part skipped: $((DEADLINE - SECONDS)) s left of DEADLINE=$DEADLINE" | tee -a "$OUT/gpu.txt"
+    continue
+  fi
+  echo "== part $part ($((DEADLINE - SECONDS)) s left)"
+  if [ "$part" = bench ]; then bench_part; else sweep_part "$part"; fi
+done
