@@ -381,6 +381,33 @@ def job_log_tail(job, n_tasks: int) -> str:
     return "\n".join(tails)
 
 
+def local_gpus() -> list[int] | None:
+    """The GPUs a local sweep may use, by index: CUDA_VISIBLE_DEVICES when it lists indices, else every device
+    torch sees; None when CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id (then nothing is checked)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        items = [x.strip() for x in env.split(",") if x.strip()]
+        return [int(x) for x in items] if all(x.isdigit() for x in items) else None
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: float) -> dict[str, Any]:
+    """submitit LocalExecutor parameters of a local cell: one task per rank, one node."""
+    # timeout_min bounds the whole job; the Controller then kills every task
+    params: dict[str, Any] = {"tasks_per_node": world, "nodes": 1, "timeout_min": time_limit_s / 60.0,
+                              "signal_delay_s": min(30, max(1, int(time_limit_s // 10)))}
+    # NOTE: gpus_per_node also sets the tasks' CUDA_VISIBLE_DEVICES, to the first gpus_per_node of visible_gpus
+    # (default 0, 1, ...: physical indices, which would ignore the user's CUDA_VISIBLE_DEVICES=2,3); 0 would hide
+    # every GPU
+    params["gpus_per_node"] = world if cluster.device == "cuda" else 0
+    gpus = local_gpus() if cluster.device == "cuda" else None
+    if gpus:
+        params["visible_gpus"] = tuple(gpus)
+    return params
+
+
 def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
                     on_submit: Callable[[Any], None] | None = None) -> dict:
     """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells: harness.slurm)."""
@@ -392,11 +419,7 @@ def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit
     if cluster.executor != "local":
         raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
     executor = submitit.LocalExecutor(folder=folder)
-    # timeout_min bounds the whole job; the Controller then kills every task
-    # NOTE: gpus_per_node also sets CUDA_VISIBLE_DEVICES for the tasks; 0 would hide every GPU
-    executor.update_parameters(tasks_per_node=world, nodes=1, timeout_min=time_limit_s / 60.0,
-                               gpus_per_node=world if cluster.device == "cuda" else 0,
-                               signal_delay_s=min(30, max(1, int(time_limit_s // 10))))
+    executor.update_parameters(**local_executor_parameters(world, cluster=cluster, time_limit_s=time_limit_s))
     t0 = time.time()
     job = executor.submit(submitit_entry, payload)
     if on_submit:
@@ -515,6 +538,12 @@ def _prepare_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Clust
         from harness.slurm import unsupported_reason
 
         reason = unsupported_reason(spec)
+    if reason is None and cluster.executor == "local" and cluster.device == "cuda":
+        gpus = local_gpus()
+        if gpus is not None and spec.world_size > len(gpus):
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            reason = (f"needs {spec.world_size} GPU{'s' * (spec.world_size != 1)} on this machine; {len(gpus)} "
+                      f"visible ({'CUDA_VISIBLE_DEVICES unset' if env is None else f'CUDA_VISIBLE_DEVICES={env!r}'})")
     if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
         reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
     if reason is not None:
