@@ -62,6 +62,17 @@ def _process_start_time() -> float | None:
         return None
 
 
+def cuda_index(local_rank: int, visible: int) -> int:
+    """This rank's CUDA device: cuda:<local rank> when the task sees the node's GPUs, cuda:0 when the scheduler
+    bound the task to its one GPU (--gpus-per-task=1, --gpu-bind); an error that says why otherwise."""
+    if local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise RuntimeError(f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has {visible} CUDA "
+                       f"device(s) visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+
+
 def utilisation(spec: RunSpec, tflops_per_gpu: float, *, device_type: str, device_name: str | None,
                 allow_tf32: bool, null_reasons: dict[str, str]) -> tuple[float | None, float | None, float | None]:
     """(MFU, HFU, the dense peak TFLOPS they divide by) of a cell's achieved model TFLOPS per GPU; (None, None,
@@ -135,11 +146,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
             if not torch.cuda.is_available():
                 raise RuntimeError(f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
                                    f"is False here (torch {torch.__version__}, host {node_name()})")
-            if local_rank >= torch.cuda.device_count():
-                raise RuntimeError(f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has "
-                                   f"{torch.cuda.device_count()} CUDA device(s) visible "
-                                   f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
             torch.cuda.set_device(device)
             backend = "nccl"
         else:
