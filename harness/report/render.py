@@ -150,6 +150,18 @@ def _failed_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = Tru
             for r in bad.to_dict("records")]
 
 
+NOTED_COLUMNS = ("model", "strategy", "precision", "configuration", "GPUs", "note", "record")
+
+
+def _noted_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = True) -> list[list[str]]:
+    """ok cells whose record carries a note in `reason` (e.g. torch.compile recompiled during the measured
+    steps): their numbers stand, with a caveat the reader must see."""
+    noted = cells[(cells["status"] == "ok") & cells["reason"].map(lambda v: isinstance(v, str) and bool(v.strip()))]
+    return [[r["model"], r["strategy"], r["precision"], r["variant"] or ABSENT, fmt_int(r["gpus"]),
+             _short(r["reason"], reason_limit, one_line=one_line), Path(r["path"]).name]
+            for r in noted.to_dict("records")]
+
+
 def _summary_items(ctx: dict[str, Any]) -> list[tuple[str, str]]:
     df, cells = ctx["frame"], ctx["cells"]
     statuses = df["status"].value_counts()
@@ -257,6 +269,12 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
             out.append(f"\n… {len(failed) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
     else:
         out.append("Every cell ran ok.")
+    noted = _noted_rows(cells, reason_limit=MAX_REASON_MD)
+    if noted:
+        out += ["", f"## Notes on ok cells ({len(noted)})", "",
+                _md_table(list(NOTED_COLUMNS), noted[:MAX_MD_FAILED_ROWS], right={4})]
+        if len(noted) > MAX_MD_FAILED_ROWS:
+            out.append(f"\n… {len(noted) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
     out += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS] + [""]
     return "\n".join(out)
 
@@ -392,6 +410,10 @@ def html_page(ctx: dict[str, Any]) -> str:
     out.append(f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>')
     out.append(_html_simple_table(list(FAILED_COLUMNS), failed, num={4, 6}, reason={7}) if failed
                else "<p>Every cell ran ok.</p>")
+    noted = _noted_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
+    if noted:
+        out.append(f'<h2 id="notes">Notes on ok cells ({len(noted)})</h2>')
+        out.append(_html_simple_table(list(NOTED_COLUMNS), noted, num={4}, reason={5}))
     out += ['<h2 id="definitions">Definitions</h2>', "<ul>"] + [f"<li>{_e(d)}</li>" for d in DEFINITIONS]
     out += ["</ul>", "</body></html>", ""]
     return "\n".join(out)

@@ -327,3 +327,27 @@ def test_figures_drawn_in_parallel_processes_are_the_same_pngs(report):
     assert [f.name for f in parallel] == list(FIGURES)
     assert [f.png for f in parallel] == [f.png for f in report["figures"]]
     assert [f.note for f in parallel] == [f.note for f in report["figures"]]
+
+
+def test_ok_cells_with_a_note_are_listed_under_notes(tmp_path):
+    """An ok record's `reason` is a caveat on its numbers (a recompilation timed as step time): the report must
+    show it, and only when there is one."""
+    src = tmp_path / "records"
+    src.mkdir()
+    note = ("torch.compile compiled 3 frame(s) during the measured steps (recompilation): those steps' times "
+            "include compile time; raise warmup_steps or look for the changing guard with TORCH_LOGS=recompiles")
+    for path in (FIXTURES / "fixture-h100").glob("1.3b-*.json"):
+        rec = json.loads(path.read_text())
+        if rec["status"] == "ok" and rec["spec"]["strategy"] == "fsdp2.full_shard":
+            rec["reason"] = note
+        (src / path.name).write_text(json.dumps(rec))
+    result = build_report([src], out=tmp_path / "out")
+    rows = md_rows(md_section(result["paths"]["markdown"].read_text(), "## Notes on ok cells"))
+    assert sorted(r[:5] + [r[5]] for r in rows) == [["1.3b", "fsdp2.full_shard", "bf16", "—", g, note]
+                                                    for g in ("2", "4")]
+    html = result["paths"]["html"].read_text()
+    assert 'id="notes">Notes on ok cells (2)</h2>' in html and "TORCH_LOGS=recompiles" in html
+
+
+def test_no_notes_section_without_notes(md, report):
+    assert "## Notes on ok cells" not in md and 'id="notes"' not in report["paths"]["html"].read_text()
