@@ -735,6 +735,10 @@ def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
         ("missing (only in baseline)", [plain(c) for c in cmp.missing]),
         ("added (only in candidate)", [plain(c) for c in cmp.added]),
         ("still failing", [still(c) for c in cmp.still_failing]),
+        # an ok candidate's note is a caveat on the numbers compared above (e.g. a recompilation timed as step time)
+        ("candidate ok cells with a note", [f"{c.label}: {c.reason('candidate')}" for c in cmp.cells
+                                            if c.candidate is not None and c.candidate_status == "ok"
+                                            and c.reason("candidate")]),
     ]
 
 

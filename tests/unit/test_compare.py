@@ -291,6 +291,16 @@ def test_newly_failing_cell_is_a_regression_and_newly_fixed_an_improvement(tmp_p
     assert [c.label for c in still.still_failing] == ["tiny zero2 fp32 g2"] and still.exit_code() == 0
 
 
+def test_an_ok_candidate_with_a_note_is_listed_with_it(tmp_path, capsys):
+    note = "torch.compile compiled 2 frame(s) during the measured steps (recompilation): …"
+    cand = cells(**{"ddp/bf16": {"reason": note}})
+    assert run_pair(tmp_path, cells(), cand) == 0  # a caveat, not a regression
+    out = capsys.readouterr().out
+    assert f"candidate ok cells with a note (1):\n  tiny ddp bf16 g2: {note}\n" in out
+    assert run_pair(tmp_path / "again", cells(), cells()) == 0
+    assert "with a note" not in capsys.readouterr().out
+
+
 def test_duplicate_spec_on_one_side_uses_the_latest_record(tmp_path):
     old = make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00")
     new = make_record(finished_at="2026-11-30T01:00:00+00:00")
