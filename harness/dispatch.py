@@ -659,4 +659,6 @@ def describe(rec: dict) -> str:
         parts.append(f"MFU {m['mfu'] * 100:.1f}%")
     if m.get("peak_memory_allocated_gib") is not None:
         parts.append(f"peak {m['peak_memory_allocated_gib']:.2f} GiB")
+    if rec.get("reason"):  # a caveat on these numbers (e.g. a recompilation timed as step time)
+        parts.append(f"note: {rec['reason'].splitlines()[0][:160]}")
     return "  ".join(parts)
