@@ -35,18 +35,15 @@ from harness.meters.timing import synchronize, time_steps  # noqa: E402
 from harness.models import Block, build_model, synthetic_batch  # noqa: E402
 from harness.scenario import parse_scenario  # noqa: E402
 from harness.strategies import family  # noqa: E402
-from harness.strategies.base import Topology  # noqa: E402
+from harness.strategies.base import Topology, adamw  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# the optimizer implementation a tuned loop picks, as the harness does: fused on CUDA; foreach on CPU, where
-# torch's default for FSDP2's DTensor parameters is the per-parameter loop (the bare FSDP2 step took twice the
-# harness's on CPU for that alone, which is not what this script measures)
-OPT_IMPL = {True: {"fused": True}, False: {"foreach": True}}
 
 
 def bare_loop(strategy: str, spec, device: torch.device):
-    """The loop a user would write by hand: library defaults (the optimizer implementation as OPT_IMPL),
-    nothing from harness.strategies."""
+    """The loop a user would write by hand: library defaults, nothing from harness.strategies but the optimizer
+    (`base.adamw`: the implementation a tuned loop picks, fused on CUDA, foreach on CPU, where torch's default
+    for FSDP2's DTensor parameters is the per-parameter loop that made the bare FSDP2 step twice the harness's)."""
     cfg, s = spec.model_config, spec.settings
     compiled = s.compile
     dtype = DTYPES[spec.precision]
@@ -65,7 +62,7 @@ def bare_loop(strategy: str, spec, device: torch.device):
         if compiled:
             for b in model.blocks:
                 b.compile()
-        opt = torch.optim.AdamW(model.parameters(), lr=s.lr, **OPT_IMPL[device.type == "cuda"])
+        opt = adamw(model.parameters(), lr=s.lr, device=device)
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
 
         def step(x, y):
@@ -104,7 +101,7 @@ def bare_loop(strategy: str, spec, device: torch.device):
         if compiled:
             model = torch.compile(model)
         autocast = None
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, **OPT_IMPL[device.type == "cuda"])
+    opt = adamw(model.parameters(), lr=s.lr, device=device)
 
     def step(x, y):
         if autocast is not None:

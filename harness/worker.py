@@ -265,7 +265,7 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
                                 "(recompilation): those steps' times include compile time; raise warmup_steps "
                                 "or look for the changing guard with TORCH_LOGS=recompiles")
         if start is None:
-            null_reasons["startup_s"] = "process start time unavailable (psutil)"
+            null_reasons["startup_s"] = "process start time unavailable (/proc/self/stat)"
         bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
         if bad:
             bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))

@@ -17,7 +17,7 @@ import torch
 
 from harness.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
 from harness.scenario import RunSpec
-from harness.strategies.base import Batch, Topology
+from harness.strategies.base import Batch, Topology, adamw
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 ZERO_OVERRIDES_ENV = "HARNESS_DS_ZERO_OVERRIDES"
@@ -116,7 +116,6 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
 
         opt = DeepSpeedCPUAdam(model.parameters(), lr=spec.settings.lr, adamw_mode=True, weight_decay=0.01)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=spec.settings.lr,
-                                fused=topo.device_type == "cuda", foreach=None if topo.device_type == "cuda" else True)
+        opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return DeepSpeedTrainer(engine, config)
