@@ -4,7 +4,7 @@ setup), the timed steps, and the rest (teardown, record, driver polling). Median
 
     .venv/bin/python bench/bench_cell_overhead.py [--reps 3] [--launcher submitit|foreground]
 
-Each strategy runs with ranks forked from the sweep's warm zygote (harness.prefork, what local CPU sweeps
+Each strategy runs with ranks forked from the sweep's warm zygote (harness.launch.local.prefork, what local CPU sweeps
 do) and with ranks started cold (HARNESS_NO_PREFORK), alternating, so the two are measured under the same load.
 
 Prints one table; nothing is asserted (speed is measured here, never in tests).
@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.cluster import load_cluster  # noqa: E402
-from harness import prefork  # noqa: E402
-from harness.dispatch import launch_foreground, launch_submitit, make_payload  # noqa: E402
-from harness.scenario import parse_scenario  # noqa: E402
+from harness.scenario.cluster import load_cluster  # noqa: E402
+from harness.launch.local import prefork  # noqa: E402
+from harness.launch.sweep import launch_foreground, launch_submitit, make_payload  # noqa: E402
+from harness.scenario.schema import parse_scenario  # noqa: E402
 
 STRATEGIES = ["ddp", "fsdp.full_shard", "fsdp2.full_shard", "zero2", "zero3"]
 

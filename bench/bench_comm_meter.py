@@ -1,4 +1,4 @@
-"""What the collective meter (harness.meters.comm) costs: harness step time with the meter on vs off.
+"""What the collective meter (harness.worker.meters.comm) costs: harness step time with the meter on vs off.
 
 The worker no longer runs the meter in a timed step: it counts (and times each collective) over one extra
 step after the timed ones, so the timed steps carry none of this cost by construction. What this script measures is what
@@ -72,8 +72,8 @@ def per_call_cost_us(device, *, calls: int = 2000, rounds: int = 7) -> dict[str,
     import torch
     import torch.distributed as dist
 
-    from harness.meters.comm import CommMeter
-    from harness.meters.timing import synchronize
+    from harness.worker.meters.comm import CommMeter
+    from harness.worker.meters.timing import synchronize
 
     t = torch.ones(1024, device=device)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -104,8 +104,8 @@ def per_call_cost_us(device, *, calls: int = 2000, rounds: int = 7) -> dict[str,
 
 def block(trainer, batches, *, steps: int, device, meter_on: bool):
     """Time `steps` harness steps; with the meter on, it is installed for the block and counts every call."""
-    from harness.meters.comm import CommMeter
-    from harness.meters.timing import time_steps
+    from harness.worker.meters.comm import CommMeter
+    from harness.worker.meters.timing import time_steps
 
     meter = CommMeter().install() if meter_on else None
     try:
@@ -124,11 +124,11 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.meters.timing import synchronize
-    from harness.models import synthetic_batch
-    from harness.scenario import parse_scenario
-    from harness.strategies import family
-    from harness.strategies.base import Topology
+    from harness.worker.meters.timing import synchronize
+    from harness.worker.models import synthetic_batch
+    from harness.scenario.schema import parse_scenario
+    from harness.worker.strategies import family
+    from harness.worker.strategies.base import Topology
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if "OMP_NUM_THREADS" in os.environ:

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from harness.report import build_report
-from harness.scenario import PRECISIONS, STRATEGIES
-from harness.zoo import ZOO
+from harness.scenario.schema import PRECISIONS, STRATEGIES
+from harness.core.zoo import ZOO
 
 MODELS = ("125m", "350m", "1.3b", "2.7b", "7b", "13b", "30b", "70b")
 GPUS = (2, 4, 8, 16, 32)

@@ -5,8 +5,8 @@ medians tells whether the harness's Trainer/timing adds cost a user's own loop w
 (target <= 1.02). With `--compile on|both`, each strategy also runs compiled on both sides (the harness's
 `compile: true` against the bare loop compiled in the same known-good order: the wrapped model for DDP and
 FSDP1, each block for FSDP2 (before fully_shard) and ZeRO). Printed per row: both medians, the ratio, and
-the harness's TFLOPS per GPU (model FLOPs, harness.model_budget) and MFU against the device's dense peak
-for the precision (harness.cluster.PEAKS; "n/a" where unknown, e.g. CPU), and on CUDA the host syncs one
+the harness's TFLOPS per GPU (model FLOPs, harness.plan.memory) and MFU against the device's dense peak
+for the precision (harness.scenario.cluster.PEAKS; "n/a" where unknown, e.g. CPU), and on CUDA the host syncs one
 step makes on each side (CUDA's sync debug mode; the timing fence is outside the step). Prints figures;
 asserts nothing.
 
@@ -31,17 +31,17 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness.meters.timing import synchronize, time_steps  # noqa: E402
-from harness.models import Block, build_model, synthetic_batch  # noqa: E402
-from harness.scenario import parse_scenario  # noqa: E402
-from harness.strategies import family  # noqa: E402
-from harness.strategies.base import Topology, adamw  # noqa: E402
+from harness.worker.meters.timing import synchronize, time_steps  # noqa: E402
+from harness.worker.models import Block, build_model, synthetic_batch  # noqa: E402
+from harness.scenario.schema import parse_scenario  # noqa: E402
+from harness.worker.strategies import family  # noqa: E402
+from harness.worker.strategies.base import Topology, adamw  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def bare_loop(strategy: str, spec, device: torch.device):
-    """The loop a user would write by hand: library defaults, nothing from harness.strategies but the optimizer
+    """The loop a user would write by hand: library defaults, nothing from harness.worker.strategies but the optimizer
     (`base.adamw`: the implementation a tuned loop picks, fused on CUDA, foreach on CPU, where torch's default
     for FSDP2's DTensor parameters is the per-parameter loop that made the bare FSDP2 step twice the harness's)."""
     cfg, s = spec.model_config, spec.settings
@@ -161,8 +161,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off")
     args = ap.parse_args()
-    from harness.cluster import find_peak
-    from harness.model_budget import flops_per_step
+    from harness.scenario.cluster import find_peak
+    from harness.plan.memory import flops_per_step
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

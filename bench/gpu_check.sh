@@ -49,7 +49,7 @@ sweep_part() {
     --results "$results" --no-skip 2>&1 | tee "$results.log" | grep -E '^\[|done in|records|nterrupt'
   python3 - "$results" <<'PY' | tee "$OUT/table_$part.md"
 import sys
-from harness.results import load_records
+from harness.results.store import load_records
 ac = lambda r: r["spec"]["activation_checkpointing"]
 recs, warns = load_records(sys.argv[1])
 print("| cell | status | step s (p50) | TFLOPS/GPU | MFU | peak alloc GiB | predicted GiB | pred/meas |")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import load_cluster
-from harness.scenario import RunSpec, parse_scenario
+from harness.scenario.cluster import load_cluster
+from harness.scenario.schema import RunSpec, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def make_spec(*, strategy: str, precision: str = "fp32", gpus: int = 2, model: s
 
 def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "local") -> dict:
     """Run one cell in the foreground launcher (real processes, real gloo group) and return its record."""
-    from harness.dispatch import launch_foreground, make_payload
+    from harness.launch.sweep import launch_foreground, make_payload
 
     payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None,
                            predicted=None)
@@ -43,7 +43,7 @@ def smoke_sweep(tmp_path_factory) -> dict:
     import time
 
     from harness.cli import main
-    from harness.results import load_records
+    from harness.results.store import load_records
 
     results = tmp_path_factory.mktemp("smoke") / "results"
     extensions = tmp_path_factory.mktemp("torch_extensions")

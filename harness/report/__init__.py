@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from harness.errors import InputError, Problem
+from harness.core.errors import InputError, Problem
 from harness.report.figures import Figure, all_figures
 from harness.report.frame import (FRACTIONAL_COLUMNS, SAMPLES_COLUMN, best_per_model_gpus, cell_table, figure_cells,
                                   records_frame, report_name)
 from harness.report.render import html_page, markdown
-from harness.results import load_records
+from harness.results.store import load_records
 
 __all__ = ["build_report", "report_command"]
 

@@ -1,7 +1,7 @@
 """The report's figures (matplotlib, Agg backend), each rendered once to PNG bytes.
 
 One colour and one marker per strategy in every figure (`STRATEGY_STYLE`, a fixed mapping over
-harness.scenario.STRATEGIES): the Okabe-Ito colours plus four of Paul Tol's "muted" set, all distinguishable
+harness.scenario.schema.STRATEGIES): the Okabe-Ito colours plus four of Paul Tol's "muted" set, all distinguishable
 with the common colour-vision deficiencies, and the marker shape repeats the information. Precision is the
 line style. A figure whose data no record carries is not drawn; its note says why.
 """
@@ -30,7 +30,7 @@ from matplotlib.transforms import ScaledTranslation  # noqa: E402
 from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
 from harness.report.frame import COMM_PREFIX, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
-from harness.scenario import PRECISIONS, STRATEGIES  # noqa: E402
+from harness.scenario.schema import PRECISIONS, STRATEGIES  # noqa: E402
 
 DPI = 100
 MAX_MODELS = 4

@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results import load_records
-from harness.scenario import PRECISIONS, STRATEGIES, canonical_setting
+from harness.results.store import load_records
+from harness.scenario.schema import PRECISIONS, STRATEGIES, canonical_setting
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
 # vary within a report (e.g. two micro-batch sizes); label → short form in row labels.
@@ -228,7 +228,7 @@ def _order(values: pd.Series, known: tuple[str, ...]) -> pd.Series:
 
 def model_order(df: pd.DataFrame) -> list[str]:
     """Models smallest first (by metrics.n_params, else the zoo's count for that name), then by name."""
-    from harness.zoo import ZOO
+    from harness.core.zoo import ZOO
 
     sizes = df.groupby("model")["n_params"].max()
     def key(m: str) -> tuple[float, str]:
@@ -240,7 +240,7 @@ def model_order(df: pd.DataFrame) -> list[str]:
 
 
 def sort_cells(df: pd.DataFrame) -> pd.DataFrame:
-    """Report order: model by size, strategy as harness.scenario.STRATEGIES, precision, variant, GPU count."""
+    """Report order: model by size, strategy as harness.scenario.schema.STRATEGIES, precision, variant, GPU count."""
     models = {m: i for i, m in enumerate(model_order(df))}
     keyed = df.assign(_m=df["model"].map(models), _s=_order(df["strategy"], STRATEGIES),
                       _p=_order(df["precision"], PRECISIONS))

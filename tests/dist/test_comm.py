@@ -1,8 +1,8 @@
-"""Measured collectives equal the analytic model (harness.comm_model), on real gloo groups.
+"""Measured collectives equal the analytic model (harness.plan.comm), on real gloo groups.
 
 Every strategy × {fp32, bf16} on the tiny model, world 2 (hybrids 4 = 2 nodes × 2) — the cells of
 scenarios/smoke.yaml, swept once per session (the `smoke_sweep` fixture) — the meter's record of the
-counted step (`comm`, what harness.meters.comm counted over one untimed step after the timed ones) against `predict_comm(spec)`, and against the
+counted step (`comm`, what harness.worker.meters.comm counted over one untimed step after the timed ones) against `predict_comm(spec)`, and against the
 `predicted` section the sweep wrote into the same record. The
 requirement is bytes per step within 1%; the model is exact, so calls, bytes and dtypes per collective
 and the intra-/inter-node split are asserted equal too.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.comm_model import predict_comm
-from harness.scenario import HYBRID_STRATEGIES, STRATEGIES, RunSpec
+from harness.plan.comm import predict_comm
+from harness.scenario.schema import HYBRID_STRATEGIES, STRATEGIES, RunSpec
 
 pytestmark = pytest.mark.dist
 
@@ -84,9 +84,9 @@ def test_zero3_regathers_and_checkpointing_recompute_with_lowered_knobs(policy, 
     runs every module's gather hook) gathers exactly what full does."""
     import json
 
-    import harness.comm_model as cm
-    from harness.scenario import parse_scenario
-    from harness.strategies.zero import ZERO_OVERRIDES_ENV
+    import harness.plan.comm as cm
+    from harness.scenario.schema import parse_scenario
+    from harness.worker.strategies.zero import ZERO_OVERRIDES_ENV
     from tests.conftest import run_cell
 
     monkeypatch.setenv(ZERO_OVERRIDES_ENV, json.dumps({"stage3_max_reuse_distance": 5_000_000,

@@ -40,7 +40,7 @@ def test_dynamo_snapshot_counts_a_recompilation():
     """What the worker reads around the measured steps: a call that recompiles (a new input rank) counts a frame."""
     import torch
 
-    from harness.meters import dynamo as dynamo_meter
+    from harness.worker.meters import dynamo as dynamo_meter
 
     f = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
     f(torch.ones(3))

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from harness.comm_model import predict_comm
-from harness.models import build_model, loss_fn, synthetic_batch
-from harness.scenario import STRATEGIES, RunSpec
+from harness.plan.comm import predict_comm
+from harness.worker.models import build_model, loss_fn, synthetic_batch
+from harness.scenario.schema import STRATEGIES, RunSpec
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist

@@ -1,4 +1,4 @@
-"""Ranks forked from a warm zygote (harness.prefork, what local CPU sweeps use) measure what cold-started
+"""Ranks forked from a warm zygote (harness.launch.local.prefork, what local CPU sweeps use) measure what cold-started
 ranks measure, fail the same ways, and never outlive their cell. Real zygote, real forks, real gloo groups.
 
 (The fault suite, tests/faults, runs its sweeps through the CLI, so every injected fault there is already
@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from harness import prefork
+from harness.launch.local import prefork
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.dist
 
 @pytest.fixture(scope="module")
 def zygote():
-    from harness.cluster import load_cluster
+    from harness.scenario.cluster import load_cluster
 
     with prefork.zygote(load_cluster("local").env, label="test_prefork") as where:
         pid = int(where.split(":")[1])
@@ -79,8 +79,8 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
     import subprocess
     import sys
 
-    from harness.cluster import load_cluster
-    from harness.dispatch import make_payload
+    from harness.scenario.cluster import load_cluster
+    from harness.launch.sweep import make_payload
 
     spec = make_spec(strategy="ddp", warmup_steps=2, measure_steps=2, inject={"fault": "hang", "rank": 0, "step": 1})
     payload = make_payload(spec, sweep="t", cluster=load_cluster("local"), results=results, sha=None, predicted=None)
@@ -91,7 +91,7 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
         results.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"]), WORLD_SIZE="2")
-        stubs = [subprocess.Popen([sys.executable, "-m", "harness.worker", str(path)], env=dict(env, RANK=str(r)),
+        stubs = [subprocess.Popen([sys.executable, "-m", "harness.worker.runner", str(path)], env=dict(env, RANK=str(r)),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
         z = psutil.Process(zpid)
         deadline = time.time() + 120

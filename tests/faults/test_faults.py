@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results import load_records
+from harness.results.store import load_records
 
 pytestmark = pytest.mark.dist
 
@@ -93,7 +93,7 @@ def test_injected_fault_has_status_rank_and_reason(fault_sweep, fault, status, r
 def test_error_record_carries_the_traceback(fault_sweep):
     rec = fault_sweep["records"][("ddp", "exception")]
     tb = next(f["traceback"] for f in rec["failures"] if f["rank"] == 1)
-    assert "RuntimeError: injected exception" in tb and "harness/worker.py" in tb
+    assert "RuntimeError: injected exception" in tb and "harness/worker/runner.py" in tb
 
 
 def test_hang_in_a_hybrid_subgroup_hits_the_watchdog(fault_sweep):

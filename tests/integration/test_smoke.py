@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.scenario import load_scenario
+from harness.scenario.schema import load_scenario
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.dist

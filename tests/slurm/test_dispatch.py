@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results import load_records
+from harness.results.store import load_records
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 
 pytestmark = pytest.mark.slurm
@@ -190,7 +190,7 @@ def test_a_raising_rank_gives_an_error_record_with_the_remote_traceback(dispatch
     assert "injected exception" in rec["reason"]
     failure = next(f for f in rec["failures"] if f["rank"] == 1)
     assert "RuntimeError: injected exception (rank 1, step 2)" in failure["traceback"]
-    assert "in before_step" in failure["traceback"] and "harness/faults.py" in failure["traceback"]
+    assert "in before_step" in failure["traceback"] and "harness/worker/faults.py" in failure["traceback"]
     assert failure["hostname"] in ("node1", "node2")  # the SLURM node, not the (shared) hostname
     assert rec["env"]["slurm_job_id"] == dispatch_sweep["manifest"][rec["run_id"]]["job_id"]
     assert sacct_states(rec["env"]["slurm_job_id"]) == ["FAILED"]

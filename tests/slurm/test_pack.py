@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results import load_records
+from harness.results.store import load_records
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
-from harness.slurm_pack import cell_started
+from harness.launch.slurm.pack import cell_started
 
 pytestmark = pytest.mark.slurm
 
@@ -147,7 +147,7 @@ def test_a_crash_and_a_hang_in_a_pack_are_recorded_and_the_pack_goes_on(sweeps):
     assert "sbatch: error:" in refused["reason"]
     # no rank outlived its cell (the pack's tasks may still be exiting: the sweep does not wait for them)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    assert not [line for line in ps if "harness.worker" in line and any(r in line for r in faults["records"])]
+    assert not [line for line in ps if "harness.worker.runner" in line and any(r in line for r in faults["records"])]
 
 
 # ---- detached, status, cancelled, picked up --------------------------------------------------------------------

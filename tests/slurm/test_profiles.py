@@ -1,4 +1,4 @@
-"""SLURM profiles and the pure parts of harness.slurm (no cluster needed, so not marked `slurm`): the `slurm:` block's
+"""SLURM profiles and the pure parts of harness.launch.slurm.jobs (no cluster needed, so not marked `slurm`): the `slurm:` block's
 validation, its translation into submitit parameters, the time limit of a cell's job, and how a job's end in SLURM
 becomes a record status."""
 
@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import yaml
 
-from harness.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
-from harness.errors import InputError
-from harness.scenario import load_yaml
-from harness.slurm import executor_parameters, flight_state, job_minutes, pack_verdict, split_packs, verdict
+from harness.scenario.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
+from harness.core.errors import InputError
+from harness.scenario.schema import load_yaml
+from harness.launch.slurm.jobs import executor_parameters, flight_state, job_minutes, pack_verdict, split_packs, verdict
 
 
 def profile(slurm: str, **top) -> dict:
@@ -95,7 +95,7 @@ def test_profile_to_submitit_parameters():
     (7200, 90, 60, 60),    # the profile's time_limit_min caps it
 ])
 def test_a_cells_job_time_limit(time_limit_s, signal_delay_s, cap, minutes):
-    from harness.cluster import SlurmProfile
+    from harness.scenario.cluster import SlurmProfile
 
     slurm = SlurmProfile(signal_delay_s=signal_delay_s, time_limit_min=cap)
     assert job_minutes(time_limit_s, slurm) == minutes

@@ -163,9 +163,9 @@ def wait_done(jobs: dict[str, submitit.Job], t0: float) -> dict[str, float]:
 
 def submitit_parameters(cluster, *, nodes: int) -> dict:
     """A cluster profile's `slurm:` block as AutoExecutor parameters: the translation the dispatch owns
-    (harness.slurm.executor_parameters), for a cell of `nodes` full nodes and the default time limit."""
-    from harness.scenario import Settings
-    from harness.slurm import executor_parameters, job_minutes
+    (harness.launch.slurm.jobs.executor_parameters), for a cell of `nodes` full nodes and the default time limit."""
+    from harness.scenario.schema import Settings
+    from harness.launch.slurm.jobs import executor_parameters, job_minutes
 
     return executor_parameters(cluster, nodes=nodes, tasks_per_node=cluster.gpus_per_node,
                                timeout_min=job_minutes(Settings().time_limit_s, cluster.slurm))
@@ -348,7 +348,7 @@ def test_time_limit_behaviours(slurm_cluster, slurm_folder, slurm_timings):
 
 @pytest.mark.timeout(180)
 def test_local_slurm_profile_parameters_are_accepted(slurm_cluster, slurm_folder):
-    from harness.cluster import load_cluster
+    from harness.scenario.cluster import load_cluster
 
     cluster = load_cluster("local-slurm")
     params = submitit_parameters(cluster, nodes=2)

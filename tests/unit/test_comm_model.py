@@ -1,4 +1,4 @@
-"""The analytic collective model (harness.comm_model), as arithmetic: shapes, padding, relations between
+"""The analytic collective model (harness.plan.comm), as arithmetic: shapes, padding, relations between
 strategies, group split. Numbers marked "measured" come from real gloo runs (torch 2.13, deepspeed 0.19.8;
 tests/dist/test_comm.py and docs/comm.md) and pin the padding rules on a model whose shapes do not divide."""
 
@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from harness.comm_model import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets, ds_ipg_buckets,
+from harness.plan.comm import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets, ds_ipg_buckets,
                                 fsdp1_flat_numel, fsdp2_padded_numel, predict_comm, unsupported_reason,
                                 zero3_module_trace, zero3_sub_groups, zero3_trace, Zero3Config)
-from harness.zoo import ZOO, ModelConfig, Param, parameters
+from harness.core.zoo import ZOO, ModelConfig, Param, parameters
 from tests.conftest import make_spec
 
 TINY_P = ZOO["tiny"].n_params()  # 166208
@@ -39,7 +39,7 @@ def total(strategy, precision="fp32", gpus=None, **kw) -> float:
                          ids=["tiny", "odd", "70b", "gqa"])
 def test_parameters_match_the_torch_model(cfg):
     pytest.importorskip("torch")
-    from harness.models import build_model
+    from harness.worker.models import build_model
 
     model = build_model(cfg, seed=0, device="meta")
     got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
@@ -50,7 +50,7 @@ def test_parameters_match_the_torch_model(cfg):
 def test_output_contract():
     r = predict_comm(spec("zero3", "bf16"))
     assert set(r) >= {"comm_bytes_per_step", "bytes_per_step", "calls_per_step", "by_collective", "by_group", "notes"}
-    assert r["bytes_per_step"] == r["comm_bytes_per_step"]  # harness.planner reads `bytes_per_step`
+    assert r["bytes_per_step"] == r["comm_bytes_per_step"]  # harness.plan.predict reads `bytes_per_step`
     for c in r["by_collective"].values():
         assert set(c) >= {"calls", "bytes", "dtype"}
     assert sum(c["bytes"] for c in r["by_collective"].values()) == r["comm_bytes_per_step"]
@@ -60,8 +60,8 @@ def test_output_contract():
 
 
 def test_planner_fills_predicted_comm():
-    planner = pytest.importorskip("harness.planner")
-    from harness.cluster import load_cluster
+    planner = pytest.importorskip("harness.plan.predict")
+    from harness.scenario.cluster import load_cluster
 
     s = spec("fsdp.full_shard", "bf16")
     assert planner.predict(s, load_cluster("local"))["comm_bytes_per_step"] == predict_comm(s)["comm_bytes_per_step"]
@@ -290,7 +290,7 @@ def test_zero3_coordinator_simulation_matches_measured(monkeypatch, model, knobs
     """ZeRO-3 fp32 at world 2, measured on gloo with DeepSpeed's stage3_* knobs lowered (a diagnostic config,
     not the harness's) so that releases after forward, re-gathers in backward, prefetch batching and the
     recomputed forward of activation checkpointing all show on a CPU-sized model."""
-    import harness.comm_model as cm
+    import harness.plan.comm as cm
 
     monkeypatch.setattr(cm, "ZERO3", cm.Zero3Config(**knobs))
     r = predict_comm(spec("zero3", "fp32", model_config=model, activation_checkpointing=checkpointing))

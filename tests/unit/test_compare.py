@@ -1,4 +1,4 @@
-"""harness compare on synthetic record sets written in the contract's shape (harness.results.write_record).
+"""harness compare on synthetic record sets written in the contract's shape (harness.results.store.write_record).
 
 Records are synthetic because a real sweep needs minutes of multi-process runs; their specs are real RunSpecs
 (so run_ids are the real digests) and every derived metric is computed the way the contract defines it.
@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from harness.cli import main
-from harness.errors import InputError
-from harness.compare import (
+from harness.core.errors import InputError
+from harness.compare.compare import (
     IMPROVEMENT,
     INSUFFICIENT,
     NA,
@@ -26,9 +26,9 @@ from harness.compare import (
     mann_whitney_p,
     promote_baseline,
 )
-from harness.results import load_records, write_record
-from harness.scenario import RunSpec, Settings, load_scenario
-from harness.zoo import ZOO
+from harness.results.store import load_records, write_record
+from harness.scenario.schema import RunSpec, Settings, load_scenario
+from harness.core.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 TIGHT = [0.1000, 0.1010, 0.0990, 0.1005, 0.0995, 0.1002, 0.0998]  # 7 samples, ~1% spread
@@ -502,7 +502,7 @@ def test_promote_force_bootstraps_a_missing_baseline(tmp_path, capsys):
 
 
 def test_promote_without_atomic_exchange_falls_back_to_renames(tmp_path, monkeypatch):
-    import harness.compare as hc
+    import harness.compare.compare as hc
 
     monkeypatch.setattr(hc, "_exchange", lambda a, b: False)
     write_set(tmp_path / "base", [make_record(micro_batch=8)])
@@ -548,7 +548,7 @@ def test_nightly_workflow_runs_make_nightly_and_feeds_the_step_summary():
 
 def test_metric_selection_exact_only(tmp_path):
     """`--metric exact` (the project's CI): a 50% slower step is not judged, one more byte is."""
-    from harness.compare import compare, select_metrics
+    from harness.compare.compare import compare, select_metrics
 
     assert {m.name for m in select_metrics(["exact"])} == {
         "comm.bytes_per_step", "predicted.memory_gib.total", "predicted.comm_bytes_per_step"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness.dispatch import describe
+from harness.launch.sweep import describe
 from tests.conftest import REPO
 
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness import model_budget as mb
-from harness.scenario import RunSpec, Settings
-from harness.zoo import ZOO, ModelConfig
+from harness.plan import memory as mb
+from harness.scenario.schema import RunSpec, Settings
+from harness.core.zoo import ZOO, ModelConfig
 
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import (FlopCounterMode, flop_registry, register_flop_formula,  # noqa: E402
                                       sdpa_backward_flop_count, sdpa_flop_count)
 
-from harness.models import apply_activation_checkpointing, build_model, loss_fn  # noqa: E402
+from harness.worker.models import apply_activation_checkpointing, build_model, loss_fn  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -150,7 +150,7 @@ def test_recompute_formula():
 
 @pytest.mark.parametrize("ac", ["none", "full", "selective"])
 def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
-    from harness.worker import utilisation
+    from harness.worker.runner import utilisation
     from tests.conftest import make_spec
 
     spec = make_spec(strategy="ddp", precision="bf16", model="1.3b", gpus=1, activation_checkpointing=ac)
@@ -166,7 +166,7 @@ def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
 
 
 def test_fp32_mfu_uses_the_tf32_peak_only_when_tf32_is_allowed():
-    from harness.worker import utilisation
+    from harness.worker.runner import utilisation
     from tests.conftest import make_spec
 
     spec = make_spec(strategy="ddp", precision="fp32", model="125m", gpus=1)
@@ -178,7 +178,7 @@ def test_fp32_mfu_uses_the_tf32_peak_only_when_tf32_is_allowed():
 
 @pytest.mark.parametrize("device_type, name", [("cpu", "cpu"), ("cuda", "NVIDIA GeForce RTX 4090")])
 def test_mfu_is_null_with_a_reason_where_the_peak_is_unknown(device_type, name):
-    from harness.worker import utilisation
+    from harness.worker.runner import utilisation
     from tests.conftest import make_spec
 
     spec = make_spec(strategy="ddp", precision="bf16", gpus=1)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from harness.cli import main
-from harness.cluster import load_cluster
-from harness.dispatch import local_executor_parameters, local_gpus
+from harness.scenario.cluster import load_cluster
+from harness.launch.sweep import local_executor_parameters, local_gpus
 
 
 def test_the_users_cuda_visible_devices_are_the_gpus_the_tasks_get(monkeypatch):
@@ -49,13 +49,13 @@ def test_cells_needing_more_gpus_than_visible_are_skipped_unlaunched(tmp_path, m
 
 @pytest.mark.parametrize("local_rank, visible, index", [(0, 1, 0), (3, 8, 3), (3, 1, 0), (1, 2, 1)])
 def test_each_rank_takes_its_gpu_or_the_one_it_was_bound_to(local_rank, visible, index):
-    from harness.worker import cuda_index
+    from harness.worker.runner import cuda_index
 
     assert cuda_index(local_rank, visible) == index
 
 
 def test_a_rank_beyond_the_visible_gpus_says_how_many_there_are(monkeypatch):
-    from harness.worker import cuda_index
+    from harness.worker.runner import cuda_index
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(RuntimeError, match=r"local rank 3 needs cuda:3, but host .* has 2 CUDA device\(s\) visible "

@@ -1,4 +1,4 @@
-"""harness.model_budget: the per-rank memory model.
+"""harness.plan.memory: the per-rank memory model.
 
 The arithmetic tests are pure (no torch). The last section measures the real model on CPU: bytes saved
 for backward (saved-tensor hooks), and whole training steps under torch's MemTracker (single rank, and
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import model_budget as mb
-from harness.scenario import RunSpec, Settings
-from harness.zoo import ZOO, ModelConfig, parameters
+from harness.plan import memory as mb
+from harness.scenario.schema import RunSpec, Settings
+from harness.core.zoo import ZOO, ModelConfig, parameters
 
 REPO = Path(__file__).resolve().parents[2]
 CFG7 = ZOO["7b"]
@@ -54,7 +54,7 @@ def test_parameters_add_up_to_the_zoo_count(name):
 
 def test_parameters_match_the_torch_model():
     torch = pytest.importorskip("torch")
-    from harness.models import build_model
+    from harness.worker.models import build_model
 
     cfg = ModelConfig(d_model=64, n_layers=3, n_heads=8, ffn=96, vocab=100, n_kv_heads=2)
     model = build_model(cfg, seed=0, device="meta")
@@ -289,8 +289,8 @@ def _saved_bytes(cfg: ModelConfig, mode: str, *, micro_batch: int, seq_len: int)
     """Bytes of distinct storages saved for backward by one forward + loss, excluding parameters, autocast's
     weight copies (the planner counts them as buffers) and the RoPE cos/sin cache (built once, kept)."""
     torch = pytest.importorskip("torch")
-    from harness import models
-    from harness.models import build_model, loss_fn, synthetic_batch
+    from harness.worker import models
+    from harness.worker.models import build_model, loss_fn, synthetic_batch
 
     model = build_model(cfg, seed=0, device="cpu")
     if mode == "lowp":
@@ -330,8 +330,8 @@ _KEPT_SCRIPT = textwrap.dedent("""
     import contextlib, json, sys
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
-    from harness.models import apply_activation_checkpointing, build_model, synthetic_batch
-    from harness.zoo import ModelConfig
+    from harness.worker.models import apply_activation_checkpointing, build_model, synthetic_batch
+    from harness.core.zoo import ModelConfig
     cfg, precision = ModelConfig(**json.loads(sys.argv[1])), sys.argv[2]
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     x, _ = synthetic_batch(cfg, seed=0, rank=0, micro_batch=2, seq_len=256)
@@ -368,8 +368,8 @@ _STEP_SCRIPT = textwrap.dedent("""
     import contextlib, json, sys
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
-    from harness.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
-    from harness.zoo import ModelConfig
+    from harness.worker.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
+    from harness.core.zoo import ModelConfig
     cfg, precision, ckpt = ModelConfig(**json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
     model = build_model(cfg, seed=0, device="cpu")
     if ckpt != "none":
@@ -397,8 +397,8 @@ _FSDP2_SCRIPT = textwrap.dedent("""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from harness.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
-    from harness.zoo import ModelConfig
+    from harness.worker.models import apply_activation_checkpointing, build_model, loss_fn, synthetic_batch
+    from harness.core.zoo import ModelConfig
     cfg, world, precision, ckpt = (ModelConfig(**json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3],
                                    sys.argv[4])
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())

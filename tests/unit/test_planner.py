@@ -1,4 +1,4 @@
-"""harness.planner: predict() for the dispatcher, and `harness plan` (through harness.cli.main)."""
+"""harness.plan.predict: predict() for the dispatcher, and `harness plan` (through harness.cli.main)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import model_budget as mb
-from harness import planner
+from harness.plan import memory as mb
+from harness.plan import predict as planner
 from harness.cli import main
-from harness.cluster import load_cluster
-from harness.scenario import load_scenario
-from harness.zoo import ZOO
+from harness.scenario.cluster import load_cluster
+from harness.scenario.schema import load_scenario
+from harness.core.zoo import ZOO
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
@@ -134,15 +134,15 @@ def test_fits_uses_the_reserve():
 def test_comm_bytes_come_from_comm_model_when_it_exists(monkeypatch):
     spec = load_scenario(PLAN_7B).expand(gpus_per_node=8)[0]
     cluster = load_cluster("a100")
-    monkeypatch.setitem(sys.modules, "harness.comm_model", None)  # import fails: no accounting model
+    monkeypatch.setitem(sys.modules, "harness.plan.comm", None)  # import fails: no accounting model
     assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
-    fake = types.ModuleType("harness.comm_model")
+    fake = types.ModuleType("harness.plan.comm")
     fake.predict_comm = lambda s: {"bytes_per_step": 1234, "by_collective": {}}
-    monkeypatch.setitem(sys.modules, "harness.comm_model", fake)
+    monkeypatch.setitem(sys.modules, "harness.plan.comm", fake)
     assert planner.predict(spec, cluster)["comm_bytes_per_step"] == 1234.0
     fake.predict_comm = lambda s: None
     assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
-    monkeypatch.setitem(sys.modules, "harness.comm_model", types.ModuleType("harness.comm_model"))  # no function
+    monkeypatch.setitem(sys.modules, "harness.plan.comm", types.ModuleType("harness.plan.comm"))  # no function
     assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
 
 

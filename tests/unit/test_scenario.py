@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.errors import InputError
-from harness.scenario import RunSpec, expand_matrix, load_scenario, parse_scenario
+from harness.core.errors import InputError
+from harness.scenario.schema import RunSpec, expand_matrix, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +139,7 @@ def test_run_id_is_stable_and_spec_sensitive():
 
 
 def test_run_id_is_stable_across_processes():
-    code = ("from harness.scenario import parse_scenario;"
+    code = ("from harness.scenario.schema import parse_scenario;"
             f"print(parse_scenario({BASE!r}, 'x').expand(gpus_per_node=2)[0].run_id)")
     out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin"}).stdout.strip() for seed in (1, 2)}
@@ -147,7 +147,7 @@ def test_run_id_is_stable_across_processes():
 
 
 def test_expansion_does_not_import_torch():
-    code = ("import sys; from harness.scenario import load_scenario; from harness.cluster import load_cluster;"
+    code = ("import sys; from harness.scenario.schema import load_scenario; from harness.scenario.cluster import load_cluster;"
             "load_scenario('scenarios/smoke.yaml').expand(gpus_per_node=2); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"

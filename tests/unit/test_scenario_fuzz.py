@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.errors import InputError
-from harness.scenario import CORE_AXES, PRECISIONS, SETTING_FIELDS, STRATEGIES, TOP_LEVEL_KEYS, parse_scenario
+from harness.core.errors import InputError
+from harness.scenario.schema import CORE_AXES, PRECISIONS, SETTING_FIELDS, STRATEGIES, TOP_LEVEL_KEYS, parse_scenario
 
 KEYS = list(TOP_LEVEL_KEYS) + list(CORE_AXES) + list(SETTING_FIELDS) + ["include", "exclude", "fault", "rank",
                                                                         "step", "d_model", "bogus"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.models import build_model
-from harness.zoo import ZOO
+from harness.worker.models import build_model
+from harness.core.zoo import ZOO
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -27,7 +27,7 @@ def test_published_sizes(name, expected):
 
 
 def test_keyed_init_is_build_path_independent():
-    from harness.models import init_module_
+    from harness.worker.models import init_module_
 
     eager = build_model(ZOO["tiny"], seed=3, device="cpu")
     lazy = build_model(ZOO["tiny"], seed=3, device="meta")

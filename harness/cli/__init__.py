@@ -1,0 +1,88 @@
+"""`harness` command line. Subcommands load their modules lazily so `harness --help` and `harness plan`
+never import torch, pandas or matplotlib.
+
+Exit codes: 0 success; 1 a sweep with failed cells, or a regression (compare); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from harness.core.errors import InputError
+
+# name → "module:attribute" of a click command
+COMMANDS: dict[str, str] = {
+    "sweep": "harness.cli.run:sweep",
+    "run": "harness.cli.run:run",
+    "list": "harness.cli.run:list_",
+    "plan": "harness.plan.predict:plan_command",
+    "status": "harness.cli.run:status",
+    "report": "harness.report:report_command",
+    "compare": "harness.compare.compare:compare_command",
+}
+
+
+SHORT_HELP: dict[str, str] = {
+    "sweep": "Run every cell of a scenario; one JSON record per cell.",
+    "run": "Run one cell in the foreground.",
+    "list": "List models, strategies, clusters, or a scenario's cells.",
+    "plan": "Predict memory, FLOPs and traffic per cell; launches nothing.",
+    "status": "Per-cell state of the sweeps in a results dir.",
+    "report": "Tables and figures (HTML, Markdown, CSV) from result dirs.",
+    "compare": "Regressions between a baseline and a candidate (exit 1).",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # static one-liners: `harness --help` must not import torch, pandas or matplotlib
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            @click.command(name=name, help=f"(unavailable: {e})")
+            def unavailable() -> None:
+                raise click.ClickException(f"'{name}' is not available: {e}")
+            return unavailable
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="harness")
+def cli() -> None:
+    """Benchmark distributed PyTorch training strategies (DDP, FSDP, FSDP2, DeepSpeed ZeRO) across
+    precisions and GPU counts, locally on CPU/gloo or on SLURM GPU clusters."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: bad input anywhere (InputError) → its lines on stderr and exit code 2."""
+    try:
+        rv = cli.main(args=argv, prog_name="harness", standalone_mode=False)
+    except InputError as e:
+        for p in e.problems:
+            click.echo(f"error: {p}", err=True)
+        return 2
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted: the manifest and records are consistent; re-run the same command to resume",
+                   err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return 2 if isinstance(e, click.UsageError) else e.exit_code
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

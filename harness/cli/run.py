@@ -1,0 +1,203 @@
+"""Click commands for the run side of the flow: sweep, run, list, status."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import click
+
+from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
+from harness.core.errors import InputError, Problem, one_of
+from harness.scenario.schema import STRATEGIES, load_scenario
+from harness.core.zoo import ZOO
+
+
+def _cluster_option(f):
+    return click.option("--cluster", "cluster_name", default="local", show_default=True,
+                        help="cluster profile: a name in scenarios/clusters/ or a path")(f)
+
+
+@click.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@_cluster_option
+@click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False),
+              help="results dir; records go to RESULTS/<scenario name>/<run_id>.json")
+@click.option("--force", is_flag=True, help="rerun cells that already have an ok record")
+@click.option("--no-skip", is_flag=True, help="run cells the planner predicts will not fit")
+@click.option("--no-wait", is_flag=True,
+              help="SLURM: submit and return; `harness status` follows the jobs, re-running the sweep collects them")
+@click.option("--pack", is_flag=True,
+              help="SLURM: cells asking for the same nodes and tasks share one job and run in it one after another, "
+                   "each in fresh processes (one queue wait per pack instead of per cell)")
+def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool,
+          pack: bool) -> int:
+    """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed.
+
+    On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
+    one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
+    to jobs still queued or running."""
+    from harness.launch.sweep import run_sweep
+    from harness.launch.slurm.jobs import SlurmUnavailable
+
+    def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    sc = load_scenario(scenario)
+    cluster = load_cluster(cluster_name)
+    local = [flag for flag, on in (("--no-wait", no_wait), ("--pack", pack)) if on and cluster.executor != "slurm"]
+    if local:
+        raise InputError([Problem(flag, "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as "
+                                  "children of the sweep") for flag in local])
+    n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
+    click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
+               + (", packed" if pack else ""))
+    try:
+        res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, pack=pack,
+                        echo=click.echo)
+    except SlurmUnavailable as e:
+        raise click.ClickException(f"{e} (nothing was submitted or written)") from None
+    counts: dict[str, int] = {}
+    for r in res.records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if res.in_flight:
+        summary = ", ".join(filter(None, [summary, f"{res.in_flight} still on SLURM"]))
+    click.echo(f"done in {res.wall_s:.1f} s: {summary}")
+    click.echo(f"records: {res.results_dir}/  (harness report {results} | harness status {res.results_dir})")
+    return 1 if res.failed else 0
+
+
+@click.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--cell", "cell", required=True, help="run_id (or a unique prefix) of the cell to run")
+@_cluster_option
+@click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
+def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
+    """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
+    from harness.launch.sweep import describe, launch_foreground, make_payload, predict, skipped_record
+    from harness.worker.env import git_sha
+
+    sc = load_scenario(scenario)
+    cluster = load_cluster(cluster_name)
+    specs = sc.expand(gpus_per_node=cluster.gpus_per_node)
+    matches = [s for s in specs if s.run_id == cell] or [s for s in specs if s.run_id.startswith(cell)]
+    if len(matches) != 1:
+        ids = [s.run_id for s in specs]
+        msg = "matches several cells: " + ", ".join(s.run_id for s in matches) if matches else one_of(cell, ids)
+        raise InputError([Problem(scenario, "--cell", msg)])
+    spec = matches[0]
+    predicted = predict(spec, cluster)
+    reason = spec.unsupported_reason(cluster.device)
+    if reason:
+        rec = skipped_record(spec, sweep=sc.name, cluster=cluster, results=results, reason=reason, predicted=predicted)
+    else:
+        payload = make_payload(spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(),
+                               predicted=predicted)
+        rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
+    click.echo(json.dumps(rec, indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
+    return 0 if rec["status"] in ("ok", "skipped") else 1
+
+
+@click.command(name="list")
+@click.argument("what", type=click.Choice(["models", "strategies", "clusters", "cells"]))
+@click.argument("scenario", required=False)
+@_cluster_option
+def list_(what: str, scenario: str | None, cluster_name: str) -> int:
+    """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
+    if what == "models":
+        for name, cfg in ZOO.items():
+            click.echo(f"{name:6s} {cfg.n_params() / 1e9:7.3f} B params  d_model {cfg.d_model:5d}  layers "
+                       f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  ffn {cfg.ffn:6d}  vocab {cfg.vocab}")
+    elif what == "strategies":
+        for s in STRATEGIES:
+            click.echo(s)
+    elif what == "clusters":
+        for name in available_clusters():
+            c = load_cluster(name)
+            click.echo(f"{name:12s} {c.executor:6s} {c.device:5s} {c.gpus_per_node} per node  {c.description}")
+        click.echo("\nknown devices for MFU: " + ", ".join(p.name for p in PEAKS))
+    else:
+        if not scenario:
+            raise InputError([Problem("harness list cells", "SCENARIO", "missing: give a scenario file")])
+        cluster = load_cluster(cluster_name)
+        for spec in load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node):
+            reason = spec.unsupported_reason(cluster.device)
+            click.echo(spec.run_id + (f"   (skipped: {reason})" if reason else ""))
+    return 0
+
+
+@click.command()
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+def status(results_dir: str) -> int:
+    """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records). Cells still
+    queued or running on SLURM show SLURM's live state (one sacct call per sweep)."""
+    root = Path(results_dir)
+    manifests = [root / "manifest.json"] if (root / "manifest.json").exists() else sorted(root.glob("*/manifest.json"))
+    if not manifests:
+        raise InputError([Problem(results_dir, "", "no sweep manifest found (is this a results dir?)")])
+    for mpath in manifests:
+        data = json.loads(mpath.read_text())
+        cells = data.get("cells", {})
+        live, unavailable = _live_slurm_states(data)
+        counts: dict[str, int] = {}
+        click.echo(f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells")
+        for run_id, c in cells.items():
+            state, note = c.get("state", "?"), ""
+            if run_id in live:
+                state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[run_id])
+            elif unavailable and c.get("state") in ("submitted", "running"):
+                note = f"  (live SLURM state unavailable: {unavailable})"
+            counts[state] = counts.get(state, 0) + 1
+            pack = f" (pack {c['pack']['position']}/{c['pack']['of']})" if c.get("pack") else ""
+            click.echo(f"  {state:9s} {c.get('status') or '-':9s} {run_id}  job {c.get('job_id', '-')}{pack}{note}")
+        click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]:
+    """({run_id: (sacct state, nodes)} of a SLURM sweep's cells still in flight, why it is unavailable or '')."""
+    if manifest.get("executor") != "slurm":
+        return {}, ""
+    in_flight = {run_id: c["job_id"] for run_id, c in manifest.get("cells", {}).items()
+                 if c.get("state") in ("submitted", "running") and c.get("job_id")}
+    if not in_flight:
+        return {}, ""
+    from harness.launch.slurm.jobs import SlurmUnavailable, live_states
+
+    try:
+        states = live_states(list(in_flight.values()))
+    except SlurmUnavailable as e:
+        return {}, str(e)
+    return {run_id: states[job_id] for run_id, job_id in in_flight.items()}, ""
+
+
+def _shown_slurm_state(sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str) -> tuple[str, str]:
+    """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
+    rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
+    done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
+    from harness.results.store import read_record
+    from harness.launch.slurm.jobs import flight_state
+    from harness.launch.slurm.pack import read_marker
+
+    state = flight_state(slurm_state)
+    note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
+    packed = bool(cell.get("pack"))
+    if state != "ended" and not packed:
+        return ("pending" if state == "submitted" else "running"), note
+    try:
+        rec = read_record(sweep_dir / f"{run_id}.json")
+    except ValueError:
+        rec = None
+    if rec is not None and rec.get("attempt") == cell.get("attempt"):
+        return ("done" if rec["status"] == "ok" else "failed"), note
+    if state == "submitted":
+        return "pending", note
+    if state == "running":
+        if read_marker(sweep_dir, run_id, 0, attempt=cell.get("attempt")) is None:
+            return "pending", note + "; waiting for its turn in the pack"
+        return "running", note
+    return "ended", note + "; re-run the sweep to collect its record"

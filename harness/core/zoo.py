@@ -1,0 +1,129 @@
+"""The model zoo as pure data: Llama-style decoder dimensions, parameter counts, FLOPs per token.
+
+No torch import here: scenario expansion and `harness plan` use this module and must stay fast. The
+torch modules that realise these shapes live in `harness.worker.models`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Dimensions of a Llama-style decoder (RMSNorm, SwiGLU MLP, causal SDPA attention, RoPE, untied head)."""
+
+    d_model: int
+    """hidden size (features)"""
+    n_layers: int
+    """transformer blocks"""
+    n_heads: int
+    """attention (query) heads; head_dim = d_model / n_heads"""
+    ffn: int
+    """SwiGLU hidden size (features) of each of the gate/up projections"""
+    vocab: int
+    """vocabulary size (tokens)"""
+    n_kv_heads: int | None = None
+    """key/value heads for grouped-query attention; None = n_heads (multi-head attention)"""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
+
+    def block_params(self) -> int:
+        """Parameters of one transformer block: q,k,v,o projections, SwiGLU (3 matrices), 2 RMSNorm weights."""
+        d, hd = self.d_model, self.head_dim
+        attn = d * d + 2 * d * (self.kv_heads * hd) + d * d
+        mlp = 3 * d * self.ffn
+        return attn + mlp + 2 * d
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.d_model
+
+    def head_params(self) -> int:
+        return self.vocab * self.d_model
+
+    def n_params(self) -> int:
+        """All parameters: embedding + blocks + final norm + untied output head."""
+        return self.embedding_params() + self.n_layers * self.block_params() + self.d_model + self.head_params()
+
+    def n_matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token (everything but the embedding lookup and norms)."""
+        d, hd = self.d_model, self.head_dim
+        per_block = 2 * d * d + 2 * d * (self.kv_heads * hd) + 3 * d * self.ffn
+        return self.n_layers * per_block + self.head_params()
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token (forward + backward, no recompute).
+
+        6 FLOPs per matmul parameter (2 forward, 4 backward) plus attention's score and value matmuls,
+        12 * n_layers * d_model * seq_len per token, the PaLM-paper convention (counts the full, not the
+        causal-half, attention square; this is what "model FLOPs" for MFU means in the literature).
+        """
+        return 6.0 * self.n_matmul_params() + 12.0 * self.n_layers * self.d_model * seq_len
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor of harness.worker.models.Transformer, in registration (= forward-use) order."""
+
+    name: str
+    shape: tuple[int, ...]
+    unit: str
+    """the wrapping unit: "root" (embedding, final norm, head) or "blocks.<i>" (an FSDP unit, a checkpointed block)"""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def parameters(cfg: ModelConfig) -> list[Param]:
+    """Every parameter of `harness.worker.models.Transformer(cfg)` in `named_parameters()` order, with its shape
+    (nn.Linear weights are (out_features, in_features); no biases, no buffers). `sum(numel) == n_params()`."""
+    d, hd = cfg.d_model, cfg.head_dim
+    ps = [Param("tok_emb.weight", (cfg.vocab, d), "root")]
+    for i in range(cfg.n_layers):
+        u = f"blocks.{i}"
+        ps += [
+            Param(f"{u}.attn_norm.weight", (d,), u),
+            Param(f"{u}.attn.wq.weight", (cfg.n_heads * hd, d), u),
+            Param(f"{u}.attn.wk.weight", (cfg.kv_heads * hd, d), u),
+            Param(f"{u}.attn.wv.weight", (cfg.kv_heads * hd, d), u),
+            Param(f"{u}.attn.wo.weight", (d, cfg.n_heads * hd), u),
+            Param(f"{u}.mlp_norm.weight", (d,), u),
+            Param(f"{u}.mlp.w1.weight", (cfg.ffn, d), u),
+            Param(f"{u}.mlp.w3.weight", (cfg.ffn, d), u),
+            Param(f"{u}.mlp.w2.weight", (d, cfg.ffn), u),
+        ]
+    ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
+    return ps
+
+
+ZOO: dict[str, ModelConfig] = {
+    # CPU-sized: seconds per step on a laptop, enough structure (2 blocks) for per-layer sharding
+    "tiny": ModelConfig(d_model=64, n_layers=2, n_heads=4, ffn=176, vocab=512),
+    # GPT-3 / Llama-like ladder (vocab 32000, the Llama tokenizer)
+    "125m": ModelConfig(d_model=768, n_layers=12, n_heads=12, ffn=2048, vocab=32000),
+    "350m": ModelConfig(d_model=1024, n_layers=24, n_heads=16, ffn=2816, vocab=32000),
+    "1.3b": ModelConfig(d_model=2048, n_layers=24, n_heads=16, ffn=5504, vocab=32000),
+    "2.7b": ModelConfig(d_model=2560, n_layers=32, n_heads=32, ffn=6912, vocab=32000),
+    "7b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, ffn=11008, vocab=32000),
+    "13b": ModelConfig(d_model=5120, n_layers=40, n_heads=40, ffn=13824, vocab=32000),
+    "30b": ModelConfig(d_model=6656, n_layers=60, n_heads=52, ffn=17920, vocab=32000),
+    "70b": ModelConfig(d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=32000, n_kv_heads=8),
+}
+"""Named sizes. 7b/13b/70b are Llama-2's shapes; the names are nominal, `n_params()` is exact."""
+
+MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+REQUIRED_MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn", "vocab"}

@@ -1,0 +1,627 @@
+"""SLURM dispatch through submitit: one job per cell — nodes = ceil(world / gpus_per_node), one task per rank,
+rendezvous from submitit's job environment — submitted as job arrays of cells that ask for the same resources,
+then followed through sacct until it ends and turned into exactly one record. With `--pack`, cells asking for
+the same job shape share one job instead and run back to back in it (harness.launch.slurm.pack), each recorded as it ends.
+
+Owns: the executor built from a profile's `slurm:` block, the check that the cluster can take jobs, arrays,
+re-attaching to the jobs of an earlier sweep (detached with --no-wait, or a driver that died), SLURM states →
+cell states and record statuses, cancel. The submitit behaviour this relies on is verified on a real cluster in
+tests/slurm and listed in docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
+from harness.launch.sweep import Manifest, cell_state, describe, finalize, is_secondary, job_log_tail, read_fragments
+from harness.core.errors import InputError, Problem, did_you_mean
+from harness.results.store import atomic_write_json, write_record
+from harness.scenario.schema import RunSpec
+
+CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
+SINFO_TIMEOUT_S = 30
+"""how long the check before a sweep, and `harness status`, wait for SLURM's answer (s)"""
+
+# sacct's job states (`man sacct`, JOB STATE CODES), by what they mean for a cell
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+                            "SUSPENDED", "STOPPED", "RESIZING", "PREEMPTED", "UNKNOWN"})
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                          "DEADLINE", "REVOKED"})
+
+POLL_TICK_S = 0.5
+"""how often the waiting sweep looks at result files and fragments (s); sacct is asked less often"""
+SACCT_MIN_S, SACCT_MAX_S = 2.0, 30.0
+"""sacct is polled every tenth of the time since the last change, within these bounds (s)"""
+STUCK_GRACE_S = 15.0
+"""a rank failed (left a fragment) and the job is still running this long after: its other ranks are stuck (s)"""
+EXIT_GRACE_S = 60.0
+"""every task returned (result files) and the job is still running this long after: a rank hangs on its way out"""
+UNKNOWN_GRACE_S = 120.0
+"""a job sacct does not know for this long (state wiped, accounting off) is taken as ended (s)"""
+PREEMPTED_GRACE_S = 300.0
+"""a PREEMPTED job that is not requeued within this long (PreemptMode=CANCEL) is taken as ended (s)"""
+TIMED_OUT = "timed-out"
+"""in submitit's "Job not requeued because: timed-out ..." (its USR2 handler at the time limit)"""
+
+
+class SlurmUnavailable(RuntimeError):
+    """This machine cannot submit to SLURM: no client commands, or the controller does not answer."""
+
+
+# --------------------------------------------------------------------------------------------------
+# a profile → submitit parameters
+
+
+def preflight(cluster: Cluster) -> None:
+    """Check, before a sweep writes anything, that this machine can submit to the profile's cluster: the client
+    commands exist, the controller answers, the partition exists. SlurmUnavailable for the machine; InputError
+    for a profile naming a partition the cluster does not have."""
+    missing = [c for c in CLIENT_COMMANDS if shutil.which(c) is None]
+    if missing:
+        raise SlurmUnavailable(f"{cluster.name!r} is a SLURM profile, but this machine has no {', '.join(missing)}: "
+                               "run the sweep on a SLURM login node (the localhost test cluster: make slurm-up)")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).exists():  # sinfo would retry reading it for a minute
+        raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist (is the cluster down? make slurm-up)")
+    try:
+        out = subprocess.run(["sinfo", "--all", "--noheader", "--format=%R"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailable(f"the SLURM controller did not answer sinfo within {SINFO_TIMEOUT_S} s") from None
+    if out.returncode != 0:
+        raise SlurmUnavailable(f"SLURM does not answer from this machine (sinfo exit {out.returncode}): "
+                               f"{out.stderr.strip()[-800:]}")
+    partitions = sorted(set(out.stdout.split()))
+    wanted = cluster.slurm.partition
+    if wanted is not None and wanted not in partitions:
+        raise InputError([Problem(cluster.path, "slurm.partition",
+                                  f"{wanted!r} is not a partition of this SLURM cluster (sinfo lists: "
+                                  f"{', '.join(partitions) or 'none'}){did_you_mean(wanted, partitions)}; "
+                                  "edit the profile")])
+
+
+def unsupported_reason(spec: RunSpec) -> str | None:
+    """Why a cell cannot be one SLURM job, or None."""
+    if spec.world_size % spec.gpus_per_node:
+        return (f"world_size {spec.world_size} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
+                "job runs the same number of tasks on each of its nodes")
+    return None
+
+
+def job_minutes(time_limit_s: float, slurm: SlurmProfile) -> int:
+    """--time of a cell's job (min): ceil(time_limit_s / 60), at least what signal_delay_s needs, at most the
+    profile's time_limit_min. submitit's USR2 ends the cell signal_delay_s (+ up to 30 s) before that."""
+    minutes = max(math.ceil(time_limit_s / 60), min_job_minutes(slurm.signal_delay_s))
+    return minutes if slurm.time_limit_min is None else min(minutes, slurm.time_limit_min)
+
+
+def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int) -> dict[str, Any]:
+    """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block."""
+    s = cluster.slurm
+    params: dict[str, Any] = {"nodes": nodes, "tasks_per_node": tasks_per_node, "timeout_min": int(timeout_min),
+                              "slurm_signal_delay_s": s.signal_delay_s}
+    if cluster.device == "cuda":  # one GPU per task; a cpu profile's gpus_per_node counts ranks, not GPUs
+        params["gpus_per_node"] = tasks_per_node
+    if s.cpus_per_task is not None:
+        params["cpus_per_task"] = s.cpus_per_task
+    if s.mem_per_node_gib is not None:
+        params["mem_gb"] = s.mem_per_node_gib  # submitit writes --mem=<n>GB, which SLURM reads as GiB
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(s, key) is not None:
+            params[f"slurm_{key}"] = getattr(s, key)
+    if s.setup:
+        params["slurm_setup"] = list(s.setup)
+    if s.additional_parameters:
+        params["slurm_additional_parameters"] = dict(s.additional_parameters)
+    return params
+
+
+def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
+    """Indices of cells (in order) grouped into packs whose summed job minutes fit `cap` (the profile's
+    time_limit_min; None: one pack). Each cell's own minutes are already at most the cap."""
+    packs: list[list[int]] = []
+    total = 0
+    for i, m in enumerate(minutes):
+        if not packs or (cap is not None and total + m > cap):
+            packs.append([])
+            total = 0
+        packs[-1].append(i)
+        total += m
+    return packs
+
+
+class SlurmCell(submitit.helpers.Checkpointable):
+    """What every task of a cell's job runs. Checkpointable, so that submitit requeues a preempted job (USR2 well
+    before the time limit) and the cell runs again from its start: a benchmark has no state worth keeping."""
+
+    def __call__(self, payload: dict[str, Any]) -> None:
+        from harness.worker.runner import submitit_entry
+
+        submitit_entry(payload)
+
+
+class SlurmPack(submitit.helpers.Checkpointable):
+    """What every task of a packed job runs (--pack): its rank of each cell, back to back, each in a fresh process
+    (harness.launch.slurm.pack). Checkpointable: a preempted pack is requeued and runs again the cells without a record."""
+
+    def __call__(self, cells: list[dict[str, Any]]) -> None:
+        from harness.launch.slurm.pack import run_pack
+
+        run_pack(cells)
+
+
+# --------------------------------------------------------------------------------------------------
+# SLURM states
+
+
+def base_state(state: str | None) -> str:
+    """sacct's state without its detail: "CANCELLED by 0" → CANCELLED."""
+    return (state or "UNKNOWN").split()[0].upper()
+
+
+def flight_state(state: str | None) -> str:
+    """A job's SLURM state as a cell state: submitted (queued, held, requeued), running, or ended."""
+    base = base_state(state)
+    if base in ENDED_STATES:
+        return "ended"
+    return "running" if base in RUNNING_STATES else "submitted"
+
+
+def live_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """(sacct state, node list) of each job id (<array>_<index> for array tasks), from one sacct call.
+    SlurmUnavailable when sacct cannot answer."""
+    if not job_ids:
+        return {}
+    if shutil.which("sacct") is None:
+        raise SlurmUnavailable("no sacct on this machine")
+    cmd = ["sacct", "-o", "JobID,State,NodeList", "--parsable2"]
+    for main_id in sorted({j.split("_")[0] for j in job_ids}):
+        cmd += ["-j", main_id]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailable(f"sacct did not answer within {SINFO_TIMEOUT_S} s") from None
+    if out.returncode != 0:
+        raise SlurmUnavailable(f"sacct exit {out.returncode}: {out.stderr.strip()[-400:]}")
+    info = SlurmInfoWatcher().read_info(out.stdout)  # submitit's parser: array ranges expand to their tasks
+    return {j: (info.get(j, {}).get("State") or "UNKNOWN", _nodes(info.get(j, {}).get("NodeList"))) for j in job_ids}
+
+
+def _nodes(node_list: str | None) -> str:
+    return "" if not node_list or node_list.startswith("None") else node_list
+
+
+def task_errors(job: Any, n_tasks: int) -> dict[int, str]:
+    """Remote tracebacks from the tasks' result files (submitit writes ("error", traceback) when the function
+    raised), read without submitit's wait for missing files."""
+    errors: dict[int, str] = {}
+    for k in range(n_tasks):
+        path = job.task(k).paths.result_pickle
+        if not path.exists():
+            continue
+        try:
+            outcome, value = pickle_load(path)
+        except Exception:  # noqa: BLE001 - a torn or foreign file says nothing about the cell
+            continue
+        if outcome == "error":
+            errors[k] = str(value)
+    return errors
+
+
+def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: int, job_id: str,
+            stopped_stuck: bool) -> tuple[str, str] | None:
+    """(status, reason) when SLURM's end of the job explains the cell's end (time limit, cancel, node failure),
+    else None: the ranks' fragments and errors decide (dispatch.classify)."""
+    base = base_state(state)
+    hit_limit = (base in ("TIMEOUT", "DEADLINE")
+                 or any(f["status"] == "timeout" and TIMED_OUT in f["reason"] for f in frags)
+                 or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values()))
+    if hit_limit:
+        if any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
+            return None  # a rank failed before the limit: that is the cause
+        how = ("SLURM killed the ranks" if base == "TIMEOUT" else
+               "submitit's USR2 warning ended it" if base != "DEADLINE" else "its deadline passed")
+        return "timeout", f"the cell exceeded its SLURM time limit of {minutes} min (job {job_id} {state}: {how})"
+    if base == "CANCELLED" and not stopped_stuck:
+        return "cancelled", f"SLURM job {job_id} was cancelled ({state})"
+    if base in ("NODE_FAIL", "BOOT_FAIL"):
+        return "crashed", f"SLURM ended job {job_id} {state}: a node failed"
+    if base == "OUT_OF_MEMORY":
+        return "oom", f"SLURM ended job {job_id} OUT_OF_MEMORY: host memory beyond --mem (slurm.mem_per_node_gib)"
+    if base == "PREEMPTED":
+        return "cancelled", f"SLURM job {job_id} was preempted and not requeued"
+    if base == "UNKNOWN":
+        return "crashed", f"sacct has not known SLURM job {job_id} for {UNKNOWN_GRACE_S:g} s (state wiped?)"
+    return None
+
+
+def pack_verdict(state: str, *, started: bool, frags: list[dict], errors: dict[int, str], minutes: int,
+                 job_id: str, position: int, of: int) -> tuple[str, str] | None:
+    """(status, reason) of a packed cell left without a record when its pack's job ended, or None when a rank of
+    the cell failed first (its fragments decide: dispatch.classify). `started`: the cell had begun (task 0's
+    marker); `errors` are the pack tasks' own (submitit's "timed-out" at the job's limit)."""
+    base = base_state(state)
+    where = ("while this cell ran" if started else "before this cell ran") + f" (cell {position} of {of})"
+    if started and any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
+        return None
+    if (base in ("TIMEOUT", "DEADLINE")
+            or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values())):
+        return "timeout", f"the pack's SLURM job {job_id} reached its time limit of {minutes} min {where}"
+    if base in ("CANCELLED", "PREEMPTED"):
+        return "cancelled", f"SLURM job {job_id} was cancelled ({state}): the pack's job ended {where}"
+    if base in ("NODE_FAIL", "BOOT_FAIL"):
+        return "crashed", f"SLURM ended job {job_id} {state}: a node failed {where}"
+    if base == "OUT_OF_MEMORY" and started:
+        return "oom", f"SLURM ended job {job_id} OUT_OF_MEMORY {where}: host memory beyond --mem"
+    if base == "UNKNOWN":
+        return "crashed", f"sacct has not known SLURM job {job_id} for {UNKNOWN_GRACE_S:g} s (state wiped?) {where}"
+    if started and frags:
+        return None
+    first = next(iter(errors.values()), "").strip().splitlines()
+    why = f": {first[-1][:300]}" if first else ""
+    return "error", f"the pack's SLURM job {job_id} ended ({state}) {where}, without the cell's record{why}"
+
+
+# --------------------------------------------------------------------------------------------------
+# a sweep's cells on SLURM
+
+
+@dataclass
+class InFlight:
+    """One cell's job, followed until it ends (a packed cell: until its record, or its pack's job, ends)."""
+
+    payload: dict[str, Any]
+    job: Any
+    """submitit.SlurmJob (one task per rank)"""
+    tag: str
+    minutes: int
+    """the job's --time (min)"""
+    since: float
+    """when this sweep started following it (time.time(), s)"""
+    state: str = "UNKNOWN"
+    """sacct's state at the last poll"""
+    state_since: float = 0.0
+    nodes: str = ""
+    stuck_since: float | None = None
+    returned_since: float | None = None
+    stopped_stuck: bool = False
+    """this sweep cancelled the job because its ranks were stuck (the record, fragments or errors say why)"""
+    started: bool = False
+    """a packed cell whose turn in its job has come (task 0's marker)"""
+
+    @property
+    def run_id(self) -> str:
+        return self.payload["run_id"]
+
+    @property
+    def pack(self) -> dict | None:
+        """{position (1-based), of, minutes} of a packed cell's place in its job, else None"""
+        return self.payload.get("pack")
+
+    @property
+    def world(self) -> int:
+        return self.payload["spec"]["world_size"]
+
+    @property
+    def results_written(self) -> bool:
+        return all(self.job.task(k).paths.result_pickle.exists() for k in range(self.world))
+
+
+class SlurmSweep:
+    """The cells of one sweep on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
+    into its record as its job ends. The manifest follows every step, so a re-run can re-attach."""
+
+    def __init__(self, cluster: Cluster, *, folder: Path, manifest: Manifest, echo: Callable[[str], None]):
+        self.cluster, self.folder, self.manifest, self.echo = cluster, Path(folder), manifest, echo
+        self.cells: dict[str, InFlight] = {}
+        self._earlier: dict[str, dict] = manifest.data.get("cells", {}) if manifest.path.exists() else {}
+        self._executor: Any = None
+        self._last_change = time.time()
+
+    def payload_path(self, run_id: str) -> Path:
+        return self.manifest.path.parent / ".payloads" / f"{run_id}.json"
+
+    # ---- getting cells in flight
+
+    def reattach(self, run_id: str, *, tag: str) -> bool:
+        """Follow the job an earlier sweep submitted for this cell, when the manifest says it is still queued or
+        running; False when there is none (then the cell is prepared and submitted as usual)."""
+        cell = self._earlier.get(run_id, {})
+        if cell.get("state") not in ("submitted", "running") or not cell.get("job_id"):
+            return False
+        try:
+            payload = json.loads(self.payload_path(run_id).read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        if payload.get("attempt") != cell.get("attempt") or payload.get("job_id") != cell["job_id"]:
+            return False
+        world = payload["spec"]["world_size"]
+        job = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
+        self._follow(payload, job, tag)
+        place = f", cell {payload['pack']['position']} of its pack" if payload.get("pack") else ""
+        self.echo(f"{tag}  re-attached to SLURM job {payload['job_id']}{place} (submitted earlier; last seen "
+                  f"{cell.get('slurm_state') or cell['state']})")
+        return True
+
+    def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, dict]:
+        """Submit (payload, tag) cells, one job array per group asking for the same nodes, tasks per node and
+        time limit — or with `pack`, one job per pack (submit_packs). Returns the records of the cells sbatch
+        refused (error, with sbatch's message)."""
+        if pack:
+            return self.submit_packs(items)
+        groups: dict[tuple[int, int, int], list[tuple[dict, str]]] = {}
+        for payload, tag in items:
+            spec = payload["spec"]
+            key = (spec["nodes"], spec["gpus_per_node"], job_minutes(spec["time_limit_s"], self.cluster.slurm))
+            groups.setdefault(key, []).append((payload, tag))
+        refused: dict[str, dict] = {}
+        for (nodes, tasks, minutes), members in groups.items():
+            shape = f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, {minutes} min"
+            ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=minutes)
+            try:
+                with ex.batch():
+                    jobs = [ex.submit(SlurmCell(), payload) for payload, _ in members]
+            except (FailedJobError, FailedSubmissionError, OSError) as e:
+                for payload, tag in members:
+                    refused[payload["run_id"]] = self._record(
+                        payload, tag, ended=("error", f"sbatch refused the job ({shape}): {str(e).strip()[-2000:]}"))
+                continue
+            for (payload, tag), job in zip(members, jobs):
+                payload["job_id"] = job.job_id
+                # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
+                atomic_write_json(self.payload_path(payload["run_id"]), payload)
+                self.manifest.set(payload["run_id"], state="submitted", status=None, attempt=payload["attempt"],
+                                  job_id=job.job_id, slurm_state="PENDING", nodes="")
+                self._follow(payload, job, tag)
+                self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
+        return refused
+
+    def submit_packs(self, items: list[tuple[dict, str]]) -> dict[str, dict]:
+        """--pack: cells asking for the same nodes and tasks per node share one job and run in it one after another
+        (SlurmPack); its --time is the sum of their job minutes, and a group whose sum exceeds the profile's
+        time_limit_min is split into packs that each fit. Returns the records of the cells sbatch refused."""
+        groups: dict[tuple[int, int], list[tuple[dict, str]]] = {}
+        for payload, tag in items:
+            groups.setdefault((payload["spec"]["nodes"], payload["spec"]["gpus_per_node"]), []).append((payload, tag))
+        refused: dict[str, dict] = {}
+        for (nodes, tasks), group in groups.items():
+            minutes = [job_minutes(p["spec"]["time_limit_s"], self.cluster.slurm) for p, _ in group]
+            for indices in split_packs(minutes, self.cluster.slurm.time_limit_min):
+                members = [group[i] for i in indices]
+                total = sum(minutes[i] for i in indices)
+                for position, (payload, _) in enumerate(members, 1):
+                    payload["pack"] = {"position": position, "of": len(members), "minutes": total}
+                shape = (f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, "
+                         f"{total} min")
+                ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=total)
+                try:
+                    job = ex.submit(SlurmPack(), [payload for payload, _ in members])
+                except (FailedJobError, FailedSubmissionError, OSError) as e:
+                    for payload, tag in members:
+                        refused[payload["run_id"]] = self._record(
+                            payload, tag, ended=("error", f"sbatch refused the packed job ({shape}): "
+                                                          f"{str(e).strip()[-2000:]}"))
+                    continue
+                for payload, tag in members:
+                    payload["job_id"] = job.job_id
+                    # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
+                    atomic_write_json(self.payload_path(payload["run_id"]), payload)
+                    self.manifest.set(payload["run_id"], state="submitted", status=None, attempt=payload["attempt"],
+                                      job_id=job.job_id, slurm_state="PENDING", nodes="",
+                                      pack={k: payload["pack"][k] for k in ("position", "of")})
+                    self._follow(payload, job, tag)
+                    self.echo(f"{tag}  submitted: SLURM job {job.job_id}, cell {payload['pack']['position']} of "
+                              f"{len(members)} in one pack ({shape})")
+        return refused
+
+    def _executor_for(self, *, nodes: int, tasks_per_node: int, timeout_min: int) -> Any:
+        if self._executor is None:
+            # max_num_timeout=0: a cell that reaches its time limit ends there (a benchmark resumed after a
+            # timeout would measure nothing new); preemption still requeues (SlurmCell is Checkpointable)
+            self._executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm", slurm_max_num_timeout=0)
+        self._executor.update_parameters(
+            name=f"harness-{self.manifest.header.get('sweep', 'sweep')}",
+            **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min))
+        return self._executor
+
+    def _follow(self, payload: dict, job: Any, tag: str) -> None:
+        now = time.time()
+        minutes = (payload["pack"]["minutes"] if payload.get("pack")
+                   else job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm))
+        self.cells[payload["run_id"]] = InFlight(payload=payload, job=job, tag=tag, minutes=minutes, since=now,
+                                                 state_since=now)
+        self._last_change = now
+
+    # ---- following them
+
+    def wait(self) -> dict[str, dict]:
+        """Follow every cell until its job ends; returns each one's record. Progress is echoed when it changes."""
+        records: dict[str, dict] = {}
+        t0, last_poll, shown = time.time(), float("-inf"), ""
+        while self.cells:
+            now = time.time()
+            finished_files = any(c.results_written for c in self.cells.values() if flight_state(c.state) != "ended")
+            if now - last_poll >= self._poll_interval(now) or (finished_files and now - last_poll >= 1.0):
+                self.poll()
+                last_poll = now
+            for cell in list(self.cells.values()):
+                if cell.pack and (rec := self._pack_progress(cell)) is not None:
+                    records[cell.run_id] = rec
+                elif self._ended(cell, now):
+                    records[cell.run_id] = self._finalize(cell)
+                elif why := self._stuck(cell, now):
+                    cell.job.cancel(check=False)
+                    cell.stopped_stuck = True
+                    self._last_change = now
+                    self.echo(f"{cell.tag}  {why}: cancelling SLURM job {cell.job.job_id}")
+            line = self._progress(len(records))
+            if line != shown:
+                self.echo(f"  slurm: {line}  [{time.time() - t0:.0f} s]")
+                shown = line
+            if self.cells:
+                time.sleep(POLL_TICK_S)
+        return records
+
+    def poll(self) -> None:
+        """One sacct call for every followed job (submitit's shared watcher); changes go to the manifest."""
+        watcher = submitit.SlurmJob.watcher
+        watcher.update()
+        now = time.time()
+        for cell in self.cells.values():
+            info = watcher.get_info(cell.job.job_id, mode="cache")
+            state = info.get("State") or "UNKNOWN"
+            if state != cell.state:
+                cell.state, cell.state_since, cell.nodes = state, now, _nodes(info.get("NodeList"))
+                self._last_change = now
+                fields = {"slurm_state": state, "nodes": cell.nodes}
+                if flight_state(state) != "ended":  # an ended cell's state comes with its record
+                    fields["state"] = self._cell_state(cell)
+                self.manifest.set(cell.run_id, **fields)
+
+    @staticmethod
+    def _cell_state(cell: InFlight) -> str:
+        """The manifest state of a cell in flight: its job's, except that a packed cell waiting for its turn in a
+        running job is still `submitted`."""
+        state = flight_state(cell.state)
+        return "submitted" if state == "running" and cell.pack and not cell.started else state
+
+    def _pack_progress(self, cell: InFlight) -> dict | None:
+        """A packed cell's record as soon as task 0 has made it final (before its job ends), else None; marks the
+        cell running when its turn has come."""
+        from harness.launch.slurm.pack import cell_recorded, cell_started
+
+        if base_state(cell.state) not in RUNNING_STATES:  # nothing of this run to see yet; an ended job: _finalize
+            return None
+        if not cell.started and cell_started(cell.payload):
+            cell.started = True
+            self.manifest.set(cell.run_id, state="running")
+        if cell_recorded(cell.payload) is None:
+            return None
+        cell.started = True
+        return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
+
+    def _poll_interval(self, now: float) -> float:
+        return min(SACCT_MAX_S, max(SACCT_MIN_S, (now - self._last_change) / 10))
+
+    @staticmethod
+    def _ended(cell: InFlight, now: float) -> bool:
+        base = base_state(cell.state)
+        if base == "UNKNOWN":
+            return now - cell.state_since > UNKNOWN_GRACE_S
+        if base == "PREEMPTED":
+            return now - cell.state_since > PREEMPTED_GRACE_S
+        return base in ENDED_STATES
+
+    @staticmethod
+    def _stuck(cell: InFlight, now: float) -> str:
+        """Why a running job should be cancelled rather than left to its time limit, or '': a rank failed and the
+        job still runs STUCK_GRACE_S later (a hung peer, a collective that will never complete), or every task
+        returned and it still runs EXIT_GRACE_S later (a rank hangs on its way out)."""
+        if cell.pack:  # the pack's tasks end a stuck cell themselves, and the job goes on to the next
+            return ""
+        # NOTE: only while RUNNING: the fragments and result files of a requeued job's earlier run are still there
+        # while it waits; its ranks delete their fragments as they restart
+        running = not cell.stopped_stuck and base_state(cell.state) in RUNNING_STATES
+        failed = running and bool(read_fragments(cell.payload))
+        returned = running and cell.results_written
+        cell.stuck_since = (cell.stuck_since or now) if failed else None
+        cell.returned_since = (cell.returned_since or now) if returned else None
+        if failed and now - cell.stuck_since > STUCK_GRACE_S:
+            return f"a rank failed and the job still runs {STUCK_GRACE_S:g} s later"
+        if returned and now - cell.returned_since > EXIT_GRACE_S:
+            return f"every rank returned and the job still runs {EXIT_GRACE_S:g} s later"
+        return ""
+
+    def _progress(self, ended: int) -> str:
+        running = sum(self._cell_state(c) == "running" for c in self.cells.values())
+        return f"{len(self.cells) - running} pending, {running} running, {ended} ended"
+
+    def _finalize(self, cell: InFlight) -> dict:
+        if cell.pack:
+            return self._finalize_packed(cell)
+        frags = read_fragments(cell.payload)
+        errors = task_errors(cell.job, cell.world)
+        ended = verdict(cell.state, frags=frags, errors=errors, minutes=cell.minutes, job_id=cell.job.job_id,
+                        stopped_stuck=cell.stopped_stuck)
+        return self._record(cell.payload, cell.tag, ended=ended, errors=errors, job=cell.job, since=cell.since)
+
+    def _finalize_packed(self, cell: InFlight) -> dict:
+        """A packed cell whose job ended: its record if task 0 made it, else one from how the job ended and whether
+        the cell had begun (pack_verdict)."""
+        from harness.launch.slurm.pack import cell_started, log_tail, this_attempts_record
+
+        if this_attempts_record(cell.payload) is not None:
+            return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
+        started = cell_started(cell.payload)
+        frags = read_fragments(cell.payload) if started else []
+        ended = pack_verdict(cell.state, started=started, frags=frags, errors=task_errors(cell.job, cell.world),
+                             minutes=cell.minutes, job_id=cell.job.job_id, position=cell.pack["position"],
+                             of=cell.pack["of"])
+        tail = log_tail(cell.payload, cell.world) if started else ""
+        return self._record(cell.payload, cell.tag, ended=ended, job=cell.job, since=cell.since, log_tail=tail)
+
+    def _record(self, payload: dict, tag: str, *, ended: tuple[str, str] | None, errors: dict | None = None,
+                job: Any = None, since: float | None = None, log_tail: str | None = None) -> dict:
+        """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done.
+        `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
+        minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+        if log_tail is None:
+            log_tail = job_log_tail(job, payload["spec"]["world_size"]) if job is not None else ""
+        # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
+        # wall-clock rule (for local cells) out of it
+        rec = finalize(payload, elapsed_s=0.0, time_limit_s=minutes * 60.0, ended=ended, job_errors=errors or None,
+                       log_tail=log_tail)
+        if payload.get("pack") and payload.get("job_id") and "slurm_pack" not in rec.get("env", {}):
+            rec.setdefault("env", {})["slurm_pack"] = {"job_id": payload["job_id"],
+                                                       "position": payload["pack"]["position"],
+                                                       "of": payload["pack"]["of"]}
+            write_record(payload["results"], rec)
+        self.manifest.set(payload["run_id"], state=cell_state(rec), status=rec["status"], attempt=payload["attempt"])
+        place = f", cell {payload['pack']['position']}/{payload['pack']['of']}" if payload.get("pack") else ""
+        took = (f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None
+                else "")
+        self.echo(f"{tag}  {describe(rec)}{took}")
+        self.cells.pop(payload["run_id"], None)
+        return rec
+
+    # ---- letting go
+
+    def cancel_all(self, *, reason: str) -> None:
+        """scancel every followed job and record its cell cancelled (rank 0's record wins if it got written)."""
+        for cell in {c.job.job_id: c for c in self.cells.values()}.values():  # a pack's job once
+            cell.job.cancel(check=False)
+        for cell in list(self.cells.values()):
+            if cell.pack:
+                from harness.launch.slurm.pack import cell_started
+
+                where = " while this cell ran" if cell.started or cell_started(cell.payload) else " before this cell ran"
+            else:
+                where = ""
+            self._record(cell.payload, cell.tag, job=cell.job, since=cell.since,
+                         ended=("cancelled", f"{reason}: SLURM job {cell.job.job_id} was cancelled{where} (re-running "
+                                             "the sweep runs the cell again)"))
+
+    def detach(self) -> int:
+        """Leave the followed jobs running (--no-wait); the manifest has their job ids. Returns how many."""
+        n = len(self.cells)
+        if n:
+            ids = ", ".join(dict.fromkeys(c.job.job_id for c in self.cells.values()))
+            self.echo(f"detached from {n} cell{'s' if n > 1 else ''} on SLURM (jobs {ids}): `harness status "
+                      f"{self.manifest.path.parent}` follows them; re-running this sweep collects their records")
+        self.cells.clear()
+        return n

@@ -1,0 +1,590 @@
+"""Analytic collective accounting: the bytes and calls every strategy issues per optimizer step, per rank.
+
+`predict_comm(spec)` builds a ledger, one line per kind of collective a strategy issues (what it is, c10d
+collective, dtype, bytes per call, calls per step, process-group kind), from the exact parameter shapes of
+`harness.worker.models.Transformer` and the exact configuration in `harness.worker.strategies.*`. Bytes follow the
+convention of `harness.worker.meters.comm` (nccl-tests): the buffer for all_reduce, the whole output for
+all_gather, the whole input for reduce_scatter; everything is what rank 0 sees (every rank is symmetric).
+
+What each family does (torch 2.13, deepspeed 0.19; docs/comm.md has the formulas and measured tables):
+
+- DDP: one all_reduce per gradient bucket (first bucket 1 MiB, then 25 MiB; grads fp32 in every precision,
+  autocast keeps fp32 parameters), on the last micro-step only (no_sync before).
+- FSDP1 (use_orig_params, one unit per Block + the root unit): a FlatParameter per unit, each parameter
+  address-aligned to 16 bytes *of the forward dtype* (4 fp32 / 8 bf16 elements of padding at most) and
+  the whole padded to a multiple of the shard-group size. all_gather of the flat parameter in the
+  parameter dtype; reduce_scatter (all_reduce for NO_SHARD) of the flat gradient in fp32.
+  FULL_SHARD re-gathers every non-root unit in backward (the root is not resharded after forward);
+  SHARD_GRAD_OP keeps parameters until after the last micro-step's backward. HYBRID: shard inside the
+  node, then all_reduce of the fp32 gradient shard across nodes.
+- FSDP2 (fully_shard per Block + root, reshard_after_forward=True everywhere, so the root too is
+  re-gathered in backward): each parameter's dim 0 padded to a multiple of the shard-group size.
+- DeepSpeed ZeRO-1/2: one flat buffer padded to 2·world elements; gradients all_reduced whole
+  (use_multi_rank_bucket_allreduce) in the model dtype, in 5e8-element buckets, once per step (ZeRO-1)
+  or every micro-step (ZeRO-2); the grad-norm all_reduce (fp32, one element), the overflow all_reduce
+  (uint8, one element) when bf16/fp16; all_gather of the updated flat buffer.
+- DeepSpeed ZeRO-3: parameters of <= 1e5 elements are "persistent": resident through forward and
+  backward and all-gathered one by one after the step. The others are gathered (coalesced, with
+  prefetch) in forward, and again in backward only if their next use lies more than
+  stage3_max_reuse_distance (1e9) elements down the module trace (with activation checkpointing the
+  recomputed forward is part of that trace) — simulated as DeepSpeed's coordinator does it, call by
+  call. Gradients reduce_scattered (coalesced, each padded to the world) in the model dtype every
+  micro-step; the grad-norm all_reduce is fp64 (one element per optimizer sub-group); fp16 adds the
+  overflow all_reduce.
+- World 1: DDP and DeepSpeed still reduce on the one-rank group; FSDP1 runs as NO_SHARD (all_reduce per
+  unit); FSDP2 issues nothing.
+
+Returns None (the reason: `unsupported_reason`) for cells that cannot run, DeepSpeed CPU offload (other
+reduction and norm code paths, not measurable here) and hybrids with one rank per node (a one-rank shard
+group: FSDP's fallback there is unmeasured). FSDP1 CPU offload is predicted (same collectives) but could
+not be measured here: CPUOffload needs an accelerator.
+
+No torch import: the planner calls this for every cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from harness.scenario.schema import HYBRID_STRATEGIES, RunSpec
+from harness.core.zoo import ModelConfig, Param, parameters
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
+PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+# DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp)
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # dist._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # bucket_cap_mb=25 in harness.worker.strategies.ddp
+# FSDP1 FlatParameter address alignment (torch.distributed.fsdp._flat_param._get_aligned_numel)
+FSDP_ALIGNMENT_BYTES = 16
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py); harness.worker.strategies.zero sets none of them
+DS_REDUCE_BUCKET_NUMEL = 500_000_000
+DS_NCCL_START_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor
+DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size (elements per rank)
+
+
+@dataclass(frozen=True)
+class Zero3Config:
+    """The ZeRO-3 parameter-coordinator knobs (DeepSpeed's defaults; harness.worker.strategies.zero sets none)."""
+
+    persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: parameters of at most this many elements stay resident (elements)"""
+    max_reuse_distance: int = 1_000_000_000
+    """stage3_max_reuse_distance: a parameter used again within this many trace elements is kept (elements)"""
+    prefetch_bucket: int = 50_000_000
+    """stage3_prefetch_bucket_size: elements prefetched per fetch"""
+    max_live: int = 1_000_000_000
+    """stage3_max_live_parameters: prefetch stops at this many available elements"""
+
+
+ZERO3 = Zero3Config()
+
+
+# --------------------------------------------------------------------------------------------------
+# the model's parameters, exactly as harness.worker.models.Transformer registers them
+
+
+def units(params: list[Param]) -> dict[str, list[Param]]:
+    """FSDP units in wrapping order: one per Block, then the root (what no Block holds)."""
+    out: dict[str, list[Param]] = {}
+    for p in params:
+        if p.unit != "root":
+            out.setdefault(p.unit, []).append(p)
+    out["root"] = [p for p in params if p.unit == "root"]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# process groups (classified as harness.worker.meters.comm does, from rank 0's point of view)
+
+
+def group_kind(ranks: list[int], gpus_per_node: int) -> str:
+    """"self" (one rank), "intra" (one node), "inter" (one rank per node) or "mixed"."""
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(ranks) == 1:
+        return "self"
+    if len(nodes) == 1:
+        return "intra"
+    if len(nodes) == len(ranks):
+        return "inter"
+    return "mixed"
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Rank 0's groups: the world, the shard group and the replicate group (hybrids)."""
+
+    world: str
+    shard: str
+    replicate: str | None
+    shard_size: int
+    replicate_size: int
+
+
+def groups_for(spec: RunSpec) -> Groups:
+    w, gpn = spec.world_size, spec.gpus_per_node
+    world = group_kind(list(range(w)), gpn)
+    if spec.strategy in HYBRID_STRATEGIES:
+        nodes = w // gpn
+        return Groups(world=world, shard=group_kind(list(range(gpn)), gpn),
+                      replicate=group_kind([n * gpn for n in range(nodes)], gpn), shard_size=gpn,
+                      replicate_size=nodes)
+    return Groups(world=world, shard=world, replicate=None, shard_size=w, replicate_size=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# the ledger
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kind of collective: `calls` calls per step of `bytes_per_call` bytes each."""
+
+    what: str
+    collective: str
+    dtype: str
+    bytes_per_call: int
+    calls: float
+    group: str
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_per_call * self.calls
+
+
+@dataclass
+class Ledger:
+    """Every collective a strategy issues per step, one Item per kind, and sentences on what was assumed."""
+
+    items: list[Item] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, what: str, collective: str, dtype: str, bytes_per_call: int, calls: float = 1, *,
+            group: str) -> None:
+        if calls:
+            self.items.append(Item(what, collective, dtype, int(bytes_per_call), float(calls), group))
+
+    def summary(self) -> dict:
+        by_coll: dict[str, dict] = {}
+        by_group: dict[str, dict] = {}
+        for it in self.items:
+            c = by_coll.setdefault(it.collective, {"calls": 0.0, "bytes": 0.0, "dtypes": {}})
+            c["calls"] += it.calls
+            c["bytes"] += it.bytes
+            c["dtypes"][it.dtype] = c["dtypes"].get(it.dtype, 0.0) + it.bytes
+            g = by_group.setdefault(it.group, {"calls": 0.0, "bytes": 0.0})
+            g["calls"] += it.calls
+            g["bytes"] += it.bytes
+        for c in by_coll.values():
+            c["dtype"] = max(c["dtypes"], key=c["dtypes"].get)
+        total = sum(it.bytes for it in self.items)
+        return {
+            "comm_bytes_per_step": float(total),
+            "bytes_per_step": float(total),  # the name harness.plan.predict reads
+            "calls_per_step": float(sum(it.calls for it in self.items)),
+            "by_collective": by_coll,
+            "by_group": by_group,
+            "items": [{"what": it.what, "collective": it.collective, "dtype": it.dtype,
+                       "bytes_per_call": it.bytes_per_call, "calls": it.calls, "bytes": it.bytes,
+                       "group": it.group} for it in self.items],
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# DDP
+
+
+def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
+    """Bytes per DDP bucket: `compute_bucket_assignment_by_size` over gradients in ready order, a bucket
+    closing once it reaches its limit (1 MiB for the first, then the cap); one dtype, one device."""
+    limits = [DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES]
+    buckets, cur, li = [], 0, 0
+    for b in sizes_bytes:
+        cur += b
+        if cur >= limits[min(li, len(limits) - 1)]:
+            buckets.append(cur)
+            cur, li = 0, li + 1
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def _ddp(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
+    # gradients become ready in reverse registration order (head first, embedding last); DDP rebuilds its
+    # buckets in that order after the first step, so measured steps see these buckets
+    sizes = [p.numel * 4 for p in reversed(params)]
+    buckets = ddp_buckets(sizes)
+    for i, b in enumerate(buckets):
+        led.add(f"gradient bucket {i} (fp32)", "all_reduce", "float32", b, group=g.world)
+    led.notes.append(f"DDP: {len(buckets)} bucket(s) of fp32 gradients (all {sum(sizes)} bytes), once per step; "
+                     "autocast keeps fp32 parameters so bf16/fp16 change nothing")
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP1
+
+
+def fsdp1_flat_numel(unit: list[Param], *, shard_size: int, param_dtype_bytes: int) -> int:
+    """Numel of a unit's padded FlatParameter: with use_orig_params every parameter starts at a 16-byte
+    boundary of the forward dtype (padding inserted before it), then the total is padded to a multiple of
+    the shard-group size (FlatParamHandle._init_flat_param_and_metadata)."""
+    aligned = FSDP_ALIGNMENT_BYTES // param_dtype_bytes
+    total = 0
+    for p in unit:
+        if total % aligned:
+            total += aligned - total % aligned
+        total += p.numel
+    if total % shard_size:
+        total += shard_size - total % shard_size
+    return total
+
+
+def _fsdp1(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
+    s = spec.strategy.split(".", 1)[1]
+    prec = spec.precision
+    pdt = PRECISION_DTYPE[prec]  # MixedPrecision(param_dtype=compute dtype) for bf16/fp16; none for fp32
+    pbytes = DTYPE_BYTES[pdt]
+    accum = spec.settings.grad_accum
+    if g.shard_size == 1 and g.replicate is None and s != "no_shard":
+        # FSDP1 turns every strategy into NO_SHARD on a one-rank group (and still all_reduces on it)
+        led.notes.append(f"FSDP1 {s} at world 1 runs as NO_SHARD")
+        s = "no_shard"
+    sharded = s != "no_shard"
+    reshard_after_forward = s in ("full_shard", "hybrid_shard")
+    for name, unit in units(params).items():
+        flat = fsdp1_flat_numel(unit, shard_size=g.shard_size, param_dtype_bytes=pbytes)
+        pad = flat - sum(p.numel for p in unit)
+        label = f"unit {name} ({flat} elements, {pad} padding)"
+        if sharded:
+            if reshard_after_forward:
+                # the root is not resharded after forward (it would be gathered again at once); the
+                # others are, and every unit is freed after backward, so each micro-step gathers again
+                per_micro = 1 if name == "root" else 2
+                led.add(f"all_gather {label}, forward{'' if name == 'root' else ' + backward'}", "all_gather",
+                        pdt, flat * pbytes, per_micro * accum, group=g.shard)
+            else:
+                # SHARD_GRAD_OP: no reshard after forward, and none after a no_sync backward either
+                led.add(f"all_gather {label}, first forward of the step", "all_gather", pdt, flat * pbytes, 1,
+                        group=g.shard)
+            led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", flat * 4, 1,
+                    group=g.shard)
+            if g.replicate is not None:
+                led.add(f"all_reduce gradient shard of {label} across nodes", "all_reduce", "float32",
+                        flat // g.shard_size * 4, 1, group=g.replicate)
+        else:
+            led.add(f"all_reduce gradient {label}, fp32", "all_reduce", "float32", flat * 4, 1, group=g.world)
+    if prec == "fp16":
+        led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
+    if spec.settings.offload != "none":
+        led.notes.append("FSDP1 CPUOffload: the same collectives (the shard is copied to the device before the "
+                         "all_gather, the reduced shard back after the reduce_scatter); not measured here, CPUOffload "
+                         "needs an accelerator")
+    led.notes.append(f"FSDP1 {s}: flat parameters padded to {FSDP_ALIGNMENT_BYTES}-byte alignment of {pdt} and to a "
+                     f"multiple of {g.shard_size}; gathered in {pdt}, gradients reduced in fp32")
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP2
+
+
+def fsdp2_padded_numel(p: Param, *, shard_size: int) -> int:
+    """Numel of a parameter with dim 0 padded to a multiple of the shard-group size (Shard(0) + padding)."""
+    d0 = -(-p.shape[0] // shard_size) * shard_size
+    return d0 * math.prod(p.shape[1:])
+
+
+def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
+    prec = spec.precision
+    pdt = PRECISION_DTYPE[prec]  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
+    pbytes = DTYPE_BYTES[pdt]
+    accum = spec.settings.grad_accum
+    if g.shard_size == 1 and g.replicate is None:
+        led.notes.append("FSDP2 at world 1 issues no collective (all_gather and reduce_scatter are skipped)")
+        return
+    for name, unit in units(params).items():
+        numel = sum(fsdp2_padded_numel(p, shard_size=g.shard_size) for p in unit)
+        pad = numel - sum(p.numel for p in unit)
+        label = f"group {name} ({numel} elements, {pad} padding)"
+        # NOTE: reshard_after_forward=True is passed explicitly, which turns off FSDP2's "root is not
+        # resharded after forward" default: the root is gathered in backward again like every Block
+        led.add(f"all_gather {label}, forward + backward", "all_gather", pdt, numel * pbytes, 2 * accum,
+                group=g.shard)
+        led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", numel * 4, 1, group=g.shard)
+        if g.replicate is not None:
+            led.add(f"all_reduce gradient shard of {label} across nodes", "all_reduce", "float32",
+                    numel // g.shard_size * 4, 1, group=g.replicate)
+    if prec == "fp16":
+        led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
+    led.notes.append(f"FSDP2: dim 0 of every parameter padded to a multiple of {g.shard_size}; gathered in {pdt} "
+                     "twice per micro-step (root included), gradients reduced in fp32")
+
+
+# --------------------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_NUMEL) -> list[list[int]]:
+    """DeepSpeed's independent-partition gradient buckets, as lists of positions in `numels` (the order
+    gradients arrive in): a bucket is reduced before a gradient that would take it past `cap` elements is
+    added, and at the end of backward."""
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in enumerate(numels):
+        if cur and total + n > cap:
+            buckets.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
+    stage = int(spec.strategy[-1])
+    prec = spec.precision
+    dt = PRECISION_DTYPE[prec]  # the model dtype: parameters, gradients and communication
+    eb = DTYPE_BYTES[dt]
+    w = spec.world_size
+    accum = spec.settings.grad_accum
+    numel = sum(p.numel for p in params)
+    align = DS_NCCL_START_ALIGNMENT * w
+    flat = -(-numel // align) * align
+    # ZeRO-1 reduces at the accumulation boundary, walking the parameter group in order; ZeRO-2 reduces
+    # from gradient hooks (reverse registration order) on every micro-step
+    order = [p.numel for p in params] if stage == 1 else [p.numel for p in reversed(params)]
+    buckets = [sum(order[i] for i in b) for b in ds_ipg_buckets(order)]
+    per_step = 1 if stage == 1 else accum
+    for i, b in enumerate(buckets):
+        led.add(f"gradient bucket {i} ({b} elements), whole (use_multi_rank_bucket_allreduce)", "all_reduce",
+                dt, b * eb, per_step, group=g.world)
+    if prec in ("bf16", "fp16"):  # check_grad_overflow: bf16 config default True, fp16 always
+        led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
+    led.add("gradient norm (one per parameter group)", "all_reduce", "float32", 4, 1, group=g.world)
+    if w > 1:
+        led.add(f"all_gather updated flat {dt} buffer ({flat} elements, {flat - numel} padding)", "all_gather", dt,
+                flat * eb, 1, group=g.world)
+    led.notes.append(f"ZeRO-{stage}: gradients all_reduced whole in {dt} ({len(buckets)} bucket(s) of <= "
+                     f"{DS_REDUCE_BUCKET_NUMEL:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
+                     f"buffer padded to a multiple of {align}")
+
+
+def zero3_module_trace(cfg: ModelConfig, *, checkpointing: bool = False
+                       ) -> tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]:
+    """The modules DeepSpeed's hooks fetch for, in order, over one forward and one backward: (module, index
+    of the one parameter it owns, or None). Parameter-less modules (Transformer, Block, Attention, SwiGLU,
+    the checkpoint wrapper) are in the trace too: every fetch runs the prefetcher.
+
+    Backward follows autograd: a module's pre-backward hook fires when its output's gradient is ready —
+    the outermost module first, a block's SwiGLU before its w2, w3 before w1 (created later in forward),
+    the norm feeding both after them, wv before wk before wq. With activation checkpointing the block's
+    forward runs again (every forward hook fires) when w2's backward first unpacks a saved tensor.
+    """
+    def block_fwd(i: int) -> list[tuple[str, int | None]]:
+        b, u = 1 + 9 * i, f"blocks.{i}"
+        return [(u, None), (f"{u}.attn_norm", b), (f"{u}.attn", None), (f"{u}.attn.wq", b + 1),
+                (f"{u}.attn.wk", b + 2), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wo", b + 4), (f"{u}.mlp_norm", b + 5),
+                (f"{u}.mlp", None), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w2", b + 8)]
+
+    def block_bwd(i: int) -> list[tuple[str, int | None]]:
+        b, u = 1 + 9 * i, f"blocks.{i}"
+        head = [(u, None), (f"{u}.mlp", None), (f"{u}.mlp.w2", b + 8)]
+        rest = [(f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp_norm", b + 5), (f"{u}.attn", None),
+                (f"{u}.attn.wo", b + 4), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wk", b + 2), (f"{u}.attn.wq", b + 1),
+                (f"{u}.attn_norm", b)]
+        if checkpointing:
+            return [(f"{u}.ckpt", None)] + head + block_fwd(i) + rest
+        return head + rest
+
+    n = 1 + 9 * cfg.n_layers
+    fwd: list[tuple[str, int | None]] = [("model", None), ("tok_emb", 0)]
+    for i in range(cfg.n_layers):
+        fwd += ([(f"blocks.{i}.ckpt", None)] if checkpointing else []) + block_fwd(i)
+    fwd += [("norm", n), ("head", n + 1)]
+    bwd: list[tuple[str, int | None]] = [("model", None), ("head", n + 1), ("norm", n)]
+    for i in reversed(range(cfg.n_layers)):
+        bwd += block_bwd(i)
+    bwd.append(("tok_emb", 0))
+    return fwd, bwd
+
+
+@dataclass
+class Zero3Trace:
+    """What DeepSpeed's PartitionedParameterCoordinator gathers in one forward + backward (complete trace)."""
+
+    gathers: list[tuple[str, list[int]]]
+    """(phase the call is issued in, parameter indices) of every all_gather call, in order; a prefetch late
+    in forward may already gather parameters for backward"""
+    regathered: list[int]
+    """indices of non-persistent parameters gathered twice (released after forward, needed in backward)"""
+
+
+def zero3_trace(cfg: ModelConfig, *, conf: Zero3Config | None = None, checkpointing: bool = False) -> Zero3Trace:
+    """Simulate the coordinator's fetch / prefetch / release over the module trace (a complete trace: the
+    measured steps come after >= 2 warmup steps, the first records the trace, the second completes it).
+
+    The rules are partitioned_param_coordinator.py's: at each module, gather its unavailable parameters
+    (one call), pop its entries off the parameter queue, prefetch the next unavailable parameters of the
+    queue up to `conf.prefetch_bucket` elements (one call, at most `conf.max_live` available), then — after
+    the module ran — release its non-persistent parameters unless a prefetch already looked past their next
+    use, or that use lies within `conf.max_reuse_distance` elements of the remaining module trace.
+    """
+    conf = conf or ZERO3
+    params = parameters(cfg)
+    numel = [p.numel for p in params]
+    persist = [p.numel <= conf.persistence_threshold for p in params]
+    fwd, bwd = zero3_module_trace(cfg, checkpointing=checkpointing)
+    trace = fwd + bwd
+    n_fwd = len(fwd)
+    queue = deque((pi, s) for s, (_, pi) in enumerate(trace) if pi is not None)
+    available = list(persist)  # persistent parameters were gathered after the previous step
+    recent = [-(10**12)] * len(params)
+    n_avail = 0
+    gathers: list[tuple[str, list[int]]] = []
+    times = [0] * len(params)
+
+    def gather(phase: str, idx: list[int]) -> None:
+        nonlocal n_avail
+        gathers.append((phase, sorted(idx)))
+        for i in idx:
+            available[i] = True
+            n_avail += numel[i]
+            times[i] += 1
+
+    for s, (_, pi) in enumerate(trace):
+        phase = "forward" if s < n_fwd else "backward"
+        if pi is not None:
+            if not available[pi]:
+                gather(phase, [pi])
+            if recent[pi] < s:  # not popped by an earlier prefetch: its entry heads the queue
+                q, t = queue.popleft()
+                if q != pi:
+                    raise RuntimeError(f"ZeRO-3 trace simulation out of order at step {s}")
+                recent[q] = t
+        budget = min(conf.max_live - n_avail, conf.prefetch_bucket)
+        batch: list[int] = []
+        taken = 0
+        while queue and taken < budget:
+            q, t = queue.popleft()
+            if not available[q] and q not in batch:
+                batch.append(q)
+                taken += numel[q]
+            recent[q] = max(recent[q], t)
+        if batch:
+            gather(phase, batch)
+        step = s + 1
+        if pi is None or persist[pi] or recent[pi] > step:
+            continue
+        traversed = 0
+        reused = False
+        for _, m in trace[step:]:
+            if traversed >= conf.max_reuse_distance:
+                break
+            if m is None:
+                continue
+            if m == pi:
+                reused = True
+                break
+            traversed += numel[m]
+        if not reused:
+            available[pi] = False
+            n_avail -= numel[pi]
+    return Zero3Trace(gathers=gathers, regathered=[i for i, t in enumerate(times) if t > 1])
+
+
+def zero3_sub_groups(partition_numels: list[int], *, sub_group_size: int = DS_SUB_GROUP_SIZE) -> int:
+    """How many optimizer sub-groups ZeRO-3 cuts the parameter group into (stage3._create_fp16_sub_groups):
+    consecutive parameters until their per-rank partitions reach `sub_group_size` elements."""
+    if sub_group_size >= sum(partition_numels):
+        return 1
+    groups, acc = 0, 0
+    for i, n in enumerate(partition_numels):
+        acc += n
+        if acc >= sub_group_size or i == len(partition_numels) - 1:
+            groups, acc = groups + 1, 0
+    return groups
+
+
+def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
+    prec = spec.precision
+    dt = PRECISION_DTYPE[prec]
+    eb = DTYPE_BYTES[dt]
+    w = spec.world_size
+    accum = spec.settings.grad_accum
+    padded = [-(-p.numel // w) * w for p in params]  # each parameter partitioned into ceil(numel / world)
+    conf = ZERO3
+    persistent = [i for i, p in enumerate(params) if p.numel <= conf.persistence_threshold]
+    if w > 1:
+        tr = zero3_trace(spec.model_config, conf=conf, checkpointing=spec.settings.checkpointing)
+        for phase in ("forward", "backward"):
+            calls = [idx for ph, idx in tr.gathers if ph == phase]
+            for k, idx in enumerate(calls):
+                led.add(f"all_gather #{k} issued in {phase}, {len(idx)} parameter(s) ({sum(padded[i] for i in idx)} elements)",
+                        "all_gather", dt, sum(padded[i] for i in idx) * eb, accum, group=g.world)
+        if tr.regathered:
+            led.notes.append(f"ZeRO-3: {len(tr.regathered)} parameter(s) lie beyond stage3_max_reuse_distance and are "
+                             "gathered again in backward")
+        for i in persistent:
+            led.add(f"persistent {params[i].name} gathered after the step", "all_gather", dt, padded[i] * eb, 1,
+                    group=g.world)
+    # gradients reach the bucket from backward hooks, reverse registration order; the bucket threshold
+    # counts unpadded elements, the reduce_scatter input pads every gradient to the world
+    order = list(reversed(range(len(params))))
+    for k, b in enumerate(ds_ipg_buckets([params[i].numel for i in order])):
+        numel = sum(padded[order[j]] for j in b)
+        led.add(f"gradient bucket {k} reduce_scatter_coalesced ({numel} elements)", "reduce_scatter", dt,
+                numel * eb, accum, group=g.world)
+    if prec == "fp16":
+        led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
+    sub_groups = zero3_sub_groups([pad // w for pad in padded])
+    led.add(f"gradient norm (fp64, one per optimizer sub-group: {sub_groups})", "all_reduce", "float64", 8, sub_groups,
+            group=g.world)
+    led.notes.append(f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {conf.persistence_threshold} "
+                     f"elements), gathered once after the step; gradients reduce_scattered in {dt}")
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def unsupported_reason(spec: RunSpec) -> str | None:
+    """Why `predict_comm` returns None for this cell, or None when it can model it."""
+    s = spec.settings
+    if spec.unsupported_reason() is not None:
+        return f"the cell cannot run: {spec.unsupported_reason()}"
+    if spec.strategy in HYBRID_STRATEGIES and spec.gpus_per_node == 1:
+        return "a hybrid with one rank per node has a one-rank shard group: FSDP's fallback there is not measured"
+    if spec.strategy.startswith("zero") and s.offload != "none":
+        return "DeepSpeed CPU offload reduces and norms gradients on other code paths, not modelled"
+    return None
+
+
+def predict_comm(spec: RunSpec) -> dict | None:
+    """Predicted collectives per optimizer step on rank 0: bytes, calls, by collective and group kind.
+
+    Returns {"comm_bytes_per_step", "bytes_per_step" (same), "calls_per_step", "by_collective": {name:
+    {"calls", "bytes", "dtype", "dtypes"}}, "by_group": {kind: {"calls", "bytes"}}, "items": the ledger,
+    "notes": [...]}, or None where `unsupported_reason(spec)` says why no model applies.
+    """
+    if unsupported_reason(spec) is not None:
+        return None
+    params = parameters(spec.model_config)
+    g = groups_for(spec)
+    led = Ledger()
+    fam = spec.strategy.split(".")[0]
+    if fam == "ddp":
+        _ddp(spec, params=params, g=g, led=led)
+    elif fam == "fsdp":
+        _fsdp1(spec, params=params, g=g, led=led)
+    elif fam == "fsdp2":
+        _fsdp2(spec, params=params, g=g, led=led)
+    elif spec.strategy in ("zero1", "zero2"):
+        _zero12(spec, params=params, g=g, led=led)
+    elif spec.strategy == "zero3":
+        _zero3(spec, params=params, g=g, led=led)
+    else:
+        return None
+    return led.summary()

@@ -1,0 +1,593 @@
+"""Analytic per-rank memory model and per-step FLOPs for every strategy × precision × world size × offload ×
+activation checkpointing cell. Pure arithmetic: no torch import (`harness plan` must stay fast).
+
+Memory is predicted as bytes *allocated* by tensors on one rank at its peak, in five parts that add up
+to that peak, and bytes of host memory for CPU offload:
+
+    params       the parameters this rank keeps between steps (sharded, or full)
+    grads        gradients allocated at the peak; `grads_after_backward` is their size once backward is done
+                 (DDP's buckets and ZeRO-3's partition buffer live all the time; FSDP's shards and ZeRO-1/2's
+                 gradients are freed by zero_grad/step and grow again during backward)
+    optimizer    AdamW state: two fp32 moments per parameter, plus the fp32 master copy where the precision
+                 keeps one apart from the parameters (DeepSpeed), sharded as the strategy shards it
+    activations  tensors saved for backward and live at the peak (the zoo's Llama block with SDPA flash
+                 attention, traced op by op: `ActivationModel`); under full checkpointing, each block's
+                 input plus one block recomputed; under selective, each block's input and its matmul and
+                 attention outputs, plus the rest of one block recomputed
+    buffers      what the loss, the backward and the strategy hold transiently at the peak: the cross-entropy
+                 gradient, gradients in flight, FSDP's gathered units and unsharded gradients, ZeRO's reduce
+                 bucket, live parameters and fp32 gradient buffer, autocast's 16-bit weight copies (DDP)
+
+The peak is the largest over the moments of a step (`WINDOWS`: forward end, loss backward, the first
+block's backward and its reduction, the last block's backward, backward end, optimizer step); each strategy
+says what it holds in each. No allocator fragmentation or caching is modelled: the prediction is `max_memory_allocated`, not
+reserved. Whether a cell fits compares the total with the device's memory minus `DEVICE_RESERVE_GIB`.
+
+Units: bytes internally; GiB = 2**30 in every `*_gib` field; GB = 1e9 only where the users' arithmetic is
+quoted. FLOPs are per optimizer step over all ranks (global), counted as multiply-adds × 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.scenario.schema import HYBRID_STRATEGIES, RunSpec
+from harness.core.zoo import ModelConfig, parameters
+
+GIB = 2**30
+GB = 1e9
+
+DEVICE_RESERVE_GIB = 1.0
+"""Device memory the allocator can never hand to tensors (GiB): the CUDA context with lazy module loading
+(about 0.5 GiB on A100/H100 with CUDA 12: driver state, cuBLAS/cuDNN handles and kernels torch loads) and
+NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, a few hundred MiB for an 8-GPU
+communicator). Both live outside torch's caching allocator, so they never show in `max_memory_allocated`
+but do come out of `total_memory`. A cell fits when its predicted total <= device memory - this reserve."""
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""bytes per element of each precision's dtype"""
+
+# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py, 0.19.8); harness.worker.strategies.zero sets none of them
+# (overlap_comm defaults to on for stage 3 only, and stage 3 allocates a single reduce bucket anyway).
+DS_REDUCE_BUCKET_ELEMS = 500_000_000
+"""reduce_bucket_size: the contiguous gradient bucket (elements), allocated in full whatever the model size"""
+DS_PARAM_PERSISTENCE_THRESHOLD = 100_000
+"""stage3_param_persistence_threshold: ZeRO-3 keeps parameters this small (elements) gathered on every rank"""
+DS_PREFETCH_BUCKET_ELEMS = 50_000_000
+"""stage3_prefetch_bucket_size: elements ZeRO-3 gathers ahead of the module being run"""
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""stage3_max_live_parameters: upper bound on gathered ZeRO-3 elements"""
+DS_SUB_GROUP_SIZE = 1_000_000_000
+"""sub_group_size: ZeRO-3 steps the optimizer over sub-groups of this many elements"""
+
+FSDP_UNITS_IN_FLIGHT = 2
+"""unsharded block units at once: FSDP1 limit_all_gathers lets one all-gather run ahead, and the default
+BACKWARD_PRE prefetch gathers the next unit while the current one computes (FSDP2 prefetches likewise)"""
+
+LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
+"""cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
+beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
+
+
+# --------------------------------------------------------------------------------------------------
+# parameters by module
+
+
+def unit_numels(cfg: ModelConfig) -> dict[str, int]:
+    """Elements per FSDP unit: 'root' and 'blocks.0'…'blocks.<L-1>'."""
+    units: dict[str, int] = {}
+    for p in parameters(cfg):
+        units[p.unit] = units.get(p.unit, 0) + p.numel
+    return units
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------------
+# activations
+
+FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
+    "forward end", "loss backward", "block backward", "block reduce", "last block backward", "backward end",
+    "optimizer step")
+WINDOWS = (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP)
+"""The moments of a training step at which a rank's memory can peak."""
+WINDOW_HELP = {
+    FORWARD_END: "all activations saved",
+    LOSS_BACKWARD: "start of backward",
+    BLOCK_BACKWARD: "inside the first block's backward",
+    BLOCK_REDUCE: "the first block's gradients complete",
+    LAST_BLOCK: "inside the last block's backward, the other blocks' gradients done",
+    BACKWARD_END: "all gradients complete",
+    OPTIMIZER_STEP: "no activations",
+}
+
+
+PRECISION_MODES = ("fp32", "autocast", "lowp")
+"""How a cell computes: fp32 everywhere; autocast (fp32 params and residual stream, matmuls in 16 bit: DDP);
+lowp (16-bit params, so the residual stream is 16 bit too: FSDP/FSDP2 mixed precision, DeepSpeed bf16/fp16)."""
+
+
+def precision_mode(strategy: str, precision: str) -> str:
+    if precision == "fp32":
+        return "fp32"
+    return "autocast" if strategy == "ddp" else "lowp"
+
+
+@dataclass(frozen=True)
+class ActivationModel:
+    """Bytes saved for backward by harness.worker.models.Transformer, per token, traced op by op.
+
+    Derivation (T tokens per micro-batch, a = bytes of the compute dtype, per token unless said):
+    RMSNorm saves its fp32 input (`x.float()`: the residual stream itself when that is fp32, else a copy,
+    4d), rsqrt (4) and the normalised value (fp32 4d, or its 16-bit `type_as` copy a·d in lowp); a Linear
+    saves its input: the norm output (4d in fp32, a·d in lowp, shared by q/k/v and by w1/w3) except under
+    autocast, which casts the input once per Linear (3·a·d for q/k/v, 2·a·d for w1/w3). Attention saves
+    the rotated q and k, v (k and v after GQA's repeat_interleave, so d wide either way), the SDPA output
+    and the copy that transpose+reshape makes for wo (5·a·d), and SDPA's fp32 logsumexp (4·n_heads); the
+    flash kernels save nothing of size seq² (no attention matrix). SwiGLU saves w1's and w3's outputs,
+    silu's output and the product (4·a·ffn). RoPE's rotations save only their cached cos/sin tables.
+    Outside the blocks: the final norm, the head's input, log_softmax's fp32 output (4·vocab) and the int64
+    tokens and targets (16).
+
+    Per block: fp32 44d + 16ffn + 4h + 8; autocast (a=2) 36d + 8ffn + 4h + 8; lowp (a=2) 26d + 8ffn + 4h + 8.
+    Checked against saved-tensor hooks and torch's MemTracker on CPU in tests/unit/test_flops.py.
+    """
+
+    cfg: ModelConfig
+    mode: str
+    tokens: int
+    """tokens per micro-batch on this rank (micro_batch × seq_len)"""
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def residual_bytes(self) -> int:
+        """dtype of the residual stream (block inputs): fp32 unless the parameters themselves are 16 bit"""
+        return 2 if self.mode == "lowp" else 4
+
+    def _norm_per_token(self) -> int:
+        d, a = self.cfg.d_model, self.compute_bytes
+        normalised = a * d if self.mode == "lowp" else 4 * d
+        return 4 * d + 4 + normalised
+
+    def _linear_inputs_per_token(self, consumers: int) -> int:
+        d, a = self.cfg.d_model, self.compute_bytes
+        if self.mode == "autocast":
+            return consumers * a * d
+        return a * d
+
+    def block_per_token(self) -> int:
+        """Bytes one block saves per token."""
+        c, a = self.cfg, self.compute_bytes
+        attention = 5 * a * c.d_model + 4 * c.n_heads
+        mlp = 4 * a * c.ffn
+        return (2 * self._norm_per_token() + self._linear_inputs_per_token(3) + attention
+                + self._linear_inputs_per_token(2) + mlp)
+
+    def block_input_per_token(self) -> int:
+        """Bytes of a block's input (the residual stream), which non-reentrant checkpointing keeps."""
+        return self.residual_bytes * self.cfg.d_model
+
+    def outside_blocks_per_token(self) -> int:
+        """Final norm, head input, log-probabilities, tokens and targets."""
+        return (self._norm_per_token() + self._linear_inputs_per_token(1) + 4 * self.cfg.vocab + 16)
+
+    def block(self) -> int:
+        return self.tokens * self.block_per_token()
+
+    def block_input(self) -> int:
+        return self.tokens * self.block_input_per_token()
+
+    def outside_blocks(self) -> int:
+        return self.tokens * self.outside_blocks_per_token()
+
+    def selective_kept_per_token(self) -> int:
+        """Bytes the `selective` policy keeps per block per token beside the block's input: the outputs of its
+        seven matmuls (q and o projections, w2: d wide; k and v: kv_heads · head_dim; w1, w3: ffn) and of
+        SDPA (d, and its fp32 logsumexp)."""
+        c, a = self.cfg, self.compute_bytes
+        kv = c.kv_heads * c.head_dim
+        return a * (4 * c.d_model + 2 * kv + 2 * c.ffn) + 4 * c.n_heads
+
+    def kept_per_block(self, policy: str) -> int:
+        """Bytes one block keeps from its forward to its backward under `policy` (none | full | selective)."""
+        if policy == "none":
+            return self.block()
+        kept = self.block_input()
+        return kept + (self.tokens * self.selective_kept_per_token() if policy == "selective" else 0)
+
+    def saved_end_of_forward(self, *, checkpointing: str) -> int:
+        """Bytes saved for backward when forward returns, under a policy (none | full | selective)."""
+        return self.cfg.n_layers * self.kept_per_block(checkpointing) + self.outside_blocks()
+
+    def recompute_extra(self, policy: str = "full") -> int:
+        """What recomputing one checkpointed block adds to what it kept: the block's saved tensors, less its
+        input when the residual stream is fp32 (the norm saves its input as is) and, under `selective`, less
+        the kept outputs that the backward uses as they are (SDPA's output and logsumexp, w1's and w3's
+        outputs, and v, a view of wv's output, without grouped-query heads)."""
+        extra = self.block() - (self.block_input() if self.mode != "lowp" else 0)
+        if policy == "selective":
+            c, a = self.cfg, self.compute_bytes
+            reused = a * c.d_model + 4 * c.n_heads + 2 * a * c.ffn + (a * c.d_model if c.kv_heads == c.n_heads else 0)
+            extra -= self.tokens * reused
+        return extra
+
+    def logits_transient(self) -> int:
+        """Alive while the loss runs log_softmax, beside everything saved: the head's output and, when that
+        is 16 bit, its fp32 copy (`loss_fn` computes in fp32). Freed once the loss returns."""
+        a = self.compute_bytes
+        return self.tokens * self.cfg.vocab * (a + (4 if a != 4 else 0))
+
+    def loss_transient(self) -> int:
+        return self.tokens * self.cfg.vocab * LOSS_TRANSIENT_BYTES_PER_LOGIT
+
+    def mlp_backward_transient(self) -> int:
+        """Gradients in flight inside a block's backward at its largest: the residual-stream gradient
+        entering the block, and in the MLP's backward, once the down projection has freed its saved input,
+        the gradients of silu's output and of w3's output (2 x ffn wide beyond what was freed)."""
+        return self.tokens * (self.residual_bytes * self.cfg.d_model + 2 * self.compute_bytes * self.cfg.ffn)
+
+    def windows(self, *, checkpointing: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+        """Activation bytes, and the backward's own transients, live at each moment of `WINDOWS`.
+
+        forward end: every saved tensor, and the logits while the loss runs. loss backward: those plus the cross-entropy gradient. block
+        backward: the first block's backward (the head's tensors are freed by then) with its gradients in
+        flight; under checkpointing, that block recomputed on top of what every block kept. block reduce:
+        that block done (its saved tensors freed), its gradients about to be reduced. last block backward:
+        one block's activations left (recomputed under checkpointing). backward end and optimizer step: none.
+        """
+        policy = checkpointing
+        saved = self.saved_end_of_forward(checkpointing=policy)
+        layers, kept = self.cfg.n_layers, self.kept_per_block(policy)
+        if policy != "none":
+            block, after_block, last = layers * kept + self.recompute_extra(policy), layers * kept, kept + self.recompute_extra(policy)
+        else:
+            block, after_block, last = layers * kept, (layers - 1) * kept, kept
+        return {
+            FORWARD_END: (saved, [("logits in the loss", self.logits_transient())]),
+            LOSS_BACKWARD: (saved, [("cross-entropy gradient", self.loss_transient())]),
+            BLOCK_BACKWARD: (block, [("gradients in flight", self.mlp_backward_transient())]),
+            BLOCK_REDUCE: (after_block, [("gradient into the next block", self.block_input())]),
+            LAST_BLOCK: (last, [("gradients in flight", self.mlp_backward_transient())]),
+            BACKWARD_END: (0, []),
+            OPTIMIZER_STEP: (0, []),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# per-strategy memory
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Predicted bytes on one rank's device at its peak (the five parts add up to it), and in host memory."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    grads_after_backward: float = 0.0
+    """gradient bytes on the device once backward is done (the users' "gradients" line)"""
+    cpu: float = 0.0
+    """host bytes per rank held for CPU offload (a node holds ranks-per-node times this)"""
+    window: str = ""
+    """the moment of the step the peak falls in (one of WINDOWS)"""
+    notes: dict[str, str] = field(default_factory=dict, compare=False)
+    """how each part was derived, keyed like the parts"""
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    def gib(self) -> dict[str, float]:
+        parts = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations", "buffers")}
+        parts["total"] = self.total
+        return {k: v / GIB for k, v in parts.items()}
+
+
+Held = dict[str, list[tuple[str, int]]]
+"""window → [(what, bytes)] a strategy holds beyond parameters, gradients and optimizer state"""
+
+
+def shard_degree(spec: RunSpec) -> int:
+    """Ranks a parameter / gradient / optimizer shard is split over: the world, or one node for hybrids,
+    or 1 for replicating strategies."""
+    if spec.strategy in ("ddp", "fsdp.no_shard"):
+        return 1
+    if spec.strategy in HYBRID_STRATEGIES:
+        return min(spec.gpus_per_node, spec.world_size)
+    return spec.world_size
+
+
+def memory(spec: RunSpec) -> Memory:
+    """The per-rank memory prediction for one cell (see the module docstring for what each part holds)."""
+    family = spec.strategy.split(".")[0]
+    if family == "ddp":
+        return _ddp(spec)
+    if family == "fsdp":
+        return _fsdp1(spec)
+    if family == "fsdp2":
+        return _fsdp2(spec)
+    if family in ("zero1", "zero2", "zero3"):
+        return _zero(spec)
+    raise ValueError(f"no memory model for strategy {spec.strategy!r}")
+
+
+def activation_model(spec: RunSpec) -> ActivationModel:
+    s = spec.settings
+    return ActivationModel(spec.model_config, precision_mode(spec.strategy, spec.precision), s.micro_batch * s.seq_len)
+
+
+def _assemble(spec: RunSpec, *, params: int, grads: int, grads_persistent: bool, optimizer: int, held: Held,
+              cpu: int = 0, notes: dict[str, str]) -> Memory:
+    """Pick the peak window: the one where activations + gradients present + held buffers is largest.
+
+    Gradients that are freed between steps (`grads_persistent` False) grow during backward: none before
+    the first block's gradients, all but the root's and one block's in the last block's backward, all of
+    them from backward end on.
+    """
+    cfg = spec.model_config
+    blocks_done = (cfg.n_layers - 1) * cfg.block_params() / cfg.n_params()
+    fraction = {LAST_BLOCK: blocks_done, BACKWARD_END: 1.0, OPTIMIZER_STEP: 1.0}
+    act = activation_model(spec)
+    best: tuple[int, str, int, int, list[tuple[str, int]]] | None = None
+    for window, (activations, own) in act.windows(checkpointing=spec.settings.activation_checkpointing).items():
+        present = grads if grads_persistent else int(grads * fraction.get(window, 0.0))
+        items = [(w, b) for w, b in own + held.get(window, []) if b]
+        live = activations + present + sum(b for _, b in items)
+        if best is None or live > best[0]:
+            best = (live, window, activations, present, items)
+    assert best is not None
+    _, window, activations, present, items = best
+    notes = dict(notes)
+    notes["buffers"] = f"peak at the {window} ({WINDOW_HELP[window]})" + "".join(f"; {w} {b / GIB:.2f} GiB" for w, b in items)
+    return Memory(params=params, grads=present, optimizer=optimizer, activations=activations,
+                  buffers=sum(b for _, b in items), grads_after_backward=grads, cpu=cpu, window=window, notes=notes)
+
+
+def _ddp(spec: RunSpec) -> Memory:
+    cfg, n = spec.model_config, spec.model_config.n_params()
+    held: Held = {}
+    if spec.precision != "fp32":
+        # NOTE: autocast caches the 16-bit copy of every weight until the autocast region (forward + loss)
+        # exits, and autograd keeps each copy until its weight's backward. Under checkpointing, only the
+        # head's copy outlives the forward, and a recomputed block re-creates its own (bar w2, not recomputed).
+        b, what = BYTES[spec.precision], f"autocast's {spec.precision} weight copies"
+        everything = b * cfg.n_matmul_params()
+        if spec.settings.checkpointing:  # full or selective: both recompute the casts
+            per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.d_model * cfg.ffn
+            held = {FORWARD_END: [(what, everything)], LOSS_BACKWARD: [(what, b * cfg.head_params())],
+                    BLOCK_BACKWARD: [(what, b * per_block)], LAST_BLOCK: [(what, b * per_block)]}
+        else:
+            block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers
+            held = {w: [(what, everything)] for w in (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD)}
+            held[BLOCK_REDUCE] = [(what, everything - b * (cfg.head_params() + block))]
+            held[LAST_BLOCK] = [(what, b * block)]
+    notes = {
+        "params": "fp32 parameters, full replica (4 B/param)",
+        "grads": "fp32 gradients; gradient_as_bucket_view makes DDP's 25 MB buckets the gradients, allocated once",
+        "optimizer": "AdamW exp_avg + exp_avg_sq in fp32 (8 B/param); no master copy, the params are fp32",
+    }
+    return _assemble(spec, params=4 * n, grads=4 * n, grads_persistent=True, optimizer=8 * n, held=held, notes=notes)
+
+
+def _fsdp_no_sync_grads(spec: RunSpec, *, grad_bytes: int) -> int:
+    """Gradient accumulation under no_sync keeps every unsharded gradient until the last micro-step."""
+    if spec.settings.grad_accum > 1 and shard_degree(spec) > 1:
+        return grad_bytes * spec.model_config.n_params()
+    return 0
+
+
+def _fsdp_memory(spec: RunSpec, *, sharded: int, root_gathered_in_loss: bool, gathered: tuple[str, int],
+                 gathered_from_forward: bool = False, reduce_copy: bool, offload_name: str,
+                 no_sync_bytes: int) -> Memory:
+    """What both FSDP generations hold, per window. `gathered` is what is unsharded during a block's backward
+    besides the root; `gathered_from_forward` when it stays so from the forward on (SHARD_GRAD_OP);
+    `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input."""
+    nshard = shard_degree(spec)
+    units = unit_numels(spec.model_config)
+    block, root = max(v for k, v in units.items() if k != "root"), units["root"]
+    p = BYTES[spec.precision]  # bytes of gathered parameters and of their unsharded gradients
+    replicated_fp32 = nshard == 1 and spec.precision == "fp32" and not reduce_copy
+    # NO_SHARD in fp32 (FSDP1): the flat params and grads are the full ones, nothing is gathered or copied
+    root_params = ("gathered root unit", 0 if replicated_fp32 else p * root)
+    # the root's unsharded gradient accumulates from the head's backward (first) to the embedding's (last)
+    root_grad = ("unsharded root gradient", 0 if replicated_fp32 else p * root)
+    # each unit's gradient, once complete, is cast/copied to an fp32 reduce-scatter input and reduced into a shard
+    copy = 4 if reduce_copy else 0
+    block_grad = ("unsharded block gradient + reduce-scatter input/output",
+                  0 if replicated_fp32 else p * block + copy * block + 4 * _ceil_div(block, nshard))
+    root_reduce = ("root reduce-scatter input/output", 0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard))
+    first = [root_params] if root_gathered_in_loss else []
+    # NOTE: a unit's reduce-scatter runs while the next unit computes its backward, so its input and output
+    # stay allocated through that backward (both FSDP generations reduce on a side stream)
+    previous_reduce = ("previous block's unsharded gradient + reduce-scatter buffers", block_grad[1])
+    last_block = ("last block gathered", 0 if replicated_fp32 else p * block)
+    held: Held = {
+        FORWARD_END: first + ([gathered] if gathered_from_forward else []),
+        LOSS_BACKWARD: first + ([gathered] if gathered_from_forward else []),
+        BLOCK_BACKWARD: [root_params, gathered, root_grad],
+        # the first block is resharded before its gradients are reduced (SHARD_GRAD_OP: the rest stay)
+        BLOCK_REDUCE: [root_params, (gathered[0], max(gathered[1] - p * block, 0) if gathered_from_forward
+                                     else gathered[1]), root_grad, block_grad],
+        LAST_BLOCK: [root_params, last_block, root_grad, previous_reduce],
+        BACKWARD_END: [root_params, root_grad, root_reduce],
+    }
+    no_sync = _fsdp_no_sync_grads(spec, grad_bytes=no_sync_bytes)
+    if no_sync:
+        for w in (LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END):
+            held[w].append(("no_sync gradient accumulation", no_sync))
+    notes = {
+        "params": f"fp32 shards, {nshard} ways (padded); the shards are the master weights",
+        "grads": f"fp32 gradient shards, {nshard} ways; freed by zero_grad, produced unit by unit in backward",
+        "optimizer": f"AdamW moments on the fp32 shards (8 B/param / {nshard})",
+    }
+    if spec.settings.offload == "optimizer+params":
+        notes["cpu"] = f"{offload_name}: fp32 param and gradient shards and AdamW moments in host memory (16 B/param)"
+        return _assemble(spec, params=0, grads=0, grads_persistent=False, optimizer=0, held=held,
+                         cpu=16 * sharded, notes=notes)
+    return _assemble(spec, params=4 * sharded, grads=4 * sharded, grads_persistent=False, optimizer=8 * sharded,
+                     held=held, notes=notes)
+
+
+def _fsdp1(spec: RunSpec) -> Memory:
+    """FSDP1: one flat parameter per unit (each Block, and the root), each padded to a multiple of the
+    shard degree; the sharded flat params are fp32; MixedPrecision gathers them in 16 bit."""
+    nshard = shard_degree(spec)
+    units = unit_numels(spec.model_config)
+    block = max(v for k, v in units.items() if k != "root")
+    p = BYTES[spec.precision]
+    mixed = spec.precision != "fp32"
+    if nshard == 1 or spec.strategy == "fsdp.no_shard":
+        # NOTE: FSDP1 switches any strategy to NO_SHARD when it has a single rank to shard over. With mixed
+        # precision it makes a 16-bit copy per unit and frees it after the unit's forward, the root's too,
+        # and again after its backward; in fp32 the flat params are the parameters
+        gathered = ("16-bit copies of the units in flight", p * FSDP_UNITS_IN_FLIGHT * block if mixed else 0)
+        root_in_loss = False
+    elif spec.strategy in ("fsdp.shard_grad_op", "fsdp.hybrid_shard_zero2"):
+        # every block stays gathered from its forward to its backward
+        gathered = ("every block unit gathered", p * (sum(units.values()) - units["root"]))
+        root_in_loss = True
+    else:
+        # FULL_SHARD / HYBRID_SHARD; NOTE: FSDP does not reshard the root after forward (needed first in backward)
+        gathered = (f"{FSDP_UNITS_IN_FLIGHT} block units gathered", p * FSDP_UNITS_IN_FLIGHT * block)
+        root_in_loss = True
+    return _fsdp_memory(spec, sharded=sum(_ceil_div(u, nshard) for u in units.values()),
+                        root_gathered_in_loss=root_in_loss, gathered=gathered,
+                        gathered_from_forward=spec.strategy in ("fsdp.shard_grad_op", "fsdp.hybrid_shard_zero2") and nshard > 1,
+                        reduce_copy=mixed,  # FSDP1 reduces the flat gradient in place when it is already fp32
+                        offload_name="CPUOffload(offload_params=True)", no_sync_bytes=p)
+
+
+def _fsdp2(spec: RunSpec) -> Memory:
+    """FSDP2: each parameter a DTensor sharded on dim 0 (padded to a multiple of the shard degree)."""
+    cfg = spec.model_config
+    nshard = shard_degree(spec)
+    block = max(v for k, v in unit_numels(cfg).items() if k != "root")
+    # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
+    return _fsdp_memory(
+        spec, sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg)),
+        root_gathered_in_loss=True,
+        gathered=(f"{FSDP_UNITS_IN_FLIGHT} block units gathered", BYTES[spec.precision] * FSDP_UNITS_IN_FLIGHT * block),
+        reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
+        offload_name="CPUOffloadPolicy", no_sync_bytes=4)  # FSDP2 accumulates unsharded grads in the fp32 reduce dtype
+
+
+def _zero(spec: RunSpec) -> Memory:
+    """DeepSpeed ZeRO with bf16/fp16 (16-bit params and grads, fp32 master + moments) or fp32.
+
+    The users' arithmetic, unsharded: 2 + 2 + 12 bytes/param (master 4, moments 8). ZeRO-1 shards the
+    optimizer over N, ZeRO-2 also the gradients, ZeRO-3 also the parameters. In fp32, stages 1/2 still
+    clone an fp32 master partition (stage_1_and_2.py clones the partition whatever its dtype); ZeRO-3
+    uses the fp32 params as the master when the dtypes match (stage3.py `_create_fp32_partitions`).
+    """
+    cfg, s = spec.model_config, spec.settings
+    stage = int(spec.strategy[-1])
+    nshard = spec.world_size
+    b = BYTES[spec.precision]
+    off_opt = s.offload in ("optimizer", "optimizer+params")
+    off_par = s.offload == "optimizer+params"
+    bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
+    notes: dict[str, str] = {}
+
+    if stage < 3:
+        n = cfg.n_params()
+        part = _ceil_div(n, nshard)  # this rank's partition of the flat parameter group
+        grads = b * n if stage == 1 else b * part
+        master, moments = 4 * part, 8 * part
+        # the contiguous reduce bucket is allocated at each backward's start and released at its end; the
+        # step then casts this rank's gradient partition to fp32
+        held: Held = {LOSS_BACKWARD: [bucket], BLOCK_BACKWARD: [bucket], BLOCK_REDUCE: [bucket],
+                      LAST_BLOCK: [bucket], BACKWARD_END: [bucket],
+                      OPTIMIZER_STEP: [("fp32 gradient partition for the step", 0 if off_opt else 4 * part)]}
+        cpu = 0
+        if off_opt:
+            # ZeRO-Offload: master, moments and an fp32 gradient partition in host memory, with a 16-bit
+            # staging copy of the partition; ZeRO-2 copies each reduced bucket straight to the host
+            cpu = master + moments + 4 * part + b * part
+            grads = 0 if stage == 2 else grads
+            master = moments = 0
+            notes["cpu"] = "offload_optimizer: fp32 master, moments, fp32 gradient partition, 16-bit staging copy"
+        notes.update({
+            "params": f"{spec.precision} parameters, full replica",
+            "grads": f"{spec.precision} gradients, " + ("full (ZeRO-1)" if stage == 1 else f"partitioned {nshard} ways")
+                     + ("; reduced straight into host memory" if off_opt and stage == 2 else "")
+                     + "; produced during backward, freed by the step",
+            "optimizer": f"fp32 master + AdamW moments (12 B/param) / {nshard}" + ("; offloaded" if off_opt else ""),
+        })
+        return _assemble(spec, params=b * n, grads=grads, grads_persistent=False, optimizer=master + moments,
+                         held=held, cpu=cpu, notes=notes)
+
+    # ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
+    # persistence threshold also stay gathered on every rank
+    shapes = parameters(cfg)
+    partitions = sum(_ceil_div(ps.numel, nshard) for ps in shapes)
+    persistent = sum(ps.numel for ps in shapes if ps.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
+    master = 0 if spec.precision == "fp32" else 4 * partitions
+    moments = 8 * partitions
+    params = b * (partitions + persistent)
+    grads = b * partitions  # the flat gradient partition buffer, allocated once at initialisation
+    # ZeRO-3 gathers per module (every module here holds one weight) and prefetches ahead of it
+    largest_module = max(ps.numel for ps in shapes)
+    live = ("live gathered parameters", b * min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS))
+    # the optimizer's fp32 gradient buffer (one sub-group) and the reduce bucket: allocated once, never freed
+    fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(DS_SUB_GROUP_SIZE, partitions))
+    cpu = 0
+    if off_opt:
+        cpu = master + moments + 4 * partitions + b * partitions
+        master = moments = grads = 0
+        fp32_grad = (fp32_grad[0], 0)
+        notes["cpu"] = "offload_optimizer: fp32 master, moments, fp32 and 16-bit gradient partitions"
+    if off_par:
+        cpu += b * partitions
+        params = b * persistent
+        notes["cpu"] += "; offload_param: 16-bit parameter partitions"
+    always = [bucket, fp32_grad]
+    held = {w: always + ([live] if w not in (BACKWARD_END, OPTIMIZER_STEP) else []) for w in WINDOWS}
+    notes.update({
+        "params": f"{spec.precision} partitions ({nshard} ways) + {persistent:,} persistent elements gathered"
+                  + ("; partitions offloaded" if off_par else ""),
+        "grads": f"{spec.precision} gradient partitions, one buffer allocated at initialisation"
+                 + ("; in host memory" if off_opt else ""),
+        "optimizer": ("AdamW moments on the fp32 params (no separate master)" if spec.precision == "fp32"
+                      else "fp32 master + AdamW moments (12 B/param)") + f" / {nshard}" + ("; offloaded" if off_opt else ""),
+    })
+    return _assemble(spec, params=params, grads=grads, grads_persistent=True, optimizer=master + moments,
+                     held=held, cpu=cpu, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs activation checkpointing adds per token: the forward of every block again (2 per matmul
+    parameter, and the attention forward, 4 · d_model · seq_len per layer), except the block's last matmul.
+
+    The MLP's down projection (w2, d_model × ffn) is not recomputed: its output is saved by nothing (the
+    residual add needs no inputs), and non-reentrant checkpointing stops recomputing as soon as every saved
+    tensor is back (`torch.utils.checkpoint` early stop, on by default). FlopCounterMode agrees exactly.
+    """
+    per_block_matmul = (cfg.n_matmul_params() - cfg.head_params()) / cfg.n_layers
+    recomputed = per_block_matmul - cfg.d_model * cfg.ffn
+    return cfg.n_layers * (2.0 * recomputed + 4.0 * cfg.d_model * seq_len)
+
+
+def flops_per_step(spec: RunSpec) -> float:
+    """Model FLOPs per optimizer step over all ranks: `ModelConfig.flops_per_token` (6 per matmul parameter
+    + 12 · n_layers · d_model · seq_len, full attention square) × global tokens per step. The MFU numerator."""
+    return spec.model_config.flops_per_token(spec.settings.seq_len) * spec.tokens_per_step
+
+
+def hardware_flops_per_step(spec: RunSpec) -> float:
+    """FLOPs the devices execute per step: model FLOPs plus the recomputed forward of every block under
+    activation checkpointing. The HFU numerator."""
+    full = spec.settings.activation_checkpointing == "full"  # selective keeps every matmul's and SDPA's output
+    extra = recompute_flops_per_token(spec.model_config, spec.settings.seq_len) if full else 0.0
+    return flops_per_step(spec) + extra * spec.tokens_per_step

@@ -1,0 +1,501 @@
+"""Scenario files → validated Scenario → expanded, hashed RunSpecs (one per matrix cell).
+
+Pure: no torch import, deterministic. Every problem in a file is collected and raised once as an
+`InputError` whose lines read `file: dotted.key: message`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.core.errors import InputError, Problem, one_of, unknown
+from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+
+STRATEGIES: tuple[str, ...] = (
+    "ddp",
+    "fsdp.full_shard",
+    "fsdp.shard_grad_op",
+    "fsdp.no_shard",
+    "fsdp.hybrid_shard",
+    "fsdp.hybrid_shard_zero2",
+    "fsdp2.full_shard",
+    "fsdp2.hybrid_shard",
+    "zero1",
+    "zero2",
+    "zero3",
+)
+HYBRID_STRATEGIES = frozenset({"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"})
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
+"""activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
+recompute the rest of each block: norms, RoPE, SiLU, products)"""
+FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception")
+INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step")
+CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _setting(default: Any, doc: str, *, choices: tuple | None = None, minimum: float | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "choices": choices, "minimum": minimum})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Per-cell knobs. Every field may be set under `settings:` or used as a matrix axis."""
+
+    micro_batch: int = _setting(2, "sequences per rank per micro-step", minimum=1)
+    seq_len: int = _setting(64, "tokens per sequence", minimum=2)
+    grad_accum: int = _setting(1, "micro-steps per optimizer step", minimum=1)
+    warmup_steps: int = _setting(2, "steps run before timing (>= 2: DDP rebuilds its buckets at step 2)", minimum=2)
+    measure_steps: int = _setting(5, "timed steps; every one is kept as a sample", minimum=1)
+    activation_checkpointing: str = _setting(
+        "none", "none | full (recompute each block in backward) | selective (keep each block's matmul and attention "
+        "outputs, recompute the rest); true/false mean full/none", choices=AC_POLICIES)
+    compile: bool = _setting(False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)")
+    offload: str = _setting("none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS)
+    seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
+    lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
+    time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
+    inject: dict | None = _setting(None, "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}")
+
+    def __post_init__(self) -> None:
+        # NOTE: true/false were the only values before the policies existed; records and files keep them
+        object.__setattr__(self, "activation_checkpointing",
+                           canonical_setting("activation_checkpointing", self.activation_checkpointing))
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether blocks run under activation checkpointing (full or selective)."""
+        return self.activation_checkpointing != "none"
+
+
+SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def canonical_setting(name: str, value: Any) -> Any:
+    """A setting's value as this version spells it: activation_checkpointing true/false → full/none (the
+    booleans of earlier records and files). Everything else as given."""
+    if name == "activation_checkpointing" and isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One matrix cell: everything a worker needs, serialisable, hashed into `run_id`."""
+
+    model: str
+    """model name (zoo or scenario-defined)"""
+    model_config: ModelConfig
+    """the model's dimensions (so a renamed or edited custom model changes run_id)"""
+    strategy: str
+    precision: str
+    world_size: int
+    """ranks = GPUs"""
+    nodes: int
+    """ceil(world_size / gpus_per_node)"""
+    gpus_per_node: int
+    """ranks per node, from the cluster profile; hybrids shard inside a node and replicate across nodes"""
+    settings: Settings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON form: `spec.{model, strategy, precision, world_size, nodes, gpus_per_node, micro_batch, …}`."""
+        d: dict[str, Any] = {
+            "model": self.model,
+            "model_config": self.model_config.to_dict(),
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+        }
+        d.update(dataclasses.asdict(self.settings))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
+        known = {k: d[k] for k in SETTING_FIELDS if k in d}
+        return cls(
+            model=d["model"],
+            model_config=ModelConfig(**d["model_config"]),
+            strategy=d["strategy"],
+            precision=d["precision"],
+            world_size=int(d["world_size"]),
+            nodes=int(d["nodes"]),
+            gpus_per_node=int(d["gpus_per_node"]),
+            settings=Settings(**known),
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two cells the same cell: the spec without settings left at their default.
+
+        A setting added in a later version (at its default) thus keeps every existing run_id and match.
+        """
+        defaults = {name: f.default for name, f in SETTING_FIELDS.items()}
+        return {k: v for k, v in self.to_dict().items() if not (k in defaults and v == defaults[k])}
+
+    @property
+    def run_id(self) -> str:
+        """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
+        return f"{self.model}-{self.strategy}-{self.precision}-g{self.world_size}-{digest}"
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Global tokens per optimizer step."""
+        s = self.settings
+        return s.micro_batch * s.seq_len * s.grad_accum * self.world_size
+
+    def unsupported_reason(self, device: str | None = None) -> str | None:
+        """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
+
+        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device.
+        """
+        s = self.settings
+        if s.inject is not None and s.inject.get("rank", 0) >= self.world_size:
+            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.world_size}"
+        if self.strategy in HYBRID_STRATEGIES:
+            if self.world_size % self.gpus_per_node:
+                return (f"{self.strategy} needs world_size divisible by gpus_per_node "
+                        f"({self.world_size} % {self.gpus_per_node} != 0)")
+            if self.nodes < 2:
+                return (f"{self.strategy} shards inside a node and replicates across nodes; world {self.world_size} "
+                        f"with {self.gpus_per_node} GPUs per node is a single node")
+        if s.offload != "none":
+            if self.strategy == "ddp":
+                return "ddp has no CPU offload"
+            if self.strategy.startswith("fsdp2"):
+                return f"{self.strategy}: CPU offload is not part of this harness's FSDP2 cells"
+            if self.strategy.startswith("zero") and self.strategy != "zero3" and s.offload == "optimizer+params":
+                return f"{self.strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
+            if self.strategy.startswith("fsdp.") and s.offload == "optimizer":
+                return f"{self.strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
+        if self.strategy == "zero3" and s.compile and s.checkpointing:
+            # NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's
+            # per-module hooks, whose guards (sub_module.ds_id, pre_bwd_fn) fail on every module: each call
+            # recompiles until the limit, then runs eagerly; steps took 5 s instead of 0.08 s
+            return ("zero3 with compile and activation checkpointing: ZeRO-3's per-module gather hooks inside a "
+                    "checkpointed block make torch.compile recompile on every call")
+        if device == "cpu" and self.precision == "fp16" and self.strategy.startswith("zero"):
+            return "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"
+        return None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario file."""
+
+    name: str
+    path: str
+    models: dict[str, ModelConfig]
+    """scenario-defined models, beside the zoo"""
+    cells: tuple[dict[str, Any], ...]
+    """expanded matrix combinations (axis name → value), before the cluster fixes node layout"""
+    settings: dict[str, Any]
+    """the scenario-level settings overrides"""
+    description: str = ""
+
+    def model_config(self, name: str) -> ModelConfig:
+        return self.models.get(name) or ZOO[name]
+
+    def expand(self, *, gpus_per_node: int) -> list[RunSpec]:
+        """RunSpecs in file order, de-duplicated by run_id. `gpus_per_node` comes from the cluster profile."""
+        specs: dict[str, RunSpec] = {}
+        for cell in self.cells:
+            merged = {**self.settings, **{k: v for k, v in cell.items() if k in SETTING_FIELDS}}
+            world = int(cell["gpus"])
+            spec = RunSpec(
+                model=cell["model"],
+                model_config=self.model_config(cell["model"]),
+                strategy=cell["strategy"],
+                precision=cell["precision"],
+                world_size=world,
+                nodes=math.ceil(world / gpus_per_node),
+                gpus_per_node=min(gpus_per_node, world),
+                settings=Settings(**merged),
+            )
+            specs.setdefault(spec.run_id, spec)
+        return list(specs.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# loading and validation
+
+
+class _NoObjectsLoader(yaml.SafeLoader):
+    """Safe loading, and a clear error (not a traceback) for tags like !!python/object."""
+
+
+def _refuse_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None, None, f"tag {node.tag!r} is not allowed (scenario files are plain data)", node.start_mark
+    )
+
+
+_NoObjectsLoader.add_multi_constructor("!", _refuse_tag)
+_NoObjectsLoader.add_multi_constructor("tag:yaml.org,2002:python/", _refuse_tag)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file with safe loading; syntax errors become an InputError naming the line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError([Problem(str(path), "", f"cannot read file: {e.strerror or e}")]) from None
+    try:
+        return yaml.load(text, Loader=_NoObjectsLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise InputError([Problem(str(path), "", f"invalid YAML: {e}")]) from None
+
+
+def _type_ok(value: Any, typ: type) -> bool:
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, typ)
+
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        problems.append(Problem(file, where, f"{value!r} must be null or a mapping like "
+                                "{fault: exception, rank: 1, step: 3}"))
+        return
+    for k in value:
+        if k not in INJECT_KEYS:
+            problems.append(unknown(file, f"{where}.{k}", k, INJECT_KEYS))
+    if "fault" not in value:
+        problems.append(Problem(file, f"{where}.fault", f"missing; one of {', '.join(FAULTS)}"))
+    elif value["fault"] not in FAULTS:
+        problems.append(Problem(file, f"{where}.fault", one_of(value["fault"], FAULTS)))
+    for k, minimum in (("rank", 0), ("step", 1)):
+        v = value.get(k, minimum)
+        if not _type_ok(v, int) or v < minimum:
+            problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not an integer >= {minimum}"))
+
+
+def _check_setting(name: str, value: Any, where: str, file: str, problems: list[Problem]) -> None:
+    if name == "inject":
+        _check_inject(value, where, file, problems)
+        return
+    f = SETTING_FIELDS[name]
+    value = canonical_setting(name, value)
+    typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
+    choices, minimum = f.metadata["choices"], f.metadata["minimum"]
+    if not _type_ok(value, typ):
+        problems.append(Problem(file, where, one_of(value, choices) if choices else f"{value!r} is not {_TYPE_NAMES[typ]}"))
+        return
+    if choices and value not in choices:
+        problems.append(Problem(file, where, one_of(value, choices)))
+    if minimum is not None and value < minimum:
+        problems.append(Problem(file, where, f"{value!r} is below the minimum {minimum!r}"))
+
+
+def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, ModelConfig]:
+    models: dict[str, ModelConfig] = {}
+    if raw is None:
+        return models
+    if not isinstance(raw, dict):
+        problems.append(Problem(file, "models", "must be a mapping of model name to dimensions"))
+        return models
+    for name, dims in raw.items():
+        where = f"models.{name}"
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            problems.append(Problem(file, where, f"model name {name!r} must match {NAME_RE.pattern}"))
+            continue
+        if name in ZOO:
+            problems.append(Problem(file, where, f"{name!r} is a zoo model; pick another name"))
+            continue
+        if not isinstance(dims, dict):
+            problems.append(Problem(file, where, "must be a mapping like {d_model: 4096, n_layers: 32, ...}"))
+            continue
+        ok = True
+        for k in dims:
+            if k not in MODEL_KEYS:
+                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS)))
+                ok = False
+        for k in sorted(REQUIRED_MODEL_KEYS - set(dims)):
+            problems.append(Problem(file, f"{where}.{k}", "missing (required)"))
+            ok = False
+        for k, v in dims.items():
+            if k in MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
+                problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not a positive integer"))
+                ok = False
+        if ok:
+            cfg = ModelConfig(**dims)
+            if cfg.d_model % cfg.n_heads:
+                problems.append(Problem(file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}"))
+            elif cfg.n_heads % cfg.kv_heads:
+                problems.append(Problem(file, f"{where}.n_kv_heads", f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"))
+            elif cfg.head_dim % 2:
+                problems.append(Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)"))
+            else:
+                models[name] = cfg
+    return models
+
+
+def _check_axis_value(axis: str, value: Any, where: str, file: str, model_names: list[str],
+                      problems: list[Problem]) -> None:
+    if axis == "model":
+        if value not in model_names:
+            problems.append(Problem(file, where, one_of(value, model_names)))
+    elif axis == "strategy":
+        if value not in STRATEGIES:
+            problems.append(Problem(file, where, one_of(value, STRATEGIES)))
+    elif axis == "precision":
+        if value not in PRECISIONS:
+            problems.append(Problem(file, where, one_of(value, PRECISIONS)))
+    elif axis == "gpus":
+        if not _type_ok(value, int) or value < 1:
+            problems.append(Problem(file, where, f"{value!r} is not a positive integer"))
+    else:
+        _check_setting(axis, value, where, file, problems)
+
+
+def _matches(cell: dict[str, Any], pattern: dict[str, Any]) -> bool:
+    return all(k in cell and cell[k] == v for k, v in pattern.items())
+
+
+def expand_matrix(axes: dict[str, list[Any]], include: list[dict[str, Any]],
+                  exclude: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GitHub Actions matrix semantics.
+
+    Cartesian product of `axes` in key order; drop combinations matching any `exclude` entry (all of its
+    keys equal); then each `include` entry is merged into every combination whose original axis values it
+    does not contradict (its extra keys added; keys added by an earlier include may be overwritten), and
+    becomes a new combination when it merges into none.
+    """
+    keys = list(axes)
+    base = [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))] if keys else []
+    base = [c for c in base if not any(_matches(c, e) for e in exclude)]
+    originals = [dict(c) for c in base]
+    cells = [dict(c) for c in base]
+    extra: list[dict[str, Any]] = []
+    for inc in include:
+        merged = False
+        for orig, cell in zip(originals, cells):
+            if all(orig[k] == v for k, v in inc.items() if k in orig):
+                cell.update(inc)
+                merged = True
+        if not merged:
+            extra.append(dict(inc))
+    return cells + extra
+
+
+def parse_scenario(doc: Any, file: str) -> Scenario:
+    """Validate a parsed scenario document and expand its matrix. Raises InputError with every problem."""
+    problems: list[Problem] = []
+    if not isinstance(doc, dict):
+        raise InputError([Problem(file, "", "a scenario file must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))])
+
+    for k in doc:
+        if k not in TOP_LEVEL_KEYS:
+            problems.append(unknown(file, str(k), k, TOP_LEVEL_KEYS))
+    name = doc.get("name", Path(file).stem)
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        problems.append(Problem(file, "name", f"{name!r} must match {NAME_RE.pattern} (it names result folders)"))
+    description = doc.get("description", "") or ""
+
+    models = _check_models(doc.get("models"), file, problems)
+    model_names = list(ZOO) + list(models)
+
+    settings_raw = doc.get("settings") or {}
+    settings: dict[str, Any] = {}
+    if not isinstance(settings_raw, dict):
+        problems.append(Problem(file, "settings", "must be a mapping of setting name to value"))
+        settings_raw = {}
+    for k, v in settings_raw.items():
+        if k not in SETTING_FIELDS:
+            problems.append(unknown(file, f"settings.{k}", k, SETTING_FIELDS, what="setting"))
+            continue
+        before = len(problems)
+        _check_setting(k, v, f"settings.{k}", file, problems)
+        if len(problems) == before:
+            settings[k] = v
+
+    matrix = doc.get("matrix")
+    axes: dict[str, list[Any]] = {}
+    include: list[dict[str, Any]] = []
+    exclude: list[dict[str, Any]] = []
+    allowed_axes = list(CORE_AXES) + list(SETTING_FIELDS)
+    if not isinstance(matrix, dict):
+        problems.append(Problem(file, "matrix", "missing; a mapping of axes (model, strategy, precision, gpus, "
+                                "any setting) to lists, with optional include/exclude"))
+        matrix = {}
+    for axis, values in matrix.items():
+        if axis in ("include", "exclude"):
+            continue
+        where = f"matrix.{axis}"
+        if axis not in allowed_axes:
+            problems.append(unknown(file, where, axis, allowed_axes, what="axis"))
+            continue
+        if not isinstance(values, list) or not values:
+            problems.append(Problem(file, where, f"must be a non-empty list, got {values!r}"))
+            continue
+        before = len(problems)
+        for i, v in enumerate(values):
+            _check_axis_value(axis, v, f"{where}[{i}]", file, model_names, problems)
+        if len(problems) == before:
+            axes[axis] = values
+
+    for kind, target in (("include", include), ("exclude", exclude)):
+        entries = matrix.get(kind) or []
+        if not isinstance(entries, list):
+            problems.append(Problem(file, f"matrix.{kind}", "must be a list of mappings"))
+            continue
+        for i, entry in enumerate(entries):
+            where = f"matrix.{kind}[{i}]"
+            if not isinstance(entry, dict) or not entry:
+                problems.append(Problem(file, where, f"must be a non-empty mapping of axis to value, got {entry!r}"))
+                continue
+            before = len(problems)
+            for k, v in entry.items():
+                if k not in allowed_axes:
+                    problems.append(unknown(file, f"{where}.{k}", k, allowed_axes, what="axis"))
+                else:
+                    _check_axis_value(k, v, f"{where}.{k}", file, model_names, problems)
+            if len(problems) == before:
+                target.append(entry)
+
+    cells: list[dict[str, Any]] = []
+    if not problems:
+        cells = expand_matrix(axes, include, exclude)
+        inc_index = {id(e): i for i, e in enumerate(include)}
+        for cell in cells:
+            missing = [a for a in CORE_AXES if a not in cell]
+            if missing:
+                src = next((f"matrix.include[{inc_index[id(e)]}]" for e in include if _matches(cell, e)), "matrix")
+                problems.append(Problem(file, src, f"cell {cell} has no {', '.join(missing)} "
+                                        "(give the axis in the matrix or in the include entry)"))
+        if not cells and not problems:
+            problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
+    if problems:
+        raise InputError(problems)
+    return Scenario(name=name, path=file, models=models, cells=tuple(cells), settings=settings,
+                    description=str(description))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load, validate and expand a scenario file (raises InputError listing every problem)."""
+    return parse_scenario(load_yaml(path), str(path))

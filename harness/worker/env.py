@@ -1,0 +1,62 @@
+"""The environment a record was measured in: versions, device, hosts, scheduler job."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_sha() -> str | None:
+    """The harness checkout's commit (suffixed -dirty with uncommitted changes); None outside a checkout."""
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        if not sha:
+            return None
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def capture(device_type: str) -> dict:
+    """Versions and device facts of this process (call after torch is imported and the device is set)."""
+    import torch
+
+    env: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "deepspeed": None,
+        "device_type": device_type,
+        "device_name": "cpu",
+        "device_count": None,
+        "device_memory_gib": None,
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "hostname": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+    if device_type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name()
+        env["device_count"] = torch.cuda.device_count()
+        env["device_memory_gib"] = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+        try:
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            env["nccl"] = None
+    try:
+        from importlib.metadata import version
+
+        env["deepspeed"] = version("deepspeed")
+    except Exception:  # noqa: BLE001 - not installed
+        pass
+    return env

@@ -1,0 +1,74 @@
+"""FSDP1 (`FullyShardedDataParallel`): the sharding strategies users know by name.
+
+Each transformer Block is one FSDP unit (ModuleWrapPolicy); the root unit holds the embedding, final
+norm and head. The model is built on the meta device and each unit is materialised and initialised on
+its own device by `param_init_fn`, so no rank ever holds the whole unsharded model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from harness.worker.models import Block, apply_activation_checkpointing, build_model, init_module_
+from harness.worker.precision import policy
+from harness.scenario.schema import RunSpec
+from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+
+SHARDING = {
+    "fsdp.full_shard": ShardingStrategy.FULL_SHARD,
+    "fsdp.shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
+    "fsdp.no_shard": ShardingStrategy.NO_SHARD,
+    "fsdp.hybrid_shard": ShardingStrategy.HYBRID_SHARD,
+    "fsdp.hybrid_shard_zero2": ShardingStrategy._HYBRID_SHARD_ZERO2,
+}
+HYBRID = {"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2"}
+
+
+def mixed_precision(name: str) -> MixedPrecision | None:
+    prec = policy(name)
+    if not prec.mixed:
+        return None
+    # NOTE: reduce in fp32 (see harness.worker.precision); buffers (none in the zoo) follow the compute dtype
+    return MixedPrecision(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32,
+                          buffer_dtype=prec.compute_dtype)
+
+
+def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
+    offload = spec.settings.offload
+    prec = policy(spec.precision)
+    model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
+    if spec.settings.checkpointing:
+        # NOTE: checkpoint wrappers go on before FSDP wrapping; the policy then wraps the inner Blocks
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
+    # offloaded parameters are materialised on the CPU and FSDP keeps them there
+    init_device = torch.device("cpu") if offload == "optimizer+params" else topo.device
+
+    def param_init_fn(module: torch.nn.Module) -> None:
+        module.to_empty(device=init_device, recurse=False)
+        init_module_(module)
+
+    kwargs = {}
+    if spec.strategy in HYBRID:
+        kwargs["device_mesh"] = topo.mesh(hybrid=True)
+    fsdp = FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        sharding_strategy=SHARDING[spec.strategy],
+        mixed_precision=mixed_precision(spec.precision),
+        cpu_offload=CPUOffload(offload_params=offload == "optimizer+params"),
+        device_id=topo.device,
+        param_init_fn=param_init_fn,
+        use_orig_params=True,
+        limit_all_gathers=True,
+        sync_module_states=False,
+        **kwargs,
+    )
+    opt = adamw(fsdp.parameters(), lr=spec.settings.lr,
+                device=init_device if offload == "optimizer+params" else topo.device)
+    scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
+    model_for_step = torch.compile(fsdp) if spec.settings.compile else fsdp
+    return TorchTrainer(model_for_step, opt, scaler=scaler, no_sync=fsdp.no_sync)

@@ -1,0 +1,74 @@
+"""FSDP2 (`fully_shard`): per-parameter DTensor sharding; hybrid = 2-D mesh (replicate × shard).
+
+Built on the meta device, sharded, then materialised: each rank allocates only its shards, and each
+parameter is initialised from its full keyed values (generated one parameter at a time) distributed
+onto the mesh, so weights equal every other strategy's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from harness.worker.models import (KeyedEmbedding, KeyedLinear, RMSNorm, apply_activation_checkpointing,
+                            build_model, init_module_)
+from harness.worker.precision import policy
+from harness.scenario.schema import RunSpec
+from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+
+
+def _init_sharded_(model: torch.nn.Module) -> None:
+    """Initialise every (DTensor) parameter from the full values its module's keyed init would produce."""
+    for module in model.modules():
+        if not isinstance(module, (KeyedLinear, KeyedEmbedding, RMSNorm)):
+            continue
+        w = module.weight
+        if not isinstance(w, DTensor):
+            init_module_(module)
+            continue
+        full = torch.empty(w.shape, dtype=w.dtype, device=w.device_mesh.device_type)
+        # run the module's keyed init on a plain full-size tensor, then distribute it like the parameter
+        plain = torch.nn.Parameter(full, requires_grad=False)
+        module._parameters["weight"] = plain
+        try:
+            init_module_(module)
+        finally:
+            module._parameters["weight"] = w
+        with torch.no_grad():
+            w.copy_(distribute_tensor(plain.data, w.device_mesh, w.placements))
+
+
+def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
+    prec = policy(spec.precision)
+    model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
+    if spec.settings.checkpointing:
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
+    mesh = topo.mesh(hybrid=spec.strategy == "fsdp2.hybrid_shard")
+    mp = MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32) if prec.mixed \
+        else MixedPrecisionPolicy()
+    if spec.settings.compile:
+        # NOTE: per-block compile before fully_shard (torchtitan's order): each block is one graph and
+        # FSDP2's all-gather/reduce-scatter hooks stay outside it
+        for block in model.blocks:
+            block.compile()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    model.to_empty(device=topo.device)
+    _init_sharded_(model)
+    opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device)
+    scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
+
+    @contextlib.contextmanager
+    def no_sync():
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return TorchTrainer(model, opt, scaler=scaler, no_sync=no_sync)

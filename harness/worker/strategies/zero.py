@@ -1,0 +1,121 @@
+"""DeepSpeed ZeRO stages 1/2/3 (deepspeed is imported only here).
+
+A torch AdamW is passed to `deepspeed.initialize` (DeepSpeed's FusedAdam JIT build fails on some CUDA
+stacks, and a torch optimizer keeps the optimizer math identical to the other families);
+DeepSpeedCPUAdam when the optimizer is offloaded. ZeRO-3 builds the model under `deepspeed.zero.Init`,
+so parameters are partitioned as each module is constructed and no rank holds the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
+from harness.scenario.schema import RunSpec
+from harness.worker.strategies.base import Batch, Topology, adamw
+
+STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+ZERO_OVERRIDES_ENV = "HARNESS_DS_ZERO_OVERRIDES"
+"""JSON merged into `zero_optimization` (e.g. lowered stage3_* knobs so that a CPU-sized model shows
+re-gathers); for diagnosing the accounting model, not for benchmarks"""
+
+
+def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config for a cell (also recorded, so a user can reproduce the cell outside the harness)."""
+    s = spec.settings
+    stage = STAGES[spec.strategy]
+    zero: dict[str, Any] = {"stage": stage}
+    if s.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if s.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "train_batch_size": s.micro_batch * s.grad_accum * world_size,
+        "zero_optimization": zero,
+        "gradient_clipping": 0.0,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+    }
+    overrides = os.environ.get(ZERO_OVERRIDES_ENV)
+    if overrides:  # diagnostics only (tests/dist/test_comm.py); the record's env.deepspeed_config shows it
+        zero.update(json.loads(overrides))
+    if spec.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif spec.precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    return cfg
+
+
+class DeepSpeedTrainer:
+    def __init__(self, engine, config: dict[str, Any]):
+        self.engine = engine
+        self.model = engine.module
+        self.config = config
+        """the DeepSpeed config, recorded as env.deepspeed_config"""
+
+    def step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        total = None
+        n = len(micro_batches)
+        for x, y in micro_batches:
+            loss = loss_fn(self.engine(x), y)
+            # DeepSpeed scales by 1/gradient_accumulation_steps itself and steps only at the boundary
+            self.engine.backward(loss)
+            self.engine.step()
+            part = loss.detach() / n
+            total = part if total is None else total + part
+        return total
+
+
+def _skip_shm_comm_build() -> None:
+    """DeepSpeed's CPU backend JIT-compiles a shared-memory all_reduce (deepspeed_shm_comm) when its comm layer
+    starts, which only `inference_all_reduce` uses; training never calls it. The build is a C++ compile in every
+    rank's startup: about 30 s on a fresh 2-core machine, 65 s with two cells building at once under SLURM, and
+    again whenever the virtual environment's path changes. Skipping it changes no collective (the comm tests
+    count the same bytes either way)."""
+    import importlib
+
+    # NOTE: not `import deepspeed.comm.torch as m`: deepspeed.comm re-exports the real torch as `torch`, so
+    # that binds torch itself
+    ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(ds_comm_torch, "build_shm_op"):
+        ds_comm_torch.build_shm_op = lambda: None
+
+
+def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
+    import deepspeed
+
+    _skip_shm_comm_build()
+    deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo",
+                               auto_mpi_discovery=False)
+    config = ds_config(spec, world_size=topo.world_size)
+    cfg = spec.model_config
+    if spec.strategy == "zero3":
+        # NOTE: no dtype= here: zero.Init derives it from the config. An explicit dtype is ignored on
+        # devices without fp16 support (deepspeed 0.19's `dtype or fp16 if fp16_supported else bf16`
+        # precedence), which silently built fp32 cells in bf16 on CPU.
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model: Transformer = Transformer(cfg, seed=spec.settings.seed)
+    else:
+        model = build_model(cfg, seed=spec.settings.seed, device=topo.device)
+    if spec.settings.checkpointing:
+        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
+    if spec.settings.compile:
+        for block in model.blocks:  # per block, so DeepSpeed's ZeRO-3 gather hooks stay outside the graphs
+            block.compile()
+    if spec.settings.offload != "none":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        opt = DeepSpeedCPUAdam(model.parameters(), lr=spec.settings.lr, adamw_mode=True, weight_decay=0.01)
+    else:
+        opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    return DeepSpeedTrainer(engine, config)
