@@ -14,12 +14,14 @@ TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?=
 
-.PHONY: setup sweep test report plan nightly baseline bench-report clean help
+.PHONY: setup sweep test test-fast lint report plan nightly baseline bench-report clean help
 
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
 	@echo "            [PACK=1]   SLURM: one job per job shape, cells back to back (--pack)"
 	@echo "make test                                                             run every test"
+	@echo "make test-fast                                                        the unit tier (edit loop)"
+	@echo "make lint                                                             ruff check + format check + mypy"
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
 	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
 	@echo "make nightly CLUSTER=a100 BASELINE=dir [COMPARE_ARGS=--promote]       sweep + compare with a baseline"
@@ -31,7 +33,7 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# an already-installed torch (e.g. a CUDA build a GPU user put there) is kept
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,lint]"
 	@# DeepSpeed builds against the installed torch (no build isolation, or pip pulls a CUDA torch)
 	@$(PY) -c "import deepspeed" 2>/dev/null || $(PY) -m pip install -q --no-build-isolation "$(DEEPSPEED_SPEC)" hjson ninja py-cpuinfo psutil msgpack
 	@touch $@
@@ -47,6 +49,15 @@ report: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the unit tier: pure tests, no process groups, SLURM or browser; the slow ones (report builds, subprocesses) left out
+test-fast: setup
+	$(PY) -m pytest tests/unit -m "not slow and not chromium" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check harness tests bench
+	$(VENV)/bin/ruff format --check harness tests bench
+	$(VENV)/bin/mypy
 
 # nightly: fresh sweep of scenarios/nightly.yaml, then compare with BASELINE (exit 1 on a regression).
 NIGHTLY_SCENARIO ?= scenarios/nightly.yaml

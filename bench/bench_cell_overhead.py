@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.scenario.cluster import load_cluster  # noqa: E402
+from harness.launch.core.payload import make_payload  # noqa: E402
 from harness.launch.local import prefork  # noqa: E402
-from harness.launch.sweep import launch_foreground, launch_submitit, make_payload  # noqa: E402
+from harness.launch.local.launchers import launch_foreground, launch_submitit  # noqa: E402
+from harness.scenario.cluster import load_cluster  # noqa: E402
 from harness.scenario.schema import parse_scenario  # noqa: E402
 
 STRATEGIES = ["ddp", "fsdp.full_shard", "fsdp2.full_shard", "zero2", "zero3"]

@@ -1,93 +1,36 @@
 """How long `harness report` takes over many records: writes N synthetic records into a temp dir, builds the
 report, prints the wall time per stage. Prints figures; asserts nothing about speed.
 
-    .venv/bin/python bench/bench_report.py [--records 10000] [--keep]
+    .venv/bin/python bench/bench_report.py [--records 10000] [--repeat 3] [--keep]
 
-The synthetic set looks like several nightly runs of one big matrix: 8 model sizes × 11 strategies × 3
-precisions × 5 GPU counts × 3 micro-batch sizes, with OOMs, errors and skips, MFU null for fp32, and a
-`comm`/`predicted` section on most records. Values are made up (seeded), only their shape matters here.
+With --repeat N the report is built N times over the same records and the median of each stage is printed
+too. Peak RSS: of this process (records, frame, tables, HTML) and of the largest figure process (children).
+
+The synthetic set (bench/records_gen.py) looks like several nightly runs of one big matrix: 8 model sizes × 11
+strategies × 3 precisions × 5 GPU counts × 3 micro-batch sizes, with OOMs, errors and skips, MFU null for fp32,
+and a `comm`/`predicted` section on most records. Values are made up (seeded), only their shape matters here.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import os
-import random
+import resource
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from records_gen import write_records  # bench/records_gen.py: the synthetic records, shared with bench_compare.py
+
 from harness.report import build_report
-from harness.scenario.schema import PRECISIONS, STRATEGIES
-from harness.core.zoo import ZOO
-
-MODELS = ("125m", "350m", "1.3b", "2.7b", "7b", "13b", "30b", "70b")
-GPUS = (2, 4, 8, 16, 32)
-MICRO_BATCHES = (2, 4, 8)
-
-
-def synthetic_record(i: int, night: int, model: str, strategy: str, precision: str, gpus: int, mb: int,
-                     rng: random.Random) -> dict:
-    n_params = ZOO[model].n_params()
-    spec = {"model": model, "strategy": strategy, "precision": precision, "world_size": gpus,
-            "nodes": max(1, gpus // 8), "gpus_per_node": min(gpus, 8), "micro_batch": mb, "seq_len": 2048,
-            "grad_accum": 1, "warmup_steps": 5, "measure_steps": 20, "activation_checkpointing": "none",
-            "offload": "none"}
-    mem = n_params * 16 / 2**30 / (gpus if strategy in ("zero3", "fsdp.full_shard", "fsdp2.full_shard") else 1)
-    mem += 0.4 * mb * n_params ** 0.5 / 1e4
-    status, reason = "ok", None
-    if mem > 79:
-        status, reason = rng.choice([("oom", "CUDA out of memory. Tried to allocate 2.00 GiB"),
-                                     ("skipped", f"predicted memory {mem:.1f} GiB exceeds capacity 79.1 GiB")])
-    elif rng.random() < 0.02:
-        status, reason = rng.choice([("error", "RuntimeError: NCCL error"), ("timeout", "time limit 900 s"),
-                                     ("nan", "loss is nan at step 7")])
-    rec = {"schema_version": 1, "run_id": f"r{night}-{i:06d}", "sweep": f"nightly-{night}", "cluster": "h100",
-           "status": status, "reason": reason, "failed_rank": 0 if status in ("oom", "error") else None,
-           "spec": spec, "metrics": {}, "env": {"device_name": "NVIDIA H100 80GB HBM3", "device_type": "cuda",
-                                                "device_memory_gib": 79.1, "backend": "nccl"},
-           "started_at": f"2026-11-{20 + night:02d}T01:00:00+00:00",
-           "finished_at": f"2026-11-{20 + night:02d}T02:00:00+00:00"}
-    if status != "ok":
-        return rec
-    tps = 6e14 / (6 * n_params) * rng.uniform(0.3, 0.5) * (0.97 ** GPUS.index(gpus)) * (
-        0.35 if precision == "fp32" else 1.0)
-    step = mb * 2048 / tps
-    samples = [step * rng.uniform(0.98, 1.06) for _ in range(20)]
-    srt = sorted(samples)
-    rec["metrics"] = {
-        "step_time_s": {"median": srt[10], "p10": srt[2], "p90": srt[18], "mean": sum(samples) / 20,
-                        "samples": samples},
-        "tokens_per_s": tps * gpus, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": tps * 6 * n_params / 1e12,
-        "mfu": None if precision == "fp32" else tps * 6 * n_params / 989.4e12,
-        "peak_memory_allocated_gib": mem, "peak_memory_reserved_gib": mem * 1.12, "n_params": n_params,
-        "null_reasons": {"mfu": "no dense fp32 peak for this device"} if precision == "fp32" else {}}
-    if rng.random() < 0.8:
-        rec["comm"] = {"bytes_per_step": 6 * n_params, "calls_per_step": 100, "by_collective": {
-            "all_gather": {"calls": 60, "bytes": 4 * n_params}, "reduce_scatter": {"calls": 40, "bytes": 2 * n_params}}}
-    if rng.random() < 0.5:
-        rec["predicted"] = {"comm_bytes_per_step": 6 * n_params, "memory_gib": {"total": mem * 0.95}}
-    return rec
-
-
-def write_records(root: Path, n: int, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    cells = list(itertools.product(MODELS, STRATEGIES, PRECISIONS, GPUS, MICRO_BATCHES))
-    for i in range(n):
-        night, cell = divmod(i, len(cells))
-        folder = root / f"nightly-{night}"
-        if i % len(cells) == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        rec = synthetic_record(i, night, *cells[cell], rng)
-        (folder / f"{rec['run_id']}.json").write_text(json.dumps(rec))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=1, help="build the report this many times (median printed)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and print its path")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-report-"))
@@ -95,13 +38,29 @@ def main() -> None:
         t = time.perf_counter()
         write_records(root / "results", args.records)
         print(f"wrote {args.records} synthetic records in {time.perf_counter() - t:.2f} s")
-        t, cpu = time.perf_counter(), time.process_time()
-        result = build_report([root / "results"], out=root / "report")
-        wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-        stages = ", ".join(f"{k} {v:.2f} s" for k, v in result["timings_s"].items() if k != "total")
-        print(f"report over {len(result['frame'])} records ({len(result['cells'])} cells, "
-              f"{sum(f.png is not None for f in result['figures'])} figures): {wall:.2f} s wall ({stages}); "
-              f"{cpu:.2f} s CPU in this process (figure processes not counted)")
+        walls: list[float] = []
+        stages: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            shutil.rmtree(root / "report", ignore_errors=True)
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t, cpu = time.perf_counter(), time.process_time()
+            result = build_report([root / "results"], out=root / "report")
+            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+            now = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_kids = now.ru_utime + now.ru_stime - kids.ru_utime - kids.ru_stime
+            walls.append(wall)
+            for k, v in result["timings_s"].items():
+                stages.setdefault(k, []).append(v)
+            per_stage = ", ".join(f"{k} {v:.2f} s" for k, v in result["timings_s"].items() if k != "total")
+            print(f"report over {len(result['frame'])} records ({len(result['cells'])} cells, "
+                  f"{sum(f.png is not None for f in result['figures'])} figures): {wall:.2f} s wall ({per_stage}); "
+                  f"CPU {cpu:.2f} s in this process + {cpu_kids:.2f} s in figure processes")
+        if args.repeat > 1:
+            medians = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in stages.items() if k != "total")
+            print(f"median of {args.repeat}: {statistics.median(walls):.2f} s wall ({medians})")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # NOTE: KiB on Linux
+        rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        print(f"peak RSS: {rss:.2f} GiB this process, {rss_child:.2f} GiB largest figure process")
         print(f"machine load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(f"index.html {result['paths']['html'].stat().st_size / 2**20:.2f} MiB, "
               f"report.md {result['paths']['markdown'].stat().st_size / 2**10:.0f} KiB, "

@@ -22,7 +22,8 @@ def make_spec(*, strategy: str, precision: str = "fp32", gpus: int = 2, model: s
 
 def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "local") -> dict:
     """Run one cell in the foreground launcher (real processes, real gloo group) and return its record."""
-    from harness.launch.sweep import launch_foreground, make_payload
+    from harness.launch.core.payload import make_payload
+    from harness.launch.local.launchers import launch_foreground
 
     payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None,
                            predicted=None)

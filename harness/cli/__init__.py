@@ -18,10 +18,10 @@ COMMANDS: dict[str, str] = {
     "sweep": "harness.cli.run:sweep",
     "run": "harness.cli.run:run",
     "list": "harness.cli.run:list_",
-    "plan": "harness.plan.predict:plan_command",
+    "plan": "harness.cli.plan:plan_command",
     "status": "harness.cli.run:status",
-    "report": "harness.report:report_command",
-    "compare": "harness.compare.compare:compare_command",
+    "report": "harness.cli.report:report_command",
+    "compare": "harness.cli.compare:compare_command",
 }
 
 
@@ -34,6 +34,21 @@ SHORT_HELP: dict[str, str] = {
     "report": "Tables and figures (HTML, Markdown, CSV) from result dirs.",
     "compare": "Regressions between a baseline and a candidate (exit 1).",
 }
+
+
+def unavailable_command(name: str, error: BaseException) -> click.Command:
+    """A stand-in for a command whose module cannot be imported: running it says why (exit 1).
+
+    NOTE: the message is formatted here, not in the command's body: Python deletes an `except ... as e` name when
+    its block ends, so a body that read `e` later raised NameError instead of saying what was unavailable.
+    """
+    message = f"'{name}' is not available: {error}"
+
+    @click.command(name=name, help=f"(unavailable: {error})")
+    def unavailable() -> None:
+        raise click.ClickException(message)
+
+    return unavailable
 
 
 class LazyGroup(click.Group):
@@ -53,10 +68,7 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            @click.command(name=name, help=f"(unavailable: {e})")
-            def unavailable() -> None:
-                raise click.ClickException(f"'{name}' is not available: {e}")
-            return unavailable
+            return unavailable_command(name, e)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

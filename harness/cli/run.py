@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
 from harness.core.errors import InputError, Problem, one_of
-from harness.scenario.schema import STRATEGIES, load_scenario
 from harness.core.zoo import ZOO
+from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
+from harness.scenario.schema import STRATEGIES, load_scenario
 
 
 def _cluster_option(f):
@@ -38,8 +38,8 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
     one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
     to jobs still queued or running."""
-    from harness.launch.sweep import run_sweep
     from harness.launch.slurm.jobs import SlurmUnavailable
+    from harness.launch.sweep import run_sweep
 
     def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
         raise KeyboardInterrupt
@@ -78,7 +78,9 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
     """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
-    from harness.launch.sweep import describe, launch_foreground, make_payload, predict, skipped_record
+    from harness.launch.core.outcome import describe, skipped_record
+    from harness.launch.core.payload import make_payload, predict
+    from harness.launch.local.launchers import launch_foreground
     from harness.worker.env import git_sha
 
     sc = load_scenario(scenario)
@@ -179,9 +181,9 @@ def _shown_slurm_state(sweep_dir: Path, run_id: str, cell: dict, slurm_state: st
     """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
     rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
     done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
-    from harness.results.store import read_record
     from harness.launch.slurm.jobs import flight_state
     from harness.launch.slurm.pack import read_marker
+    from harness.results.store import read_record
 
     state = flight_state(slurm_state)
     note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")

@@ -1,447 +1,32 @@
-"""Dispatch: turn RunSpecs into jobs (submitit: local or SLURM), keep a sweep manifest, and make sure
-every cell ends with exactly one record — written by rank 0, or composed here from the ranks' failure
-fragments, the job's state and its logs when rank 0 could not write it.
+"""The sweep: every cell of a scenario, each ending in exactly one record. Local cells run one after another
+(harness.launch.local); SLURM cells are all submitted at once, as job arrays or packs, then finalized as they end
+(harness.launch.slurm). Around them the sweep skips cells that need no run (an ok record exists, unsupported,
+predicted not to fit), keeps the manifest, and holds each cell's lock so that two sweeps never run the same cell.
+
+Why a module of its own: this is the only place that knows about every backend; the backends share launch/core
+and know nothing of each other or of the sweep.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.launch.core.manifest import Manifest, file_lock
+from harness.launch.core.outcome import FAILED, describe, skipped_record
+from harness.launch.core.payload import make_payload, predict
 from harness.launch.local import prefork
+from harness.launch.local.launchers import launch_submitit, local_gpus
+from harness.launch.slurm.jobs import SlurmSweep, preflight, slurm_refusal
+from harness.results.store import read_record, record_path, sweep_dir
 from harness.scenario.cluster import Cluster
-from harness.worker.env import git_sha
-from harness.results.store import (atomic_write_json, new_record, read_record, record_path, sweep_dir, utc_now,
-                             write_record)
 from harness.scenario.schema import RunSpec, Scenario
-
-FAILED = ("oom", "timeout", "error", "nan", "crashed", "cancelled")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def predict(spec: RunSpec, cluster: Cluster) -> dict | None:
-    """The planner's prediction for a cell, or None while no planner is installed."""
-    try:
-        from harness.plan.predict import predict as _predict
-    except ImportError:
-        return None
-    try:
-        return _predict(spec, cluster)
-    except Exception as e:  # noqa: BLE001 - a planner bug must not cost the measurement; it is reported
-        print(f"warning: planner failed for {spec.run_id}: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
-
-
-def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None,
-                 predicted: dict | None) -> dict[str, Any]:
-    """Everything a rank needs, as plain JSON data (pickled by submitit, or written to a file)."""
-    return {
-        "spec": spec.to_dict(),
-        "run_id": spec.run_id,
-        "sweep": sweep,
-        "attempt": uuid.uuid4().hex[:12],
-        "results": str(Path(results).resolve()),
-        "cluster": {"name": cluster.name, "device": cluster.device, "pg_timeout_s": cluster.pg_timeout_s,
-                    "env": cluster.env},
-        "git_sha": sha,
-        "predicted": predicted,
-        "master_port": free_port() if cluster.executor == "local" else None,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# the manifest: which cells a sweep has, their job ids and states
-
-
-@contextmanager
-def file_lock(path: Path, *, blocking: bool = True):
-    """An exclusive flock on `path` (created if missing); yields False when non-blocking and already held."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class Manifest:
-    """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled, and
-    submitted: queued on SLURM), status, job id and attempt (SLURM cells also slurm_state and nodes). Every
-    update re-reads the file under a lock, so concurrent sweeps into the same dir interleave their updates
-    instead of overwriting each other's."""
-
-    path: Path
-    header: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str, executor: str = "local",
-             run_ids: list[str] | None = None) -> "Manifest":
-        m = cls(sweep_dir(results, sweep) / "manifest.json",
-                {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor})
-        with m._locked() as data:
-            for run_id in run_ids or []:
-                data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
-        return m
-
-    @contextmanager
-    def _locked(self):
-        with file_lock(self.path.with_name(".manifest.lock")):
-            data: dict[str, Any] = {}
-            if self.path.exists():
-                try:
-                    data = json.loads(self.path.read_text())
-                except (OSError, json.JSONDecodeError):
-                    data = {}
-            data.update(self.header)
-            data.setdefault("cells", {})
-            yield data
-            atomic_write_json(self.path, data)
-
-    def set(self, run_id: str, **fields: Any) -> None:
-        with self._locked() as data:
-            cell = data["cells"].setdefault(run_id, {})
-            cell.update(fields, updated_at=utc_now())
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return json.loads(self.path.read_text())
-
-
-# --------------------------------------------------------------------------------------------------
-# turning a finished job into exactly one record
-
-
-def read_fragments(payload: dict) -> list[dict]:
-    """The failure fragments the ranks of this attempt wrote."""
-    from harness.worker.runner import fragment_dir
-
-    d = fragment_dir(payload["results"], payload["sweep"], payload["run_id"])
-    frags = []
-    for p in sorted(d.glob("rank*.json")):
-        try:
-            frag = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if frag.get("attempt") in (None, payload["attempt"]):
-            frags.append(frag)
-    return frags
-
-
-def _fresh_record(payload: dict) -> dict | None:
-    path = record_path(payload["results"], payload["sweep"], payload["run_id"])
-    try:
-        rec = read_record(path)
-    except ValueError:
-        return None
-    return rec if rec.get("attempt") == payload["attempt"] else None
-
-
-SECONDARY = ("connection closed", "connection reset", "broken pipe", "econnreset", "connection refused",
-             "socket closed", "read error", "nccl communicator was aborted", "process group was aborted")
-TIMEOUTS = ("timed out", "timeout", "watchdog")
-
-
-def is_secondary(frag: dict) -> bool:
-    """A rank that failed because another one did: its collective broke or timed out."""
-    return any(k in frag["reason"].lower() for k in SECONDARY + TIMEOUTS)
-
-
-def _exception_line(tb: str) -> str:
-    lines = [line for line in tb.strip().splitlines() if line.strip() and not line.startswith(("-", " "))]
-    return lines[-1][:500] if lines else tb.strip()[-500:]
-
-
-def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit_s: float, cancelled: bool,
-             exit_codes: list | None, pg_timeout_s: float | None, ended: tuple[str, str] | None = None,
-             job_errors: dict[int, str] | None = None) -> tuple[str, str, int | None]:
-    """(status, reason, failed rank) of a cell that ended without rank 0's record.
-
-    The first rank to fail is the root cause. Ranks that left no fragment while others report a broken
-    collective are the culprits: they died (the others saw their connection close) or hung (the others'
-    collective hit the watchdog). `ended` is the scheduler's verdict when it explains the end (a time limit, a
-    cancel, a node failure); `job_errors` are tracebacks the scheduler's tasks left when no fragment was written.
-    """
-    if cancelled:
-        return "cancelled", "the job was cancelled before the cell finished", None
-    if ended is not None:
-        return ended[0], ended[1], None
-    reported = {f["rank"] for f in frags}
-    silent = sorted(set(range(world_size)) - reported)
-    primary = [f for f in frags if not is_secondary(f)]
-    if primary:
-        first = min(primary, key=lambda f: f["time"])
-        return first["status"], first["reason"], first["rank"]
-    if frags:
-        first = min(frags, key=lambda f: f["time"])
-        culprit = silent[0] if silent else first["rank"]
-        who = f"rank {', '.join(map(str, silent))}" if silent else f"rank {culprit}"
-        if any(k in f["reason"].lower() for f in frags for k in TIMEOUTS):
-            return ("timeout", f"collective timed out after the {pg_timeout_s:g} s watchdog: {who} stopped making "
-                    f"progress (rank {first['rank']} reported: {first['reason'][:300]})", culprit)
-        return ("crashed", f"{who} died without raising an exception; the others saw its connection close "
-                f"(rank {first['rank']}: {first['reason'][:300]})", culprit)
-    if job_errors:
-        rank = min(job_errors)
-        return "error", f"{_exception_line(job_errors[rank])} (rank {rank}, outside the benchmark)", rank
-    if elapsed_s >= time_limit_s:
-        return "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
-    codes = f" (exit codes {exit_codes})" if exit_codes else ""
-    return "crashed", f"the ranks exited without a record or an exception{codes}", None
-
-
-def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled: bool = False,
-             log_tail: str = "", exit_codes: list | None = None, ended: tuple[str, str] | None = None,
-             job_errors: dict[int, str] | None = None) -> dict:
-    """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known
-    (`ended`, `job_errors`: see classify)."""
-    rec = _fresh_record(payload)
-    if rec is not None:
-        return rec
-    spec = payload["spec"]
-    frags = read_fragments(payload)
-    status, reason, rank = classify(frags, world_size=spec["world_size"], elapsed_s=elapsed_s,
-                                    time_limit_s=time_limit_s, cancelled=cancelled, exit_codes=exit_codes,
-                                    pg_timeout_s=payload["cluster"].get("pg_timeout_s"), ended=ended,
-                                    job_errors=job_errors)
-    rec = new_record(spec=spec, run_id=payload["run_id"], sweep=payload["sweep"],
-                     cluster=payload["cluster"]["name"], status=status, reason=reason, failed_rank=rank)
-    rec["attempt"] = payload["attempt"]
-    if payload.get("predicted") is not None:
-        rec["predicted"] = payload["predicted"]
-    if frags:
-        rec["failures"] = [{k: f.get(k) for k in ("rank", "status", "reason", "hostname", "traceback",
-                                                   "memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")} for f in frags]
-    elif job_errors:
-        rec["failures"] = [{"rank": k, "status": "error", "reason": _exception_line(tb), "traceback": tb[-8000:]}
-                           for k, tb in sorted(job_errors.items())]
-    if log_tail:
-        rec["log_tail"] = log_tail[-4000:]
-    rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
-    write_record(payload["results"], rec)
-    return rec
-
-
-def skipped_record(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str,
-                   predicted: dict | None) -> dict:
-    rec = new_record(spec=spec.to_dict(), run_id=spec.run_id, sweep=sweep, cluster=cluster.name,
-                     status="skipped", reason=reason)
-    if predicted is not None:
-        rec["predicted"] = predicted
-    write_record(results, rec)
-    return rec
-
-
-# --------------------------------------------------------------------------------------------------
-# launchers
-
-
-def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> dict:
-    """Run a cell's ranks as child processes of this one (no scheduler), torchrun-style environment.
-
-    All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
-    """
-    world = payload["spec"]["world_size"]
-    with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
-        ppath = Path(tmp) / "payload.json"
-        ppath.write_text(json.dumps(payload))
-        procs = []
-        base_env = dict(os.environ)
-        base_env.update(payload["cluster"].get("env", {}))
-        base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"] or free_port()),
-                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
-        gpn = payload["spec"]["gpus_per_node"]
-        # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
-        out = sys.stderr if stream else subprocess.DEVNULL
-        t0 = time.time()
-        pgid = None
-        for r in range(world):
-            env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
-            p = subprocess.Popen([sys.executable, "-m", "harness.worker.runner", str(ppath)], env=env,
-                                 stdout=out, stderr=subprocess.STDOUT,
-                                 process_group=pgid if pgid is not None else 0)
-            pgid = p.pid if pgid is None else pgid
-            procs.append(p)
-        cancelled = False
-        watch = FailureWatch(payload)
-        try:
-            while any(p.poll() is None for p in procs):
-                if time.time() - t0 > time_limit_s or watch.stuck():
-                    break
-                time.sleep(0.1)
-        except KeyboardInterrupt:
-            cancelled = True
-        finally:
-            if any(p.poll() is None for p in procs):
-                _kill_group(pgid)
-                for p in procs:
-                    p.wait()
-        elapsed = time.time() - t0
-        return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, cancelled=cancelled,
-                        exit_codes=[p.returncode for p in procs])
-
-
-class FailureWatch:
-    """A rank that failed leaves a fragment; ranks still alive `grace_s` later are stuck (a hung peer, a
-    collective that will never complete): the launcher ends the cell instead of waiting for its time limit."""
-
-    def __init__(self, payload: dict, grace_s: float = 15.0):
-        self.payload, self.grace_s = payload, grace_s
-        self.first_seen: float | None = None
-        self._next_check = 0.0
-
-    def stuck(self) -> bool:
-        now = time.time()
-        if now < self._next_check:
-            return False
-        self._next_check = now + 1.0
-        if self.first_seen is None:
-            if read_fragments(self.payload):
-                self.first_seen = now
-            return False
-        return now - self.first_seen > self.grace_s
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGTERM, then SIGKILL, a process and all its descendants (a local submitit job: controller + ranks)."""
-    try:
-        import psutil
-
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except Exception:  # noqa: BLE001 - already gone
-        return
-    for p in procs:
-        try:
-            p.terminate()
-        except Exception:  # noqa: BLE001
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=3)
-    for p in alive:
-        try:
-            p.kill()
-        except Exception:  # noqa: BLE001
-            pass
-    psutil.wait_procs(alive, timeout=3)
-
-
-def _kill_group(pgid: int | None) -> None:
-    if pgid is None:
-        return
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.time() + wait
-        while time.time() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-
-
-def job_log_tail(job, n_tasks: int) -> str:
-    """The end of each task's stderr (for records of cells that died without a fragment)."""
-    tails = []
-    for k in range(n_tasks):
-        try:
-            err = (job.task(k).stderr() if n_tasks > 1 else job.stderr()) or ""
-        except Exception:  # noqa: BLE001 - a log that was never written
-            continue
-        if err.strip():
-            tails.append(f"--- rank {k} stderr ---\n{err[-1500:]}")
-    return "\n".join(tails)
-
-
-def local_gpus() -> list[int] | None:
-    """The GPUs a local sweep may use, by index: CUDA_VISIBLE_DEVICES when it lists indices, else every device
-    torch sees; None when CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id (then nothing is checked)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        items = [x.strip() for x in env.split(",") if x.strip()]
-        return [int(x) for x in items] if all(x.isdigit() for x in items) else None
-    import torch
-
-    return list(range(torch.cuda.device_count()))
-
-
-def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: float) -> dict[str, Any]:
-    """submitit LocalExecutor parameters of a local cell: one task per rank, one node."""
-    # timeout_min bounds the whole job; the Controller then kills every task
-    params: dict[str, Any] = {"tasks_per_node": world, "nodes": 1, "timeout_min": time_limit_s / 60.0,
-                              "signal_delay_s": min(30, max(1, int(time_limit_s // 10)))}
-    # NOTE: gpus_per_node also sets the tasks' CUDA_VISIBLE_DEVICES, to the first gpus_per_node of visible_gpus
-    # (default 0, 1, ...: physical indices, which would ignore the user's CUDA_VISIBLE_DEVICES=2,3); 0 would hide
-    # every GPU
-    params["gpus_per_node"] = world if cluster.device == "cuda" else 0
-    gpus = local_gpus() if cluster.device == "cuda" else None
-    if gpus:
-        params["visible_gpus"] = tuple(gpus)
-    return params
-
-
-def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
-                    on_submit: Callable[[Any], None] | None = None) -> dict:
-    """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells: harness.launch.slurm.jobs)."""
-    import submitit
-
-    from harness.worker.runner import submitit_entry
-
-    world = payload["spec"]["world_size"]
-    if cluster.executor != "local":
-        raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
-    executor = submitit.LocalExecutor(folder=folder)
-    executor.update_parameters(**local_executor_parameters(world, cluster=cluster, time_limit_s=time_limit_s))
-    t0 = time.time()
-    job = executor.submit(submitit_entry, payload)
-    if on_submit:
-        on_submit(job)
-    watch = FailureWatch(payload)
-    try:
-        while not job.done():
-            over = time.time() - t0 > time_limit_s + 15  # the controller's own kill is late or missing
-            if over or watch.stuck():
-                _kill_tree(int(job.job_id))
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        _kill_tree(int(job.job_id))
-        finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
-        raise
-    elapsed = time.time() - t0
-    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=job_log_tail(job, world))
-
-
-# --------------------------------------------------------------------------------------------------
-# sweeps
+from harness.worker.env import git_sha
 
 
 @dataclass
@@ -476,8 +61,6 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
     if only is not None:
         specs = [s for s in specs if s.run_id in only]
     if cluster.executor == "slurm":
-        from harness.launch.slurm.jobs import preflight
-
         preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
     elif no_wait or pack:
         raise ValueError(f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of "
@@ -494,7 +77,8 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
         return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0,
                            in_flight=in_flight)
     records = []
-    # ranks of local CPU cells fork from one warm interpreter instead of importing torch each (harness.launch.local.prefork)
+    # ranks of local CPU cells fork from one warm interpreter instead of importing torch each
+    # (harness.launch.local.prefork)
     with prefork.zygote(cluster.env, label=str(sweep_dir(results, scenario.name))) if cluster.device == "cpu" \
             else nullcontext():
         for i, spec in enumerate(specs, 1):
@@ -535,9 +119,7 @@ def _prepare_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Clust
     predicted = predict(spec, cluster)
     reason = spec.unsupported_reason(cluster.device)
     if reason is None and cluster.executor == "slurm":
-        from harness.launch.slurm.jobs import unsupported_reason
-
-        reason = unsupported_reason(spec)
+        reason = slurm_refusal(spec)
     if reason is None and cluster.executor == "local" and cluster.device == "cuda":
         gpus = local_gpus()
         if gpus is not None and spec.world_size > len(gpus):
@@ -576,11 +158,6 @@ def _run_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, 
     return rec
 
 
-def cell_state(rec: dict) -> str:
-    """The manifest state of a cell that has its record."""
-    return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec["status"], "failed")
-
-
 def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, locks: Path,
                   echo: Callable[[str], None], **sweep: Any) -> tuple[list[dict], int]:
     """(records, cells left in flight): every cell through _slurm_round; a cell another sweep was handling is
@@ -615,8 +192,6 @@ def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[st
     """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
     (job arrays; with `pack`, one job per pack of same-shaped cells), then finalize each as it ends — unless
     `no_wait`. Fills `records`; returns the cells another sweep holds and how many cells were left in flight."""
-    from harness.launch.slurm.jobs import SlurmSweep
-
     busy: list[RunSpec] = []
     with ExitStack() as held:  # each cell's lock, for as long as this sweep is responsible for the cell
         flight = SlurmSweep(cluster, folder=folder, manifest=manifest, echo=echo)
@@ -644,21 +219,3 @@ def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[st
             flight.cancel_all(reason="the sweep was interrupted")
             raise
         return busy, flight.detach() if no_wait else 0
-
-
-def describe(rec: dict) -> str:
-    """One line for a terminal: status and the headline numbers."""
-    if rec["status"] != "ok":
-        reason = (rec.get("reason") or "").splitlines()[0][:160] if rec.get("reason") else ""
-        rank = f" (rank {rec['failed_rank']})" if rec.get("failed_rank") is not None else ""
-        return f"{rec['status']}{rank}: {reason}"
-    m = rec["metrics"]
-    parts = [f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step", f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu",
-             f"loss {m['loss']:.4f}"]
-    if m.get("mfu") is not None:
-        parts.append(f"MFU {m['mfu'] * 100:.1f}%")
-    if m.get("peak_memory_allocated_gib") is not None:
-        parts.append(f"peak {m['peak_memory_allocated_gib']:.2f} GiB")
-    if rec.get("reason"):  # a caveat on these numbers (e.g. a recompilation timed as step time)
-        parts.append(f"note: {rec['reason'].splitlines()[0][:160]}")
-    return "  ".join(parts)

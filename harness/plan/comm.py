@@ -34,7 +34,7 @@ What each family does (torch 2.13, deepspeed 0.19; docs/comm.md has the formulas
 - World 1: DDP and DeepSpeed still reduce on the one-rank group; FSDP1 runs as NO_SHARD (all_reduce per
   unit); FSDP2 issues nothing.
 
-Returns None (the reason: `unsupported_reason`) for cells that cannot run, DeepSpeed CPU offload (other
+Returns None (the reason: `no_comm_model_reason`) for cells that cannot run, DeepSpeed CPU offload (other
 reduction and norm code paths, not measurable here) and hybrids with one rank per node (a one-rank shard
 group: FSDP's fallback there is unmeasured). FSDP1 CPU offload is predicted (same collectives) but could
 not be measured here: CPUOffload needs an accelerator.
@@ -48,34 +48,34 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.scenario.schema import HYBRID_STRATEGIES, RunSpec
+from harness.core.catalogue import CATALOGUE, HYBRID
+from harness.core.constants import (DDP_BUCKET_CAP_MB, DDP_FIRST_BUCKET_BYTES, DS_MAX_LIVE_PARAMETERS,
+                                    DS_MAX_REUSE_DISTANCE, DS_NCCL_START_ALIGNMENT, DS_PARAM_PERSISTENCE_THRESHOLD,
+                                    DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_SIZE)
 from harness.core.zoo import ModelConfig, Param, parameters
+from harness.scenario.schema import RunSpec
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
-# DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp)
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # dist._DEFAULT_FIRST_BUCKET_BYTES
-DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # bucket_cap_mb=25 in harness.worker.strategies.ddp
+# DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp); the defaults and the DeepSpeed
+# ones (DS_*) live in harness.core.constants with their source
+DDP_BUCKET_CAP_BYTES = DDP_BUCKET_CAP_MB * 1024 * 1024
 # FSDP1 FlatParameter address alignment (torch.distributed.fsdp._flat_param._get_aligned_numel)
 FSDP_ALIGNMENT_BYTES = 16
-# DeepSpeed defaults (deepspeed/runtime/zero/config.py); harness.worker.strategies.zero sets none of them
-DS_REDUCE_BUCKET_NUMEL = 500_000_000
-DS_NCCL_START_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor
-DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size (elements per rank)
 
 
 @dataclass(frozen=True)
 class Zero3Config:
     """The ZeRO-3 parameter-coordinator knobs (DeepSpeed's defaults; harness.worker.strategies.zero sets none)."""
 
-    persistence_threshold: int = 100_000
+    persistence_threshold: int = DS_PARAM_PERSISTENCE_THRESHOLD
     """stage3_param_persistence_threshold: parameters of at most this many elements stay resident (elements)"""
-    max_reuse_distance: int = 1_000_000_000
+    max_reuse_distance: int = DS_MAX_REUSE_DISTANCE
     """stage3_max_reuse_distance: a parameter used again within this many trace elements is kept (elements)"""
-    prefetch_bucket: int = 50_000_000
+    prefetch_bucket: int = DS_PREFETCH_BUCKET_ELEMS
     """stage3_prefetch_bucket_size: elements prefetched per fetch"""
-    max_live: int = 1_000_000_000
+    max_live: int = DS_MAX_LIVE_PARAMETERS
     """stage3_max_live_parameters: prefetch stops at this many available elements"""
 
 
@@ -126,7 +126,7 @@ class Groups:
 def groups_for(spec: RunSpec) -> Groups:
     w, gpn = spec.world_size, spec.gpus_per_node
     world = group_kind(list(range(w)), gpn)
-    if spec.strategy in HYBRID_STRATEGIES:
+    if CATALOGUE[spec.strategy].mesh == HYBRID:
         nodes = w // gpn
         return Groups(world=world, shard=group_kind(list(range(gpn)), gpn),
                       replicate=group_kind([n * gpn for n in range(nodes)], gpn), shard_size=gpn,
@@ -243,17 +243,18 @@ def fsdp1_flat_numel(unit: list[Param], *, shard_size: int, param_dtype_bytes: i
 
 
 def _fsdp1(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
-    s = spec.strategy.split(".", 1)[1]
+    entry = CATALOGUE[spec.strategy]
+    s = spec.strategy.split(".", 1)[1]  # the ShardingStrategy's name, for the notes
+    sharded = entry.shards
     prec = spec.precision
     pdt = PRECISION_DTYPE[prec]  # MixedPrecision(param_dtype=compute dtype) for bf16/fp16; none for fp32
     pbytes = DTYPE_BYTES[pdt]
     accum = spec.settings.grad_accum
-    if g.shard_size == 1 and g.replicate is None and s != "no_shard":
+    if g.shard_size == 1 and g.replicate is None and sharded:
         # FSDP1 turns every strategy into NO_SHARD on a one-rank group (and still all_reduces on it)
         led.notes.append(f"FSDP1 {s} at world 1 runs as NO_SHARD")
-        s = "no_shard"
-    sharded = s != "no_shard"
-    reshard_after_forward = s in ("full_shard", "hybrid_shard")
+        s, sharded = "no_shard", False
+    reshard_after_forward = entry.reshard_after_forward
     for name, unit in units(params).items():
         flat = fsdp1_flat_numel(unit, shard_size=g.shard_size, param_dtype_bytes=pbytes)
         pad = flat - sum(p.numel for p in unit)
@@ -326,7 +327,7 @@ def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
 # DeepSpeed
 
 
-def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_NUMEL) -> list[list[int]]:
+def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_ELEMS) -> list[list[int]]:
     """DeepSpeed's independent-partition gradient buckets, as lists of positions in `numels` (the order
     gradients arrive in): a bucket is reduced before a gradient that would take it past `cap` elements is
     added, and at the end of backward."""
@@ -369,7 +370,7 @@ def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> No
         led.add(f"all_gather updated flat {dt} buffer ({flat} elements, {flat - numel} padding)", "all_gather", dt,
                 flat * eb, 1, group=g.world)
     led.notes.append(f"ZeRO-{stage}: gradients all_reduced whole in {dt} ({len(buckets)} bucket(s) of <= "
-                     f"{DS_REDUCE_BUCKET_NUMEL:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
+                     f"{DS_REDUCE_BUCKET_ELEMS:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
                      f"buffer padded to a multiple of {align}")
 
 
@@ -550,15 +551,29 @@ def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
 # --------------------------------------------------------------------------------------------------
 
 
-def unsupported_reason(spec: RunSpec) -> str | None:
-    """Why `predict_comm` returns None for this cell, or None when it can model it."""
+COMM_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero12": _zero12, "zero3": _zero3}
+"""a catalogue entry's `comm_model` → the function that writes its collectives into the ledger"""
+OFFLOAD_NOT_MODELLED = {
+    "zero12": "DeepSpeed CPU offload reduces and norms gradients on other code paths, not modelled",
+    "zero3": "DeepSpeed CPU offload reduces and norms gradients on other code paths, not modelled",
+}
+"""comm models whose CPU offload cells issue other collectives than the model counts → why"""
+
+
+def no_comm_model_reason(spec: RunSpec) -> str | None:
+    """Why `predict_comm` returns None for this cell (no collective model applies), or None when it can model it.
+
+    Not `RunSpec.unsupported_reason`, which says why a cell cannot run at all (one of the reasons here)."""
     s = spec.settings
     if spec.unsupported_reason() is not None:
         return f"the cell cannot run: {spec.unsupported_reason()}"
-    if spec.strategy in HYBRID_STRATEGIES and spec.gpus_per_node == 1:
+    entry = CATALOGUE.get(spec.strategy)
+    if entry is None or entry.comm_model not in COMM_MODELS:
+        return f"no collective model for strategy {spec.strategy!r}"
+    if entry.mesh == HYBRID and spec.gpus_per_node == 1:
         return "a hybrid with one rank per node has a one-rank shard group: FSDP's fallback there is not measured"
-    if spec.strategy.startswith("zero") and s.offload != "none":
-        return "DeepSpeed CPU offload reduces and norms gradients on other code paths, not modelled"
+    if s.offload != "none" and entry.comm_model in OFFLOAD_NOT_MODELLED:
+        return OFFLOAD_NOT_MODELLED[entry.comm_model]
     return None
 
 
@@ -567,24 +582,12 @@ def predict_comm(spec: RunSpec) -> dict | None:
 
     Returns {"comm_bytes_per_step", "bytes_per_step" (same), "calls_per_step", "by_collective": {name:
     {"calls", "bytes", "dtype", "dtypes"}}, "by_group": {kind: {"calls", "bytes"}}, "items": the ledger,
-    "notes": [...]}, or None where `unsupported_reason(spec)` says why no model applies.
+    "notes": [...]}, or None where `no_comm_model_reason(spec)` says why no model applies.
     """
-    if unsupported_reason(spec) is not None:
+    if no_comm_model_reason(spec) is not None:
         return None
     params = parameters(spec.model_config)
     g = groups_for(spec)
     led = Ledger()
-    fam = spec.strategy.split(".")[0]
-    if fam == "ddp":
-        _ddp(spec, params=params, g=g, led=led)
-    elif fam == "fsdp":
-        _fsdp1(spec, params=params, g=g, led=led)
-    elif fam == "fsdp2":
-        _fsdp2(spec, params=params, g=g, led=led)
-    elif spec.strategy in ("zero1", "zero2"):
-        _zero12(spec, params=params, g=g, led=led)
-    elif spec.strategy == "zero3":
-        _zero3(spec, params=params, g=g, led=led)
-    else:
-        return None
+    COMM_MODELS[CATALOGUE[spec.strategy].comm_model](spec, params=params, g=g, led=led)
     return led.summary()

@@ -32,8 +32,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.scenario.schema import HYBRID_STRATEGIES, RunSpec
+from harness.core.catalogue import CATALOGUE, HYBRID
+from harness.core.constants import (DS_MAX_LIVE_PARAMETERS, DS_PARAM_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET_ELEMS,
+                                    DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_SIZE)
 from harness.core.zoo import ModelConfig, parameters
+from harness.scenario.schema import RunSpec
 
 GIB = 2**30
 GB = 1e9
@@ -48,18 +51,8 @@ but do come out of `total_memory`. A cell fits when its predicted total <= devic
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """bytes per element of each precision's dtype"""
 
-# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py, 0.19.8); harness.worker.strategies.zero sets none of them
-# (overlap_comm defaults to on for stage 3 only, and stage 3 allocates a single reduce bucket anyway).
-DS_REDUCE_BUCKET_ELEMS = 500_000_000
-"""reduce_bucket_size: the contiguous gradient bucket (elements), allocated in full whatever the model size"""
-DS_PARAM_PERSISTENCE_THRESHOLD = 100_000
-"""stage3_param_persistence_threshold: ZeRO-3 keeps parameters this small (elements) gathered on every rank"""
-DS_PREFETCH_BUCKET_ELEMS = 50_000_000
-"""stage3_prefetch_bucket_size: elements ZeRO-3 gathers ahead of the module being run"""
-DS_MAX_LIVE_PARAMETERS = 1_000_000_000
-"""stage3_max_live_parameters: upper bound on gathered ZeRO-3 elements"""
-DS_SUB_GROUP_SIZE = 1_000_000_000
-"""sub_group_size: ZeRO-3 steps the optimizer over sub-groups of this many elements"""
+# NOTE: the DeepSpeed ZeRO defaults (DS_*) live in harness.core.constants with their source; the collective
+# model (harness.plan.comm) uses the same ones
 
 FSDP_UNITS_IN_FLIGHT = 2
 """unsharded block units at once: FSDP1 limit_all_gathers lets one all-gather run ahead, and the default
@@ -111,9 +104,10 @@ lowp (16-bit params, so the residual stream is 16 bit too: FSDP/FSDP2 mixed prec
 
 
 def precision_mode(strategy: str, precision: str) -> str:
+    """fp32, or how the strategy computes in 16 bit (its catalogue entry's `mixed`)."""
     if precision == "fp32":
         return "fp32"
-    return "autocast" if strategy == "ddp" else "lowp"
+    return CATALOGUE[strategy].mixed
 
 
 @dataclass(frozen=True)
@@ -297,26 +291,22 @@ Held = dict[str, list[tuple[str, int]]]
 
 def shard_degree(spec: RunSpec) -> int:
     """Ranks a parameter / gradient / optimizer shard is split over: the world, or one node for hybrids,
-    or 1 for replicating strategies."""
-    if spec.strategy in ("ddp", "fsdp.no_shard"):
+    or 1 for replicating strategies (the catalogue entry's `shards` and `mesh`)."""
+    entry = CATALOGUE[spec.strategy]
+    if not entry.shards:
         return 1
-    if spec.strategy in HYBRID_STRATEGIES:
+    if entry.mesh == HYBRID:
         return min(spec.gpus_per_node, spec.world_size)
     return spec.world_size
 
 
 def memory(spec: RunSpec) -> Memory:
-    """The per-rank memory prediction for one cell (see the module docstring for what each part holds)."""
-    family = spec.strategy.split(".")[0]
-    if family == "ddp":
-        return _ddp(spec)
-    if family == "fsdp":
-        return _fsdp1(spec)
-    if family == "fsdp2":
-        return _fsdp2(spec)
-    if family in ("zero1", "zero2", "zero3"):
-        return _zero(spec)
-    raise ValueError(f"no memory model for strategy {spec.strategy!r}")
+    """The per-rank memory prediction for one cell (see the module docstring for what each part holds): the
+    model its catalogue entry names (`memory_model`)."""
+    entry = CATALOGUE.get(spec.strategy)
+    if entry is None or entry.memory_model not in MEMORY_MODELS:
+        raise ValueError(f"no memory model for strategy {spec.strategy!r}")
+    return MEMORY_MODELS[entry.memory_model](spec)
 
 
 def activation_model(spec: RunSpec) -> ActivationModel:
@@ -444,13 +434,14 @@ def _fsdp1(spec: RunSpec) -> Memory:
     block = max(v for k, v in units.items() if k != "root")
     p = BYTES[spec.precision]
     mixed = spec.precision != "fp32"
-    if nshard == 1 or spec.strategy == "fsdp.no_shard":
+    keeps_gathered = not CATALOGUE[spec.strategy].reshard_after_forward  # SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2
+    if nshard == 1 or not CATALOGUE[spec.strategy].shards:
         # NOTE: FSDP1 switches any strategy to NO_SHARD when it has a single rank to shard over. With mixed
         # precision it makes a 16-bit copy per unit and frees it after the unit's forward, the root's too,
         # and again after its backward; in fp32 the flat params are the parameters
         gathered = ("16-bit copies of the units in flight", p * FSDP_UNITS_IN_FLIGHT * block if mixed else 0)
         root_in_loss = False
-    elif spec.strategy in ("fsdp.shard_grad_op", "fsdp.hybrid_shard_zero2"):
+    elif keeps_gathered:
         # every block stays gathered from its forward to its backward
         gathered = ("every block unit gathered", p * (sum(units.values()) - units["root"]))
         root_in_loss = True
@@ -460,7 +451,7 @@ def _fsdp1(spec: RunSpec) -> Memory:
         root_in_loss = True
     return _fsdp_memory(spec, sharded=sum(_ceil_div(u, nshard) for u in units.values()),
                         root_gathered_in_loss=root_in_loss, gathered=gathered,
-                        gathered_from_forward=spec.strategy in ("fsdp.shard_grad_op", "fsdp.hybrid_shard_zero2") and nshard > 1,
+                        gathered_from_forward=keeps_gathered and nshard > 1,
                         reduce_copy=mixed,  # FSDP1 reduces the flat gradient in place when it is already fp32
                         offload_name="CPUOffload(offload_params=True)", no_sync_bytes=p)
 
@@ -560,6 +551,10 @@ def _zero(spec: RunSpec) -> Memory:
     })
     return _assemble(spec, params=params, grads=grads, grads_persistent=True, optimizer=master + moments,
                      held=held, cpu=cpu, notes=notes)
+
+
+MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}
+"""a catalogue entry's `memory_model` → the function predicting its per-rank memory"""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`harness plan`: predicted per-rank memory, FLOPs and communication for every cell, launching nothing.
+"""Predicted per-rank memory, FLOPs and communication for every cell, launching nothing (`harness plan`, whose
+command is harness.cli.plan, prints `format_table(plan_cells(...))`).
 
 `predict(spec, cluster)` is what the sweep dispatcher calls to skip cells that cannot fit (the `reason`
 sentence goes into the `skipped` record) and what every record carries under `predicted`.
@@ -7,15 +8,12 @@ No torch import on this path.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-import click
-
 from harness.plan import memory as mb
-from harness.scenario.cluster import Cluster, load_cluster
-from harness.scenario.schema import RunSpec, load_scenario
+from harness.scenario.cluster import Cluster
+from harness.scenario.schema import RunSpec
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 
@@ -150,21 +148,3 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
     lines.append(f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
                  + (f", {sum(1 for c in cells if c['unsupported'])} unsupported" if any(c["unsupported"] for c in cells) else ""))
     return "\n".join(lines)
-
-
-@click.command("plan")
-@click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_name", default="local", show_default=True,
-              help="cluster profile name (scenarios/clusters/NAME.yaml) or path")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def plan_command(scenario: str, cluster_name: str, fmt: str) -> int:
-    """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
-    FLOPs and communication per step, for every cell of SCENARIO. Launches nothing."""
-    cluster = load_cluster(cluster_name)
-    specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
-    cells = plan_cells(specs, cluster)
-    if fmt == "json":
-        click.echo(json.dumps(cells, indent=2, allow_nan=False))
-    else:
-        click.echo(format_table(cells, cluster))
-    return 0

@@ -1,5 +1,5 @@
-"""`harness report DIR… [-o OUT]`: result records → one self-contained HTML page, a Markdown page, the table
-as CSV and Parquet, and each figure as a PNG.
+"""Result records → one self-contained HTML page, a Markdown page, the table as CSV and Parquet, and each figure
+as a PNG: `build_report`, which `harness report DIR… [-o OUT]` (harness.cli.report) calls.
 
 Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → render
 (HTML/Markdown). Nothing here imports torch. Files that are not readable records are warnings, never a crash;
@@ -9,26 +9,53 @@ a null metric stays null ("n/a"), never 0.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-import click
-
 from harness.core.errors import InputError, Problem
-from harness.report.figures import Figure, all_figures
-from harness.report.frame import (FRACTIONAL_COLUMNS, SAMPLES_COLUMN, best_per_model_gpus, cell_table, figure_cells,
-                                  records_frame, report_name)
+from harness.report.figures import Figure, start_figures
+from harness.report.frame import (
+    FRACTIONAL_COLUMNS,
+    SAMPLES_COLUMN,
+    best_per_model_gpus,
+    cell_table,
+    figure_cells,
+    records_frame,
+    report_name,
+)
 from harness.report.render import html_page, markdown
-from harness.results.store import load_records
+from harness.results.fastload import iter_records
 
-__all__ = ["build_report", "report_command"]
+__all__ = ["build_report", "output_problem"]
+
+
+def output_problem(out: Path) -> str | None:
+    """Why the report cannot be written to `out`, or None: checked before any record is read, so a bad `-o`
+    is one line and exit 2, not a traceback after the work. `out` may not exist yet: then its nearest existing
+    parent must be a folder we may create entries in."""
+    if out.exists():
+        if not out.is_dir():
+            return "output path exists and is not a directory"
+        if not os.access(out, os.W_OK | os.X_OK):
+            return "output directory is not writable (permission denied or a read-only file system)"
+        return None
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot create the output directory: {parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create the output directory: {parent} is not writable"
+    return None
 
 
 def _check_inputs(dirs: list[Path], out: Path | None) -> None:
     problems = [Problem(str(d), "", "no such file or directory") for d in dirs if not d.exists()]
-    if out is not None and out.exists() and not out.is_dir():
-        problems.append(Problem(str(out), "", "output path exists and is not a directory"))
+    why = output_problem(out) if out is not None else None
+    if why:
+        problems.append(Problem(str(out), "", why))
     if problems:
         raise InputError(problems)
 
@@ -78,8 +105,11 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
-    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. With no readable
-    record nothing is written and "out" is None. InputError when a dir does not exist or `out` is a file.
+    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. Stages:
+    load = read + flatten; frame; tables = CSV/Parquet; figures = drawing, which with many cells runs in other
+    processes while the tables are written, so it includes "tables"; write = PNG files, Markdown, HTML.
+    With no readable record nothing is written and "out" is None. InputError when a dir does not exist or
+    `out` is a file.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -88,27 +118,34 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
         raise InputError("no result directories given")
     out_path = Path(out) if out is not None else None
     _check_inputs(dirs, out_path)
-    records, warnings = load_records(*dirs)
-    timings["load"] = time.perf_counter() - t0
+    # NOTE: records are parsed and flattened one at a time (never all held), so "load" includes the flattening
+    warnings: list[str] = []
+    df, more = records_frame(iter_records(*dirs, warnings=warnings))
     n_unreadable = len(warnings)
-    df, more = records_frame(records)
     warnings += more
+    timings["load"] = time.perf_counter() - t0
     result: dict[str, Any] = {"out": None, "name": report_name(df), "paths": {}, "warnings": warnings,
                               "frame": df, "cells": None, "best": None, "figures": [], "timings_s": timings}
     if df.empty:
         return result
+    t1 = time.perf_counter()
     cells, more = cell_table(df)
     warnings += more
-    best = best_per_model_gpus(cells)
-    timings["frame"] = time.perf_counter() - t0 - timings["load"]
+    best = best_per_model_gpus(cells, df)
+    fc = figure_cells(cells)
+    timings["frame"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    figures = all_figures(figure_cells(cells))
-    timings["figures"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    df = df.assign(in_tables=df.index.isin(cells.index))
-    out_path = out_path or Path("reports") / result["name"]
+    collect_figures = start_figures(fc)  # NOTE: with many cells they draw in other processes while the tables
+    df = df.assign(in_tables=df.index.isin(cells.index))  # are written here
+    if out_path is None:
+        out_path = Path("reports") / result["name"]
+        _check_inputs([], out_path)
     out_path.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Any] = _write_tables(df, out_path, warnings)
+    timings["tables"] = time.perf_counter() - t1
+    figures = collect_figures()
+    timings["figures"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     paths["figures"] = _write_figures(figures, out_path)
     ctx = {"name": result["name"], "dirs": dirs, "frame": df, "cells": cells, "best": best, "figures": figures,
            "warnings": warnings, "n_unreadable": n_unreadable,
@@ -121,28 +158,3 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
     timings["total"] = time.perf_counter() - t0
     result.update(out=out_path, paths=paths, frame=df, cells=cells, best=best, figures=figures)
     return result
-
-
-@click.command("report")
-@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
-              help="output folder (default: reports/<sweep name>, or reports/report for several sweeps)")
-def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
-    """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively)."""
-    result = build_report(dirs, out)
-    for w in result["warnings"]:
-        click.echo(f"warning: {w}", err=True)
-    if result["out"] is None:
-        click.echo(f"error: no records could be loaded from {', '.join(map(str, dirs))}", err=True)
-        return 1
-    p = result["paths"]
-    for key in ("html", "markdown", "csv", "parquet"):
-        if key in p:
-            click.echo(str(p[key]))
-    for path in p["figures"].values():
-        click.echo(str(path))
-    for f in result["figures"]:
-        if f.png is None:
-            click.echo(f"note: figure '{f.name}' not drawn. {f.note}", err=True)
-    return 0
-

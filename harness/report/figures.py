@@ -1,9 +1,10 @@
 """The report's figures (matplotlib, Agg backend), each rendered once to PNG bytes.
 
-One colour and one marker per strategy in every figure (`STRATEGY_STYLE`, a fixed mapping over
-harness.scenario.schema.STRATEGIES): the Okabe-Ito colours plus four of Paul Tol's "muted" set, all distinguishable
-with the common colour-vision deficiencies, and the marker shape repeats the information. Precision is the
-line style. A figure whose data no record carries is not drawn; its note says why.
+One colour and one marker per strategy in every figure (`STRATEGY_STYLE`, a fixed mapping over the strategy
+catalogue): the catalogue's colour (harness.core.catalogue.STRATEGY_COLOURS: the Okabe-Ito colours plus four of Paul
+Tol's "muted" set, then colours that never run out), and the marker shape repeats the information. Precision is
+the line style and, in the scaling figure, the marker fill. A figure whose data no record carries is not drawn;
+its note says why.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import multiprocessing
 import os
 import sys
-import textwrap
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -26,10 +27,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.transforms import ScaledTranslation  # noqa: E402
 from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.transforms import ScaledTranslation  # noqa: E402
 
-from harness.report.frame import COMM_PREFIX, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
+from harness.core.catalogue import STRATEGY_COLOURS, UNKNOWN_COLOUR  # noqa: E402
+from harness.report.frame import COMM_PREFIX, MEMORY_RSS, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
 from harness.scenario.schema import PRECISIONS, STRATEGIES  # noqa: E402
 
 DPI = 100
@@ -42,16 +44,17 @@ MAX_ANNOTATED_CELLS = 400
 """heatmap cells with their value printed at most; a bigger heatmap is colour only (printing is slow)"""
 MAX_HEATMAP_ROWS = 48
 
-# Okabe & Ito (2008) without yellow (too light on white), then Tol's muted indigo, teal, olive, wine.
-_PALETTE = ("#000000", "#0072B2", "#56B4E9", "#332288", "#44AA99", "#999933", "#009E73", "#CC79A7",
-            "#E69F00", "#D55E00", "#882255")
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">")
-_UNKNOWN_STYLE = ("#888888", ".")
+_UNKNOWN_STYLE = (UNKNOWN_COLOUR, ".")
 STRATEGY_STYLE: dict[str, tuple[str, str]] = {
-    s: (_PALETTE[i], _MARKERS[i]) if i < len(_PALETTE) else _UNKNOWN_STYLE for i, s in enumerate(STRATEGIES)
+    s: (STRATEGY_COLOURS[s], _MARKERS[i % len(_MARKERS)]) for i, s in enumerate(STRATEGIES)
 }
-"""strategy → (colour, marker), the same in every figure; a strategy not in the list is grey with '.'"""
+"""strategy → (colour, marker), the same in every figure; past the eleventh strategy the markers repeat (the
+colours do not); a strategy not in the catalogue is grey with '.'"""
 PRECISION_LINESTYLE = {"bf16": "-", "fp16": "--", "fp32": ":"}
+PRECISION_FILL = {"bf16": "full", "fp16": "left", "fp32": "none"}
+"""marker fill per precision in the scaling figure (hollow = fp32), so a strategy measured at one GPU count,
+a lone marker with no line, still shows its precision"""
 _COLLECTIVE_HATCH = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
 _GREY_NA = "#E6E6E6"
 _GREY_FAILED = "#BDBDBD"
@@ -193,10 +196,11 @@ def _no_data(name: str, title: str, caption: str, why: str) -> Figure:
 
 def scaling_figure(fc: pd.DataFrame) -> Figure:
     title = "Throughput scaling"
-    caption = ("Top: tokens/s per GPU against GPU count (log₂ axis), one line per strategy (colour, marker) and "
-               "precision (line style); status-ok cells only. Bottom: scaling efficiency = tokens/s/GPU at N "
-               "GPUs ÷ tokens/s/GPU at the smallest GPU count where that strategy and precision ran "
-               "(1.0 = linear scaling).")
+    caption = ("Top: tokens/s per GPU against GPU count (log₂ axis), one line per strategy (colour, marker shape) "
+               "and precision (line style and marker fill: bf16 filled, fp16 half, fp32 hollow); status-ok cells "
+               "only. Bottom: scaling efficiency = tokens/s/GPU at N GPUs ÷ tokens/s/GPU at the smallest GPU "
+               "count where that strategy and precision ran (1.0 = linear scaling), drawn only for strategy · "
+               "precision series measured at two or more GPU counts.")
     ok = fc[(fc["status"] == "ok") & fc["tokens_per_s_per_gpu"].notna()]
     if ok.empty:
         return _no_data("scaling", title, caption, "no cell ran ok with a tokens/s/GPU")
@@ -205,22 +209,35 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
                              sharex="col", layout="constrained")
     fig.suptitle("Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count")
     all_gpus = sorted(ok["gpus"].unique())
+    n_efficiency = 0
     for j, model in enumerate(models):
         top, bottom = axes[0, j], axes[1, j]
         sub = ok[ok["model"] == model]
-        eff_max = 1.0
+        eff_max, drawn = 1.0, 0
         for (strategy, precision), line in sub.groupby(["strategy", "precision"], sort=False):
             line = line.sort_values("gpus")
             color, marker = style(strategy)
-            ls = PRECISION_LINESTYLE.get(precision, "-.")
+            kw = dict(color=color, marker=marker, linestyle=PRECISION_LINESTYLE.get(precision, "-."), markersize=5,
+                      linewidth=1.4, fillstyle=PRECISION_FILL.get(precision, "bottom"), markerfacecoloralt="white")
+            if kw["fillstyle"] == "none":
+                kw["markerfacecolor"] = "white"  # NOTE: hollow, but opaque over the lines behind it
+                kw["fillstyle"] = "full"
+                kw["markeredgewidth"] = 1.3
             x, y = line["gpus"].to_numpy(), line["tokens_per_s_per_gpu"].to_numpy()
-            top.plot(x, y, color=color, marker=marker, linestyle=ls, markersize=5, linewidth=1.4)
-            bottom.plot(x, y / y[0], color=color, marker=marker, linestyle=ls, markersize=5, linewidth=1.4)
-            eff_max = max(eff_max, float(np.max(y / y[0])))
+            top.plot(x, y, **kw)
+            if len(x) >= 2:  # NOTE: one GPU count is no scaling: it would sit at 1.0 by definition
+                bottom.plot(x, y / y[0], **kw)
+                eff_max = max(eff_max, float(np.max(y / y[0])))
+                drawn += 1
+        n_efficiency += drawn
         top.set_title(_model_title(fc, model))
         top.yaxis.set_major_formatter(EngFormatter(sep=""))
         top.set_ylim(bottom=0)
-        bottom.axhline(1.0, color="#777777", linewidth=0.8, linestyle=(0, (2, 2)), zorder=0)
+        if drawn:
+            bottom.axhline(1.0, color="#777777", linewidth=0.8, linestyle=(0, (2, 2)), zorder=0)
+        else:
+            bottom.text(0.5, 0.5, "no strategy · precision ran at\ntwo or more GPU counts:\nno efficiency to draw",
+                        transform=bottom.transAxes, ha="center", va="center", fontsize=8.5, color="#555555")
         bottom.set_ylim(0, max(1.15, eff_max * 1.08))
         bottom.set_xlabel("GPU count (log₂ scale)")
         for ax in (top, bottom):
@@ -230,12 +247,20 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
     axes[1, 0].set_ylabel("scaling efficiency (ratio, 1 = linear)")
     precisions = [p for p in PRECISIONS if p in set(ok["precision"])] + \
         sorted(set(ok["precision"]) - set(PRECISIONS))
-    prec_handles = [Line2D([], [], color="#444444", linestyle=PRECISION_LINESTYLE.get(p, "-."), label=p)
-                    for p in precisions]
+    prec_handles = [_precision_handle(p) for p in precisions]
     _legend(axes[0, -1], _strategy_handles(ok["strategy"]) + prec_handles, "strategy / precision")
-    if len(all_gpus) == 1:
-        note = (note + " " if note else "") + "Only one GPU count: efficiency is 1 by definition."
+    if not n_efficiency:
+        why = ("only one GPU count in the results" if len(all_gpus) == 1
+               else "no strategy · precision ran ok at two or more GPU counts")
+        note = (note + " " if note else "") + f"Scaling efficiency not drawn: {why}."
     return Figure("scaling", title, caption, _png(fig), note)
+
+
+def _precision_handle(precision: str) -> Line2D:
+    fill = PRECISION_FILL.get(precision, "bottom")
+    kw = dict(markerfacecolor="white", fillstyle="full") if fill == "none" else dict(fillstyle=fill)
+    return Line2D([], [], color="#444444", linestyle=PRECISION_LINESTYLE.get(precision, "-."), marker="o",
+                  markersize=6, markerfacecoloralt="white", label=precision, **kw)
 
 
 def _log2_gpus_axis(ax, gpus: list[float]) -> None:
@@ -252,12 +277,22 @@ def _log2_gpus_axis(ax, gpus: list[float]) -> None:
 # --- MFU heatmap -----------------------------------------------------------------------------------------
 
 def mfu_heatmap(fc: pd.DataFrame) -> Figure:
+    """MFU per cell; when no cell has an MFU (CPU runs, a device without a peak-FLOPS entry) the achieved
+    TFLOPS per GPU instead, so the figure is not a grid of grey "n/a", and the reason is said once, in the note."""
     title = "MFU heatmap"
     caption = ("Model FLOPs utilisation (% of the device's dense peak FLOPS for the precision) per strategy · "
                "precision (rows) and model @ GPU count (columns). Grey: MFU is null (n/a) or the cell did not "
                "run ok (its status is shown); blank: not in the results.")
     if fc.empty:
         return _no_data("mfu_heatmap", title, caption, "no cells")
+    ran = fc["status"] == "ok"
+    tflops = not (ran & fc["mfu"].notna()).any() and (ran & fc["tflops_per_gpu"].notna()).any()
+    if tflops:
+        title = "Throughput heatmap (TFLOPS per GPU; no cell has an MFU)"
+        caption = ("Achieved TFLOPS per GPU (model FLOPs per step ÷ step time, metrics.tflops_per_gpu) per "
+                   "strategy · precision (rows) and model @ GPU count (columns), shown in place of MFU because no "
+                   "cell has one. Grey: no value or the cell did not run ok (its status is shown); blank: not in "
+                   "the results.")
     notes = []
     models = model_order(fc)
     gpus_per_model = {m: sorted(fc.loc[fc["model"] == m, "gpus"].unique()) for m in models}
@@ -284,6 +319,14 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
             continue
         if rec.status != "ok":
             text[i, j], grey[i, j] = str(rec.status), True
+        elif tflops:
+            if pd.isna(rec.tflops_per_gpu):
+                text[i, j], grey[i, j] = "n/a", True
+            else:
+                values[i, j] = rec.tflops_per_gpu
+                text[i, j] = f"{rec.tflops_per_gpu:.3g}"
+            why = rec.mfu_null_reason if isinstance(rec.mfu_null_reason, str) else "no reason recorded"
+            reasons[why] = reasons.get(why, 0) + 1
         elif pd.isna(rec.mfu):
             text[i, j], grey[i, j] = "n/a", True
             why = rec.mfu_null_reason if isinstance(rec.mfu_null_reason, str) else "no reason recorded"
@@ -292,14 +335,13 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
             values[i, j] = 100.0 * rec.mfu
             text[i, j] = f"{100.0 * rec.mfu:.1f}"
     vmax = float(np.nanmax(values)) if np.isfinite(values).any() else 1.0
-    footnotes = [f"n/a ({n} cell{'s' if n > 1 else ''}): {why}" for why, n in
+    footnotes = [f"{'MFU ' if tflops else ''}n/a ({n} cell{'s' if n > 1 else ''}): {why}" for why, n in
                  sorted(reasons.items(), key=lambda kv: -kv[1])[:4]]
     if len(reasons) > 4:
         footnotes.append(f"… and {len(reasons) - 4} more reasons (table.csv, column mfu_null_reason)")
+    # NOTE: the reasons are said once: in the note (beside the figure in the HTML and Markdown), not in the PNG
     width = min(26.0, 3.4 + 0.78 * len(columns) + 1.2)
-    wrap = max(60, int(width * 13))
-    foot_lines = [ln for f in footnotes for ln in textwrap.wrap(f, wrap)]
-    height = 1.6 + 0.3 * len(rows) + 0.18 * len(foot_lines) + 0.5
+    height = 1.6 + 0.3 * len(rows) + 0.5
     fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
     cmap = plt.get_cmap("cividis")
     is_na = text == "n/a"
@@ -325,11 +367,11 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
     ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", linewidth=1.0)
     ax.tick_params(which="minor", length=0)
-    ax.legend(handles=[Patch(facecolor=_GREY_NA, label="n/a: MFU is null"),
+    ax.legend(handles=[Patch(facecolor=_GREY_NA, label="n/a: no TFLOPS value" if tflops else "n/a: MFU is null"),
                        Patch(facecolor=_GREY_FAILED, label="did not run ok (status)"),
                        Patch(facecolor="white", edgecolor="#999999", label="not in the results")],
-              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3, frameon=False, fontsize=7.5,
-              borderaxespad=0.3)
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3 if len(columns) >= 4 else 1,  # fits above
+              frameon=False, fontsize=7.5, borderaxespad=0.3)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([f"{m}\n{_gpus_label(g)}" for m, g in columns], fontsize=7.5)
     ax.set_yticks(range(len(rows)))
@@ -343,13 +385,14 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
         spine.set_visible(False)
     ax.set_xlabel("model @ GPU count")
     ax.set_ylabel("strategy · precision")
-    fig.suptitle("MFU (%) per strategy · precision and model @ GPU count")
+    fig.suptitle("TFLOPS per GPU (no cell has an MFU)" if tflops
+                 else "MFU (%) per strategy · precision and model @ GPU count")
     cbar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
-    cbar.set_label("MFU (% of dense peak FLOPS)")
-    if foot_lines:
-        fig.supxlabel("\n".join(foot_lines), fontsize=7.5, ha="left", x=0.01, color="#333333")
+    cbar.set_label("TFLOPS per GPU (achieved)" if tflops else "MFU (% of dense peak FLOPS)")
     note = " ".join(notes + (["; ".join(footnotes) + "."] if footnotes else []))
-    if not np.isfinite(values).any():
+    if tflops:
+        note = ("No cell has an MFU value, so the heatmap shows the achieved TFLOPS per GPU. " + note).strip()
+    elif not np.isfinite(values).any():
         note = ("No cell has an MFU value (all are n/a). " + note).strip()
     return Figure("mfu_heatmap", title, caption, _png(fig), note)
 
@@ -360,8 +403,12 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
     title = "Peak memory"
     caption = ("Peak memory per GPU: solid bar = peak allocated, pale bar = peak reserved by the caching "
                "allocator, ◆ = predicted by the planner, dashed line = device capacity (env.device_memory_gib). "
-               "GiB = 2³⁰ bytes.")
+               "Hatched bar = a CPU run's peak RSS of the whole process (interpreter, torch, buffers): not tensor "
+               "memory, so no prediction is drawn beside it. GiB = 2³⁰ bytes.")
     cols = ["peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib"]
+    rss_rows = (fc["memory_measure"] == MEMORY_RSS).to_numpy()
+    # NOTE: the planner predicts tensor bytes; beside a process RSS the gap means nothing, so it is not drawn
+    fc = fc.assign(predicted_memory_gib=fc["predicted_memory_gib"].where(~rss_rows))
     data = fc[fc[cols].notna().any(axis=1)]
     if data.empty:
         return _no_data("memory", title, caption, "no record has a measured or predicted peak memory")
@@ -370,7 +417,9 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
     if lacking:
         note = (f"{lacking} cell(s) that ran ok have no memory figures and are not drawn. " + note).strip()
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
-    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Peak memory per GPU: measured, predicted, capacity")
+    all_rss = bool((data["memory_measure"] == MEMORY_RSS).all())
+    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Peak RSS per CPU process (not device memory)"
+                                          if all_rss else "Peak memory per GPU: measured, predicted, capacity")
     capacity_unknown = False
     for ax, (model, gpus) in zip(axes, panels):
         p = data[(data["model"] == model) & (data["gpus"] == gpus)]
@@ -382,7 +431,14 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         cap = p["device_memory_gib"].to_numpy()
         ax.bar(x, np.nan_to_num(reserved, nan=0.0), width=0.75, color=colors, alpha=0.35, edgecolor=colors,
                linewidth=0.8)
-        ax.bar(x, np.nan_to_num(alloc, nan=0.0), width=0.75, color=colors, edgecolor=colors)
+        rss = (p["memory_measure"] == MEMORY_RSS).to_numpy()
+        if (~rss).any():
+            ax.bar(x[~rss], np.nan_to_num(alloc[~rss], nan=0.0), width=0.75,
+                   color=[c for c, r in zip(colors, rss) if not r], edgecolor=[c for c, r in zip(colors, rss) if not r])
+        if rss.any():
+            rss_colors = [c for c, r in zip(colors, rss) if r]
+            ax.bar(x[rss], np.nan_to_num(alloc[rss], nan=0.0), width=0.75, color="white", edgecolor=rss_colors,
+                   hatch="////", linewidth=1.2)
         ax.plot(x, pred, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
         top = float(np.nanmax(np.concatenate([alloc, reserved, pred])))
         caps = sorted(set(cap[~np.isnan(cap)]))
@@ -407,18 +463,27 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
         _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
         ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
-        ax.set_ylabel("peak memory per GPU (GiB)")
+        ax.set_ylabel("peak RSS per process (GiB)" if all_rss else "peak memory per GPU (GiB)")
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
     shown = data[data["model"].isin({m for m, _ in panels})]
     handles = _strategy_handles(shown["strategy"])
+    shown_rss = shown["memory_measure"] == MEMORY_RSS
     for col, handle in (
             ("peak_memory_allocated_gib", Patch(facecolor="#666666", label="peak allocated")),
+            ("peak_rss", Patch(facecolor="white", edgecolor="#666666", hatch="////",
+                               label="peak RSS, CPU process\n(not tensor memory)")),
             ("peak_memory_reserved_gib", Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666",
                                                label="peak reserved")),
             ("predicted_memory_gib", Line2D([], [], linestyle="none", marker="D", color="black", label="predicted")),
             ("device_memory_gib", Line2D([], [], linestyle="--", color="#444444", label="device capacity"))):
-        if shown[col].notna().any():  # no legend entry for what no panel draws
+        if col == "peak_rss":
+            drawn = bool(shown_rss.any())
+        elif col == "peak_memory_allocated_gib":
+            drawn = bool(shown.loc[~shown_rss, col].notna().any())
+        else:
+            drawn = bool(shown[col].notna().any())
+        if drawn:  # no legend entry for what no panel draws
             handles.append(handle)
     _legend(corner, handles, "strategy")
     if capacity_unknown:
@@ -548,22 +613,36 @@ def step_time_figure(fc: pd.DataFrame) -> Figure:
 
 
 FIGURE_MAKERS = (scaling_figure, mfu_heatmap, memory_figure, comm_figure, step_time_figure)
+_HEAVIEST_FIRST = (memory_figure, comm_figure, step_time_figure, scaling_figure, mfu_heatmap)
+"""submission order in parallel: the panel figures take about twice as long as the others (bench_report), and
+starting them first keeps the last worker from finishing alone"""
 PARALLEL_MIN_CELLS = 300
 """with at least this many cells (and Linux, and more than one CPU) the figures render in forked processes"""
 
 
-def all_figures(fc: pd.DataFrame, *, workers: int | None = None) -> list[Figure]:
-    """Every figure of the report, in report order, from the figure cells (frame.figure_cells).
+def start_figures(fc: pd.DataFrame, *, workers: int | None = None) -> Callable[[], list[Figure]]:
+    """Start drawing every figure of the report; the returned function waits and gives them in report order.
 
     Rendering is most of a big report's time and the figures are independent, so with many cells they are
-    drawn in parallel (one process per CPU, forked: the children inherit the imported modules, no start-up).
-    The PNG bytes are the same either way.
+    drawn in parallel (one process per CPU, forked: the children inherit the imported modules, no start-up)
+    while the caller goes on (writing the tables). The PNG bytes are the same either way.
     """
     if workers is None:
         big = len(fc) >= PARALLEL_MIN_CELLS and sys.platform == "linux"
         workers = min(len(FIGURE_MAKERS), os.cpu_count() or 1) if big else 1
     if workers <= 1:
-        return [make(fc) for make in FIGURE_MAKERS]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(make, fc) for make in FIGURE_MAKERS]
-        return [f.result() for f in futures]
+        return lambda: [make(fc) for make in FIGURE_MAKERS]
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    futures = {make: pool.submit(make, fc) for make in _HEAVIEST_FIRST}
+
+    def collect() -> list[Figure]:
+        try:
+            return [futures[make].result() for make in FIGURE_MAKERS]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return collect
+
+
+def all_figures(fc: pd.DataFrame, *, workers: int | None = None) -> list[Figure]:
+    """Every figure of the report, in report order, from the figure cells (frame.figure_cells)."""
+    return start_figures(fc, workers=workers)()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness.results.store import load_records
+from harness.results.fastload import iter_records
 from harness.scenario.schema import PRECISIONS, STRATEGIES, canonical_setting
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
@@ -32,21 +33,23 @@ CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
 ROW_KEYS = ("strategy", "precision", "variant")
 
 # Scalar columns of the frame and of table.csv / table.parquet, in order. Units are in the names:
-# _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %).
+# _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %). A column copied from the
+# record keeps the record's words for it (harness.results.schema): metrics.step_time_s.median → step_time_median_s.
 SCALAR_COLUMNS: tuple[str, ...] = (
     "sweep", "cluster", "run_id", "status", "reason", "failed_rank",
     "model", "n_params", "strategy", "precision", "gpus", "variant",
     *VARIANT_FIELDS,
     "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_null_reason",
-    "step_time_p50_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
+    "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
     "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
+    "memory_measure",
     "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step",
     "loss", "device_name", "device_type", "backend", "harness_git_sha", "started_at", "finished_at", "path",
 )
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "failed_rank", "n_params", "gpus", "nodes", "micro_batch", "seq_len", "grad_accum",
     "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
-    "step_time_p50_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
+    "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
     "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
     "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step", "loss",
 )
@@ -55,6 +58,11 @@ FRACTIONAL_COLUMNS = frozenset(c for c in NUMERIC_COLUMNS if c.endswith(("_s", "
 """measured quantities that stay float in table.csv even when a value happens to be whole (152000.0 tok/s)"""
 SAMPLES_COLUMN = "step_time_samples_s"
 """list of per-step times (s) per row; in the frame and table.parquet, not in table.csv"""
+MEMORY_DEVICE = "device"
+MEMORY_RSS = "cpu_process_rss"
+"""values of the `memory_measure` column: what peak_memory_allocated_gib measured. On CUDA the allocator's peak
+of tensor memory per GPU; on CPU the worker process's peak RSS (harness.worker.meters.memory), which holds the
+interpreter, torch and every buffer, so it is not comparable with the planner's prediction of tensor bytes."""
 COMM_PREFIX = "comm_bytes."
 """columns `comm_bytes.<collective>`: bytes per step of that collective type (comm.by_collective)"""
 
@@ -83,7 +91,18 @@ class _Reader:
         return None if x is None else str(x)
 
 
-def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
+def _memory_measure(alloc: float | None, env: dict[str, Any], null_reasons: dict[str, Any]) -> str | None:
+    """MEMORY_RSS when the record's peak_memory_allocated_gib is a CPU process's peak RSS (env.device_type cpu,
+    or the worker's null reason for the reserved peak says so), MEMORY_DEVICE otherwise; None without a value."""
+    if alloc is None:
+        return None
+    why = null_reasons.get("peak_memory_reserved_gib")
+    if env.get("device_type") == "cpu" or (isinstance(why, str) and "RSS" in why):
+        return MEMORY_RSS
+    return MEMORY_DEVICE
+
+
+def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
     """One record → (scalar row, {collective: bytes per step})."""
     path = str(rec.get("_path", "?"))
     r = _Reader(path, warnings)
@@ -95,6 +114,7 @@ def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], 
                and math.isfinite(s)] if isinstance(samples, list) else []
     null_reasons = _dict(metrics.get("null_reasons"))
     ac = spec.get("activation_checkpointing")
+    alloc = r.num("metrics.peak_memory_allocated_gib", metrics.get("peak_memory_allocated_gib"))
     row = {
         "sweep": r.text(rec.get("sweep")),
         "cluster": r.text(rec.get("cluster")),
@@ -118,18 +138,18 @@ def _flatten(rec: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], 
         "tflops_per_gpu": r.num("metrics.tflops_per_gpu", metrics.get("tflops_per_gpu")),
         "mfu": r.num("metrics.mfu", metrics.get("mfu")),
         "mfu_null_reason": r.text(null_reasons.get("mfu")),
-        "step_time_p50_s": r.num("metrics.step_time_s.median", step.get("median")),
+        "step_time_median_s": r.num("metrics.step_time_s.median", step.get("median")),
         "step_time_p10_s": r.num("metrics.step_time_s.p10", step.get("p10")),
         "step_time_p90_s": r.num("metrics.step_time_s.p90", step.get("p90")),
         "step_time_mean_s": r.num("metrics.step_time_s.mean", step.get("mean")),
         "n_step_samples": float(len(samples)) if samples else None,
-        "peak_memory_allocated_gib": r.num("metrics.peak_memory_allocated_gib",
-                                           metrics.get("peak_memory_allocated_gib")),
+        "peak_memory_allocated_gib": alloc,
         "peak_memory_reserved_gib": r.num("metrics.peak_memory_reserved_gib",
                                           metrics.get("peak_memory_reserved_gib")),
         "predicted_memory_gib": r.num("predicted.memory_gib.total",
                                       _dict(predicted.get("memory_gib")).get("total")),
         "device_memory_gib": r.num("env.device_memory_gib", env.get("device_memory_gib")),
+        "memory_measure": _memory_measure(alloc, env, null_reasons),
         "comm_bytes_per_step": r.num("comm.bytes_per_step", comm.get("bytes_per_step")),
         "comm_calls_per_step": r.num("comm.calls_per_step", comm.get("calls_per_step")),
         "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step",
@@ -177,15 +197,21 @@ def _variant_labels(df: pd.DataFrame) -> pd.Series:
     return out.astype(object)
 
 
-def records_frame(records: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
-    """One row per record (columns SCALAR_COLUMNS, SAMPLES_COLUMN, `comm_bytes.<collective>`), + warnings."""
+def records_frame(records: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per record (columns SCALAR_COLUMNS, SAMPLES_COLUMN, `comm_bytes.<collective>`), + warnings.
+
+    `records` may be a generator (harness.results.fastload.iter_records): each record is flattened into the
+    columns as it comes and then dropped, so only the fields the report uses are ever held for all records."""
     warnings: list[str] = []
-    rows, comm = [], []
+    names = [*SCALAR_COLUMNS, SAMPLES_COLUMN]
+    columns: dict[str, list[Any]] = {c: [] for c in names}
+    comm = []
     for rec in records:
         row, by_coll = _flatten(rec, warnings)
-        rows.append(row)
+        for c in names:
+            columns[c].append(row.get(c))
         comm.append(by_coll)
-    df = pd.DataFrame(rows, columns=[*SCALAR_COLUMNS, SAMPLES_COLUMN])
+    df = pd.DataFrame({c: pd.Series(columns.pop(c), dtype=object) for c in names}, columns=names)
     for col in NUMERIC_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in set(SCALAR_COLUMNS) - set(NUMERIC_COLUMNS) - {"variant"}:
@@ -214,9 +240,10 @@ def collective_columns(df: pd.DataFrame) -> list[str]:
 
 
 def load_frame(*dirs: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """Every record under `dirs` (recursively) as a frame; unreadable/partial/unknown-schema files → warnings."""
-    records, warnings = load_records(*dirs)
-    df, more = records_frame(records)
+    """Every record under `dirs` (recursively) as a frame, read one at a time (harness.results.fastload);
+    unreadable/partial/unknown-schema files → warnings (first), then the frame's own warnings."""
+    warnings: list[str] = []
+    df, more = records_frame(iter_records(*dirs, warnings=warnings))
     return df, warnings + more
 
 
@@ -270,14 +297,35 @@ def cell_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return sort_cells(cells), warnings  # NOTE: keeps the frame's index, so rows map back to records
 
 
-def best_per_model_gpus(cells: pd.DataFrame) -> pd.DataFrame:
-    """Fastest cell per (model, GPU count) among status ok with a tokens/s/GPU, + the best other strategy.
+def _runs_by_cell(frame: pd.DataFrame | None) -> dict[tuple, list[float]] | None:
+    """CELL_KEYS → tokens/s/GPU of every ok record of that cell (all its runs), from the whole frame."""
+    if frame is None:
+        return None
+    ok = frame[(frame["status"] == "ok") & frame["tokens_per_s_per_gpu"].notna()]
+    ok = ok.dropna(subset=["model", "strategy", "precision", "gpus"])
+    return {key: g.astype(float).tolist() for key, g in ok.groupby(list(CELL_KEYS), sort=False)["tokens_per_s_per_gpu"]}
+
+
+def _runs(runs: dict[tuple, list[float]] | None, row: pd.Series) -> list[float]:
+    if runs is None:
+        return [float(row["tokens_per_s_per_gpu"])]
+    return runs.get(tuple(row[k] for k in CELL_KEYS), [float(row["tokens_per_s_per_gpu"])])
+
+
+def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Fastest cell per (model, GPU count) among status ok with a tokens/s/GPU, + the best other strategy,
+    and whether the lead is more than noise (harness.report.leader: the per-step samples, and every run of both
+    cells in `frame` — one row per record — when a cell was measured more than once).
 
     Columns: model, gpus, strategy, precision, variant, tokens_per_s_per_gpu, mfu, runner_up,
-    runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), n_ok, n_cells.
+    runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), distinguishable (bool; NaN
+    without a runner-up), p_value (the larger p of the tests made), verdict (text), n_ok, n_cells.
     Groups where nothing ran ok have strategy None.
     """
+    from harness.report.leader import leader_verdict
+
     out = []
+    runs = _runs_by_cell(frame)
     ran = cells[(cells["status"] == "ok") & cells["tokens_per_s_per_gpu"].notna()]
     for (model, gpus), group in cells.groupby(["model", "gpus"], sort=False):
         ok = ran[(ran["model"] == model) & (ran["gpus"] == gpus)]
@@ -291,12 +339,17 @@ def best_per_model_gpus(cells: pd.DataFrame) -> pd.DataFrame:
                        tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"], mfu=best["mfu"])
             if len(others):
                 ru = others.iloc[0]
+                v = leader_verdict(leader_tps=best["tokens_per_s_per_gpu"], leader_samples=best[SAMPLES_COLUMN],
+                                   runner_tps=ru["tokens_per_s_per_gpu"], runner_samples=ru[SAMPLES_COLUMN],
+                                   leader_runs=_runs(runs, best), runner_runs=_runs(runs, ru))
                 row.update(runner_up=ru["strategy"], runner_up_precision=ru["precision"],
                            runner_up_tokens_per_s_per_gpu=ru["tokens_per_s_per_gpu"],
-                           margin=best["tokens_per_s_per_gpu"] / ru["tokens_per_s_per_gpu"] - 1.0)
+                           margin=best["tokens_per_s_per_gpu"] / ru["tokens_per_s_per_gpu"] - 1.0,
+                           distinguishable=v.distinguishable, p_value=v.p, verdict=v.text())
         out.append(row)
     cols = ["model", "gpus", "strategy", "precision", "variant", "tokens_per_s_per_gpu", "mfu", "runner_up",
-            "runner_up_precision", "runner_up_tokens_per_s_per_gpu", "margin", "n_ok", "n_cells", "statuses"]
+            "runner_up_precision", "runner_up_tokens_per_s_per_gpu", "margin", "distinguishable", "p_value",
+            "verdict", "n_ok", "n_cells", "statuses"]
     return pd.DataFrame(out, columns=cols)
 
 

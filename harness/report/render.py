@@ -10,14 +10,16 @@ from __future__ import annotations
 import base64
 import html
 import math
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness.core import markdown as md
 from harness.report.figures import Figure
+from harness.report.frame import MEMORY_RSS
 
 NA = "n/a"
 ABSENT = "—"
@@ -81,7 +83,7 @@ class Column:
 CELL_METRICS: tuple[Column, ...] = (
     Column("tokens_per_s_per_gpu", "tok/s/GPU", fmt_tokens),
     Column("mfu", "MFU", fmt_pct),
-    Column("step_time_p50_s", "step p50 (ms)", fmt_ms),
+    Column("step_time_median_s", "step median (ms)", fmt_ms),
     Column("step_time_p90_s", "step p90 (ms)", fmt_ms),
     Column("peak_memory_allocated_gib", "mem alloc (GiB)", fmt_gib),
     Column("peak_memory_reserved_gib", "mem reserved (GiB)", fmt_gib),
@@ -90,6 +92,40 @@ CELL_METRICS: tuple[Column, ...] = (
     Column("comm_bytes_per_step", "collective bytes/step", fmt_bytes),
     Column("status", "status", fmt_text),
 )
+"""the model tables' columns for cells measured on a device (CUDA)"""
+RSS_COLUMN = Column("peak_rss_gib", "peak RSS, CPU process (GiB)", fmt_gib)
+"""replaces the four device-memory columns for cells that ran on CPU: their peak_memory_allocated_gib is the
+process's peak RSS, not tensor memory, so it is neither "mem alloc" nor comparable with the planner's
+"mem predicted"."""
+_DEVICE_MEMORY_KEYS = ("peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib",
+                       "device_memory_gib")
+
+
+def cell_columns(cells: pd.DataFrame) -> tuple[Column, ...]:
+    """CELL_METRICS, with the device-memory columns only when some cell was measured on a device and the
+    RSS column (after them) only when some cell ran on CPU."""
+    rss = (cells["memory_measure"] == MEMORY_RSS).to_numpy()
+    has_device = not rss.all()
+    out = []
+    for c in CELL_METRICS:
+        if c.key in _DEVICE_MEMORY_KEYS and not has_device:
+            continue
+        out.append(c)
+        if c.key == "device_memory_gib" or (c.key == "step_time_p90_s" and not has_device):
+            if rss.any():
+                out.append(RSS_COLUMN)
+    return tuple(out)
+
+
+def cell_value(r: dict[str, Any], key: str) -> Any:
+    """A model-table value: a CPU cell's memory shows under RSS_COLUMN only; its predicted memory (tensor
+    bytes) is left out beside a measured RSS (table.csv has it)."""
+    rss = r.get("memory_measure") == MEMORY_RSS
+    if key == RSS_COLUMN.key:
+        return r["peak_memory_allocated_gib"] if rss else None
+    if rss and key in _DEVICE_MEMORY_KEYS:
+        return None
+    return r[key]
 
 
 def _row_keys(cells: pd.DataFrame) -> list[str]:
@@ -101,13 +137,31 @@ def _short(text: Any, limit: int, *, one_line: bool = True) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def _best_keys(best: pd.DataFrame) -> set[tuple]:
-    ok = best.dropna(subset=["strategy"])
-    return set(zip(ok["model"], ok["gpus"], ok["strategy"], ok["precision"], ok["variant"]))
+STAR = "★"
+TIE = "≈"
+"""the fastest cell's mark in the model tables: STAR when it is faster than the next strategy beyond noise (or
+there is no other strategy), TIE when the two are not distinguishable (harness.report.leader)"""
 
 
-def _is_best(rec: Any, best_keys: set[tuple]) -> bool:
-    return (rec["model"], rec["gpus"], rec["strategy"], rec["precision"], rec["variant"]) in best_keys
+def _tied(b: dict[str, Any]) -> bool:
+    return b.get("distinguishable") is False or b.get("distinguishable") == 0
+
+
+def _best_keys(best: pd.DataFrame) -> dict[tuple, tuple[str, str]]:
+    """(model, gpus, strategy, precision, variant) of each fastest cell → (mark, hover text)."""
+    marks = {}
+    for b in best.dropna(subset=["strategy"]).to_dict("records"):
+        key = (b["model"], b["gpus"], b["strategy"], b["precision"], b["variant"])
+        if _tied(b):
+            marks[key] = (TIE, f"fastest, but not distinguishable from {b['runner_up']} · "
+                               f"{b['runner_up_precision']} ({b['verdict']})")
+        else:
+            marks[key] = (STAR, "best strategy for this model and GPU count")
+    return marks
+
+
+def _best_mark(rec: Any, best_keys: dict[tuple, tuple[str, str]]) -> tuple[str, str] | None:
+    return best_keys.get((rec["model"], rec["gpus"], rec["strategy"], rec["precision"], rec["variant"]))
 
 
 def _gpus_label(g: float) -> str:
@@ -126,8 +180,11 @@ def _best_rows(best: pd.DataFrame, *, with_variant: bool) -> list[list[str]]:
                         + [NA, NA, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"])
             continue
         ru = ABSENT if _null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
-        margin = ABSENT if _null(b["margin"]) else f"+{100 * b['margin']:.1f}%"
-        rows.append([b["model"], fmt_int(b["gpus"]), b["strategy"], b["precision"]]
+        margin = ABSENT if _null(b["margin"]) else f"+{100 * b['margin']:.1f}% ({b['verdict']})"
+        strategy = b["strategy"]
+        if _tied(b):  # NOTE: never crown noise: the leader and the runner-up share the row's first column
+            strategy, margin = f"{b['strategy']} {TIE} {b['runner_up']}", f"{TIE} {margin}"
+        rows.append([b["model"], fmt_int(b["gpus"]), strategy, b["precision"]]
                     + ([b["variant"] or ABSENT] if with_variant else [])
                     + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin,
                        f"{b['n_ok']} of {b['n_cells']}"])
@@ -185,13 +242,19 @@ DEFINITIONS = (
     "tok/s/GPU: trained tokens per second divided by the GPU count (metrics.tokens_per_s_per_gpu).",
     "MFU: model FLOPs per second per GPU as a share of the device's dense peak FLOPS for the precision; "
     "n/a when the record has no value (the reason is in the MFU figure and in table.csv, mfu_null_reason).",
-    "step p50/p90: median and 90th percentile of the measured step times, warm-up steps excluded.",
+    "step median/p90: median and 90th percentile of the measured step times, warm-up steps excluded.",
     "mem alloc / reserved: peak memory allocated by tensors / reserved by the caching allocator, per GPU, "
     "after warm-up; predicted: the planner's estimate; capacity: env.device_memory_gib. GiB = 2^30 bytes.",
+    "peak RSS, CPU process: on CPU the record's peak memory is the worker process's peak resident set size "
+    "(interpreter, torch and every buffer), not tensor memory; it is shown apart and never beside the planner's "
+    "prediction, which counts tensor bytes only (table.csv has both; its memory_measure column says which).",
     "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
     "binary units (KiB = 2^10 bytes).",
     "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations; "
-    "the lead is over the fastest other strategy.",
+    "the lead is over the fastest other strategy, with the p-value of a two-sided Mann–Whitney U test on the "
+    "per-step tokens/s/GPU of the two cells (and on every run's tokens/s/GPU when a cell was measured more "
+    "than once). p ≥ 0.05 in either test: the two are not distinguishable, shown 'a ≈ b' and marked ≈ instead "
+    "of ★ in the model tables.",
     "Scaling efficiency: tok/s/GPU at N GPUs divided by tok/s/GPU at the smallest GPU count where that "
     "strategy and precision ran ok.",
     "n/a: the record has no value (null); —: the cell is not in the results.",
@@ -199,17 +262,6 @@ DEFINITIONS = (
 
 
 # --- Markdown ---------------------------------------------------------------------------------------------
-
-def _md_escape(s: str) -> str:
-    return str(s).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
-
-
-def _md_table(header: list[str], rows: list[list[str]], *, right: set[int] = frozenset()) -> str:
-    lines = ["| " + " | ".join(_md_escape(h) for h in header) + " |",
-             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
 
 def markdown(ctx: dict[str, Any]) -> str:
     """report.md; without the per-model tables when it would not fit GitHub's 1 MiB step-summary limit."""
@@ -224,17 +276,17 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
     with_variant = "variant" in _row_keys(cells)
     best_keys = _best_keys(best)
     out = [f"# Benchmark report: {ctx['name']}", ""]
-    out += [f"- **{k}**: {_md_escape(v)}" for k, v in _summary_items(ctx)] + [""]
+    out += [f"- **{k}**: {md.escape(v)}" for k, v in _summary_items(ctx)] + [""]
     warnings = ctx["warnings"]
     if warnings:
         out += [f"## Warnings ({len(warnings)})", ""]
-        out += [f"- {_md_escape(_short(w, 400))}" for w in warnings[:MAX_MD_WARNINGS]]
+        out += [f"- {md.escape(_short(w, 400))}" for w in warnings[:MAX_MD_WARNINGS]]
         if len(warnings) > MAX_MD_WARNINGS:
             out.append(f"- … {len(warnings) - MAX_MD_WARNINGS} more (all are in index.html)")
         out.append("")
     out += ["## Best strategy per model and GPU count", ""]
-    out += [_md_table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
-                      right={1, 4 + with_variant, 5 + with_variant}), ""]
+    out += [md.table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
+                     right={1, 4 + with_variant, 5 + with_variant}), ""]
     label_cols = _row_keys(cells)
     if not per_model:
         out += ["## Per-model tables", "", f"Left out here: this page would exceed {MAX_MD_BYTES // 2**10} KiB "
@@ -244,27 +296,29 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
         for gpus, g in mcells.groupby("gpus", sort=False):
             out += [f"### {model} · {_gpus_label(gpus)}", ""]
             rows = []
+            columns = cell_columns(g)
             for r in g.to_dict("records"):
-                vals = [c.fmt(r[c.key]) for c in CELL_METRICS]
-                if _is_best(r, best_keys):
-                    vals[0] = f"**{vals[0]}** ★"
+                vals = [c.fmt(cell_value(r, c.key)) for c in columns]
+                mark = _best_mark(r, best_keys)
+                if mark:
+                    vals[0] = f"**{vals[0]}** {mark[0]}"
                 if r["status"] != "ok":
                     vals[-1] = f"**{r['status']}**"
                 rows.append([r[k] or ABSENT for k in label_cols] + vals)
-            header = [{"variant": "configuration"}.get(k, k) for k in label_cols] + [c.label for c in CELL_METRICS]
-            out += [_md_table(header, rows, right=set(range(len(label_cols), len(header) - 1))), ""]
+            header = [{"variant": "configuration"}.get(k, k) for k in label_cols] + [c.label for c in columns]
+            out += [md.table(header, rows, right=set(range(len(label_cols), len(header) - 1))), ""]
     out += ["## Figures", "", "PNG files next to this report (index.html has them inline):", ""]
     for f in figures:
         if f.png is None:
-            out.append(f"- **{f.title}**: not drawn. {_md_escape(f.note)}")
+            out.append(f"- **{f.title}**: not drawn. {md.escape(f.note)}")
         else:
-            note = f" {_md_escape(f.note)}" if f.note else ""
-            out.append(f"- [{f.title}]({f.name}.png): {_md_escape(f.caption)}{note}")
+            note = f" {md.escape(f.note)}" if f.note else ""
+            out.append(f"- [{f.title}]({f.name}.png): {md.escape(f.caption)}{note}")
     out.append("")
     failed = _failed_rows(cells, reason_limit=MAX_REASON_MD)
     out += [f"## Failed and skipped cells ({len(failed)})", ""]
     if failed:
-        out.append(_md_table(list(FAILED_COLUMNS), failed[:MAX_MD_FAILED_ROWS], right={4, 6}))
+        out.append(md.table(list(FAILED_COLUMNS), failed[:MAX_MD_FAILED_ROWS], right={4, 6}))
         if len(failed) > MAX_MD_FAILED_ROWS:
             out.append(f"\n… {len(failed) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
     else:
@@ -272,7 +326,7 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
     noted = _noted_rows(cells, reason_limit=MAX_REASON_MD)
     if noted:
         out += ["", f"## Notes on ok cells ({len(noted)})", "",
-                _md_table(list(NOTED_COLUMNS), noted[:MAX_MD_FAILED_ROWS], right={4})]
+                md.table(list(NOTED_COLUMNS), noted[:MAX_MD_FAILED_ROWS], right={4})]
         if len(noted) > MAX_MD_FAILED_ROWS:
             out.append(f"\n… {len(noted) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
     out += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS] + [""]
@@ -289,12 +343,13 @@ table { border-collapse: collapse; margin: 8px 0 16px; font-size: 12.5px; }
 th, td { border: 1px solid #d0d0d0; padding: 3px 6px; vertical-align: top; }
 th { background: #f1f1f1; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.na { color: #888; } td.best { background: #e4f1fa; font-weight: 700; }
+td.na { color: #888; } td.best { background: #e4f1fa; font-weight: 700; } td.tie { background: #f4f4f4; }
 td.bad { color: #a33d00; font-weight: 600; } td.reason { max-width: 560px; white-space: pre-wrap;
   font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 11.5px; }
 th.group { text-align: center; background: #e6e6e6; } .scroll { overflow-x: auto; }
 table.cells .lbl { position: sticky; left: 0; background: #fff; white-space: nowrap; z-index: 1; }
-table.cells th.lbl { background: #f1f1f1; }
+table.cells th.lbl { background: #f1f1f1; } table.cells th.m, table.cells th.rss { font-size: 11.5px;
+  font-weight: 600; padding: 3px 4px; } table.cells td.num { padding: 3px 4px; }
 dl.summary { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; }
 dl.summary dt { font-weight: 600; } dl.summary dd { margin: 0; }
 figure { margin: 16px 0 28px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
@@ -302,13 +357,21 @@ figcaption { font-size: 13px; color: #333; max-width: 1100px; } .note { color: #
 ul.warnings li { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
 """
 
-# Counts the figures the browser actually decoded (the Chromium test reads these from the DOM).
+# Counts the figures the browser actually decoded and measures the widest model table (the Chromium test reads
+# these from the DOM).
 _SCRIPT = """
 window.addEventListener("load", function () {
   var imgs = Array.prototype.slice.call(document.images);
   document.body.dataset.imagesLoaded = String(imgs.filter(function (i) {
     return i.complete && i.naturalWidth > 0; }).length);
   document.body.dataset.imagesTotal = String(imgs.length);
+  var widths = Array.prototype.map.call(document.querySelectorAll("table.cells"), function (t) {
+    return Math.ceil(t.getBoundingClientRect().width); });
+  document.body.dataset.widestModelTable = String(widths.length ? Math.max.apply(null, widths) : 0);
+  document.body.dataset.viewportWidth = String(document.documentElement.clientWidth);
+  document.body.dataset.modelTablesScrolling = String(Array.prototype.filter.call(
+    document.querySelectorAll("div.scroll"), function (d) {
+      return d.querySelector("table.cells") && d.scrollWidth > d.clientWidth; }).length);
 });
 """
 
@@ -335,14 +398,17 @@ def _html_simple_table(header: list[str], rows: list[list[str]], *, num: set[int
     return "\n".join(out)
 
 
-def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: set[tuple]) -> str:
+def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: dict[tuple, tuple[str, str]]) -> str:
     """Rows strategy · precision (· configuration), a column group per GPU count; the label column is sticky
-    so it stays in view when the table scrolls sideways."""
+    so it stays in view when the table scrolls sideways, and the headers wrap so the table fits a 1400 px
+    window with two GPU counts."""
     gpus = sorted(mcells["gpus"].unique())
+    columns = cell_columns(mcells)
     label = " · ".join({"variant": "configuration"}.get(k, k) for k in label_cols)
     head1 = f'<th class="lbl" rowspan="2">{_e(label)}</th>' + "".join(
-        f'<th class="group" colspan="{len(CELL_METRICS)}">{_e(_gpus_label(g))}</th>' for g in gpus)
-    head2 = "".join(f"<th>{_e(c.label)}</th>" for c in CELL_METRICS) * len(gpus)
+        f'<th class="group" colspan="{len(columns)}">{_e(_gpus_label(g))}</th>' for g in gpus)
+    head2 = "".join(f'<th class="{"rss" if c is RSS_COLUMN else "m"}">{_e(c.label).replace("/", "/<wbr>")}</th>'
+                    for c in columns) * len(gpus)
     out = ['<div class="scroll"><table class="cells"><thead>', f"<tr>{head1}</tr>", f"<tr>{head2}</tr>",
            "</thead><tbody>"]
     by_cell = {(r["strategy"], r["precision"], r["variant"], r["gpus"]): r for r in mcells.to_dict("records")}
@@ -352,16 +418,17 @@ def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: se
         for g in gpus:
             r = by_cell.get((s, p, v, g))
             if r is None:
-                tds += [_td(ABSENT, cls="na")] * len(CELL_METRICS)
+                tds += [_td(ABSENT, cls="na")] * len(columns)
                 continue
-            best = _is_best(r, best_keys)
-            for c in CELL_METRICS:
-                text = c.fmt(r[c.key])
+            mark = _best_mark(r, best_keys)
+            for c in columns:
+                text = c.fmt(cell_value(r, c.key))
                 if c.key == "status":
                     bad = r["status"] != "ok"
                     tds.append(_td(text, cls="bad" if bad else "", title=fmt_text(r["reason"]) if bad else ""))
-                elif c.key == "tokens_per_s_per_gpu" and best:
-                    tds.append(_td(text + " ★", cls="num best", title="best strategy for this model and GPU count"))
+                elif c.key == "tokens_per_s_per_gpu" and mark:
+                    tds.append(_td(f"{text} {mark[0]}", cls="num best" if mark[0] == STAR else "num tie",
+                                   title=mark[1]))
                 elif c.key == "mfu" and text == NA and isinstance(r["mfu_null_reason"], str):
                     tds.append(_td(text, cls="num", title=r["mfu_null_reason"]))
                 else:

@@ -1,24 +1,7 @@
 """The record contract: one JSON record per cell, written atomically; loading records back.
 
-Record contract v1 (later versions add fields, never rename these):
-
-    schema_version   int, 1
-    run_id           str, digest of the spec (harness.scenario.schema.RunSpec.run_id)
-    sweep            str, scenario name
-    cluster          str, cluster profile name
-    status           ok | oom | timeout | error | nan | crashed | cancelled | skipped
-    reason           str | null, why the status is not ok (or a note)
-    failed_rank      int | null
-    spec             {model, model_config, strategy, precision, world_size, nodes, gpus_per_node,
-                      micro_batch, seq_len, grad_accum, warmup_steps, measure_steps, ...}
-    metrics          {step_time_s: {median, p10, p90, mean, samples}, tokens_per_s, tokens_per_s_per_gpu,
-                      tflops_per_gpu, mfu, peak_memory_allocated_gib, peak_memory_reserved_gib,
-                      loss, losses, n_params, flops_per_step, compile_s, startup_s,
-                      dynamo: {frames, graphs, graph_breaks, frames_in_measured_steps},
-                      null_reasons: {metric: why it is null}}
-    env              {torch, cuda, nccl, deepspeed, python, device_type, device_name, backend, hostnames,
-                      harness_git_sha, slurm_job_id, ...}
-    started_at, finished_at   ISO-8601 UTC
+Record contract v1 (later versions add fields, never rename these): harness.results.schema.Record, with every
+field's type and unit; the README's "Record contract" table documents the same fields (a test holds them equal).
 """
 
 from __future__ import annotations
@@ -27,11 +10,13 @@ import datetime as _dt
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, cast
 
-SCHEMA_VERSION = 1
+from harness.results.schema import Record, Spec, Status
+
+SCHEMA_VERSION: Final = 1
 STATUSES = ("ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped")
 GIB = 2**30
 
@@ -78,8 +63,8 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
-def new_record(*, spec: dict[str, Any], run_id: str, sweep: str, cluster: str, status: str,
-               reason: str | None = None, failed_rank: int | None = None) -> dict[str, Any]:
+def new_record(*, spec: Spec, run_id: str, sweep: str, cluster: str, status: Status,
+               reason: str | None = None, failed_rank: int | None = None) -> Record:
     """A record skeleton: statuses other than ok carry a reason; metrics stay empty until measured."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
@@ -111,14 +96,16 @@ def sanitize(obj: Any) -> Any:
     return obj
 
 
-def write_record(results: str | Path, record: dict[str, Any]) -> Path:
+def write_record(results: str | Path, record: Mapping[str, Any]) -> Path:
+    """Write a record (harness.results.schema.Record) atomically to its path under `results`; NaN/inf → null."""
     path = record_path(results, record["sweep"], record["run_id"])
     atomic_write_json(path, sanitize(record))
     return path
 
 
-def read_record(path: str | Path) -> dict[str, Any]:
-    """Parse one record; ValueError (with the reason) when it is not a readable v1 record."""
+def read_record(path: str | Path) -> Record:
+    """Parse one record; ValueError (with the reason) when it is not a readable v1 record. Checked here:
+    schema_version, run_id, status, spec; the other fields are as the type says, not checked."""
     try:
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as e:
@@ -135,7 +122,7 @@ def read_record(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"missing keys: {', '.join(missing)}")
     if rec["status"] not in STATUSES:
         raise ValueError(f"status {rec['status']!r} is not one of {', '.join(STATUSES)}")
-    return rec
+    return cast(Record, rec)  # NOTE: only the keys above are checked; the rest is trusted to be as Record says
 
 
 def iter_record_files(*dirs: str | Path) -> Iterator[Path]:
@@ -151,7 +138,7 @@ def iter_record_files(*dirs: str | Path) -> Iterator[Path]:
             yield p
 
 
-def load_records(*dirs: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+def load_records(*dirs: str | Path) -> tuple[list[Record], list[str]]:
     """(records, warnings): every readable record; each unreadable/partial/unknown-schema file is a warning."""
     records, warnings = [], []
     for p in iter_record_files(*dirs):
@@ -163,3 +150,9 @@ def load_records(*dirs: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
         rec.setdefault("_path", str(p))
         records.append(rec)
     return records, warnings
+
+
+def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
+    """Where the ranks of a cell write their failure fragments (`rank<k>.json`): the worker writes them, the
+    launchers read them to compose the record rank 0 could not write. Hidden from load_records (a dot folder)."""
+    return sweep_dir(results, sweep) / ".fragments" / run_id

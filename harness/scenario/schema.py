@@ -18,25 +18,16 @@ from typing import Any
 
 import yaml
 
+from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 
-STRATEGIES: tuple[str, ...] = (
-    "ddp",
-    "fsdp.full_shard",
-    "fsdp.shard_grad_op",
-    "fsdp.no_shard",
-    "fsdp.hybrid_shard",
-    "fsdp.hybrid_shard_zero2",
-    "fsdp2.full_shard",
-    "fsdp2.hybrid_shard",
-    "zero1",
-    "zero2",
-    "zero3",
-)
-HYBRID_STRATEGIES = frozenset({"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"})
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+# NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
+# here because every stage validates against them through this module
+STRATEGIES: tuple[str, ...] = catalogue.STRATEGIES
+HYBRID_STRATEGIES: frozenset[str] = catalogue.HYBRID_STRATEGIES
+PRECISIONS: tuple[str, ...] = catalogue.PRECISIONS
+OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
 AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
 """activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
 recompute the rest of each block: norms, RoPE, SiLU, products)"""
@@ -162,36 +153,33 @@ class RunSpec:
     def unsupported_reason(self, device: str | None = None) -> str | None:
         """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
 
-        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device.
+        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device. The rules
+        for every strategy are here; what one strategy supports is its harness.core.catalogue entry.
         """
         s = self.settings
         if s.inject is not None and s.inject.get("rank", 0) >= self.world_size:
             return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.world_size}"
-        if self.strategy in HYBRID_STRATEGIES:
+        entry = catalogue.CATALOGUE.get(self.strategy)
+        if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
+            return None
+        if entry.mesh == catalogue.HYBRID:
             if self.world_size % self.gpus_per_node:
                 return (f"{self.strategy} needs world_size divisible by gpus_per_node "
                         f"({self.world_size} % {self.gpus_per_node} != 0)")
             if self.nodes < 2:
                 return (f"{self.strategy} shards inside a node and replicates across nodes; world {self.world_size} "
                         f"with {self.gpus_per_node} GPUs per node is a single node")
+        if self.precision not in entry.precisions:
+            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
         if s.offload != "none":
-            if self.strategy == "ddp":
-                return "ddp has no CPU offload"
-            if self.strategy.startswith("fsdp2"):
-                return f"{self.strategy}: CPU offload is not part of this harness's FSDP2 cells"
-            if self.strategy.startswith("zero") and self.strategy != "zero3" and s.offload == "optimizer+params":
-                return f"{self.strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
-            if self.strategy.startswith("fsdp.") and s.offload == "optimizer":
-                return f"{self.strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
-        if self.strategy == "zero3" and s.compile and s.checkpointing:
-            # NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's
-            # per-module hooks, whose guards (sub_module.ds_id, pre_bwd_fn) fail on every module: each call
-            # recompiles until the limit, then runs eagerly; steps took 5 s instead of 0.08 s
-            return ("zero3 with compile and activation checkpointing: ZeRO-3's per-module gather hooks inside a "
-                    "checkpointed block make torch.compile recompile on every call")
-        if device == "cpu" and self.precision == "fp16" and self.strategy.startswith("zero"):
-            return "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"
-        return None
+            why = entry.offload_refusal(s.offload)
+            if why is not None:
+                return why
+        if s.compile:
+            why = entry.compile_refusal(checkpointing=s.checkpointing)
+            if why is not None:
+                return why
+        return entry.device_refusal(device, self.precision)
 
 
 @dataclass(frozen=True)

@@ -1,38 +1,32 @@
 """The per-rank benchmark: init the process group, build + wrap the model, warm up, time each step.
 
-Launched one process per rank, either by submitit (`submitit_entry`, sweeps) or by the foreground
-launcher (`python -m harness.worker.runner PAYLOAD.json` with torchrun-style RANK/WORLD_SIZE/... variables).
-Rank 0 writes the cell's record; a rank that fails writes a fragment (status, traceback) that the
-dispatcher turns into the record when rank 0 could not.
+`run` is one rank of one cell, started by harness.launch.entry (one process per rank, however the launcher started
+it; a rank forked from a local sweep's warm interpreter is told so, and records it as env.prefork). Rank 0 writes
+the cell's record; a rank that fails writes a fragment (status, traceback) that the launcher turns into the record
+when rank 0 could not. The worker knows nothing of the launch stage: it reads its payload, measures and writes.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
-import math
 import os
-import random
 import socket
-import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.launch.local import prefork
+from harness.plan.memory import flops_per_step as model_flops_per_step
+from harness.plan.memory import hardware_flops_per_step
+from harness.results.store import atomic_write_json, fragment_dir, new_record, sanitize, write_record
 from harness.scenario.cluster import find_peak
-from harness.worker.meters import dynamo as dynamo_meter
-from harness.plan.memory import flops_per_step as model_flops_per_step, hardware_flops_per_step
-from harness.results.store import atomic_write_json, new_record, sanitize, sweep_dir, write_record
 from harness.scenario.schema import RunSpec
+from harness.worker.meters import dynamo as dynamo_meter
 
-# NOTE: torch and the strategies are imported inside run(): the submitit driver unpickles this module
-# in every task, and `import harness.worker.runner` must stay cheap for it.
-
-
-def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
-    return sweep_dir(results, sweep) / ".fragments" / run_id
+# NOTE: torch and the strategies are imported inside run() and its phases: the submitit driver unpickles the entry
+# point (harness.launch.entry, which imports this module) in every task, and `import harness.worker.runner` must
+# stay cheap for it.
 
 
 def node_name() -> str:
@@ -106,8 +100,11 @@ def _is_slurm_time_limit(e: BaseException) -> bool:
 
 
 def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
-        master_port: int) -> dict | None:
-    """Run one cell on this rank. Returns the record on rank 0 (also written to disk), else None."""
+        master_port: int, forked: bool = False) -> dict | None:
+    """Run one cell on this rank. Returns the record on rank 0 (also written to disk), else None.
+
+    `forked`: this rank was forked from the sweep's warm interpreter (harness.launch.local.prefork) instead of
+    started cold; recorded as env.prefork."""
     t_entry = time.time()
     cluster = payload["cluster"]
     for k, v in cluster.get("env", {}).items():
@@ -118,184 +115,308 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-    from harness.worker import env as envmod
-    from harness.worker.faults import FaultInjector
-    from harness.worker.meters.comm import CommMeter
-    from harness.worker.meters.memory import MemoryMeter
-    from harness.worker.meters.timing import summarize, synchronize, time_steps
-    from harness.worker.models import synthetic_batch
-    from harness.worker.strategies import family
-    from harness.worker.strategies.base import Topology
-
     spec = RunSpec.from_dict(payload["spec"])
     s = spec.settings
     if spec.world_size != world_size:
         raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.world_size} cell")
-    record = new_record(spec=spec.to_dict(), run_id=payload["run_id"], sweep=payload["sweep"],
-                        cluster=cluster["name"], status="ok")
-    record["attempt"] = payload.get("attempt")
-    record["started_at"] = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
-    if payload.get("predicted") is not None:
-        record["predicted"] = payload["predicted"]
+    record = _ok_record(payload, spec=spec, t_entry=t_entry)
 
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
         # local rank beyond the GPUs there are, a rendezvous that fails) writes a fragment saying so, instead of
         # leaving the cell "crashed" with no reason
-        if cluster["device"] == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
-                                   f"is False here (torch {torch.__version__}, host {node_name()})")
-            device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
-            torch.cuda.set_device(device)
-            backend = "nccl"
-        else:
-            device = torch.device("cpu")
-            backend = "gloo"
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
-        timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
-        # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
-        # from these module globals, not from the world group: set them so the watchdog covers every group.
-        import torch.distributed.distributed_c10d as c10d
-
-        c10d.default_pg_timeout = timeout
-        c10d.default_pg_nccl_timeout = timeout
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=device if backend == "nccl" else None)
-        # NOTE: the dispatcher records unsupported cells as `skipped` without launching them; reaching
-        # here with one is a launcher bug, so it fails loudly instead of measuring something else
-        unsupported = spec.unsupported_reason(device.type)
-        if unsupported:
-            raise RuntimeError(f"launched an unsupported cell: {unsupported}")
-        topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
-                        gpus_per_node=spec.gpus_per_node, device=device)
-        torch.manual_seed(s.seed)
-        trainer = family(spec.strategy).setup(spec, topo=topo)
-        batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
-                                   seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
+        device, backend = _join_process_group(cluster, rank=rank, world_size=world_size, local_rank=local_rank,
+                                              master_addr=master_addr, master_port=master_port)
+        trainer, batches = _build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank,
+                                          device=device)
         t_ready = time.time()
-        step = _step_fn(trainer, batches, FaultInjector(s.inject, rank=rank, device=device))
-        warm_times, warm_losses = time_steps(step, n=s.warmup_steps, device=device)
-        meter = MemoryMeter(device)
-        dist.barrier()
-        meter.reset()
-        dynamo_warm = dynamo_meter.snapshot()
-        times, losses = time_steps(step, n=s.measure_steps, device=device)
-        mem = meter.read()
-        dynamo = dynamo_meter.snapshot()
-        # NOTE: collectives are counted (and timed one by one) over one more step after the timed ones, as
-        # steady as they were: the timed steps never run the meter. (Not the last warmup step: DDP broadcasts
-        # its rebuilt bucket order in step 2.) Its loss is not among the recorded losses.
-        comm = CommMeter(timed=True, device=device).install()
-        with comm.measure():
-            counted_times, _ = time_steps(step, n=1, device=device)
-        comm.uninstall()
-        comm_summary = comm.summary(steps=1, gpus_per_node=spec.gpus_per_node)
-        comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 1
-        comm_summary["counted_step_time_s"] = counted_times[0]
-
-        # ---- aggregation over ranks (outside the timed region) ----
-        local = torch.stack([l.float().reshape(()) for l in warm_losses + losses]).to(device)
-        per_rank = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(per_rank, local)
-        per_rank_losses = torch.stack(per_rank).cpu()  # (rank, step)
-        all_losses = per_rank_losses.double().mean(0).tolist()
-        step_times = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
-        # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
-        # recompilation on any rank stalls every rank's step)
-        peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0,
-                              dynamo["frames"] - dynamo_warm["frames"]], dtype=torch.float64, device=device)
-        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-        hosts: list[str | None] = [None] * world_size
-        dist.all_gather_object(hosts, node_name())
+        step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
+        warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
+        timed = _timed_steps(step, n=s.measure_steps, device=device)
+        comm_summary = _counted_comm_step(step, spec=spec, device=device)
+        ranks = _aggregate_over_ranks(warm_losses + timed.losses, timed=timed, world_size=world_size,
+                                      device=device)
         if rank != 0:
             return None
-
-        env = envmod.capture(device.type)
-        env["prefork"] = prefork.FORKED  # forked from the sweep's warm interpreter, not started cold
-        if getattr(trainer, "config", None) is not None:
-            env["deepspeed_config"] = trainer.config
-        env.update(backend=backend, hostnames=sorted(set(hosts)), harness_git_sha=payload.get("git_sha"))
-        if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
-            env.update(slurm_job_id=payload["job_id"],
-                       slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-        samples = step_times.tolist()
-        summary = summarize(samples)
-        tokens = spec.tokens_per_step
-        flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
-        tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
-        null_reasons = dict(mem["null_reasons"])
-        mfu, hfu, peak_tflops = utilisation(spec, tflops_per_gpu, device_type=device.type,
-                                            device_name=env["device_name"], allow_tf32=env["allow_tf32"],
-                                            null_reasons=null_reasons)
-        start = _process_start_time()
-        if s.compile:
-            # the first step traces and compiles; what it took beyond a steady step is the compile cost
-            compile_s = max(0.0, warm_times[0] - summary["median"])
-        else:
-            compile_s = None
-            null_reasons["compile_s"] = "compile is off for this cell"
-        record["metrics"] = {
-            "step_time_s": summary,
-            "tokens_per_s": tokens / summary["median"],
-            "tokens_per_s_per_gpu": tokens / summary["median"] / world_size,
-            "tflops_per_gpu": tflops_per_gpu,
-            "mfu": mfu,
-            "hfu": hfu,
-            "mfu_peak_tflops": peak_tflops,
-            "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
-            "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
-            "alloc_retries": mem["alloc_retries"],
-            "loss": all_losses[-1],
-            "losses": all_losses,
-            "n_params": spec.model_config.n_params(),
-            "flops_per_step": flops_per_step,
-            "tokens_per_step": tokens,
-            "setup_s": t_ready - t_entry,
-            "warmup_step_times_s": warm_times,
-            "compile_s": compile_s,
-            "startup_s": None if start is None else t_ready - start,
-            "dynamo": dict(dynamo, frames_in_measured_steps=int(peaks[2])),
-            "null_reasons": null_reasons,
-        }
-        if peaks[2] > 0:
-            record["reason"] = (f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
-                                "(recompilation): those steps' times include compile time; raise warmup_steps "
-                                "or look for the changing guard with TORCH_LOGS=recompiles")
-        if start is None:
-            null_reasons["startup_s"] = "process start time unavailable (/proc/self/stat)"
-        bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
-        if bad:
-            bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
-            record.update(status="nan", failed_rank=bad_rank,
-                          reason=f"loss is not finite at step {first + 1} "
-                                 f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}")
-        record["comm"] = comm_summary
-        predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
-        if predicted_comm:
-            record["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
-        record["env"] = env
-        record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        _complete_record(record, payload=payload, spec=spec, trainer=trainer, device=device, backend=backend,
+                         forked=forked, t_entry=t_entry, t_ready=t_ready, warm_times=warm_times, timed=timed,
+                         ranks=ranks, comm_summary=comm_summary)
         write_record(payload["results"], record)
         return record
     except BaseException as e:
-        status = "oom" if _is_oom(e) else "timeout" if _is_slurm_time_limit(e) else "error"
-        extra = {"traceback": traceback.format_exc(limit=30)}
-        if status == "oom":
-            if torch.cuda.is_available():
-                extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
-                extra["memory_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
-            else:
-                from harness.worker.meters.memory import rss_bytes
-
-                extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
-        write_fragment(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
+        _write_failure(payload, rank, e)
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+# the phases of run(), in order
+
+
+def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> dict:
+    """The record this rank fills in if the cell ends ok (only rank 0's is written)."""
+    record = new_record(spec=spec.to_dict(), run_id=payload["run_id"], sweep=payload["sweep"],
+                        cluster=payload["cluster"]["name"], status="ok")
+    record["attempt"] = payload.get("attempt")
+    record["started_at"] = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
+    if payload.get("predicted") is not None:
+        record["predicted"] = payload["predicted"]
+    return record
+
+
+def _join_process_group(cluster: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
+                        master_port: int) -> tuple[Any, str]:
+    """(device, backend): this rank's device (cuda:<index> or cpu), set as current, and the world process group
+    joined (nccl on CUDA, gloo on CPU) with the cluster's watchdog timeout on every group made later too."""
+    import torch
+    import torch.distributed as dist
+
+    if cluster["device"] == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
+                               f"is False here (torch {torch.__version__}, host {node_name()})")
+        device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
+    # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
+    # from these module globals, not from the world group: set them so the watchdog covers every group.
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device if backend == "nccl" else None)
+    return device, backend
+
+
+def _build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:
+    """(trainer, micro-batches): the cell's model wrapped by its strategy, and this rank's synthetic batch of each
+    micro step (the same every step)."""
+    import torch
+
+    from harness.worker.models import synthetic_batch
+    from harness.worker.strategies import family
+    from harness.worker.strategies.base import Topology
+
+    s = spec.settings
+    # NOTE: the dispatcher records unsupported cells as `skipped` without launching them; reaching
+    # here with one is a launcher bug, so it fails loudly instead of measuring something else
+    unsupported = spec.unsupported_reason(device.type)
+    if unsupported:
+        raise RuntimeError(f"launched an unsupported cell: {unsupported}")
+    topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
+                    gpus_per_node=spec.gpus_per_node, device=device)
+    torch.manual_seed(s.seed)
+    trainer = family(spec.strategy).setup(spec, topo=topo)
+    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
+                               seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
+    return trainer, batches
+
+
+def _fault_injector(inject: dict | None, *, rank: int, device: Any) -> Any:
+    from harness.worker.faults import FaultInjector
+
+    return FaultInjector(inject, rank=rank, device=device)
+
+
+def _warm_up(step, *, n: int, device: Any) -> tuple[list[float], list]:
+    """(times, losses) of the warmup steps: not measured, but kept (compile time, losses)."""
+    from harness.worker.meters.timing import time_steps
+
+    return time_steps(step, n=n, device=device)
+
+
+@dataclass
+class _Timed:
+    """This rank's measured steps: their times (s) and losses, its memory peaks over them, and dynamo's counters
+    before and after them."""
+
+    times: list[float]
+    losses: list
+    mem: dict
+    dynamo_warm: dict
+    dynamo: dict
+
+
+def _timed_steps(step, *, n: int, device: Any) -> _Timed:
+    """The measured steps, after a barrier and a reset of the memory peaks."""
+    import torch.distributed as dist
+
+    from harness.worker.meters.memory import MemoryMeter
+    from harness.worker.meters.timing import time_steps
+
+    meter = MemoryMeter(device)
+    dist.barrier()
+    meter.reset()
+    dynamo_warm = dynamo_meter.snapshot()
+    times, losses = time_steps(step, n=n, device=device)
+    mem = meter.read()
+    dynamo = dynamo_meter.snapshot()
+    return _Timed(times=times, losses=losses, mem=mem, dynamo_warm=dynamo_warm, dynamo=dynamo)
+
+
+def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
+    """The comm summary of one more step, with every collective counted and timed."""
+    from harness.worker.meters.comm import CommMeter
+    from harness.worker.meters.timing import time_steps
+
+    s = spec.settings
+    # NOTE: collectives are counted (and timed one by one) over one more step after the timed ones, as
+    # steady as they were: the timed steps never run the meter. (Not the last warmup step: DDP broadcasts
+    # its rebuilt bucket order in step 2.) Its loss is not among the recorded losses.
+    comm = CommMeter(timed=True, device=device).install()
+    with comm.measure():
+        counted_times, _ = time_steps(step, n=1, device=device)
+    comm.uninstall()
+    comm_summary = comm.summary(steps=1, gpus_per_node=spec.gpus_per_node)
+    comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 1
+    comm_summary["counted_step_time_s"] = counted_times[0]
+    return comm_summary
+
+
+@dataclass
+class _OverRanks:
+    """What every rank measured, combined (outside the timed region)."""
+
+    per_rank_losses: Any
+    """tensor (rank, step) of every warmup and measured step's loss"""
+    losses: list[float]
+    """each step's loss, the mean over ranks"""
+    step_times: Any
+    """tensor of each measured step's time (s), the max over ranks: a step ends when its slowest rank ends"""
+    peaks: Any
+    """tensor [peak allocated GiB, peak reserved GiB, frames dynamo compiled in the measured steps], max over
+    ranks (-1: not measured)"""
+    hosts: list[str | None]
+
+
+def _aggregate_over_ranks(step_losses: list, *, timed: _Timed, world_size: int, device: Any) -> _OverRanks:
+    import torch
+    import torch.distributed as dist
+
+    local = torch.stack([loss.float().reshape(()) for loss in step_losses]).to(device)
+    per_rank = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(per_rank, local)
+    per_rank_losses = torch.stack(per_rank).cpu()  # (rank, step)
+    all_losses = per_rank_losses.double().mean(0).tolist()
+    step_times = torch.tensor(timed.times, dtype=torch.float64, device=device)
+    dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
+    # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
+    # recompilation on any rank stalls every rank's step)
+    mem = timed.mem
+    peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0,
+                          timed.dynamo["frames"] - timed.dynamo_warm["frames"]], dtype=torch.float64, device=device)
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    hosts: list[str | None] = [None] * world_size
+    dist.all_gather_object(hosts, node_name())
+    return _OverRanks(per_rank_losses=per_rank_losses, losses=all_losses, step_times=step_times, peaks=peaks,
+                      hosts=hosts)
+
+
+def _complete_record(record: dict, *, payload: dict[str, Any], spec: RunSpec, trainer: Any, device: Any,
+                     backend: str, forked: bool, t_entry: float, t_ready: float, warm_times: list[float],
+                     timed: _Timed, ranks: _OverRanks, comm_summary: dict) -> None:
+    """Rank 0: the record's env, metrics, comm and status (nan when a loss is not finite), from what the ranks
+    measured."""
+    import torch
+
+    from harness.worker import env as envmod
+    from harness.worker.meters.timing import summarize
+
+    s = spec.settings
+    world_size = spec.world_size
+    mem, dynamo, peaks, per_rank_losses = timed.mem, timed.dynamo, ranks.peaks, ranks.per_rank_losses
+    env = envmod.capture(device.type)
+    env["prefork"] = forked  # forked from the sweep's warm interpreter, not started cold
+    if getattr(trainer, "config", None) is not None:
+        env["deepspeed_config"] = trainer.config
+    env.update(backend=backend, hostnames=sorted(set(ranks.hosts)), harness_git_sha=payload.get("git_sha"))
+    if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
+        env.update(slurm_job_id=payload["job_id"],
+                   slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+    samples = ranks.step_times.tolist()
+    summary = summarize(samples)
+    tokens = spec.tokens_per_step
+    flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
+    tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
+    null_reasons = dict(mem["null_reasons"])
+    mfu, hfu, peak_tflops = utilisation(spec, tflops_per_gpu, device_type=device.type,
+                                        device_name=env["device_name"], allow_tf32=env["allow_tf32"],
+                                        null_reasons=null_reasons)
+    start = _process_start_time()
+    if s.compile:
+        # the first step traces and compiles; what it took beyond a steady step is the compile cost
+        compile_s = max(0.0, warm_times[0] - summary["median"])
+    else:
+        compile_s = None
+        null_reasons["compile_s"] = "compile is off for this cell"
+    record["metrics"] = {
+        "step_time_s": summary,
+        "tokens_per_s": tokens / summary["median"],
+        "tokens_per_s_per_gpu": tokens / summary["median"] / world_size,
+        "tflops_per_gpu": tflops_per_gpu,
+        "mfu": mfu,
+        "hfu": hfu,
+        "mfu_peak_tflops": peak_tflops,
+        "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
+        "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
+        "alloc_retries": mem["alloc_retries"],
+        "loss": ranks.losses[-1],
+        "losses": ranks.losses,
+        "n_params": spec.model_config.n_params(),
+        "flops_per_step": flops_per_step,
+        "tokens_per_step": tokens,
+        "setup_s": t_ready - t_entry,
+        "warmup_step_times_s": warm_times,
+        "compile_s": compile_s,
+        "startup_s": None if start is None else t_ready - start,
+        "dynamo": dict(dynamo, frames_in_measured_steps=int(peaks[2])),
+        "null_reasons": null_reasons,
+    }
+    if peaks[2] > 0:
+        record["reason"] = (f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
+                            "(recompilation): those steps' times include compile time; raise warmup_steps "
+                            "or look for the changing guard with TORCH_LOGS=recompiles")
+    if start is None:
+        null_reasons["startup_s"] = "process start time unavailable (/proc/self/stat)"
+    bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
+    if bad:
+        bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
+        record.update(status="nan", failed_rank=bad_rank,
+                      reason=f"loss is not finite at step {first + 1} "
+                             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}")
+    record["comm"] = comm_summary
+    predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
+    if predicted_comm:
+        record["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
+    record["env"] = env
+    record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_failure(payload: dict[str, Any], rank: int, e: BaseException) -> None:
+    """This rank's fragment for the exception that ends it (oom, a SLURM time limit, or error), with its traceback
+    and, for an oom, the memory in use."""
+    import torch
+
+    status = "oom" if _is_oom(e) else "timeout" if _is_slurm_time_limit(e) else "error"
+    extra = {"traceback": traceback.format_exc(limit=30)}
+    if status == "oom":
+        if torch.cuda.is_available():
+            extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+            extra["memory_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+        else:
+            from harness.worker.meters.memory import rss_bytes
+
+            extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
+    write_fragment(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
 
 
 def _step_fn(trainer, batches, injector):
@@ -311,60 +432,3 @@ def _step_fn(trainer, batches, injector):
         return trainer.step(batches)
 
     return step
-
-
-def _forget_earlier_run(payload: dict, job_env: Any) -> None:
-    """A requeued SLURM job runs again with the same payload: this rank's fragment and submitit result file from
-    the run that was interrupted (requeue, preemption) must not be taken for this run's."""
-    if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
-        rank = job_env.global_rank
-        (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json").unlink(
-            missing_ok=True)
-        job_env.paths.result_pickle.unlink(missing_ok=True)
-
-
-def submitit_entry(payload: dict[str, Any]) -> None:
-    """Entry point of every submitit task: rank and rendezvous come from submitit's job environment."""
-    import submitit
-
-    job_env = submitit.JobEnvironment()
-    port = payload.get("master_port")
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        payload = dict(payload, job_id=job_env.job_id)
-        _forget_earlier_run(payload, job_env)
-    if port is None:
-        # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
-        # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
-        port = random.Random(job_env.job_id).randint(20000, 60000)
-    rank = dict(rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
-                master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
-                master_port=int(port))
-    code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
-    if code is None:
-        run(payload, **rank)
-    elif code < 0:
-        prefork.exit_like(code)  # died of a signal: so does this task, as the rank itself would have
-    elif code > 0:
-        raise RuntimeError(f"rank {job_env.global_rank} exited with code {code} (its fragment and log say why)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.worker.runner PAYLOAD.json` under torchrun-style environment variables."""
-    argv = sys.argv[1:] if argv is None else argv
-    payload = json.loads(Path(argv[0]).read_text())
-    rank = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
-                master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
-    code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
-    if code is not None:
-        prefork.exit_like(code)
-    try:
-        run(payload, **rank)
-    except BaseException:  # noqa: BLE001 - the fragment has the details; the exit code tells the launcher
-        traceback.print_exc()
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -46,7 +46,9 @@ def test_forked_ranks_measure_what_cold_ranks_measure(strategy, zygote, results,
     assert (warm["status"], cold["status"]) == ("ok", "ok"), (warm.get("reason"), cold.get("reason"))
     assert (warm["env"]["prefork"], cold["env"]["prefork"]) == (True, False)
     assert warm["metrics"]["losses"] == cold["metrics"]["losses"]  # bit for bit: same process state, same math
-    counts = lambda rec: {k: (v["calls"], v["bytes"], v["dtype"]) for k, v in rec["comm"]["by_collective"].items()}
+    def counts(rec: dict) -> dict:
+        return {k: (v["calls"], v["bytes"], v["dtype"]) for k, v in rec["comm"]["by_collective"].items()}
+
     assert counts(warm) == counts(cold) and warm["comm"]["bytes_per_step"] > 0
     assert warm["spec"] == cold["spec"] and warm["run_id"] == cold["run_id"]
     assert _children_gone(zygote)
@@ -79,8 +81,8 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
     import subprocess
     import sys
 
+    from harness.launch.core.payload import make_payload
     from harness.scenario.cluster import load_cluster
-    from harness.launch.sweep import make_payload
 
     spec = make_spec(strategy="ddp", warmup_steps=2, measure_steps=2, inject={"fault": "hang", "rank": 0, "step": 1})
     payload = make_payload(spec, sweep="t", cluster=load_cluster("local"), results=results, sha=None, predicted=None)
@@ -91,7 +93,7 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
         results.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"]), WORLD_SIZE="2")
-        stubs = [subprocess.Popen([sys.executable, "-m", "harness.worker.runner", str(path)], env=dict(env, RANK=str(r)),
+        stubs = [subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(path)], env=dict(env, RANK=str(r)),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
         z = psutil.Process(zpid)
         deadline = time.time() + 120

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.launch.slurm.pack import cell_started
 from harness.results.store import load_records
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
-from harness.launch.slurm.pack import cell_started
 
 pytestmark = pytest.mark.slurm
 
@@ -65,7 +65,7 @@ def sweeps(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
         with (tmp / f"{name}.log").open("w") as out:
             procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
-        for name, proc in procs.items():
+        for proc in procs.values():
             proc.wait(timeout=max(1.0, SWEEPS_TIMEOUT_S - (time.perf_counter() - t0)))
     except subprocess.TimeoutExpired:
         pytest.fail(f"the sweeps took over {SWEEPS_TIMEOUT_S} s:\n" + "\n".join(
@@ -147,7 +147,7 @@ def test_a_crash_and_a_hang_in_a_pack_are_recorded_and_the_pack_goes_on(sweeps):
     assert "sbatch: error:" in refused["reason"]
     # no rank outlived its cell (the pack's tasks may still be exiting: the sweep does not wait for them)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    assert not [line for line in ps if "harness.worker.runner" in line and any(r in line for r in faults["records"])]
+    assert not [line for line in ps if "harness.launch.entry" in line and any(r in line for r in faults["records"])]
 
 
 # ---- detached, status, cancelled, picked up --------------------------------------------------------------------

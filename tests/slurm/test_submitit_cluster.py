@@ -164,8 +164,8 @@ def wait_done(jobs: dict[str, submitit.Job], t0: float) -> dict[str, float]:
 def submitit_parameters(cluster, *, nodes: int) -> dict:
     """A cluster profile's `slurm:` block as AutoExecutor parameters: the translation the dispatch owns
     (harness.launch.slurm.jobs.executor_parameters), for a cell of `nodes` full nodes and the default time limit."""
-    from harness.scenario.schema import Settings
     from harness.launch.slurm.jobs import executor_parameters, job_minutes
+    from harness.scenario.schema import Settings
 
     return executor_parameters(cluster, nodes=nodes, tasks_per_node=cluster.gpus_per_node,
                                timeout_min=job_minutes(Settings().time_limit_s, cluster.slurm))

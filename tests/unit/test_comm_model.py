@@ -8,10 +8,12 @@ import dataclasses
 
 import pytest
 
+from harness.plan import predict as planner
 from harness.plan.comm import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets, ds_ipg_buckets,
-                                fsdp1_flat_numel, fsdp2_padded_numel, predict_comm, unsupported_reason,
+                                fsdp1_flat_numel, fsdp2_padded_numel, no_comm_model_reason, predict_comm,
                                 zero3_module_trace, zero3_sub_groups, zero3_trace, Zero3Config)
 from harness.core.zoo import ZOO, ModelConfig, Param, parameters
+from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
 
 TINY_P = ZOO["tiny"].n_params()  # 166208
@@ -60,9 +62,6 @@ def test_output_contract():
 
 
 def test_planner_fills_predicted_comm():
-    planner = pytest.importorskip("harness.plan.predict")
-    from harness.scenario.cluster import load_cluster
-
     s = spec("fsdp.full_shard", "bf16")
     assert planner.predict(s, load_cluster("local"))["comm_bytes_per_step"] == predict_comm(s)["comm_bytes_per_step"]
 
@@ -336,7 +335,7 @@ def test_zero3_module_trace_shape():
 def test_unmodelled_combinations_return_none_with_a_reason():
     for s in (spec("zero2", offload="optimizer"), spec("zero3", offload="optimizer+params"),
               spec("fsdp.hybrid_shard", gpus=2, gpus_per_node=1), spec("fsdp.hybrid_shard", gpus=2)):
-        assert predict_comm(s) is None and unsupported_reason(s)
+        assert predict_comm(s) is None and no_comm_model_reason(s)
     assert predict_comm(spec("zero1", "fp16")) is not None  # fp16 DeepSpeed runs on GPUs
     # FSDP1 CPU offload: same collectives (not measurable on this machine)
     assert total("fsdp.full_shard", offload="optimizer+params") == total("fsdp.full_shard")

@@ -7,6 +7,8 @@ Records are synthetic because a real sweep needs minutes of multi-process runs; 
 from __future__ import annotations
 
 import json
+import math
+import random
 import statistics
 from pathlib import Path
 
@@ -14,21 +16,21 @@ import pytest
 import yaml
 
 from harness.cli import main
-from harness.core.errors import InputError
-from harness.compare.compare import (
+from harness.compare.comparison import (
     IMPROVEMENT,
     INSUFFICIENT,
     NA,
     NOT_SIGNIFICANT,
     REGRESSION,
     UNCHANGED,
-    compare,
-    mann_whitney_p,
-    promote_baseline,
 )
+from harness.compare.judge import compare
+from harness.compare.promote import promote_baseline
+from harness.compare.stats import mann_whitney_p
+from harness.core.errors import InputError
+from harness.core.zoo import ZOO
 from harness.results.store import load_records, write_record
 from harness.scenario.schema import RunSpec, Settings, load_scenario
-from harness.core.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 TIGHT = [0.1000, 0.1010, 0.0990, 0.1005, 0.0995, 0.1002, 0.0998]  # 7 samples, ~1% spread
@@ -442,6 +444,18 @@ def test_markdown_contains_a_table(tmp_path, capsys):
     assert "<details><summary>All 45 metric comparisons</summary>" in md  # 5 ok cells x 9 metrics
 
 
+def test_markdown_keeps_a_multi_line_reason_on_its_list_item(tmp_path, capsys):
+    """A reason with a traceback's line breaks, a pipe, a backslash and <...> stays one escaped list item
+    (harness.core.markdown.escape, shared with report.md); the plain-text table keeps it as written."""
+    reason = "killed | at <step> 3\r\nTraceback: C:\\dir & more"
+    cand = cells(**{"zero2/fp32": {"status": "timeout", "reason": reason}})
+    assert run_pair(tmp_path, cells(), cand, "--format", "md") == 1
+    md = capsys.readouterr().out
+    assert "- tiny zero2 fp32 g2: ok → timeout (killed \\| at &lt;step> 3 Traceback: C:\\\\dir &amp; more)\n" in md
+    assert run_cli(tmp_path / "base", tmp_path / "cand") == 1
+    assert f"tiny zero2 fp32 g2: ok → timeout ({reason})" in capsys.readouterr().out
+
+
 def test_json_format_round_trips(tmp_path, capsys):
     assert run_pair(tmp_path, cells(), cells(), "--format", "json") == 0
     d = json.loads(capsys.readouterr().out)
@@ -502,9 +516,9 @@ def test_promote_force_bootstraps_a_missing_baseline(tmp_path, capsys):
 
 
 def test_promote_without_atomic_exchange_falls_back_to_renames(tmp_path, monkeypatch):
-    import harness.compare.compare as hc
+    import harness.compare.promote as hp
 
-    monkeypatch.setattr(hc, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(hp, "_exchange", lambda a, b: False)
     write_set(tmp_path / "base", [make_record(micro_batch=8)])
     recs = [make_record(), make_record(strategy="zero2")]
     promote_baseline(recs, tmp_path / "base")
@@ -548,7 +562,7 @@ def test_nightly_workflow_runs_make_nightly_and_feeds_the_step_summary():
 
 def test_metric_selection_exact_only(tmp_path):
     """`--metric exact` (the project's CI): a 50% slower step is not judged, one more byte is."""
-    from harness.compare.compare import compare, select_metrics
+    from harness.compare.metrics import select_metrics
 
     assert {m.name for m in select_metrics(["exact"])} == {
         "comm.bytes_per_step", "predicted.memory_gib.total", "predicted.comm_bytes_per_step"}
@@ -560,3 +574,167 @@ def test_metric_selection_exact_only(tmp_path):
     assert [r.metric for _, r in compare([base], [more], metrics=["exact"]).regressions] == ["comm.bytes_per_step"]
     with pytest.raises(InputError, match="'bytes' is not one of"):
         select_metrics(["bytes"])
+
+
+# ------------------------------------------------------------------------------------------------- pinned outputs
+# `harness compare` was made fast over big result sets (issue 21: records indexed as they load, one batched test,
+# a faster JSON writer); its outputs must not change by a byte. The digests below are those of the code before
+# that work, on a small seeded pair of sets with every verdict, cell state and warning.
+
+
+def pinned_sets() -> tuple[list[dict], list[dict]]:
+    """(baseline, candidate) records: 12 cells, each with one kind of change, plus an added cell near the
+    missing one, reruns of the first (one finished in the same second as it: the later read wins) and another
+    torch beside a regression."""
+    rng = random.Random(21)
+
+    def samples(n: int, scale: float = 1.0, spread: float = 0.03) -> list[float]:
+        # rounded to 4 digits so that some samples tie
+        return [round(0.1 * scale * rng.uniform(1 - spread, 1 + spread), 4) for _ in range(n)]
+
+    kinds = ["same", "slower", "faster", "noisy", "few", "memory", "bytes", "failing", "fixed", "still",
+             "missing", "null"]
+    grid = [(s, p, g) for s in ("ddp", "fsdp.full_shard", "zero2") for p in ("fp32", "bf16") for g in (2, 4)]
+    base, cand = [], []
+    for kind, (strategy, precision, gpus) in zip(kinds, grid):
+        n = {"few": 4, "slower": 12}.get(kind, 7)
+        cell = {"strategy": strategy, "precision": precision, "world_size": gpus}
+        xs = samples(n)
+        ys = {"slower": samples(n, 1.15), "faster": samples(n, 0.85), "noisy": samples(n, 1.1, 0.4),
+              "few": samples(n, 1.3)}.get(kind, samples(n))
+        b = make_record(**cell, samples=xs, status="error" if kind in ("fixed", "still") else "ok",
+                        reason="NCCL timeout" if kind in ("fixed", "still") else None)
+        c = make_record(**cell, samples=ys, peak_alloc=1.2 if kind == "memory" else 1.0,
+                        comm_bytes=1_182_209 if kind == "bytes" else 1_182_208, mfu=kind != "null",
+                        status={"failing": "oom", "still": "timeout"}.get(kind, "ok"),
+                        reason={"failing": "CUDA out of memory\nrank 1", "still": "900 s"}.get(kind))
+        base.append(b)
+        if kind != "missing":
+            cand.append(c)
+    cand.append(make_record(strategy="zero2", precision="bf16", micro_batch=4))  # added, near the missing cell
+    cand.append({**make_record(samples=samples(7, 1.5)), "sweep": "rerun", "finished_at": "2026-11-28T00:00:00+00:00"})
+    cand.append({**make_record(samples=samples(7, 1.5)), "sweep": "rerun-same-second"})
+    cand[1] = {**cand[1], "env": {**cand[1]["env"], "torch": "2.14.0+cpu"}}
+    return base, cand
+
+
+PINNED_RUNS = {
+    "table": (), "md": ("--format", "md"), "json": ("--format", "json"), "all": ("--all",),
+    "all-md": ("--all", "--format", "md"), "smaller": ("--format", "github-benchmark", "--direction", "smaller"),
+    "bigger": ("--format", "github-benchmark", "--direction", "bigger"), "exact": ("--metric", "exact"),
+    "missing": ("--fail-on-missing", "--min-samples", "3", "--threshold", "0.2", "--threshold", "mfu=0.01"),
+}
+PINNED = {  # computed by the code before issue 21's work (see pinned_outputs)
+    "table": "3331788f5c4c47a8", "md": "28672ecb0f4fd5fd", "json": "90b73c51531923bd", "all": "3357aed71eb6a9a3",
+    "all-md": "cf717406fcfadb61", "smaller": "fc489f374a909780", "bigger": "0f1f12e3a908981f",
+    "exact": "4887a54f2b48679a", "missing": "3535afff50f3550c", "od": "3331788f5c4c47a8",
+    "od/benchmark-bigger.json": "54d443d7e853cb55", "od/benchmark-smaller.json": "cdc39c0b5993ee41",
+    "od/compare.json": "7d2bbcb15cafcc58", "od/compare.md": "031654cbb2d48a15", "od/compare.txt": "0d9562dff623a983",
+}
+
+
+def pinned_outputs(root: Path) -> dict[str, str]:
+    """sha256 (16 hex digits) of exit code, stdout and stderr of each PINNED_RUNS run, and of each --output-dir
+    file, with `root` as the working directory (paths in the output are relative)."""
+    import contextlib
+    import hashlib
+    import io
+    import os
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    base, cand = pinned_sets()
+    write_set(root / "base", base)
+    write_set(root / "cand", cand)
+    (root / "cand" / "nightly" / "torn.json").write_text('{"schema_version": 1, "run_id": "x", "sta')
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        out = {}
+        for name, args in [*PINNED_RUNS.items(), ("od", ("--output-dir", "od"))]:
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                code = run_cli("base", "cand", *args)
+            out[name] = digest(f"{code}\n{stdout.getvalue()}\n{stderr.getvalue()}")
+        out.update({f"od/{p.name}": digest(p.read_text()) for p in sorted(Path("od").iterdir())})
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def test_outputs_are_byte_for_byte_those_before_the_speed_work(tmp_path):
+    import gc
+
+    got = pinned_outputs(tmp_path)
+    assert gc.isenabled()  # the command pauses the collector and turns it back on
+    assert got == PINNED
+
+
+def test_batched_mann_whitney_is_scipy_bit_for_bit():
+    """mann_whitney_ps (numpy, every pair at once) against scipy's mannwhitneyu pair by pair: exact and normal
+    approximation, ties, all-equal samples, one-sample sides, infinities."""
+    from harness.compare.stats import mann_whitney_ps
+
+    rng = random.Random(5)
+    pairs = []
+    for _ in range(800):
+        nx, ny = rng.choice([1, 2, 3, 5, 8, 9, 20, 33]), rng.choice([1, 4, 7, 9, 20])
+        r = rng.random()
+        if r < 0.3:
+            values = [rng.choice([0.1, 0.2, 0.25, 0.3]) for _ in range(nx + ny)]
+        elif r < 0.35:
+            values = [1.0] * (nx + ny)
+        elif r < 0.4:
+            values = [rng.choice([1.0, math.inf, 2.5]) for _ in range(nx + ny)]
+        else:
+            scale = rng.uniform(0.01, 10)
+            values = [scale * rng.uniform(0.9, 1.2) for _ in range(nx + ny)]
+        pairs.append((values[:nx], values[nx:]))
+    assert mann_whitney_ps(pairs) == [mann_whitney_p(xs, ys) for xs, ys in pairs]
+    assert mann_whitney_ps([]) == []
+
+
+def test_json_writer_is_json_dumps_indent_2():
+    """compare.json's writer against json.dumps(indent=2, allow_nan=False, default=...): every JSON type, str,
+    int and float subclasses, non-str keys, empty containers, escapes, an object only `default` can write."""
+    from harness.compare.render import dumps_json
+
+    class Big(int):
+        pass
+
+    class Half(float):
+        pass
+
+    doc = {"a": [1, 2.5, -0.0, 1e16, 1e-05, True, False, None, "x→“y”\n\t\\\""], "": {}, "l": [], "t": (1, [2, {}]),
+           3: "int key", 2.5: "float key", True: "bool key", None: "none key", "sub": [Big(7), Half(0.5)],
+           "p": Path("/x/y"), "nested": {"deeper": {"deepest": [[], [[]], {"k": [None]}]}}}
+    assert dumps_json(doc, default=str) == json.dumps(doc, indent=2, allow_nan=False, default=str)
+    plain = {k: v for k, v in doc.items() if k != "p"}
+    assert dumps_json(plain) == json.dumps(plain, indent=2, allow_nan=False)
+    with pytest.raises(TypeError, match="Object of type PosixPath is not JSON serializable"):
+        dumps_json(doc)
+    for bad in (math.nan, [math.inf], {"k": -math.inf}):
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            dumps_json(bad)
+
+
+def test_side_index_keeps_only_the_chosen_record_and_words_reruns_as_before():
+    from harness.compare.match import SideIndex, index_by_spec
+
+    first = make_record(finished_at="2026-11-29T01:00:00+00:00")
+    same_second = {**make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00"), "_path": "b.json"}
+    older = {**make_record(samples=scaled(2.0), finished_at="2026-11-28T01:00:00+00:00"), "_path": "c.json"}
+    odd = {**make_record(), "spec": ["not", "a", "mapping"], "_path": "d.json"}
+    index = SideIndex(side="candidate").add_all([first, same_second, older, odd])
+    assert index.records == 4 and len(index.chosen) == 1
+    (chosen,) = index.chosen.values()
+    assert chosen["_path"] == "b.json"  # of equal finish times, the last one read
+    assert index.warnings() == [
+        "d.json: candidate: 'spec' is not a mapping; record skipped",
+        f"candidate: 3 records for one spec; using the one finished last (b.json), ignoring c.json, "
+        f"{first['run_id']}"]
+    notes: list[str] = []
+    assert index_by_spec([first, same_second, older, odd], side="candidate", ignore=(), warnings_out=notes) == {
+        next(iter(index.chosen)): chosen}
+    assert notes == index.warnings()

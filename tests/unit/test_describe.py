@@ -1,10 +1,10 @@
-"""The sweep's one line per cell (dispatch.describe): headline numbers, and an ok cell's note beside them."""
+"""The sweep's one line per cell (launch.core.outcome.describe): headline numbers, and an ok cell's note beside them."""
 
 from __future__ import annotations
 
 import json
 
-from harness.launch.sweep import describe
+from harness.launch.core.outcome import describe
 from tests.conftest import REPO
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from harness.cli import main
+from harness.launch.local.launchers import local_executor_parameters, local_gpus
 from harness.scenario.cluster import load_cluster
-from harness.launch.sweep import local_executor_parameters, local_gpus
 
 
 def test_the_users_cuda_visible_devices_are_the_gpus_the_tasks_get(monkeypatch):

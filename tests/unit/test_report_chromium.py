@@ -92,3 +92,49 @@ def test_every_figure_decodes_in_the_browser(chromium, report, tmp_path):
     assert attrs.get("data-images-total") == str(n_figures)
     assert attrs.get("data-images-loaded") == str(n_figures), attrs
     assert "Failed and skipped cells (3)" in proc.stdout
+
+
+def _body_attrs(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    body = re.search(r"<body[^>]*>", proc.stdout)
+    assert body, f"no <body> in the dumped DOM; chromium said:\n{proc.stderr[-2000:]}"
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(0)))
+
+
+def test_model_tables_fit_a_1400px_window(chromium, report, tmp_path):
+    """Two GPU counts × every column: the page's script measures each model table's scroll box."""
+    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom",
+                report["paths"]["html"].resolve().as_uri())
+    attrs = _body_attrs(proc)
+    assert attrs.get("data-model-tables-scrolling") == "0", attrs
+    assert int(attrs["data-widest-model-table"]) <= int(attrs["data-viewport-width"])
+
+
+SMOKE = Path(__file__).resolve().parents[2] / "baselines" / "smoke-local"
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    """The real smoke sweep on this CPU machine: memory is a process RSS and no cell has an MFU."""
+    if not any(SMOKE.rglob("*.json")):
+        pytest.skip("baselines/smoke-local has no records")
+    return build_report([SMOKE], out=tmp_path_factory.mktemp("cpu-report"))
+
+
+def test_cpu_report_shows_rss_uncertainty_and_tflops(chromium, cpu_report, tmp_path):
+    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom",
+                cpu_report["paths"]["html"].resolve().as_uri())
+    attrs = _body_attrs(proc)
+    assert attrs.get("data-images-loaded") == attrs.get("data-images-total") == "5", attrs
+    assert attrs.get("data-model-tables-scrolling") == "0", attrs
+    dom = proc.stdout
+    # the best table: a lead inside the noise is "a ≈ b", never a star
+    best = dom[dom.index('id="best"'): dom.index('id="model-tiny"')]
+    assert re.search(r"<td>[\w.]+ ≈ [\w.]+</td>", best) and "not distinguishable, p=" in best
+    assert "★" not in dom[dom.index('id="model-tiny"'): dom.index('id="figures"')]
+    # CPU memory is labelled as the process's RSS; no device-memory column, no prediction beside it
+    model = dom[dom.index('id="model-tiny"'): dom.index('id="figures"')]
+    assert "peak RSS, CPU process (GiB)" in model and "mem predicted" not in model and "mem alloc" not in model
+    # the heatmap falls back to TFLOPS and says why once
+    heat = re.search(r'<figure id="fig-mfu_heatmap">.*?</figure>', dom, re.S).group(0)
+    assert 'alt="Throughput heatmap (TFLOPS per GPU; no cell has an MFU)"' in heat
+    assert "No cell has an MFU value, so the heatmap shows the achieved TFLOPS per GPU." in heat

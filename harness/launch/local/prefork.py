@@ -7,11 +7,11 @@ every cell importing the same libraries (bench/bench_cell_overhead.py: ~3.5 s of
 
 What stays the same: every rank is still a new process, started for its cell and gone with it, with its own
 process group, and it runs exactly `harness.worker.runner.run` — the timed step is untouched. The launchers do not
-change either: they start a small *stub* per rank (the submitit task, or `python -m harness.worker.runner`), and the
-stub, finding `HARNESS_PREFORK` in its environment, asks the zygote to fork the rank instead of importing
-torch itself. The stub passes its stdout/stderr and a lifeline pipe, waits for the rank's exit status and
-exits with it (a signal as the same signal), so launchers, timeouts, FailureWatch and the crash/exit-code
-classification see what they saw before. If the stub dies (killed by a launcher, Ctrl-C), the lifeline
+change either: they start a small *stub* per rank (the submitit task's `harness.launch.entry.submitit_entry`, or
+`python -m harness.launch.entry`), and the stub, finding `HARNESS_PREFORK` in its environment, asks the zygote to
+fork the rank instead of importing torch itself. The stub passes its stdout/stderr and a lifeline pipe, waits for
+the rank's exit status and exits with it (a signal as the same signal), so launchers, timeouts, FailureWatch and the
+crash/exit-code classification see what they saw before. If the stub dies (killed by a launcher, Ctrl-C), the lifeline
 closes and the rank kills itself: no rank outlives its cell. Without a zygote (none started, or it cannot
 be reached) the stub runs the rank itself, as before.
 
@@ -40,16 +40,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.core.catalogue import FAMILY_MODULES
+
 SOCKET_ENV = "HARNESS_PREFORK"
 """`<host>:<pid>:<path>` of the zygote and its UNIX socket; set by `zygote()` for the launchers' children (a
 process on another host, e.g. a SLURM task that inherited the variable, ignores it)"""
 OFF_ENV = "HARNESS_NO_PREFORK"
 """set (to anything) to run every rank in a freshly started interpreter, as without a zygote"""
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "deepspeed", "harness.worker.runner", "harness.worker.strategies.ddp",
-           "harness.worker.strategies.fsdp", "harness.worker.strategies.fsdp2", "harness.worker.strategies.zero", "harness.worker.meters.comm",
-           "harness.worker.meters.memory", "harness.worker.meters.timing", "harness.worker.faults", "harness.worker.env")
-FORKED = False
-"""True in a rank forked by the zygote (recorded as env.prefork)"""
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "deepspeed", "harness.worker.runner", *FAMILY_MODULES,
+           "harness.worker.meters.comm", "harness.worker.meters.memory", "harness.worker.meters.timing",
+           "harness.worker.faults", "harness.worker.env")
 READY_TIMEOUT_S = 120.0
 """how long a stub waits for a zygote that is still importing before it runs the rank itself (s)"""
 
@@ -187,14 +187,11 @@ def _watch_lifeline(fd: int) -> None:
 def _run_rank(request: dict[str, Any]) -> int:
     import traceback
 
-    import harness.launch.local.prefork  # NOTE: the zygote runs as __main__: set the flag on the module the worker imports
-
-    harness.launch.local.prefork.FORKED = True
     from harness.worker.runner import run
 
     try:
-        run(request["payload"], **request["rank"])
-    except BaseException:  # noqa: BLE001 - as `python -m harness.worker.runner`: the fragment has the details
+        run(request["payload"], **request["rank"], forked=True)  # recorded as env.prefork
+    except BaseException:  # noqa: BLE001 - as `python -m harness.launch.entry`: the fragment has the details
         traceback.print_exc()
         return 1
     return 0
@@ -317,8 +314,8 @@ def zygote(env: dict[str, str] | None = None, *, label: str = "") -> Iterator[st
     child_env = dict(os.environ, **(env or {}))
     # NOTE: its own process group (a terminal's Ctrl-C is not for it), in this session (so that a rank can join
     # its stub's group)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []), env=child_env,
-                            stdin=subprocess.DEVNULL, process_group=0)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []),
+                            env=child_env, stdin=subprocess.DEVNULL, process_group=0)
     os.environ[SOCKET_ENV] = f"{socket.gethostname()}:{proc.pid}:{path}"
     try:
         yield os.environ[SOCKET_ENV]

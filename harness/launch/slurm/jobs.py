@@ -1,12 +1,16 @@
 """SLURM dispatch through submitit: one job per cell — nodes = ceil(world / gpus_per_node), one task per rank,
 rendezvous from submitit's job environment — submitted as job arrays of cells that ask for the same resources,
 then followed through sacct until it ends and turned into exactly one record. With `--pack`, cells asking for
-the same job shape share one job instead and run back to back in it (harness.launch.slurm.pack), each recorded as it ends.
+the same job shape share one job instead and run back to back in it (harness.launch.slurm.pack), each recorded as it
+ends.
 
 Owns: the executor built from a profile's `slurm:` block, the check that the cluster can take jobs, arrays,
 re-attaching to the jobs of an earlier sweep (detached with --no-wait, or a driver that died), SLURM states →
 cell states and record statuses, cancel. The submitit behaviour this relies on is verified on a real cluster in
 tests/slurm and listed in docs/slurm.md.
+
+Why a module of its own: everything here is SLURM's (sbatch, sacct, job arrays, requeues); what a cell's end means
+for its record is launch/core's, shared with the local launchers, and the sweep only hands cells over.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
-from harness.launch.sweep import Manifest, cell_state, describe, finalize, is_secondary, job_log_tail, read_fragments
 from harness.core.errors import InputError, Problem, did_you_mean
+from harness.launch.core.manifest import Manifest, cell_state
+from harness.launch.core.outcome import describe, finalize, is_secondary, job_log_tail, read_fragments
 from harness.results.store import atomic_write_json, write_record
+from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
 from harness.scenario.schema import RunSpec
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
@@ -49,8 +54,9 @@ SACCT_MIN_S, SACCT_MAX_S = 2.0, 30.0
 """sacct is polled every tenth of the time since the last change, within these bounds (s)"""
 STUCK_GRACE_S = 15.0
 """a rank failed (left a fragment) and the job is still running this long after: its other ranks are stuck (s)"""
-EXIT_GRACE_S = 60.0
-"""every task returned (result files) and the job is still running this long after: a rank hangs on its way out"""
+JOB_END_GRACE_S = 60.0
+"""how long the job may go on running after every task returned (result files) before the sweep cancels it: a rank
+hangs on its way out (s)"""
 UNKNOWN_GRACE_S = 120.0
 """a job sacct does not know for this long (state wiped, accounting off) is taken as ended (s)"""
 PREEMPTED_GRACE_S = 300.0
@@ -95,8 +101,9 @@ def preflight(cluster: Cluster) -> None:
                                   "edit the profile")])
 
 
-def unsupported_reason(spec: RunSpec) -> str | None:
-    """Why a cell cannot be one SLURM job, or None."""
+def slurm_refusal(spec: RunSpec) -> str | None:
+    """Why a cell cannot be one SLURM job, or None (on top of RunSpec.unsupported_reason, which says why a cell
+    cannot run at all on a device)."""
     if spec.world_size % spec.gpus_per_node:
         return (f"world_size {spec.world_size} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
                 "job runs the same number of tasks on each of its nodes")
@@ -150,14 +157,15 @@ class SlurmCell(submitit.helpers.Checkpointable):
     before the time limit) and the cell runs again from its start: a benchmark has no state worth keeping."""
 
     def __call__(self, payload: dict[str, Any]) -> None:
-        from harness.worker.runner import submitit_entry
+        from harness.launch.entry import submitit_entry
 
         submitit_entry(payload)
 
 
 class SlurmPack(submitit.helpers.Checkpointable):
     """What every task of a packed job runs (--pack): its rank of each cell, back to back, each in a fresh process
-    (harness.launch.slurm.pack). Checkpointable: a preempted pack is requeued and runs again the cells without a record."""
+    (harness.launch.slurm.pack). Checkpointable: a preempted pack is requeued and runs again the cells without a
+    record."""
 
     def __call__(self, cells: list[dict[str, Any]]) -> None:
         from harness.launch.slurm.pack import run_pack
@@ -226,7 +234,7 @@ def task_errors(job: Any, n_tasks: int) -> dict[int, str]:
 def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: int, job_id: str,
             stopped_stuck: bool) -> tuple[str, str] | None:
     """(status, reason) when SLURM's end of the job explains the cell's end (time limit, cancel, node failure),
-    else None: the ranks' fragments and errors decide (dispatch.classify)."""
+    else None: the ranks' fragments and errors decide (launch.core.outcome.classify)."""
     base = base_state(state)
     hit_limit = (base in ("TIMEOUT", "DEADLINE")
                  or any(f["status"] == "timeout" and TIMED_OUT in f["reason"] for f in frags)
@@ -253,7 +261,7 @@ def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: i
 def pack_verdict(state: str, *, started: bool, frags: list[dict], errors: dict[int, str], minutes: int,
                  job_id: str, position: int, of: int) -> tuple[str, str] | None:
     """(status, reason) of a packed cell left without a record when its pack's job ended, or None when a rank of
-    the cell failed first (its fragments decide: dispatch.classify). `started`: the cell had begun (task 0's
+    the cell failed first (its fragments decide: launch.core.outcome.classify). `started`: the cell had begun (task 0's
     marker); `errors` are the pack tasks' own (submitit's "timed-out" at the job's limit)."""
     base = base_state(state)
     where = ("while this cell ran" if started else "before this cell ran") + f" (cell {position} of {of})"
@@ -531,7 +539,7 @@ class SlurmSweep:
     def _stuck(cell: InFlight, now: float) -> str:
         """Why a running job should be cancelled rather than left to its time limit, or '': a rank failed and the
         job still runs STUCK_GRACE_S later (a hung peer, a collective that will never complete), or every task
-        returned and it still runs EXIT_GRACE_S later (a rank hangs on its way out)."""
+        returned and it still runs JOB_END_GRACE_S later (a rank hangs on its way out)."""
         if cell.pack:  # the pack's tasks end a stuck cell themselves, and the job goes on to the next
             return ""
         # NOTE: only while RUNNING: the fragments and result files of a requeued job's earlier run are still there
@@ -543,8 +551,8 @@ class SlurmSweep:
         cell.returned_since = (cell.returned_since or now) if returned else None
         if failed and now - cell.stuck_since > STUCK_GRACE_S:
             return f"a rank failed and the job still runs {STUCK_GRACE_S:g} s later"
-        if returned and now - cell.returned_since > EXIT_GRACE_S:
-            return f"every rank returned and the job still runs {EXIT_GRACE_S:g} s later"
+        if returned and now - cell.returned_since > JOB_END_GRACE_S:
+            return f"every rank returned and the job still runs {JOB_END_GRACE_S:g} s later"
         return ""
 
     def _progress(self, ended: int) -> str:
@@ -609,7 +617,8 @@ class SlurmSweep:
             if cell.pack:
                 from harness.launch.slurm.pack import cell_started
 
-                where = " while this cell ran" if cell.started or cell_started(cell.payload) else " before this cell ran"
+                began = cell.started or cell_started(cell.payload)
+                where = " while this cell ran" if began else " before this cell ran"
             else:
                 where = ""
             self._record(cell.payload, cell.tag, job=cell.job, since=cell.since,

@@ -2,12 +2,12 @@
 allocation, so a sweep waits in the queue once per pack instead of once per cell.
 
 `run_pack` is what every task of a packed job runs. For each cell, in order, each task starts one fresh
-`python -m harness.worker.runner` child (its rank of the cell) in its own process group, with the cell's own
+`python -m harness.launch.entry` child (its rank of the cell) in its own process group, with the cell's own
 rendezvous (MASTER_ADDR = the job's first node, a port per cell) and wall limit (`settings.time_limit_s`,
 enforced here: on expiry the child's process group is killed, as the local launcher does). A crashed, hung or
 OOM cell therefore cannot take the pack down, and no process-group state leaks from one cell to the next. After
 the cell every task writes an end marker and waits for everyone's (a file barrier); then task 0 makes the cell's
-record exactly as the local launcher does (`dispatch.finalize`: rank 0's record when it wrote one, else one
+record exactly as the local launcher does (launch/core's `finalize`: rank 0's record when it wrote one, else one
 composed from the ranks' fragments, exit codes and elapsed time) and adds `env.slurm_pack`.
 
 Files, per cell, in `<results>/<sweep>/.packs/<run_id>/` (a file system every node shares):
@@ -20,6 +20,9 @@ The driver (harness.launch.slurm.jobs.SlurmSweep) and `harness status` read them
 
 Requeue (preemption, `scontrol requeue`): the job runs again with the same cells, and the tasks skip every cell
 that already has a record of its attempt; markers carry the restart count, so an interrupted run's are ignored.
+
+Why a module of its own: this side runs inside the allocation (jobs.py is the submitting driver's side), and it is
+a launcher of its own (fresh processes, limits, kills) that ends each cell with launch/core, as the local one does.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.results.store import atomic_write_json, read_record, record_path, sweep_dir, write_record
+from harness.launch.core.outcome import finalize, read_fragments
+from harness.results.store import atomic_write_json, fragment_dir, read_record, record_path, sweep_dir, write_record
 
 STUCK_GRACE_S = 15.0
 """a rank of the cell failed (left a fragment) and this task's child still runs this long after: it is stuck in a
-collective that will never complete, and is killed (as dispatch.FailureWatch does locally) (s)"""
-EXIT_GRACE_S = 30.0
-"""the cell's record exists and this task's child still runs this long after: it hangs on its way out (s)"""
+collective that will never complete, and is killed (as launch.local's FailureWatch does locally) (s)"""
+CHILD_EXIT_GRACE_S = 30.0
+"""how long this task's child (its rank of the cell) may go on running after the cell's record exists before it is
+killed: it hangs on its way out (s)"""
 BARRIER_GRACE_S = 60.0
 """how long past its own cell's deadline a task waits for the other tasks' end markers (s)"""
 TICK_S = 0.2
@@ -201,8 +206,6 @@ class PackRun:
 
     def _run_cell(self, payload: dict, *, position: int, tmp: Path) -> dict | None:
         """Run this task's rank of the cell to its end; its end marker, or None when the job is stopping."""
-        from harness.worker.runner import fragment_dir
-
         spec = payload["spec"]
         (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{self.rank}.json").unlink(
             missing_ok=True)  # an interrupted run's
@@ -223,7 +226,7 @@ class PackRun:
         t0 = marker["started_at"]
         deadline = t0 + spec["time_limit_s"]
         with mpath.with_suffix(".log").open("w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.worker.runner", str(ppath)], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(ppath)], env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     process_group=0, preexec_fn=_ignore_usr2)
             killed = None
@@ -247,7 +250,7 @@ class PackRun:
                     if failed_at is not None and now - failed_at > STUCK_GRACE_S:
                         killed = "stuck"
                         break
-                    if recorded_at is not None and now - recorded_at > EXIT_GRACE_S:
+                    if recorded_at is not None and now - recorded_at > CHILD_EXIT_GRACE_S:
                         killed = "exit_hang"
                         break
                     time.sleep(TICK_S)
@@ -269,8 +272,6 @@ class PackRun:
 
     def _fresh_fragments(self, payload: dict) -> list[dict]:
         """Fragments of this attempt written in this run of the job (an interrupted run's are older than it)."""
-        from harness.launch.sweep import read_fragments
-
         return [f for f in read_fragments(payload) if f.get("time", 0) >= self.started]
 
     def _barrier(self, payload: dict, *, deadline: float) -> list[dict | None] | None:
@@ -291,8 +292,6 @@ class PackRun:
 
     def _record(self, payload: dict, markers: list[dict | None], marker: dict, *, position: int) -> None:
         """Task 0: the cell's one record, exactly as the local launcher makes it, plus `env.slurm_pack`."""
-        from harness.launch.sweep import finalize
-
         ended = [m for m in markers if m]
         rec = finalize(payload, elapsed_s=max(m["elapsed_s"] for m in ended),
                        time_limit_s=payload["spec"]["time_limit_s"],

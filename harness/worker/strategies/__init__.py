@@ -1,17 +1,21 @@
-"""Strategy families, one module each; they never import each other. `family(strategy)` picks the module."""
+"""Strategy families, one module each; they never import each other. `family(strategy)` picks the module.
+
+Which module implements a strategy is its harness.core.catalogue entry's `family`.
+"""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-FAMILIES = {"ddp": "ddp", "fsdp": "fsdp", "fsdp2": "fsdp2", "zero1": "zero", "zero2": "zero", "zero3": "zero"}
+from harness.core.catalogue import CATALOGUE
 
 
 def family_name(strategy: str) -> str:
-    return FAMILIES[strategy.split(".")[0]]
+    """The module under harness/worker/strategies/ that implements `strategy` (KeyError for an unknown name)."""
+    return CATALOGUE[strategy].family
 
 
 def family(strategy: str) -> ModuleType:
     """The module implementing `setup(spec, *, topo) -> Trainer` for a strategy name (imported lazily)."""
-    return importlib.import_module(f"harness.worker.strategies.{family_name(strategy)}")
+    return importlib.import_module(CATALOGUE[strategy].module)

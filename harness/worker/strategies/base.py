@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.worker.models import loss_fn
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -38,6 +39,10 @@ class Topology:
     @property
     def device_type(self) -> str:
         return self.device.type
+
+    def mesh_for(self, strategy: str):
+        """The mesh `strategy` runs on: its catalogue entry's `mesh` (flat or hybrid)."""
+        return self.mesh(hybrid=CATALOGUE[strategy].mesh == HYBRID)
 
     def mesh(self, hybrid: bool):
         """1-D mesh over all ranks, or the 2-D (replicate across nodes, shard within a node) mesh for hybrids.

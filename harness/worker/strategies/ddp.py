@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from harness.core.constants import DDP_BUCKET_CAP_MB
 from harness.worker.models import apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
 from harness.scenario.schema import RunSpec
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
-
-BUCKET_CAP_MB = 25
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
@@ -19,7 +18,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     if spec.settings.checkpointing:
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     ddp = DDP(model, device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
-              bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=True)
+              bucket_cap_mb=DDP_BUCKET_CAP_MB, gradient_as_bucket_view=True)
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
     scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
     # NOTE: compile the DDP-wrapped module (DDPOptimizer splits graphs at bucket boundaries, so the

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+from harness.core.catalogue import is_hybrid
 from harness.worker.models import Block, apply_activation_checkpointing, build_model, init_module_
 from harness.worker.precision import policy
 from harness.scenario.schema import RunSpec
@@ -25,7 +26,6 @@ SHARDING = {
     "fsdp.hybrid_shard": ShardingStrategy.HYBRID_SHARD,
     "fsdp.hybrid_shard_zero2": ShardingStrategy._HYBRID_SHARD_ZERO2,
 }
-HYBRID = {"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2"}
 
 
 def mixed_precision(name: str) -> MixedPrecision | None:
@@ -52,8 +52,8 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         init_module_(module)
 
     kwargs = {}
-    if spec.strategy in HYBRID:
-        kwargs["device_mesh"] = topo.mesh(hybrid=True)
+    if is_hybrid(spec.strategy):
+        kwargs["device_mesh"] = topo.mesh_for(spec.strategy)
     fsdp = FSDP(
         model,
         auto_wrap_policy=ModuleWrapPolicy({Block}),

@@ -47,7 +47,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
     if spec.settings.checkpointing:
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
-    mesh = topo.mesh(hybrid=spec.strategy == "fsdp2.hybrid_shard")
+    mesh = topo.mesh_for(spec.strategy)
     mp = MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32) if prec.mixed \
         else MixedPrecisionPolicy()
     if spec.settings.compile:

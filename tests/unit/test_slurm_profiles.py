@@ -1,6 +1,5 @@
-"""SLURM profiles and the pure parts of harness.launch.slurm.jobs (no cluster needed, so not marked `slurm`): the `slurm:` block's
-validation, its translation into submitit parameters, the time limit of a cell's job, and how a job's end in SLURM
-becomes a record status."""
+"""SLURM profiles (no cluster needed): the `slurm:` block's validation, its translation into submitit parameters
+(harness.launch.slurm.jobs), the time limit of a cell's job, and how cells are split into packs."""
 
 from __future__ import annotations
 
@@ -9,10 +8,10 @@ import textwrap
 import pytest
 import yaml
 
-from harness.scenario.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
 from harness.core.errors import InputError
+from harness.launch.slurm.jobs import executor_parameters, job_minutes, split_packs
+from harness.scenario.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
 from harness.scenario.schema import load_yaml
-from harness.launch.slurm.jobs import executor_parameters, flight_state, job_minutes, pack_verdict, split_packs, verdict
 
 
 def profile(slurm: str, **top) -> dict:
@@ -102,40 +101,6 @@ def test_a_cells_job_time_limit(time_limit_s, signal_delay_s, cap, minutes):
     assert min_job_minutes(signal_delay_s) <= minutes
 
 
-def frag(rank: int, status: str, reason: str) -> dict:
-    return {"rank": rank, "status": status, "reason": reason, "time": float(rank)}
-
-
-SUBMITIT_TIMEOUT = "UncompletedJobError: Job not requeued because: timed-out too many times."
-
-
-@pytest.mark.parametrize("state,frags,errors,stuck,expected", [
-    ("COMPLETED", [], {}, False, None),
-    ("FAILED", [frag(1, "error", "RuntimeError: boom")], {}, False, None),  # the fragments decide
-    ("TIMEOUT", [], {}, False, "timeout"),
-    ("FAILED", [frag(0, "timeout", SUBMITIT_TIMEOUT), frag(1, "error", "Connection closed by peer")], {}, False,
-     "timeout"),
-    ("FAILED", [], {0: f"Traceback ...\nsubmitit.core.utils.{SUBMITIT_TIMEOUT}"}, False, "timeout"),
-    ("TIMEOUT", [frag(1, "error", "RuntimeError: boom")], {}, False, None),  # the error came first
-    ("CANCELLED by 0", [], {}, False, "cancelled"),
-    ("CANCELLED by 0", [frag(0, "timeout", "collective timed out")], {}, True, None),  # cancelled as stuck
-    ("NODE_FAIL", [], {}, False, "crashed"),
-    ("OUT_OF_MEMORY", [], {}, False, "oom"),
-    ("UNKNOWN", [], {}, False, "crashed"),
-])
-def test_how_a_jobs_end_becomes_a_status(state, frags, errors, stuck, expected):
-    v = verdict(state, frags=frags, errors=errors, minutes=1, job_id="7_1", stopped_stuck=stuck)
-    assert (v and v[0]) == expected
-    if v:
-        assert "7_1" in v[1]
-
-
-def test_slurm_states_as_cell_states():
-    assert [flight_state(s) for s in ("PENDING", "REQUEUED", "RUNNING", "COMPLETING", "COMPLETED",
-                                      "CANCELLED by 0", "TIMEOUT", "PREEMPTED", None)] == [
-        "submitted", "submitted", "running", "running", "ended", "ended", "ended", "submitted", "submitted"]
-
-
 @pytest.mark.parametrize("minutes,cap,packs", [
     ([1, 1, 1, 1, 1, 1], 30, [[0, 1, 2, 3, 4, 5]]),   # one job for six 1-minute cells
     ([15, 15, 15], 30, [[0, 1], [2]]),                 # the cap splits; nothing is truncated
@@ -145,25 +110,6 @@ def test_slurm_states_as_cell_states():
 def test_packs_fit_the_profiles_time_limit(minutes, cap, packs):
     assert split_packs(minutes, cap) == packs
     assert all(cap is None or sum(minutes[i] for i in p) <= cap for p in packs)
-
-
-@pytest.mark.parametrize("state,started,frags,errors,expected,words", [
-    ("CANCELLED by 0", True, [], {}, "cancelled", "while this cell ran"),
-    ("CANCELLED by 0", False, [], {}, "cancelled", "before this cell ran"),
-    ("TIMEOUT", True, [frag(1, "error", "Connection closed by peer")], {}, "timeout", "reached its time limit"),
-    ("FAILED", False, [], {0: f"Traceback ...\nsubmitit.core.utils.{SUBMITIT_TIMEOUT}"}, "timeout",
-     "before this cell ran"),
-    ("TIMEOUT", True, [frag(1, "error", "RuntimeError: boom")], {}, None, ""),  # the cell's error came first
-    ("NODE_FAIL", False, [], {}, "crashed", "a node failed before this cell ran"),
-    ("OUT_OF_MEMORY", False, [], {}, "error", "ended (OUT_OF_MEMORY) before this cell ran"),  # it never ran: no oom
-    ("COMPLETED", True, [], {}, "error", "without the cell's record"),
-])
-def test_how_a_packs_end_becomes_the_status_of_a_cell_without_a_record(state, started, frags, errors, expected,
-                                                                       words):
-    v = pack_verdict(state, started=started, frags=frags, errors=errors, minutes=6, job_id="7", position=2, of=3)
-    assert (v and v[0]) == expected
-    if v:
-        assert "job 7" in v[1] and words in v[1] and "(cell 2 of 3)" in v[1], v[1]
 
 
 def test_pack_needs_a_slurm_profile(tmp_path, capsys):

@@ -1,0 +1,185 @@
+"""`harness compare BASELINE CANDIDATE`: per-cell regressions between two result sets.
+
+The command only parses options, loads both sides (harness.compare.load) into a spec index each
+(harness.compare.match), judges them (harness.compare.judge), prints and writes the chosen renderings
+(harness.compare.render) and promotes (harness.compare.promote).
+
+Exit codes: 0 no regression, 1 regression (or a missing cell with --fail-on-missing), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import click
+
+from harness.compare.comparison import Comparison
+from harness.compare.judge import compare_indexed
+from harness.compare.load import iter_side
+from harness.compare.match import SideIndex, spec_differences
+from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
+from harness.compare.promote import check_promote_target, promote_baseline
+from harness.compare.render import (
+    BENCHMARK_FILES,
+    FORMAT_FILES,
+    render_benchmark,
+    render_json,
+    render_markdown,
+    render_table,
+)
+from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES
+from harness.core.errors import InputError, Problem
+from harness.results.store import atomic_write_text
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a while (back on after, if it was on).
+
+    Comparing builds tens of thousands of containers that live until the end and hold no cycles: each automatic
+    collection would only rescan them (a quarter of the run over 10,000 records)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+@click.command("compare")
+@click.argument("baseline", required=False, type=click.Path(path_type=Path))
+@click.argument("candidate", required=False, type=click.Path(path_type=Path))
+@click.option("-B", "--baseline-dir", "more_baseline", multiple=True, type=click.Path(path_type=Path),
+              help="Another baseline results dir (repeatable): a side may be several dirs.")
+@click.option("-C", "--candidate-dir", "more_candidate", multiple=True, type=click.Path(path_type=Path),
+              help="Another candidate results dir (repeatable).")
+@click.option("--threshold", "threshold_args", multiple=True, metavar="[METRIC=]FRACTION",
+              help=f"Change beyond which a metric counts (default {DEFAULT_THRESHOLD}); METRIC=FRACTION overrides "
+                   f"one metric ({', '.join(THRESHOLD_METRICS)}). Repeatable.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_ALPHA,
+              show_default=True, help="Mann–Whitney U significance level for sampled metrics.")
+@click.option("--min-samples", type=click.IntRange(min=1), default=DEFAULT_MIN_SAMPLES, show_default=True,
+              help="Per-step samples needed on each side to call a sampled metric a regression.")
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "github-benchmark"]), default="table",
+              show_default=True, help="What goes to stdout (and -o).")
+@click.option("--direction", type=click.Choice(["smaller", "bigger"]),
+              help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the output to FILE (atomically).")
+@click.option("--output-dir", type=click.Path(path_type=Path),
+              help="Also write every format: compare.txt, compare.md, compare.json, benchmark-smaller.json, "
+                   "benchmark-bigger.json.")
+@click.option("--all", "all_rows", is_flag=True, help="List unchanged and n/a metrics too.")
+@click.option("--ignore-spec-key", multiple=True, metavar="KEY",
+              help="Leave a top-level spec key out of matching (e.g. time_limit_s). Repeatable.")
+@click.option("--metric", "metric_names", multiple=True, metavar="NAME",
+              help="Judge only these metrics (repeatable); 'exact' = the deterministic ones (collective bytes, "
+                   "predicted memory and bytes), for CI on machines whose timings mean nothing.")
+@click.option("--fail-on-missing", is_flag=True, help="Exit 1 when a baseline cell is missing from the candidate.")
+@click.option("--promote", is_flag=True,
+              help="Afterwards, replace BASELINE's records with CANDIDATE's if there is no regression.")
+@click.option("--force", is_flag=True,
+              help="With --promote: promote even with regressions, or when BASELINE does not exist yet.")
+@gc_paused()
+def compare_command(baseline: Path | None, candidate: Path | None, more_baseline: tuple[Path, ...],
+                    more_candidate: tuple[Path, ...], threshold_args: tuple[str, ...], alpha: float,
+                    min_samples: int, fmt: str, direction: str | None, output: Path | None,
+                    output_dir: Path | None, all_rows: bool, ignore_spec_key: tuple[str, ...],
+                    metric_names: tuple[str, ...],
+                    fail_on_missing: bool, promote: bool, force: bool) -> int:
+    """Compare CANDIDATE results against BASELINE results, cell by cell (matched by spec).
+
+    Exit 0 without regressions, 1 with any (a metric beyond its threshold and, for sampled metrics,
+    significant; or a cell ok in BASELINE that fails in CANDIDATE), 2 for bad input.
+    """
+    if (baseline is None) != (candidate is None):
+        raise click.UsageError("give both BASELINE and CANDIDATE (or neither, with -B/-C)")
+    base_paths = ([baseline] if baseline else []) + list(more_baseline)
+    cand_paths = ([candidate] if candidate else []) + list(more_candidate)
+    if not base_paths or not cand_paths:
+        raise click.UsageError("need a baseline and a candidate: harness compare BASELINE CANDIDATE")
+    if fmt == "github-benchmark" and direction is None and output_dir is None:
+        raise click.UsageError("--format github-benchmark writes one tool kind per file: add --direction "
+                               "smaller|bigger, or --output-dir DIR to write benchmark-smaller.json and "
+                               "benchmark-bigger.json")
+    if direction is not None and fmt != "github-benchmark":
+        raise click.UsageError("--direction only applies to --format github-benchmark")
+    if force and not promote:
+        raise click.UsageError("--force only applies with --promote")
+    if promote and len(base_paths) != 1:
+        raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
+
+    if promote and not force and not base_paths[0].exists():
+        raise InputError([Problem(str(base_paths[0]), "", "baseline: no such directory; to make CANDIDATE "
+                                  "the first baseline: --promote --force")])
+    if promote:
+        check_promote_target(base_paths[0], sources=cand_paths)
+    thresholds = parse_thresholds(threshold_args)
+    problems: list[Problem] = []
+    notes: list[str] = []
+    bootstrap = promote and force and not base_paths[0].exists()
+    # NOTE: each record is indexed by spec as it loads: only the one each cell uses stays in memory
+    base = SideIndex(side="baseline", ignore=ignore_spec_key)
+    if not bootstrap:
+        base.add_all(iter_side(base_paths, side="baseline", problems=problems, notes=notes))
+    cand = SideIndex(side="candidate", ignore=ignore_spec_key)
+    cand.add_all(iter_side(cand_paths, side="candidate", problems=problems, notes=notes))
+    if problems:
+        raise InputError(problems)
+
+    cmp = compare_indexed(base, cand, thresholds=thresholds, alpha=alpha, min_samples=min_samples,
+                          baseline_sources=[str(p) for p in base_paths],
+                          candidate_sources=[str(p) for p in cand_paths], metrics=metric_names or None)
+    cmp.warnings[:0] = notes
+    if not cmp.matched and not (promote and force):
+        raise InputError([_no_match_problem(cmp, base_paths, cand_paths)])
+
+    renderers: dict[str, Callable[[], str]] = {
+        "table": lambda: render_table(cmp, all_rows=all_rows, fail_on_missing=fail_on_missing),
+        "md": lambda: render_markdown(cmp, all_rows=all_rows, fail_on_missing=fail_on_missing),
+        "json": lambda: render_json(cmp, fail_on_missing=fail_on_missing),
+        **{d: functools.partial(render_benchmark, cmp, d) for d in BENCHMARK_FILES},
+    }
+    texts: dict[str, str] = {}
+
+    def rendered(name: str) -> str:
+        """A rendering (a format, or a github-benchmark direction), made once wherever it goes."""
+        if name not in texts:
+            texts[name] = renderers[name]()
+        return texts[name]
+
+    text = rendered(direction or "table") if fmt == "github-benchmark" else rendered(fmt)
+    click.echo(text, nl=False)
+    if output is not None:
+        atomic_write_text(output, text)
+    if output_dir is not None:
+        for name, filename in [*FORMAT_FILES.items(), *BENCHMARK_FILES.items()]:
+            atomic_write_text(output_dir / filename, rendered(name))
+    for w in cmp.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+    code = cmp.exit_code(fail_on_missing=fail_on_missing)
+    if promote:
+        if code == 0 or force:
+            chosen = [c.candidate for c in cmp.cells if c.candidate is not None]
+            dest = promote_baseline(chosen, base_paths[0], sources=[str(p) for p in cand_paths])
+            click.echo(f"promoted {len(chosen)} candidate record(s) to baseline {dest}"
+                       + (" (forced)" if code else ""), err=True)
+        else:
+            click.echo(f"not promoted: the comparison failed (exit {code}); baseline {base_paths[0]} is "
+                       "unchanged (--force promotes anyway)", err=True)
+    return code
+
+
+def _no_match_problem(cmp: Comparison, base_paths: Sequence[Path], cand_paths: Sequence[Path]) -> Problem:
+    hint = ""
+    if cmp.missing and cmp.added:
+        diffs = min((spec_differences(m.spec, a.spec) for m in cmp.missing for a in cmp.added), key=len)
+        hint = f"; the closest pair differs in {'; '.join(diffs[:4])} (--ignore-spec-key KEY matches across it)"
+    return Problem(", ".join(map(str, cand_paths)), "",
+                   f"no cell matches a baseline cell ({', '.join(map(str, base_paths))}) by spec{hint}; to make "
+                   "this candidate the new baseline anyway: --promote --force")

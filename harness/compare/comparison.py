@@ -1,0 +1,222 @@
+"""What a comparison found: the verdict of each metric of each matched cell, the state of each cell, and the
+whole `Comparison` with its summary and exit code.
+
+Plain data shared by the judging (judge.py, which fills it), the renderers (render.py) and the command (which
+returns `Comparison.exit_code()`); `to_dict()` is the compare.json format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# verdicts of one metric of one matched cell
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+UNCHANGED = "unchanged"
+NOT_SIGNIFICANT = "not significant"
+INSUFFICIENT = "insufficient samples"
+NA = "n/a"
+
+# states of one cell
+MISSING = "missing"            # only in the baseline
+ADDED = "added"                # only in the candidate
+BOTH_OK = "ok"
+NEWLY_FAILING = "newly failing"
+NEWLY_FIXED = "newly fixed"
+STILL_FAILING = "still failing"
+
+JSON_FORMAT = "harness.compare.compare"
+"""the "format" field of compare.json; it names the module that first wrote it and stays as it is (file format)"""
+
+
+@dataclass
+class MetricComparison:
+    """One metric of one matched cell."""
+
+    metric: str
+    unit: str
+    better: str
+    """lower or higher"""
+    kind: str
+    baseline: float | None
+    candidate: float | None
+    verdict: str
+    ratio: float | None = None
+    """candidate / baseline (None when the baseline is 0 or either side is null)"""
+    threshold: float | None = None
+    """fraction; None for exact metrics"""
+    p_value: float | None = None
+    """two-sided Mann–Whitney U on the per-step samples (sampled metrics with enough samples)"""
+    n_baseline: int | None = None
+    """per-step samples in the baseline (sampled metrics)"""
+    n_candidate: int | None = None
+    note: str = ""
+
+    @property
+    def change(self) -> float | None:
+        """ratio - 1 (fraction; +0.2 = 20% larger)."""
+        return None if self.ratio is None else self.ratio - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        # NOTE: the fields are plain values, so this is dataclasses.asdict without its deep copy (one per value)
+        d = {name: getattr(self, name) for name in _METRIC_FIELDS}
+        d["change"] = self.change
+        if self.baseline is not None and self.candidate is not None:
+            d["delta"] = self.candidate - self.baseline
+        return d
+
+
+_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricComparison))
+
+
+@dataclass
+class CellComparison:
+    """One cell (one spec) across the two sets."""
+
+    key: str
+    """canonical JSON of the spec (without ignored keys): the match key"""
+    label: str
+    """readable name: model strategy precision gN, plus the spec keys that tell same-named cells apart"""
+    spec: dict[str, Any]
+    state: str
+    """missing, added, ok, newly failing, newly fixed or still failing"""
+    baseline: dict[str, Any] | None = None
+    candidate: dict[str, Any] | None = None
+    metrics: list[MetricComparison] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline_status(self) -> str | None:
+        return None if self.baseline is None else self.baseline.get("status")
+
+    @property
+    def candidate_status(self) -> str | None:
+        return None if self.candidate is None else self.candidate.get("status")
+
+    def reason(self, side: str) -> str:
+        rec = self.baseline if side == "baseline" else self.candidate
+        return str((rec or {}).get("reason") or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "state": self.state,
+            "spec": self.spec,
+            "baseline": _record_ref(self.baseline),
+            "candidate": _record_ref(self.candidate),
+            "notes": self.notes,
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
+
+
+def _record_ref(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    return {k: rec.get(k) for k in ("run_id", "sweep", "cluster", "status", "reason", "_path")}
+
+
+@dataclass
+class Comparison:
+    """Everything `harness compare` found; `exit_code()` is what the command returns."""
+
+    cells: list[CellComparison]
+    thresholds: dict[str, float]
+    """"default" plus per-metric overrides (fractions)"""
+    alpha: float
+    min_samples: int
+    baseline_sources: list[str] = field(default_factory=list)
+    candidate_sources: list[str] = field(default_factory=list)
+    baseline_records: int = 0
+    candidate_records: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def _rows(self, verdict: str) -> list[tuple[CellComparison, MetricComparison]]:
+        return [(c, m) for c in self.cells for m in c.metrics if m.verdict == verdict]
+
+    def _cells(self, state: str) -> list[CellComparison]:
+        return [c for c in self.cells if c.state == state]
+
+    @property
+    def regressions(self) -> list[tuple[CellComparison, MetricComparison]]:
+        return self._rows(REGRESSION)
+
+    @property
+    def improvements(self) -> list[tuple[CellComparison, MetricComparison]]:
+        return self._rows(IMPROVEMENT)
+
+    @property
+    def insufficient(self) -> list[tuple[CellComparison, MetricComparison]]:
+        return self._rows(INSUFFICIENT)
+
+    @property
+    def not_significant(self) -> list[tuple[CellComparison, MetricComparison]]:
+        return self._rows(NOT_SIGNIFICANT)
+
+    @property
+    def matched(self) -> list[CellComparison]:
+        return [c for c in self.cells if c.baseline is not None and c.candidate is not None]
+
+    @property
+    def added(self) -> list[CellComparison]:
+        return self._cells(ADDED)
+
+    @property
+    def missing(self) -> list[CellComparison]:
+        return self._cells(MISSING)
+
+    @property
+    def newly_failing(self) -> list[CellComparison]:
+        return self._cells(NEWLY_FAILING)
+
+    @property
+    def newly_fixed(self) -> list[CellComparison]:
+        return self._cells(NEWLY_FIXED)
+
+    @property
+    def still_failing(self) -> list[CellComparison]:
+        return self._cells(STILL_FAILING)
+
+    @property
+    def has_regression(self) -> bool:
+        return bool(self.regressions or self.newly_failing)
+
+    def exit_code(self, *, fail_on_missing: bool = False) -> int:
+        return 1 if self.has_regression or (fail_on_missing and self.missing) else 0
+
+    def cell(self, label: str) -> CellComparison:
+        """The cell with this label (KeyError when there is none): for tests and scripts."""
+        for c in self.cells:
+            if c.label == label:
+                return c
+        raise KeyError(label)
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "matched": len(self.matched),
+            "added": len(self.added),
+            "missing": len(self.missing),
+            "regressions": len(self.regressions) + len(self.newly_failing),
+            "metric_regressions": len(self.regressions),
+            "newly_failing": len(self.newly_failing),
+            "improvements": len(self.improvements) + len(self.newly_fixed),
+            "metric_improvements": len(self.improvements),
+            "newly_fixed": len(self.newly_fixed),
+            "still_failing": len(self.still_failing),
+            "insufficient_samples": len(self.insufficient),
+            "not_significant": len(self.not_significant),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": JSON_FORMAT,
+            "version": 1,
+            "baseline": {"sources": self.baseline_sources, "records": self.baseline_records},
+            "candidate": {"sources": self.candidate_sources, "records": self.candidate_records},
+            "settings": {"thresholds": self.thresholds, "alpha": self.alpha, "min_samples": self.min_samples},
+            "regression": self.has_regression,
+            "summary": self.summary(),
+            "warnings": self.warnings,
+            "cells": [c.to_dict() for c in self.cells],
+        }

@@ -1,0 +1,150 @@
+"""Matching baseline and candidate cells: by their `spec` (canonical JSON), never by folder, file name or sweep
+name, so a renamed sweep or a re-organised results tree still lines up.
+
+Also the readable label of each matched key and the spec differences that explain a near miss.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _canonical(obj: Any) -> Any:
+    """Spec values normalised so that 900 and 900.0 (YAML vs dataclass) match."""
+    if type(obj) in _PLAIN:  # most spec values: as they are
+        return obj
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    return obj
+
+
+@functools.cache
+def _setting_defaults() -> dict[str, Any]:
+    """Setting name → its default, canonical (computed once: spec_key runs for every record)."""
+    from harness.scenario.schema import SETTING_FIELDS
+
+    return {k: _canonical(f.default) for k, f in SETTING_FIELDS.items()}
+
+
+def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
+    """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys and minus
+    settings at their default (RunSpec.identity's rule: a setting added later, at its default, still
+    matches records written before it existed)."""
+    from harness.scenario.schema import canonical_setting
+
+    ignored = set(ignore)
+    defaults = _setting_defaults()
+    kept = {}
+    for k, v in spec.items():
+        v = canonical_setting(k, v)
+        if k in ignored or (k in defaults and _canonical(v) == defaults[k]):
+            continue
+        kept[k] = v
+    return json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
+
+
+def record_origin(rec: Mapping[str, Any]) -> str:
+    """Where a record came from, for messages: its file, else its run_id."""
+    return str(rec.get("_path") or rec.get("run_id") or "<record>")
+
+
+class SideIndex:
+    """One side's records by match key, fed one record at a time: of several records with one spec the one
+    finished last wins (a rerun). Only that record is kept (with the finish time and origin of the others, for
+    the warning), so memory grows with the cells, not with the records of every rerun."""
+
+    def __init__(self, *, side: str, ignore: Iterable[str] = ()) -> None:
+        self.side = side
+        self.ignore = tuple(ignore)
+        self.records = 0
+        """records added, including skipped ones"""
+        self.chosen: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, list[tuple[str, str]]] = {}  # key → (finished_at, origin) of each, in order
+        self._latest: dict[str, str] = {}  # key → finished_at of the chosen record
+        self._skipped: list[str] = []
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        self.records += 1
+        spec = rec.get("spec")
+        if not isinstance(spec, dict):
+            self._skipped.append(f"{record_origin(rec)}: {self.side}: 'spec' is not a mapping; record skipped")
+            return
+        key = spec_key(spec, ignore=self.ignore)
+        finished = str(rec.get("finished_at") or "")
+        # NOTE: >= as a stable sort by finish time would have it: of equal finish times the last one added wins
+        if key not in self._latest or finished >= self._latest[key]:
+            self.chosen[key] = dict(rec)
+            self._latest[key] = finished
+        self._seen.setdefault(key, []).append((finished, record_origin(rec)))
+
+    def add_all(self, records: Iterable[Mapping[str, Any]]) -> SideIndex:
+        for rec in records:
+            self.add(rec)
+        return self
+
+    def warnings(self) -> list[str]:
+        """Skipped records, then one line per spec with several records (the ones ignored, by finish time)."""
+        out = list(self._skipped)
+        for seen in self._seen.values():
+            if len(seen) > 1:
+                order = sorted(seen, key=lambda fo: fo[0])
+                others = ", ".join(origin for _, origin in order[:-1])
+                out.append(f"{self.side}: {len(seen)} records for one spec; using the one finished last "
+                           f"({order[-1][1]}), ignoring {others}")
+        return out
+
+
+def index_by_spec(records: Iterable[Mapping[str, Any]], *, side: str, ignore: Iterable[str],
+                  warnings_out: list[str]) -> dict[str, dict[str, Any]]:
+    """key → record; of several records with one spec the one finished last wins (a rerun), with a warning."""
+    index = SideIndex(side=side, ignore=ignore).add_all(records)
+    warnings_out.extend(index.warnings())
+    return index.chosen
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
+
+
+def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """key → label; cells sharing `model strategy precision gN` get the spec keys that differ among them."""
+    core = {k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('world_size')}"
+            for k, s in specs.items()}
+    groups: dict[str, list[str]] = {}
+    for k, name in core.items():
+        groups.setdefault(name, []).append(k)
+    labels: dict[str, str] = {}
+    for name, keys in groups.items():
+        if len(keys) == 1:
+            labels[keys[0]] = name
+            continue
+        all_keys = sorted({sk for k in keys for sk in specs[k]})
+        differing = [sk for sk in all_keys
+                     if len({_short(_canonical(specs[k].get(sk))) for k in keys}) > 1]
+        for k in keys:
+            extra = " ".join(f"{sk}={_short(specs[k].get(sk))}" for sk in differing)
+            labels[k] = f"{name} {extra}".strip()
+    if len(set(labels.values())) < len(labels):  # cannot happen for distinct canonical specs; be safe anyway
+        labels = {k: f"{v} #{i}" for i, (k, v) in enumerate(sorted(labels.items(), key=lambda kv: kv[1]))}
+    return labels
+
+
+def spec_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """`key: a → b` for every top-level spec key whose value differs."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = _canonical(a.get(k)), _canonical(b.get(k))
+        if va != vb:
+            out.append(f"{k}: {_short(a.get(k, '<absent>'))} → {_short(b.get(k, '<absent>'))}")
+    return out

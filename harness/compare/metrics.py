@@ -1,0 +1,173 @@
+"""The metric model of `harness compare`: which record values are compared, their unit, their good direction,
+and how each is judged (sampled, thresholded or exact), plus the thresholds that apply to them.
+
+It exists so that every other part of compare (judging, rendering, the github-benchmark entries) reads a metric
+from a record the same way: `metric_value` and `metric_samples` are the only readers of a record's metrics.
+
+- sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): threshold + Mann–Whitney U on
+  the per-step samples;
+- thresholded (measured peak memory, one value per run): threshold only;
+- exact (collective bytes per step, predicted memory and collective bytes: deterministic): any change counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.core.errors import InputError, Problem, did_you_mean, one_of
+
+DEFAULT_THRESHOLD = 0.05
+"""relative change (fraction) beyond which a non-deterministic metric counts as changed"""
+
+SAMPLED, THRESHOLDED, EXACT = "sampled", "thresholded", "exact"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One compared quantity: where it sits in a record, its unit, its good direction and how it is judged."""
+
+    name: str
+    """key in the output and in `--threshold NAME=FRACTION`"""
+    path: tuple[str, ...]
+    """keys from the record root to the value"""
+    unit: str
+    lower_is_better: bool
+    kind: str
+    """sampled (threshold + Mann–Whitney U), thresholded (threshold only) or exact (any change counts)"""
+
+    @property
+    def better(self) -> str:
+        return "lower" if self.lower_is_better else "higher"
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("step_time_s", ("metrics", "step_time_s", "median"), "s", True, SAMPLED),
+    Metric("tokens_per_s", ("metrics", "tokens_per_s"), "tokens/s", False, SAMPLED),
+    Metric("tokens_per_s_per_gpu", ("metrics", "tokens_per_s_per_gpu"), "tokens/s/GPU", False, SAMPLED),
+    Metric("mfu", ("metrics", "mfu"), "fraction", False, SAMPLED),
+    Metric("peak_memory_allocated_gib", ("metrics", "peak_memory_allocated_gib"), "GiB", True, THRESHOLDED),
+    Metric("peak_memory_reserved_gib", ("metrics", "peak_memory_reserved_gib"), "GiB", True, THRESHOLDED),
+    Metric("comm.bytes_per_step", ("comm", "bytes_per_step"), "bytes", True, EXACT),
+    Metric("predicted.memory_gib.total", ("predicted", "memory_gib", "total"), "GiB", True, EXACT),
+    Metric("predicted.comm_bytes_per_step", ("predicted", "comm_bytes_per_step"), "bytes", True, EXACT),
+)
+METRICS_BY_NAME = {m.name: m for m in METRICS}
+THRESHOLD_METRICS = tuple(m.name for m in METRICS if m.kind != EXACT)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading a record
+
+
+def finite_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite int or float (not a bool), else None."""
+    if type(value) is float:  # the common case, first
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def value_at(rec: Mapping[str, Any], path: Sequence[str]) -> Any:
+    """The value at `path` (keys from the record root), None where a key or a mapping is missing."""
+    node: Any = rec
+    for k in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(k)
+    return node
+
+
+def metric_value(rec: Mapping[str, Any], metric: Metric) -> float | None:
+    return finite_number(value_at(rec, metric.path))
+
+
+def step_samples(rec: Mapping[str, Any]) -> list[float]:
+    """The record's per-step times (s), finite and positive ones only: what every sampled metric derives from."""
+    step = value_at(rec, ("metrics", "step_time_s"))
+    raw = step.get("samples") if isinstance(step, Mapping) else None
+    return [x for x in (finite_number(v) for v in (raw or [])) if x is not None and x > 0]
+
+
+def metric_samples(rec: Mapping[str, Any], metric: Metric, *, times: list[float] | None = None) -> list[float]:
+    """Per-step samples of a sampled metric: step times as recorded; a throughput-like metric v (tokens/s,
+    tokens/s/GPU, MFU — each inversely proportional to step time) as v * median_step_time / step_time_i, i.e.
+    tokens per step / step time for tokens/s. `times`: the record's `step_samples`, when already read."""
+    if times is None:
+        times = step_samples(rec)
+    if metric.name == "step_time_s":
+        return times
+    step = value_at(rec, ("metrics", "step_time_s"))
+    value = metric_value(rec, metric)
+    median = finite_number(step.get("median")) if isinstance(step, Mapping) else None
+    if value is None or not median:
+        return []
+    per_step = value * median  # e.g. tokens per step for tokens/s
+    return [per_step / t for t in times]
+
+
+# --------------------------------------------------------------------------------------------------
+# choosing metrics and thresholds
+
+
+def select_metrics(names: Iterable[str] | None) -> tuple[Metric, ...]:
+    """The metrics to judge: all, or the named ones ("exact" stands for every deterministic metric)."""
+    if names is None:
+        return METRICS
+    wanted: set[str] = set()
+    problems = []
+    for n in names:
+        if n == "exact":
+            wanted |= {m.name for m in METRICS if m.kind == EXACT}
+        elif n in METRICS_BY_NAME:
+            wanted.add(n)
+        else:
+            problems.append(Problem("--metric", "", one_of(n, [*METRICS_BY_NAME, "exact"])))
+    if problems:
+        raise InputError(problems)
+    return tuple(m for m in METRICS if m.name in wanted)
+
+
+def check_thresholds(thresholds: Mapping[str, float] | None) -> dict[str, float]:
+    """{"default": fraction, metric: fraction, ...}; InputError for unknown/exact metrics or bad values."""
+    out = {"default": DEFAULT_THRESHOLD}
+    problems = []
+    for name, value in (thresholds or {}).items():
+        if name != "default" and name not in THRESHOLD_METRICS:
+            if name in METRICS_BY_NAME:
+                msg = f"{name} is deterministic and compared exactly; it takes no threshold"
+            else:
+                msg = (f"unknown metric {name!r}; thresholds apply to {', '.join(THRESHOLD_METRICS)}"
+                       f"{did_you_mean(name, THRESHOLD_METRICS)}")
+            problems.append(Problem("--threshold", name, msg))
+            continue
+        v = finite_number(value)
+        if v is None or v < 0:
+            problems.append(Problem("--threshold", name, f"{value!r} is not a fraction >= 0 (0.05 = 5%)"))
+            continue
+        out[name] = v
+    if problems:
+        raise InputError(problems)
+    return out
+
+
+def parse_thresholds(values: Sequence[str]) -> dict[str, float]:
+    """`0.05` (the default) and `metric=0.10` (an override), each a fraction."""
+    out: dict[str, float] = {}
+    problems = []
+    for text in values:
+        name, sep, number = text.partition("=")
+        if not sep:
+            name, number = "default", text
+        try:
+            out[name.strip()] = float(number)
+        except ValueError:
+            problems.append(Problem("--threshold", text, "expected FRACTION or METRIC=FRACTION, e.g. 0.05 or "
+                                    "mfu=0.10"))
+    if problems:
+        raise InputError(problems)
+    return check_thresholds(out)

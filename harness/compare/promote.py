@@ -1,0 +1,139 @@
+"""Durable baseline promotion (`harness compare --promote`): the candidate's records replace the baseline's in
+one swap, so a crash or a full disk leaves either the old baseline or the new one, never a mix.
+
+Every file is fsynced before the swap (renameat2 RENAME_EXCHANGE where the filesystem has it, else two renames),
+and a `.promoted.json` beside the records says where they came from.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.compare.match import record_origin, spec_key
+from harness.compare.metrics import value_at
+from harness.core.errors import InputError, Problem
+from harness.results.store import atomic_write_json, iter_record_files, utc_now
+
+PROMOTED_FILE = ".promoted.json"
+"""provenance written into a promoted baseline (hidden, so record loading skips it)"""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_durably(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    with open(dest, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where unsupported (NFS…)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _keep_files(baseline: Path) -> list[Path]:
+    """Files of an old baseline that are not records (README, .gitattributes): carried into the new one.
+    Not carried: records, sweep manifests, the old provenance, temp files, anything under a hidden dir."""
+    records = {p.resolve() for p in iter_record_files(baseline)}
+    keep = []
+    for p in sorted(baseline.rglob("*")):
+        if not p.is_file() or p.resolve() in records or p.name in (PROMOTED_FILE, "manifest.json"):
+            continue
+        if p.name.endswith(".tmp") or any(part.startswith(".") for part in p.relative_to(baseline).parts[:-1]):
+            continue  # temp files; hidden dirs (a sweep's .fragments/)
+        keep.append(p)
+    return keep
+
+
+def _safe_name(value: Any, fallback: str) -> str:
+    text = str(value or "")
+    return text if text and Path(text).name == text and text not in (".", "..") else fallback
+
+
+def check_promote_target(baseline_dir: str | Path, *, sources: Sequence[str | Path]) -> None:
+    """InputError when `baseline_dir` is not a directory or overlaps a candidate source (promotion would
+    delete the records it copies)."""
+    b = Path(baseline_dir).resolve()
+    if b.exists() and not b.is_dir():
+        raise InputError([Problem(str(baseline_dir), "", "baseline to promote into is not a directory")])
+    for src in sources:
+        s = Path(src).resolve()
+        if s == b or b in s.parents or s in b.parents:
+            raise InputError([Problem(str(baseline_dir), "", f"promote: baseline and candidate {src} overlap")])
+
+
+def promote_baseline(records: Sequence[Mapping[str, Any]], baseline_dir: str | Path, *,
+                     sources: Sequence[str] = ()) -> Path:
+    """Make `records` the baseline: write them (original bytes when a record has `_path`) into a staging dir
+    beside `baseline_dir` as `<sweep>/<run_id>.json`, carry over non-record files, then swap the staging dir in
+    (atomic exchange where the filesystem allows; else two renames, during which the path is briefly absent but
+    never holds a mix of old and new records). Returns the baseline dir."""
+    baseline_dir = Path(baseline_dir).absolute()
+    check_promote_target(baseline_dir, sources=sources)
+    baseline_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{baseline_dir.name}.promote-", dir=baseline_dir.parent))
+    try:
+        if baseline_dir.exists():
+            for p in _keep_files(baseline_dir):
+                _copy_durably(p, staging / p.relative_to(baseline_dir))
+        written = set()
+        for rec in records:
+            digest = hashlib.sha256(spec_key(rec.get("spec") or {}).encode()).hexdigest()[:10]
+            rel = Path(_safe_name(rec.get("sweep"), "records"),
+                       _safe_name(rec.get("run_id"), f"cell-{digest}") + ".json")
+            if rel in written:
+                raise InputError([Problem(record_origin(rec), "run_id",
+                                          f"promote: two records would both be {rel}")])
+            written.add(rel)
+            src = rec.get("_path")
+            if src and Path(src).is_file():
+                _copy_durably(Path(src), staging / rel)
+            else:
+                atomic_write_json(staging / rel, {k: v for k, v in rec.items() if k != "_path"})
+        shas = sorted({str(sha) for r in records if (sha := value_at(r, ("env", "harness_git_sha")))})
+        atomic_write_json(staging / PROMOTED_FILE, {"promoted_at": utc_now(), "sources": list(sources),
+                                                    "records": len(records), "harness_git_sha": shas})
+        for d in sorted({p.parent for p in staging.rglob("*")} | {staging}, key=lambda p: -len(p.parts)):
+            _fsync_dir(d)
+        if not baseline_dir.exists():
+            os.rename(staging, baseline_dir)
+        elif _exchange(staging, baseline_dir):
+            shutil.rmtree(staging)  # now holds the old baseline
+        else:
+            old = staging.with_name(staging.name + ".old")
+            os.rename(baseline_dir, old)
+            os.rename(staging, baseline_dir)
+            shutil.rmtree(old)
+        _fsync_dir(baseline_dir.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return baseline_dir

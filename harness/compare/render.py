@@ -1,0 +1,367 @@
+"""The four faces of a `Comparison`: a plain-text table for the terminal, GitHub-flavoured Markdown for
+$GITHUB_STEP_SUMMARY and PR comments, compare.json, and github-action-benchmark entries (one file per direction).
+
+Numbers are formatted here and only here, with enough digits that two different values never print the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _encode_str
+from typing import Any
+
+from harness.compare.comparison import (
+    ADDED,
+    BOTH_OK,
+    IMPROVEMENT,
+    INSUFFICIENT,
+    NA,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    UNCHANGED,
+    CellComparison,
+    Comparison,
+    MetricComparison,
+)
+from harness.compare.metrics import EXACT, METRICS_BY_NAME, SAMPLED, metric_samples, metric_value, step_samples
+from harness.compare.stats import half_spread
+from harness.core import markdown as md
+from harness.core.errors import InputError, Problem
+
+# github-action-benchmark: measured metrics only (predicted ones are model arithmetic, not measurements)
+BENCHMARK_METRICS = {
+    "smaller": ("step_time_s", "peak_memory_allocated_gib", "peak_memory_reserved_gib", "comm.bytes_per_step"),
+    "bigger": ("tokens_per_s", "tokens_per_s_per_gpu", "mfu"),
+}
+BENCHMARK_FILES = {"smaller": "benchmark-smaller.json", "bigger": "benchmark-bigger.json"}
+FORMAT_FILES = {"table": "compare.txt", "md": "compare.md", "json": "compare.json"}
+
+
+def _fmt_value(unit: str, v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "null"
+    if unit == "s":
+        return f"{v * 1e3:.{digits}g} ms" if abs(v) < 1 else f"{v:.{digits}g} s"
+    if unit == "bytes":
+        return f"{int(v):,} B" if float(v).is_integer() else f"{v:.{digits}g} B"
+    if unit == "fraction":
+        return f"{v * 100:.{max(digits - 2, 1)}f}%"
+    if unit.startswith("tokens"):
+        return f"{v:,.0f}" if abs(v) >= 1000 and digits <= 6 else f"{v:.{digits}g}"
+    return f"{v:.{digits}g} {unit}"
+
+
+def _fmt_pair(row: MetricComparison) -> tuple[str, str]:
+    """Baseline and candidate formatted with enough digits that different values never print the same."""
+    for digits in (4, 6, 9, 12, 17):
+        b, c = _fmt_value(row.unit, row.baseline, digits), _fmt_value(row.unit, row.candidate, digits)
+        if b != c or row.baseline == row.candidate:
+            return b, c
+    return b, c
+
+
+def _fmt_change(row: MetricComparison) -> tuple[str, str]:
+    """(ratio, change): exact metrics show the delta in their unit, others the relative change."""
+    if row.baseline is None or row.candidate is None:
+        return "-", "-"
+    ratio = "-" if row.ratio is None else f"{row.ratio:.3f}x"
+    if row.kind == EXACT:
+        delta = row.candidate - row.baseline
+        if row.unit == "bytes" and float(delta).is_integer():
+            return ratio, f"{int(delta):+,} B"
+        return ratio, f"{delta:+.6g} {row.unit}"
+    return ratio, "-" if row.change is None else f"{row.change * 100:+.1f}%"
+
+
+def _fmt_p(row: MetricComparison) -> str:
+    return "-" if row.p_value is None else f"{row.p_value:.2g}"
+
+
+def _fmt_threshold(limits: Mapping[str, float]) -> str:
+    text = f"{limits['default'] * 100:g}%"
+    extra = [f"{k} {v * 100:g}%" for k, v in limits.items() if k != "default"]
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+NOTABLE = (REGRESSION, IMPROVEMENT, INSUFFICIENT, NOT_SIGNIFICANT)
+_ORDER = {REGRESSION: 0, INSUFFICIENT: 1, NOT_SIGNIFICANT: 2, IMPROVEMENT: 3, UNCHANGED: 4, NA: 5}
+
+
+def _metric_rows(cmp: Comparison, *, all_rows: bool) -> list[tuple[CellComparison, MetricComparison]]:
+    rows = [(c, m) for c in cmp.cells for m in c.metrics if all_rows or m.verdict in NOTABLE]
+    if not all_rows:
+        rows.sort(key=lambda cm: _ORDER[cm[1].verdict])  # stable: cell order within a verdict
+    return rows
+
+
+def _row_cells(cell: CellComparison, m: MetricComparison) -> list[str]:
+    b, c = _fmt_pair(m)
+    ratio, change = _fmt_change(m)
+    return [cell.label, m.metric, b, c, ratio, change, _fmt_p(m), m.verdict + (f" ({m.note})" if m.note else "")]
+
+
+HEADERS = ["cell", "metric", "baseline", "candidate", "ratio", "change", "p", "verdict"]
+
+
+def _verdict_line(cmp: Comparison, *, fail_on_missing: bool) -> str:
+    s = cmp.summary()
+    code = cmp.exit_code(fail_on_missing=fail_on_missing)
+    parts = [f"{s['regressions']} regression(s) ({s['metric_regressions']} metric, {s['newly_failing']} newly "
+             f"failing cell(s))", f"{s['improvements']} improvement(s)"]
+    if s["insufficient_samples"]:
+        parts.append(f"{s['insufficient_samples']} change(s) with insufficient samples")
+    if s["not_significant"]:
+        parts.append(f"{s['not_significant']} change(s) not significant")
+    if fail_on_missing and s["missing"]:
+        parts.append(f"{s['missing']} missing cell(s) (--fail-on-missing)")
+    return "result: " + ", ".join(parts) + f" → exit {code}"
+
+
+def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
+    def failing(c: CellComparison) -> str:
+        return f"{c.label}: {c.baseline_status} → {c.candidate_status}" + (
+            f" ({c.reason('candidate')})" if c.reason("candidate") else "")
+
+    def fixed(c: CellComparison) -> str:
+        return f"{c.label}: {c.baseline_status} → ok" + (
+            f" (was: {c.reason('baseline')})" if c.reason("baseline") else "")
+
+    def still(c: CellComparison) -> str:
+        return f"{c.label}: {c.baseline_status} → {c.candidate_status}" + (
+            f" ({c.reason('candidate')})" if c.reason("candidate") else "")
+
+    def plain(c: CellComparison) -> str:
+        rec = c.baseline or c.candidate or {}
+        return f"{c.label} [{rec.get('status')}]" + (f" — {'; '.join(c.notes)}" if c.notes else "")
+
+    return [
+        ("newly failing (regression)", [failing(c) for c in cmp.newly_failing]),
+        ("newly fixed (improvement)", [fixed(c) for c in cmp.newly_fixed]),
+        ("missing (only in baseline)", [plain(c) for c in cmp.missing]),
+        ("added (only in candidate)", [plain(c) for c in cmp.added]),
+        ("still failing", [still(c) for c in cmp.still_failing]),
+        # an ok candidate's note is a caveat on the numbers compared above (e.g. a recompilation timed as step time)
+        ("candidate ok cells with a note", [f"{c.label}: {c.reason('candidate')}" for c in cmp.cells
+                                            if c.candidate is not None and c.candidate_status == "ok"
+                                            and c.reason("candidate")]),
+    ]
+
+
+def _sources(paths: Sequence[str]) -> str:
+    return ", ".join(paths) if paths else "<records>"
+
+
+def render_table(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bool = False) -> str:
+    """Plain-text report for a terminal."""
+    s = cmp.summary()
+    lines = [
+        f"baseline:  {_sources(cmp.baseline_sources)} ({cmp.baseline_records} records)",
+        f"candidate: {_sources(cmp.candidate_sources)} ({cmp.candidate_records} records)",
+        f"threshold {_fmt_threshold(cmp.thresholds)}; Mann–Whitney U alpha {cmp.alpha:g}, "
+        f">= {cmp.min_samples} samples per side; {s['matched']} matched, {s['added']} added, "
+        f"{s['missing']} missing",
+        "",
+    ]
+    rows = _metric_rows(cmp, all_rows=all_rows)
+    if rows:
+        table = [HEADERS] + [_row_cells(c, m) for c, m in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(HEADERS) - 1)]
+        for r in table:
+            lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+    else:
+        lines.append("no metric changed beyond its threshold")
+    for title, items in _cell_sections(cmp):
+        if items:
+            lines += ["", f"{title} ({len(items)}):"] + [f"  {i}" for i in items]
+    notes = [(c.label, n) for c in cmp.matched for n in c.notes if c.state == BOTH_OK]
+    if notes and (cmp.regressions or all_rows):
+        lines += ["", "environment changes:"] + [f"  {label}: {n}" for label, n in notes]
+    if cmp.warnings:
+        lines += ["", "warnings:"] + [f"  {w}" for w in cmp.warnings]
+    lines += ["", _verdict_line(cmp, fail_on_missing=fail_on_missing)]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bool = False) -> str:
+    """GitHub-flavoured Markdown for $GITHUB_STEP_SUMMARY and PR comments."""
+    s = cmp.summary()
+    code = cmp.exit_code(fail_on_missing=fail_on_missing)
+    head = (f"🔴 {s['regressions']} regression(s)" if cmp.has_regression
+            else "🟠 missing cells" if code else "🟢 no regressions")
+    lines = [
+        f"## Benchmark comparison: {head}",
+        "",
+        f"Baseline `{_sources(cmp.baseline_sources)}` ({cmp.baseline_records} records) vs candidate "
+        f"`{_sources(cmp.candidate_sources)}` ({cmp.candidate_records} records). "
+        f"Threshold {_fmt_threshold(cmp.thresholds)}; sampled metrics also need a two-sided Mann–Whitney U "
+        f"p < {cmp.alpha:g} with >= {cmp.min_samples} samples per side; deterministic metrics compare exactly.",
+        "",
+        f"**{s['matched']}** matched · **{s['added']}** added · **{s['missing']}** missing · "
+        f"**{s['regressions']}** regressions · **{s['improvements']}** improvements · "
+        f"**{s['insufficient_samples']}** insufficient samples · **{s['not_significant']}** not significant",
+        "",
+    ]
+    notable = _metric_rows(cmp, all_rows=False)
+    if notable:
+        lines += ["### Changes", "", md.table(HEADERS, [_row_cells(c, m) for c, m in notable]), ""]
+    else:
+        lines += ["No metric changed beyond its threshold.", ""]
+    for title, items in _cell_sections(cmp):
+        if items:
+            lines += [f"### {title[0].upper()}{title[1:]} ({len(items)})", ""]
+            lines += [f"- {md.escape(i)}" for i in items] + [""]
+    if cmp.warnings:
+        lines += ["### Warnings", ""] + [f"- {md.escape(w)}" for w in cmp.warnings] + [""]
+    every = _metric_rows(cmp, all_rows=True)
+    if every:
+        table = md.table(HEADERS, [_row_cells(c, m) for c, m in every])
+        if all_rows:
+            lines += ["### All comparisons", "", table, ""]
+        else:
+            lines += [f"<details><summary>All {len(every)} metric comparisons</summary>", "", table]
+            lines += ["", "</details>", ""]
+    lines.append(f"_{_verdict_line(cmp, fail_on_missing=fail_on_missing)}_")
+    return "\n".join(lines) + "\n"
+
+
+def _json_float(v: float) -> str:
+    if math.isfinite(v):
+        return float.__repr__(v)
+    raise ValueError("Out of range float values are not JSON compliant: " + repr(v))
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, float):
+        return _json_float(key)
+    if key is True or key is False or key is None:
+        return {True: "true", False: "false", None: "null"}[key]
+    if isinstance(key, int):
+        return int.__repr__(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {key.__class__.__name__}")
+
+
+def _json_scalar(o: Any) -> str | None:
+    """The JSON of a plain str, float, int, bool or None (exact types: the common case); None for others."""
+    t = type(o)
+    if t is str:
+        return _encode_str(o)
+    if t is float:
+        return _json_float(o)
+    if o is None:
+        return "null"
+    if t is int:
+        return int.__repr__(o)
+    if t is bool:
+        return "true" if o else "false"
+    return None
+
+
+def _put_json(o: Any, level: int, out: list[str], default: Callable[[Any], Any] | None) -> None:
+    """Append `o` as json.dumps(o, indent=2, allow_nan=False, default=default) spells it at depth `level`."""
+    text = _json_scalar(o)
+    if text is not None:
+        out.append(text)
+    elif isinstance(o, str):
+        out.append(_encode_str(o))
+    elif o is None:
+        out.append("null")
+    elif o is True:
+        out.append("true")
+    elif o is False:
+        out.append("false")
+    elif isinstance(o, int):
+        out.append(int.__repr__(o))
+    elif isinstance(o, float):
+        out.append(_json_float(o))
+    elif isinstance(o, (list, tuple)):
+        if not o:
+            out.append("[]")
+            return
+        indent = "\n" + "  " * (level + 1)
+        sep = "[" + indent
+        for value in o:
+            text = _json_scalar(value)
+            if text is None:
+                out.append(sep)
+                _put_json(value, level + 1, out, default)
+            else:
+                out.append(sep + text)
+            sep = "," + indent
+        out.append("\n" + "  " * level + "]")
+    elif isinstance(o, dict):
+        if not o:
+            out.append("{}")
+            return
+        indent = "\n" + "  " * (level + 1)
+        sep = "{" + indent
+        for key, value in o.items():
+            head = sep + _encode_str(key if type(key) is str else _json_key(key)) + ": "
+            text = _json_scalar(value)
+            if text is None:
+                out.append(head)
+                _put_json(value, level + 1, out, default)
+            else:
+                out.append(head + text)
+            sep = "," + indent
+        out.append("\n" + "  " * level + "}")
+    elif default is None:
+        raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
+    else:
+        _put_json(default(o), level, out, default)
+
+
+def dumps_json(obj: Any, *, default: Callable[[Any], Any] | None = None) -> str:
+    """json.dumps(obj, indent=2, allow_nan=False, default=default), the same text, several times faster: the
+    standard library's indenting encoder is Python generators, one per value (compare.json holds ~15 values per
+    metric of every cell). Cycles are not detected (compare's data has none)."""
+    out: list[str] = []
+    _put_json(obj, 0, out, default)
+    return "".join(out)
+
+
+def render_json(cmp: Comparison, *, fail_on_missing: bool = False) -> str:
+    d = cmp.to_dict()
+    d["exit_code"] = cmp.exit_code(fail_on_missing=fail_on_missing)
+    return dumps_json(d, default=str) + "\n"
+
+
+def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
+    """github-action-benchmark `customSmallerIsBetter` (direction smaller) or `customBiggerIsBetter` (bigger)
+    entries: the candidate's measured values, one per ok cell and metric, named `<run_id> <metric>`."""
+    if direction not in BENCHMARK_METRICS:
+        raise InputError([Problem("--direction", "", f"{direction!r} is not one of smaller, bigger")])
+    entries = []
+    for cell in cmp.cells:
+        rec = cell.candidate
+        if rec is None or rec.get("status") != "ok":
+            continue
+        rows = {m.metric: m for m in cell.metrics}
+        times = step_samples(rec)
+        for name in BENCHMARK_METRICS[direction]:
+            metric = METRICS_BY_NAME[name]
+            value = metric_value(rec, metric)
+            if value is None:
+                continue
+            entry: dict[str, Any] = {"name": f"{rec.get('run_id') or cell.label} {name}", "unit": metric.unit,
+                                     "value": value}
+            spread = half_spread(metric_samples(rec, metric, times=times)) if metric.kind == SAMPLED else None
+            if spread is not None:
+                entry["range"] = f"± {spread:.4g}"
+            row = rows.get(name)
+            if row is not None and row.baseline is not None:
+                ratio = _fmt_change(row)[0]
+                extra = f"{cell.label}; baseline {row.baseline:.6g}; ratio {ratio}; {row.verdict}"
+                if row.p_value is not None:
+                    extra += f"; p={row.p_value:.2g}"
+            else:
+                extra = f"{cell.label}; " + ("new cell" if cell.state == ADDED else "no baseline value")
+            entry["extra"] = extra
+            entries.append(entry)
+    return entries
+
+
+def render_benchmark(cmp: Comparison, direction: str) -> str:
+    return dumps_json(benchmark_entries(cmp, direction)) + "\n"

@@ -1,0 +1,187 @@
+"""The strategy catalogue: every strategy the harness runs, and what each stage needs to know about it.
+
+One entry per strategy, in the order everything lists them (scenario validation, `harness list`, the report's
+rows and colours). An entry names the module under harness/worker/strategies/ that implements it (its family),
+the device mesh it runs on, which precisions, CPU offload modes and torch.compile it supports (the refusals
+are the sentences a `skipped` record carries), the planner's memory and collective models that apply to it,
+and, from its position, its report colour. docs/strategies.md has the recipe for adding one.
+
+Rules that hold for every strategy (an injected fault's rank must exist, a hybrid needs whole nodes) stay code
+in `harness.scenario.schema.RunSpec.unsupported_reason`; what differs per strategy is data here.
+
+Floor 0: no torch, no import from the rest of the harness.
+"""
+
+from __future__ import annotations
+
+import colorsys
+from dataclasses import dataclass, field
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+"""CPU offload modes: none; the optimizer state (and master weights); the optimizer state and the parameters"""
+
+FLAT, HYBRID = "flat", "hybrid"
+MESHES: tuple[str, ...] = (FLAT, HYBRID)
+"""flat: one group of every rank; hybrid: 2-D, shard inside a node × replicate across nodes (whole nodes only)"""
+
+MEMORY_MODELS: tuple[str, ...] = ("ddp", "fsdp1", "fsdp2", "zero")
+"""keys of harness.plan.memory.MEMORY_MODELS"""
+COMM_MODELS: tuple[str, ...] = ("ddp", "fsdp1", "fsdp2", "zero12", "zero3")
+"""keys of harness.plan.comm.COMM_MODELS"""
+MIXED_MODES: tuple[str, ...] = ("autocast", "lowp")
+"""how a bf16/fp16 cell computes: autocast (fp32 parameters, matmuls in 16 bit) or lowp (16-bit parameters)"""
+
+STRATEGY_MODULE_PREFIX = "harness.worker.strategies"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One catalogue entry. Refusal sentences may name the strategy as `{strategy}`."""
+
+    name: str
+    """what scenario files, records and run_ids call it"""
+    family: str
+    """the module under harness/worker/strategies/ whose `setup(spec, *, topo)` builds it"""
+    memory_model: str
+    """which per-rank memory model of harness.plan.memory applies (one of MEMORY_MODELS)"""
+    comm_model: str
+    """which collective model of harness.plan.comm applies (one of COMM_MODELS)"""
+    mesh: str = FLAT
+    """the device mesh it runs on (one of MESHES)"""
+    shards: bool = True
+    """whether parameters, gradients or optimizer state are split over the shard group (False: every rank holds
+    a full replica: DDP, FSDP NO_SHARD)"""
+    reshard_after_forward: bool = True
+    """sharded strategies: a unit's gathered parameters are freed after its forward and gathered again in backward
+    (FULL_SHARD); False keeps them from the forward to the backward (SHARD_GRAD_OP)"""
+    mixed: str = "lowp"
+    """how bf16/fp16 cells compute (one of MIXED_MODES)"""
+    precisions: tuple[str, ...] = PRECISIONS
+    """precisions it can run"""
+    offload_refusals: dict[str, str] = field(default_factory=dict, hash=False)
+    """offload mode → why it cannot run that way; modes not named here are supported"""
+    compile: bool = True
+    """whether torch.compile is supported"""
+    compile_with_checkpointing_refusal: str | None = None
+    """why compile together with activation checkpointing cannot run, or None when it can"""
+    device_refusals: dict[tuple[str, str], str] = field(default_factory=dict, hash=False)
+    """(device, precision) → why the backend cannot run that precision on that device (cpu | cuda)"""
+
+    @property
+    def module(self) -> str:
+        """The importable name of its family module."""
+        return f"{STRATEGY_MODULE_PREFIX}.{self.family}"
+
+    @property
+    def offloads(self) -> tuple[str, ...]:
+        """The offload modes it supports."""
+        return tuple(o for o in OFFLOADS if o not in self.offload_refusals)
+
+    def offload_refusal(self, offload: str) -> str | None:
+        """Why this strategy cannot run with `offload`, or None."""
+        reason = self.offload_refusals.get(offload)
+        return None if reason is None else reason.format(strategy=self.name)
+
+    def compile_refusal(self, *, checkpointing: bool) -> str | None:
+        """Why this strategy cannot run under torch.compile (with activation checkpointing or not), or None."""
+        if not self.compile:
+            return f"{self.name}: torch.compile is not supported"
+        if checkpointing and self.compile_with_checkpointing_refusal is not None:
+            return self.compile_with_checkpointing_refusal.format(strategy=self.name)
+        return None
+
+    def device_refusal(self, device: str | None, precision: str) -> str | None:
+        """Why the backend cannot run `precision` on `device`, or None (also when the device is unknown)."""
+        reason = self.device_refusals.get((device, precision)) if device is not None else None
+        return None if reason is None else reason.format(strategy=self.name)
+
+
+# --------------------------------------------------------------------------------------------------
+# the entries
+
+_NO_OFFLOAD = "{strategy} has no CPU offload"
+_FSDP_OFFLOAD = "{strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
+_FSDP2_OFFLOAD = "{strategy}: CPU offload is not part of this harness's FSDP2 cells"
+_ZERO12_OFFLOAD = "{strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
+_DS_CPU_FP16 = {("cpu", "fp16"): "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"}
+# NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's per-module
+# hooks, whose guards (sub_module.ds_id, pre_bwd_fn) fail on every module: each call recompiles until the
+# limit, then runs eagerly; steps took 5 s instead of 0.08 s
+_ZERO3_COMPILE_AC = ("{strategy} with compile and activation checkpointing: ZeRO-3's per-module gather hooks inside "
+                     "a checkpointed block make torch.compile recompile on every call")
+
+_ENTRIES: tuple[Strategy, ...] = (
+    Strategy("ddp", family="ddp", memory_model="ddp", comm_model="ddp", shards=False, mixed="autocast",
+             offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD}),
+    Strategy("fsdp.full_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1",
+             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
+    Strategy("fsdp.shard_grad_op", family="fsdp", memory_model="fsdp1", comm_model="fsdp1",
+             reshard_after_forward=False, offload_refusals={"optimizer": _FSDP_OFFLOAD}),
+    Strategy("fsdp.no_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", shards=False,
+             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
+    Strategy("fsdp.hybrid_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", mesh=HYBRID,
+             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
+    Strategy("fsdp.hybrid_shard_zero2", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", mesh=HYBRID,
+             reshard_after_forward=False, offload_refusals={"optimizer": _FSDP_OFFLOAD}),
+    Strategy("fsdp2.full_shard", family="fsdp2", memory_model="fsdp2", comm_model="fsdp2",
+             offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD}),
+    Strategy("fsdp2.hybrid_shard", family="fsdp2", memory_model="fsdp2", comm_model="fsdp2", mesh=HYBRID,
+             offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD}),
+    Strategy("zero1", family="zero", memory_model="zero", comm_model="zero12",
+             offload_refusals={"optimizer+params": _ZERO12_OFFLOAD}, device_refusals=_DS_CPU_FP16),
+    Strategy("zero2", family="zero", memory_model="zero", comm_model="zero12",
+             offload_refusals={"optimizer+params": _ZERO12_OFFLOAD}, device_refusals=_DS_CPU_FP16),
+    Strategy("zero3", family="zero", memory_model="zero", comm_model="zero3",
+             compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC, device_refusals=_DS_CPU_FP16),
+)
+
+CATALOGUE: dict[str, Strategy] = {s.name: s for s in _ENTRIES}
+"""strategy name → entry, in catalogue order"""
+STRATEGIES: tuple[str, ...] = tuple(CATALOGUE)
+HYBRID_STRATEGIES: frozenset[str] = frozenset(s.name for s in _ENTRIES if s.mesh == HYBRID)
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(s.family for s in _ENTRIES))
+"""the family modules under harness/worker/strategies/, in catalogue order"""
+FAMILY_MODULES: tuple[str, ...] = tuple(f"{STRATEGY_MODULE_PREFIX}.{f}" for f in FAMILIES)
+
+
+def is_hybrid(strategy: str) -> bool:
+    """Whether `strategy` runs on the 2-D (replicate × shard) mesh; False for a name not in the catalogue."""
+    return strategy in HYBRID_STRATEGIES
+
+
+# --------------------------------------------------------------------------------------------------
+# report colours
+
+PALETTE: tuple[str, ...] = ("#000000", "#0072B2", "#56B4E9", "#332288", "#44AA99", "#999933", "#009E73", "#CC79A7",
+                            "#E69F00", "#D55E00", "#882255")
+"""Okabe & Ito (2008) without yellow (too light on white), then Paul Tol's muted indigo, teal, olive, wine: all
+distinguishable with the common colour-vision deficiencies. The first strategies take these, in catalogue order."""
+UNKNOWN_COLOUR = "#888888"
+"""grey: the colour of a strategy that is not in the catalogue (an old record's)"""
+_GOLDEN = 0.6180339887498949
+_LIGHTNESS = (0.40, 0.55, 0.30)
+
+
+def palette_colour(index: int) -> str:
+    """The colour of the strategy at position `index` of a catalogue: PALETTE, then colours that never run out.
+
+    Past the palette, hues step by the golden ratio around the colour wheel (each new hue far from the last ones)
+    at full saturation, cycling three lightnesses; never grey, and deterministic.
+    """
+    if index < 0:
+        raise ValueError(f"palette index {index} is negative")
+    if index < len(PALETTE):
+        return PALETTE[index]
+    k = index - len(PALETTE)
+    r, g, b = colorsys.hls_to_rgb((0.07 + k * _GOLDEN) % 1.0, _LIGHTNESS[k % len(_LIGHTNESS)], 0.85)
+    return "#{:02X}{:02X}{:02X}".format(*(round(c * 255) for c in (r, g, b)))
+
+
+def strategy_colours(names: tuple[str, ...] | list[str] = STRATEGIES) -> dict[str, str]:
+    """strategy → report colour, by position in `names` (the catalogue's order by default)."""
+    return {name: palette_colour(i) for i, name in enumerate(names)}
+
+
+STRATEGY_COLOURS: dict[str, str] = strategy_colours()
+"""strategy → colour, the same in every figure of every report"""

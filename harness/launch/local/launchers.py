@@ -1,0 +1,194 @@
+"""The local backend: a cell's ranks as processes on this machine — `launch_foreground` (child processes,
+torchrun-style environment; `harness run`, the tests) and `launch_submitit` (a submitit LocalExecutor job, one
+task per rank; local sweeps) — and what they share: the watch that ends a cell whose ranks are stuck after one
+failed, killing a cell's whole process tree, and which GPUs a local sweep may use.
+
+Why a module of its own: the local launchers start and kill processes and end each cell with launch/core's
+`finalize`, exactly as the SLURM backend does with its jobs; the sweep only chooses between them. Every rank is
+`python -m harness.launch.entry` (or submitit's task calling `harness.launch.entry.submitit_entry`), which
+may have it forked from the sweep's warm interpreter (prefork.py, beside this module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.launch.core.outcome import finalize, job_log_tail, read_fragments
+from harness.launch.core.payload import free_port
+from harness.scenario.cluster import Cluster
+
+
+def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> dict:
+    """Run a cell's ranks as child processes of this one (no scheduler), torchrun-style environment.
+
+    All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
+    """
+    world = payload["spec"]["world_size"]
+    with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
+        ppath = Path(tmp) / "payload.json"
+        ppath.write_text(json.dumps(payload))
+        procs = []
+        base_env = dict(os.environ)
+        base_env.update(payload["cluster"].get("env", {}))
+        base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"] or free_port()),
+                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+        gpn = payload["spec"]["gpus_per_node"]
+        # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
+        out = sys.stderr if stream else subprocess.DEVNULL
+        t0 = time.time()
+        pgid = None
+        for r in range(world):
+            env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
+            p = subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(ppath)], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT,
+                                 process_group=pgid if pgid is not None else 0)
+            pgid = p.pid if pgid is None else pgid
+            procs.append(p)
+        cancelled = False
+        watch = FailureWatch(payload)
+        try:
+            while any(p.poll() is None for p in procs):
+                if time.time() - t0 > time_limit_s or watch.stuck():
+                    break
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            cancelled = True
+        finally:
+            if any(p.poll() is None for p in procs):
+                _kill_group(pgid)
+                for p in procs:
+                    p.wait()
+        elapsed = time.time() - t0
+        return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, cancelled=cancelled,
+                        exit_codes=[p.returncode for p in procs])
+
+
+class FailureWatch:
+    """A rank that failed leaves a fragment; ranks still alive `grace_s` later are stuck (a hung peer, a
+    collective that will never complete): the launcher ends the cell instead of waiting for its time limit."""
+
+    def __init__(self, payload: dict, grace_s: float = 15.0):
+        self.payload, self.grace_s = payload, grace_s
+        self.first_seen: float | None = None
+        self._next_check = 0.0
+
+    def stuck(self) -> bool:
+        now = time.time()
+        if now < self._next_check:
+            return False
+        self._next_check = now + 1.0
+        if self.first_seen is None:
+            if read_fragments(self.payload):
+                self.first_seen = now
+            return False
+        return now - self.first_seen > self.grace_s
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGTERM, then SIGKILL, a process and all its descendants (a local submitit job: controller + ranks)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except Exception:  # noqa: BLE001 - already gone
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except Exception:  # noqa: BLE001
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=3)
+    for p in alive:
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001
+            pass
+    psutil.wait_procs(alive, timeout=3)
+
+
+def _kill_group(pgid: int | None) -> None:
+    if pgid is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+
+def local_gpus() -> list[int] | None:
+    """The GPUs a local sweep may use, by index: CUDA_VISIBLE_DEVICES when it lists indices, else every device
+    torch sees; None when CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id (then nothing is checked)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        items = [x.strip() for x in env.split(",") if x.strip()]
+        return [int(x) for x in items] if all(x.isdigit() for x in items) else None
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: float) -> dict[str, Any]:
+    """submitit LocalExecutor parameters of a local cell: one task per rank, one node."""
+    # timeout_min bounds the whole job; the Controller then kills every task
+    params: dict[str, Any] = {"tasks_per_node": world, "nodes": 1, "timeout_min": time_limit_s / 60.0,
+                              "signal_delay_s": min(30, max(1, int(time_limit_s // 10)))}
+    # NOTE: gpus_per_node also sets the tasks' CUDA_VISIBLE_DEVICES, to the first gpus_per_node of visible_gpus
+    # (default 0, 1, ...: physical indices, which would ignore the user's CUDA_VISIBLE_DEVICES=2,3); 0 would hide
+    # every GPU
+    params["gpus_per_node"] = world if cluster.device == "cuda" else 0
+    gpus = local_gpus() if cluster.device == "cuda" else None
+    if gpus:
+        params["visible_gpus"] = tuple(gpus)
+    return params
+
+
+def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
+                    on_submit: Callable[[Any], None] | None = None) -> dict:
+    """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells:
+    harness.launch.slurm.jobs)."""
+    import submitit
+
+    from harness.launch.entry import submitit_entry
+
+    world = payload["spec"]["world_size"]
+    if cluster.executor != "local":
+        raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
+    executor = submitit.LocalExecutor(folder=folder)
+    executor.update_parameters(**local_executor_parameters(world, cluster=cluster, time_limit_s=time_limit_s))
+    t0 = time.time()
+    job = executor.submit(submitit_entry, payload)
+    if on_submit:
+        on_submit(job)
+    watch = FailureWatch(payload)
+    try:
+        while not job.done():
+            over = time.time() - t0 > time_limit_s + 15  # the controller's own kill is late or missing
+            if over or watch.stuck():
+                _kill_tree(int(job.job_id))
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _kill_tree(int(job.job_id))
+        finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
+        raise
+    elapsed = time.time() - t0
+    return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=job_log_tail(job, world))

@@ -1,0 +1,200 @@
+"""What a newcomer found in the report (issue 15): CPU memory shown as device memory, a best-strategy table that
+crowned noise, a scaling figure that lost precision and drew one-count series at efficiency 1.0, an all-grey MFU
+heatmap on CPU, and a read-only `-o` that ended in a traceback.
+
+CPU records: baselines/smoke-local, a real smoke sweep on this CPU machine (gloo, 2 and 4 ranks); GPU records:
+the committed fixture sweep (tests/fixtures/records).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from html import unescape
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.report import build_report, output_problem
+from harness.report.figures import STRATEGY_STYLE, _precision_handle
+from harness.report.leader import leader_verdict
+from tests.unit.test_report import md_rows, md_section
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "records"
+SMOKE = ROOT / "baselines" / "smoke-local"
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    if not any(SMOKE.rglob("*.json")):
+        pytest.skip("baselines/smoke-local has no records")
+    return build_report([SMOKE], out=tmp_path_factory.mktemp("cpu"))
+
+
+# --- 5: CPU memory is a process RSS, not device memory -----------------------------------------------------
+
+def test_cpu_memory_is_labelled_peak_rss_and_never_paired_with_the_prediction(cpu_report):
+    table = pd.read_csv(cpu_report["paths"]["csv"])
+    assert set(table["memory_measure"]) == {"cpu_process_rss"}
+    assert table["predicted_memory_gib"].notna().all()  # the records have a prediction: table.csv keeps it
+    md = cpu_report["paths"]["markdown"].read_text()
+    section = md_section(md, "### tiny · 2 GPUs")
+    header = next(line for line in section.splitlines() if line.startswith("| strategy"))
+    assert "peak RSS, CPU process (GiB)" in header
+    for device_only in ("mem alloc", "mem reserved", "mem predicted", "capacity"):
+        assert device_only not in header
+    ddp = next(r for r in md_rows(section) if r[:2] == ["ddp", "bf16"])
+    rec = table[(table["strategy"] == "ddp") & (table["precision"] == "bf16")].iloc[0]
+    # tok/s/GPU, MFU, step median, p90, then the RSS: the record's peak_memory_allocated_gib
+    assert ddp[6] == f"{rec['peak_memory_allocated_gib']:.3g}"
+    html = cpu_report["paths"]["html"].read_text()
+    assert "peak RSS, CPU process (GiB)" in html and "mem predicted (GiB)" not in html
+    memory = next(f for f in cpu_report["figures"] if f.name == "memory")
+    assert memory.png is not None and "peak RSS of the whole process" in memory.caption
+
+
+def test_gpu_tables_keep_the_device_memory_columns(tmp_path):
+    md = build_report([FIXTURES], out=tmp_path)["paths"]["markdown"].read_text()
+    section = md_section(md, "## Model 125m")
+    assert "mem predicted (GiB)" in section and "peak RSS" not in section
+
+
+# --- 6: the best table says when the leader is noise ------------------------------------------------------
+
+def test_leader_verdict_from_steps_and_from_repeated_runs():
+    rng = np.random.default_rng(0)
+    a, b = list(rng.normal(1.0, 0.01, 20)), list(rng.normal(1.1, 0.01, 20))
+    clear = leader_verdict(leader_tps=110.0, leader_samples=a, runner_tps=100.0, runner_samples=b,
+                           leader_runs=[110.0], runner_runs=[100.0])
+    assert clear.distinguishable and clear.p_steps < 1e-6 and clear.p_runs is None
+    same = leader_verdict(leader_tps=100.0, leader_samples=a, runner_tps=100.0, runner_samples=a[::-1],
+                          leader_runs=[100.0], runner_runs=[100.0])
+    assert not same.distinguishable and same.p_steps == pytest.approx(1.0)
+    # steps say "faster", but a second run of the leader was slower than the runner-up: not distinguishable
+    repeats = leader_verdict(leader_tps=110.0, leader_samples=a, runner_tps=100.0, runner_samples=b,
+                             leader_runs=[110.0, 66.0], runner_runs=[100.0])
+    assert not repeats.distinguishable and repeats.p_runs == pytest.approx(1.0) and repeats.n_runs == (2, 1)
+    assert repeats.text() == "not distinguishable, p=1, 2 vs 1 runs"
+    untestable = leader_verdict(leader_tps=110.0, leader_samples=[], runner_tps=100.0, runner_samples=[],
+                                leader_runs=[110.0], runner_runs=[100.0])
+    assert not untestable.distinguishable and untestable.p is None
+
+
+def test_best_table_marks_a_lead_inside_the_noise(tmp_path):
+    """125m @ 2 GPUs: ddp leads fsdp2.full_shard in the fixture (p=0.0002 on the steps). An earlier run of the
+    same ddp cell at 100,000 tok/s/GPU makes the lead noise: ≈ in the best table and in the model table."""
+    src = tmp_path / "records"
+    shutil.copytree(FIXTURES / "fixture-h100", src)
+    rec = json.loads((src / "125m-ddp-bf16-g2-bca7e9c191.json").read_text())
+    rec.update(run_id="125m-ddp-bf16-g2-rerun", finished_at="2026-11-29T02:00:00+00:00")
+    rec["metrics"]["tokens_per_s_per_gpu"] = 100000.0
+    (src / "125m-ddp-bf16-g2-rerun.json").write_text(json.dumps(rec))
+    result = build_report([src], out=tmp_path / "out")
+    best = {(b["model"], int(b["gpus"])): b for b in result["best"].to_dict("records")}
+    b = best["125m", 2]
+    assert (b["strategy"], b["runner_up"], b["distinguishable"]) == ("ddp", "fsdp2.full_shard", False)
+    assert b["verdict"] == "not distinguishable, p=1, 2 vs 1 runs"
+    assert best["125m", 4]["distinguishable"] is True
+    md = result["paths"]["markdown"].read_text()
+    row = next(r for r in md_rows(md_section(md, "## Best strategy per model and GPU count")) if r[:2] == ["125m", "2"])
+    assert row[2] == "ddp ≈ fsdp2.full_shard" and row[7].startswith("≈ +4.5% (not distinguishable, p=1")
+    model_row = next(r for r in md_rows(md_section(md, "### 125m · 2 GPUs")) if r[:2] == ["ddp", "bf16"])
+    assert model_row[2] == "**152,000** ≈"
+    html = result["paths"]["html"].read_text()
+    assert 'class="num tie" title="fastest, but not distinguishable from fsdp2.full_shard · bf16' in html
+
+
+def test_smoke_leaders_are_not_crowned(cpu_report):
+    """The real smoke sweep: 5 steps per cell, leads of a few percent; neither leader is distinguishable."""
+    assert cpu_report["best"]["distinguishable"].tolist() == [False, False]
+    md = cpu_report["paths"]["markdown"].read_text()
+    assert md.count("** ★") == 0 and md.count("** ≈") == 2
+
+
+# --- 7: scaling figure --------------------------------------------------------------------------------------
+
+def _bottom_half_has(path: Path, hex_colour: str) -> bool:
+    rgb = np.array([int(hex_colour[i: i + 2], 16) for i in (1, 3, 5)])
+    img = np.round(mpimg.imread(path)[..., :3] * 255).astype(int)
+    lower = img[img.shape[0] // 2 + 20:, : int(img.shape[1] * 0.7)]  # efficiency panels, not the legend
+    return bool((np.abs(lower - rgb).sum(axis=-1) <= 3).sum() > 10)
+
+
+def test_a_series_at_one_gpu_count_gets_no_efficiency(tmp_path):
+    src = tmp_path / "records"
+    src.mkdir()
+    for path in (FIXTURES / "fixture-h100").glob("*-g4-*.json"):  # every series measured at 4 GPUs only
+        shutil.copy(path, src)
+    result = build_report([src], out=tmp_path / "out")
+    scaling = next(f for f in result["figures"] if f.name == "scaling")
+    assert "Scaling efficiency not drawn: only one GPU count in the results." in scaling.note
+    assert not _bottom_half_has(result["paths"]["figures"]["scaling"], STRATEGY_STYLE["fsdp2.full_shard"][0])
+    # with 2 and 4 GPUs the efficiency lines are there
+    full = build_report([FIXTURES / "fixture-h100"], out=tmp_path / "full")
+    assert _bottom_half_has(full["paths"]["figures"]["scaling"], STRATEGY_STYLE["fsdp2.full_shard"][0])
+    assert "efficiency not drawn" not in next(f for f in full["figures"] if f.name == "scaling").note
+
+
+def test_precision_is_a_marker_fill_too():
+    bf16, fp32 = _precision_handle("bf16"), _precision_handle("fp32")
+    assert bf16.get_marker() == fp32.get_marker() == "o"
+    assert fp32.get_markerfacecolor() == "white" and bf16.get_markerfacecolor() != "white"
+
+
+# --- 8: MFU heatmap on CPU ----------------------------------------------------------------------------------
+
+def test_no_mfu_anywhere_shows_tflops_and_says_why_once(cpu_report):
+    heat = next(f for f in cpu_report["figures"] if f.name == "mfu_heatmap")
+    assert heat.png is not None and "TFLOPS" in heat.title
+    assert heat.note.startswith("No cell has an MFU value, so the heatmap shows the achieved TFLOPS per GPU.")
+    reason = "no dense peak FLOPS known for device 'cpu'"
+    assert heat.note.count(reason) == 2  # one line per precision (bf16, fp32), each said once
+    shown = unescape(re.sub(r' title="[^"]*"', "", cpu_report["paths"]["html"].read_text()))  # hover text aside
+    assert shown.count(reason + " (bf16)") == 1
+    img = mpimg.imread(cpu_report["paths"]["figures"]["mfu_heatmap"])[..., :3]
+    grey = (np.abs(img - np.array([0xE6, 0xE6, 0xE6]) / 255).sum(axis=-1) < 0.02).mean()
+    assert grey < 0.02, f"{grey:.1%} of the heatmap is the n/a grey"
+
+
+def test_fixture_heatmap_keeps_mfu(tmp_path):
+    heat = next(f for f in build_report([FIXTURES], out=tmp_path)["figures"] if f.name == "mfu_heatmap")
+    assert heat.title == "MFU heatmap" and "n/a (4 cells): peak-FLOPS table has no dense fp32 entry" in heat.note
+
+
+# --- 2: an output folder that cannot be written -----------------------------------------------------------
+
+def test_output_under_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    assert output_problem(blocker / "out") == (f"cannot create the output directory: {blocker} is a file, "
+                                               "not a directory")
+    assert output_problem(blocker) == "output path exists and is not a directory"
+    assert output_problem(tmp_path / "new" / "deeper") is None
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("records were read before the output was checked")
+    monkeypatch.setattr("harness.report.iter_records", no_work)
+    assert main(["report", str(FIXTURES), "-o", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: {blocker / 'out'}: cannot create the output directory: {blocker} "
+                                        "is a file, not a directory"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o555 folder; the parent-is-a-file test covers "
+                                                "the check")
+def test_read_only_output_dir_is_exit_2(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        assert main(["report", str(FIXTURES), "-o", str(ro)]) == 2
+        assert "output directory is not writable" in capsys.readouterr().err
+    finally:
+        ro.chmod(0o755)
