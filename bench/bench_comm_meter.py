@@ -124,9 +124,9 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from harness.scenario.schema import parse_scenario
     from harness.worker.meters.timing import synchronize
     from harness.worker.models import synthetic_batch
-    from harness.scenario.schema import parse_scenario
     from harness.worker.strategies import family
     from harness.worker.strategies.base import Topology
 

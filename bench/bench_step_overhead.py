@@ -31,9 +31,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from harness.scenario.schema import parse_scenario  # noqa: E402
 from harness.worker.meters.timing import synchronize, time_steps  # noqa: E402
 from harness.worker.models import Block, build_model, synthetic_batch  # noqa: E402
-from harness.scenario.schema import parse_scenario  # noqa: E402
 from harness.worker.strategies import family  # noqa: E402
 from harness.worker.strategies.base import Topology, adamw  # noqa: E402
 
@@ -161,8 +161,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off")
     args = ap.parse_args()
-    from harness.scenario.cluster import find_peak
     from harness.plan.memory import flops_per_step
+    from harness.scenario.cluster import find_peak
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

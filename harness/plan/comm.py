@@ -49,9 +49,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from harness.core.catalogue import CATALOGUE, HYBRID
-from harness.core.constants import (DDP_BUCKET_CAP_MB, DDP_FIRST_BUCKET_BYTES, DS_MAX_LIVE_PARAMETERS,
-                                    DS_MAX_REUSE_DISTANCE, DS_NCCL_START_ALIGNMENT, DS_PARAM_PERSISTENCE_THRESHOLD,
-                                    DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_SIZE)
+from harness.core.constants import (
+    DDP_BUCKET_CAP_MB,
+    DDP_FIRST_BUCKET_BYTES,
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    DS_NCCL_START_ALIGNMENT,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
+    DS_PREFETCH_BUCKET_ELEMS,
+    DS_REDUCE_BUCKET_ELEMS,
+    DS_SUB_GROUP_SIZE,
+)
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.scenario.schema import RunSpec
 

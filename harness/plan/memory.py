@@ -33,8 +33,13 @@ import math
 from dataclasses import dataclass, field
 
 from harness.core.catalogue import CATALOGUE, HYBRID
-from harness.core.constants import (DS_MAX_LIVE_PARAMETERS, DS_PARAM_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET_ELEMS,
-                                    DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_SIZE)
+from harness.core.constants import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
+    DS_PREFETCH_BUCKET_ELEMS,
+    DS_REDUCE_BUCKET_ELEMS,
+    DS_SUB_GROUP_SIZE,
+)
 from harness.core.zoo import ModelConfig, parameters
 from harness.scenario.schema import RunSpec
 

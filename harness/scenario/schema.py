@@ -116,7 +116,7 @@ class RunSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
         known = {k: d[k] for k in SETTING_FIELDS if k in d}
         return cls(
             model=d["model"],

@@ -215,8 +215,7 @@ def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> 
     """
     import functools
 
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if policy not in ("full", "selective"):

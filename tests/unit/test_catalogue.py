@@ -11,9 +11,22 @@ import sys
 import pytest
 
 from harness.core import catalogue
-from harness.core.catalogue import (CATALOGUE, COMM_MODELS, FAMILY_MODULES, MEMORY_MODELS, MESHES, MIXED_MODES,
-                                    OFFLOADS, PALETTE, PRECISIONS, STRATEGIES, UNKNOWN_COLOUR, Strategy,
-                                    palette_colour, strategy_colours)
+from harness.core.catalogue import (
+    CATALOGUE,
+    COMM_MODELS,
+    FAMILY_MODULES,
+    MEMORY_MODELS,
+    MESHES,
+    MIXED_MODES,
+    OFFLOADS,
+    PALETTE,
+    PRECISIONS,
+    STRATEGIES,
+    UNKNOWN_COLOUR,
+    Strategy,
+    palette_colour,
+    strategy_colours,
+)
 from harness.core.errors import InputError
 from harness.plan import comm as cm
 from harness.plan import memory as mb

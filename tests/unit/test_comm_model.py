@@ -8,11 +8,22 @@ import dataclasses
 
 import pytest
 
-from harness.plan import predict as planner
-from harness.plan.comm import (DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets, ds_ipg_buckets,
-                                fsdp1_flat_numel, fsdp2_padded_numel, no_comm_model_reason, predict_comm,
-                                zero3_module_trace, zero3_sub_groups, zero3_trace, Zero3Config)
 from harness.core.zoo import ZOO, ModelConfig, Param, parameters
+from harness.plan import predict as planner
+from harness.plan.comm import (
+    DDP_BUCKET_CAP_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    Zero3Config,
+    ddp_buckets,
+    ds_ipg_buckets,
+    fsdp1_flat_numel,
+    fsdp2_padded_numel,
+    no_comm_model_reason,
+    predict_comm,
+    zero3_module_trace,
+    zero3_sub_groups,
+    zero3_trace,
+)
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
 

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.zoo import ZOO, ModelConfig
 from harness.plan import memory as mb
 from harness.scenario.schema import RunSpec, Settings
-from harness.core.zoo import ZOO, ModelConfig
 
 torch = pytest.importorskip("torch")
-from torch.utils.flop_counter import (FlopCounterMode, flop_registry, register_flop_formula,  # noqa: E402
-                                      sdpa_backward_flop_count, sdpa_flop_count)
+from torch.utils.flop_counter import (  # noqa: E402
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 from harness.worker.models import apply_activation_checkpointing, build_model, loss_fn  # noqa: E402
 

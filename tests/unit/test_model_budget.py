@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.zoo import ZOO, ModelConfig, parameters
 from harness.plan import memory as mb
 from harness.scenario.schema import RunSpec, Settings
-from harness.core.zoo import ZOO, ModelConfig, parameters
 
 REPO = Path(__file__).resolve().parents[2]
 CFG7 = ZOO["7b"]

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import main
+from harness.core.zoo import ZOO
 from harness.plan import memory as mb
 from harness.plan import predict as planner
-from harness.cli import main
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
-from harness.core.zoo import ZOO
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.worker.models import build_model
 from harness.core.zoo import ZOO
+from harness.worker.models import build_model
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -111,7 +111,7 @@ class CommMeter:
         self._lib: torch.library.Library | None = None
         self._lock = threading.Lock()
 
-    def install(self) -> "CommMeter":
+    def install(self) -> CommMeter:
         if self._lib is not None:
             return self
         lib = torch.library.Library("c10d", "IMPL")  # noqa: TOR901 - registering kernels for an existing namespace

@@ -6,9 +6,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.core.constants import DDP_BUCKET_CAP_MB
+from harness.scenario.schema import RunSpec
 from harness.worker.models import apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
-from harness.scenario.schema import RunSpec
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 
 

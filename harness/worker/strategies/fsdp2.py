@@ -14,10 +14,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from harness.worker.models import (KeyedEmbedding, KeyedLinear, RMSNorm, apply_activation_checkpointing,
-                            build_model, init_module_)
-from harness.worker.precision import policy
 from harness.scenario.schema import RunSpec
+from harness.worker.models import (
+    KeyedEmbedding,
+    KeyedLinear,
+    RMSNorm,
+    apply_activation_checkpointing,
+    build_model,
+    init_module_,
+)
+from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 
 

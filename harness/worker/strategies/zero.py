@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
 from harness.scenario.schema import RunSpec
+from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
 from harness.worker.strategies.base import Batch, Topology, adamw
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
