@@ -35,8 +35,11 @@ MEASURE_STEPS = 5
 
 
 def cell(strategy: str):
-    doc = {"name": "bench", "matrix": {"model": ["tiny"], "strategy": [strategy], "precision": ["fp32"], "gpus": [2]},
-           "settings": {"warmup_steps": 2, "measure_steps": MEASURE_STEPS}}
+    doc = {
+        "name": "bench",
+        "matrix": {"model": ["tiny"], "strategy": [strategy], "precision": ["fp32"], "gpus": [2]},
+        "settings": {"warmup_steps": 2, "measure_steps": MEASURE_STEPS},
+    }
     (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=2)
     return spec
 
@@ -49,8 +52,9 @@ def run_once(strategy: str, launcher: str, warm: bool) -> dict[str, float]:
     cluster = load_cluster("local")
     spec = cell(strategy)
     with tempfile.TemporaryDirectory() as tmp:
-        payload = make_payload(spec, sweep="bench", cluster=cluster, results=Path(tmp) / "results", sha=None,
-                               predicted=None)
+        payload = make_payload(
+            spec, sweep="bench", cluster=cluster, results=Path(tmp) / "results", sha=None, predicted=None
+        )
         t0 = time.time()
         if launcher == "submitit":
             rec = launch_submitit(payload, cluster=cluster, folder=Path(tmp) / "jobs", time_limit_s=300)
@@ -62,8 +66,14 @@ def run_once(strategy: str, launcher: str, warm: bool) -> dict[str, float]:
     m = rec["metrics"]
     steps = sum(m["warmup_step_times_s"]) + sum(m["step_time_s"]["samples"])
     startup, setup = m["startup_s"], m["setup_s"]
-    return {"wall": wall, "imports": startup - setup, "setup": setup, "steps": steps,
-            "rest": wall - startup - steps, "step_ms": 1e3 * m["step_time_s"]["median"]}
+    return {
+        "wall": wall,
+        "imports": startup - setup,
+        "setup": setup,
+        "steps": steps,
+        "rest": wall - startup - steps,
+        "step_ms": 1e3 * m["step_time_s"]["median"],
+    }
 
 
 def main() -> None:
@@ -92,9 +102,12 @@ def main() -> None:
         print(f"{s:<18}{m:>6}" + "".join(f"{v[c]:>9.2f}" for c in cols) + ratio)
     for m, _ in modes:
         print(f"{m}: sum of medians {sum(v['wall'] for (s, mm), v in med.items() if mm == m):.1f} s")
-    print("'imports' = process start → worker entry, 'setup' = entry → first step (torch imports land here when "
-          "cold), 'steps' = warmup + measured, 'rest' = launch + teardown + record + polling, all s; 'step_ms' = "
-          "the record's median step time, which forking must not change")
+    print(
+        "'imports' = process start → worker entry, 'setup' = entry → first step (torch imports land here when "
+        "cold), 'steps' = warmup + measured, 'rest' = launch + teardown + record + polling, all s; 'step_ms' = "
+        "the record's median step time, which forking must not change"
+    )
+
 
 if __name__ == "__main__":
     main()

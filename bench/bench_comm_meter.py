@@ -53,9 +53,12 @@ def launch(argv: list[str], world: int) -> int:
     """Run this script once per rank (torchrun-style environment); rank 0 prints."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
-    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--rank", str(r)], env=dict(env, RANK=str(r),
-                                                                                          LOCAL_RANK=str(r)))
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, *argv, "--rank", str(r)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        )
+        for r in range(world)
+    ]
     return max(p.wait() for p in procs)
 
 
@@ -136,32 +139,49 @@ def rank_main(args) -> None:
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        rank=rank,
+        world_size=world,
+        device_id=device if device.type == "cuda" else None,
+    )
     topo = Topology(rank=rank, world_size=world, local_rank=rank, gpus_per_node=world, device=device)
     cost = per_call_cost_us(device)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        print(f"device {device} ({name}), world {world}, torch {torch.__version__}, model {args.model}, "
-              f"{args.precision}, micro-batch {args.micro_batch}, seq {args.seq_len}; {args.rounds} rounds x "
-              f"{args.steps} steps each side, meter on/off alternating")
-        print(f"per all_reduce (1024 floats, one-rank group): meter off {cost['off']:.1f} us, installed idle "
-              f"{cost['idle']:.1f} us, counting {cost['counting']:.1f} us -> "
-              f"{cost['counting'] - cost['off']:.1f} us per collective")
-        print(f"{'strategy':18s} {'calls/step':>10s} {'off ms':>9s} {'on ms':>9s} {'ratio':>7s} {'paired':>7s} "
-              f"{'95% interval':>16s} {'from cost/call':>14s}")
-        print("  (medians of every timed step, a step's time its slowest rank's; paired = 1 + median over rounds of "
-              "(on - off) / off median, with its bootstrap interval; from cost/call = 1 + calls x per-collective "
-              "cost / off median)")
+        print(
+            f"device {device} ({name}), world {world}, torch {torch.__version__}, model {args.model}, "
+            f"{args.precision}, micro-batch {args.micro_batch}, seq {args.seq_len}; {args.rounds} rounds x "
+            f"{args.steps} steps each side, meter on/off alternating"
+        )
+        print(
+            f"per all_reduce (1024 floats, one-rank group): meter off {cost['off']:.1f} us, installed idle "
+            f"{cost['idle']:.1f} us, counting {cost['counting']:.1f} us -> "
+            f"{cost['counting'] - cost['off']:.1f} us per collective"
+        )
+        print(
+            f"{'strategy':18s} {'calls/step':>10s} {'off ms':>9s} {'on ms':>9s} {'ratio':>7s} {'paired':>7s} "
+            f"{'95% interval':>16s} {'from cost/call':>14s}"
+        )
+        print(
+            "  (medians of every timed step, a step's time its slowest rank's; paired = 1 + median over rounds of "
+            "(on - off) / off median, with its bootstrap interval; from cost/call = 1 + calls x per-collective "
+            "cost / off median)"
+        )
     for strategy in args.strategy:
-        doc = {"name": "bench", "matrix": {"model": [args.model], "strategy": [strategy],
-                                          "precision": [args.precision], "gpus": [world]},
-               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len}}
+        doc = {
+            "name": "bench",
+            "matrix": {"model": [args.model], "strategy": [strategy], "precision": [args.precision], "gpus": [world]},
+            "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len},
+        }
         (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=world)
         torch.manual_seed(0)
         trainer = family(strategy).setup(spec, topo=topo)
-        batches = [synthetic_batch(spec.model_config, seed=0, rank=rank, micro_batch=args.micro_batch,
-                                   seq_len=args.seq_len, device=device)]
+        batches = [
+            synthetic_batch(
+                spec.model_config, seed=0, rank=rank, micro_batch=args.micro_batch, seq_len=args.seq_len, device=device
+            )
+        ]
         for _ in range(args.warmup):
             trainer.step(batches)
         synchronize(device)
@@ -186,8 +206,11 @@ def rank_main(args) -> None:
             paired = statistics.median(diffs)
             lo, hi = bootstrap_median_ci(diffs)
             implied = 1 + calls * (cost["counting"] - cost["off"]) * 1e-6 / m_off
-            print(f"{strategy:18s} {calls:10.0f} {m_off * 1e3:9.2f} {m_on * 1e3:9.2f} {m_on / m_off:7.3f} "
-                  f"{1 + paired / m_off:7.3f} [{1 + lo / m_off:.3f}, {1 + hi / m_off:.3f}] {implied:14.3f}", flush=True)
+            print(
+                f"{strategy:18s} {calls:10.0f} {m_off * 1e3:9.2f} {m_on * 1e3:9.2f} {m_on / m_off:7.3f} "
+                f"{1 + paired / m_off:7.3f} [{1 + lo / m_off:.3f}, {1 + hi / m_off:.3f}] {implied:14.3f}",
+                flush=True,
+            )
         del trainer
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -214,8 +237,9 @@ def main() -> int:
         return 0
     world = args.world or (1 if args.device == "cuda" else 2)
     if world == 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
         rank_main(args)
         return 0
     t0 = time.time()

@@ -56,8 +56,13 @@ def _set_samples(rec: dict, samples: list[float]) -> None:
     st = m["step_time_s"]
     srt = sorted(samples)
     factor = statistics.median(srt) / st["median"]
-    st.update(samples=samples, median=statistics.median(srt), p10=srt[len(srt) // 10], p90=srt[-1 - len(srt) // 10],
-              mean=sum(samples) / len(samples))
+    st.update(
+        samples=samples,
+        median=statistics.median(srt),
+        p10=srt[len(srt) // 10],
+        p90=srt[-1 - len(srt) // 10],
+        mean=sum(samples) / len(samples),
+    )
     for k in ("tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
         if m.get(k) is not None:
             m[k] = m[k] / factor
@@ -169,8 +174,10 @@ def stage_times(base: Path, cand: Path, out: Path) -> dict[str, float]:
     notes: list[str] = []
 
     def load():
-        return (load_side([base], side="baseline", problems=problems, notes=notes),
-                load_side([cand], side="candidate", problems=problems, notes=notes))
+        return (
+            load_side([base], side="baseline", problems=problems, notes=notes),
+            load_side([cand], side="candidate", problems=problems, notes=notes),
+        )
 
     b, c = _timed(load, t, "load")
 
@@ -184,9 +191,16 @@ def stage_times(base: Path, cand: Path, out: Path) -> dict[str, float]:
     cmp = _timed(lambda: compare(b, c, baseline_sources=[str(base)], candidate_sources=[str(cand)]), t, "judge")
     t["judge"] -= t["match"]
     cmp.warnings[:0] = notes
-    texts = _timed(lambda: {FORMAT_FILES["table"]: render_table(cmp), FORMAT_FILES["md"]: render_markdown(cmp),
-                            FORMAT_FILES["json"]: render_json(cmp),
-                            **{f: render_benchmark(cmp, d) for d, f in BENCHMARK_FILES.items()}}, t, "render")
+    texts = _timed(
+        lambda: {
+            FORMAT_FILES["table"]: render_table(cmp),
+            FORMAT_FILES["md"]: render_markdown(cmp),
+            FORMAT_FILES["json"]: render_json(cmp),
+            **{f: render_benchmark(cmp, d) for d, f in BENCHMARK_FILES.items()},
+        },
+        t,
+        "render",
+    )
     _timed(lambda: [atomic_write_text(out / name, text) for name, text in texts.items()], t, "write")
     t["total"] = sum(t.values())
     return t
@@ -211,8 +225,13 @@ def command_run(base: Path, cand: Path, out: Path) -> tuple[float, float, int]:
     t = time.perf_counter()
     # NOTE: run from the temp dir: `python -c` puts the cwd first on sys.path, so the harness imported is the one
     # this bench imports (PYTHONPATH=<another checkout> times that one)
-    code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=out.parent,
-                          env={**os.environ, "BENCH_PEAK_FILE": str(peak_file)}).returncode
+    code = subprocess.run(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=out.parent,
+        env={**os.environ, "BENCH_PEAK_FILE": str(peak_file)},
+    ).returncode
     wall = time.perf_counter() - t
     return wall, int(peak_file.read_text()) * 1024 / 2**30, code
 
@@ -234,8 +253,10 @@ def main() -> None:
     try:
         t = time.perf_counter()
         base, cand = write_sets(root, args.records, differences=args.differences)
-        print(f"wrote 2 x {args.records} synthetic records in {time.perf_counter() - t:.1f} s "
-              f"({'with differences' if args.differences else 'identical copies'})")
+        print(
+            f"wrote 2 x {args.records} synthetic records in {time.perf_counter() - t:.1f} s "
+            f"({'with differences' if args.differences else 'identical copies'})"
+        )
         runs: list[dict[str, float]] = []
         for i in range(args.runs):
             if not args.no_stages:
@@ -247,8 +268,10 @@ def main() -> None:
         if not args.no_stages:
             stages = ", ".join(f"{k} {med[k]:.2f} s" for k in ("load", "match", "judge", "render", "write"))
             print(f"in process (median of {args.runs}): {stages}; total {med['total']:.2f} s")
-        print(f"harness compare --output-dir (median of {args.runs}): {med['command']:.2f} s wall, "
-              f"peak RSS {med['rss']:.2f} GiB")
+        print(
+            f"harness compare --output-dir (median of {args.runs}): {med['command']:.2f} s wall, "
+            f"peak RSS {med['rss']:.2f} GiB"
+        )
         print(f"machine load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         if args.keep:
             print(f"kept: {root}")

@@ -47,8 +47,17 @@ def scenario(cells: int, world: int) -> str:
 def run_sweep(scenario_path: Path, *, packed: bool) -> tuple[float, dict[str, int], int]:
     """(wall s, record statuses, distinct SLURM job ids) of one sweep into a fresh results dir."""
     with tempfile.TemporaryDirectory(prefix="bench-pack-") as tmp:
-        cmd = [sys.executable, "-m", "harness.cli", "sweep", str(scenario_path), "--cluster", "local-slurm",
-               "--results", tmp] + (["--pack"] if packed else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "sweep",
+            str(scenario_path),
+            "--cluster",
+            "local-slurm",
+            "--results",
+            tmp,
+        ] + (["--pack"] if packed else [])
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -84,8 +93,9 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=2, help="ranks per cell (2: one node; 4: both nodes)")
     args = ap.parse_args()
 
-    os.environ.setdefault("SLURM_CONF", str(Path(os.environ.get("HARNESS_SLURM_DIR", "/tmp/harness-slurm"))
-                                            / "etc" / "slurm.conf"))
+    os.environ.setdefault(
+        "SLURM_CONF", str(Path(os.environ.get("HARNESS_SLURM_DIR", "/tmp/harness-slurm")) / "etc" / "slurm.conf")
+    )
     was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
     if not was_up:
         up = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True)
@@ -95,22 +105,29 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench-pack-scenario-") as tmp:
             path = Path(tmp) / "bench-pack.yaml"
             path.write_text(scenario(args.cells, args.world))
-            print(f"{args.cells} tiny cells at world {args.world} (2 ranks per node), time_limit_s 60, on "
-                  f"local-slurm (2 nodes x 2 task slots, {os.cpu_count()} cores); {args.reps} runs per mode, "
-                  "alternating")
+            print(
+                f"{args.cells} tiny cells at world {args.world} (2 ranks per node), time_limit_s 60, on "
+                f"local-slurm (2 nodes x 2 task slots, {os.cpu_count()} cores); {args.reps} runs per mode, "
+                "alternating"
+            )
             walls: dict[str, list[float]] = {"unpacked": [], "packed": []}
             for rep in range(args.reps):
                 for mode in ("unpacked", "packed"):
                     wall, statuses, jobs = run_sweep(path, packed=mode == "packed")
                     walls[mode].append(wall)
-                    print(f"  run {rep + 1} {mode:8s} {wall:6.1f} s  {jobs} allocation{'s' if jobs != 1 else ''}  "
-                          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())), flush=True)
+                    print(
+                        f"  run {rep + 1} {mode:8s} {wall:6.1f} s  {jobs} allocation{'s' if jobs != 1 else ''}  "
+                        + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())),
+                        flush=True,
+                    )
     finally:
         if not was_up:
             subprocess.run([str(SCRIPT), "down"], capture_output=True)
     med = {mode: statistics.median(w) for mode, w in walls.items()}
-    print(f"median sweep wall time: unpacked {med['unpacked']:.1f} s, packed {med['packed']:.1f} s; "
-          f"packed / unpacked = {med['packed'] / med['unpacked']:.2f}")
+    print(
+        f"median sweep wall time: unpacked {med['unpacked']:.1f} s, packed {med['packed']:.1f} s; "
+        f"packed / unpacked = {med['packed'] / med['unpacked']:.2f}"
+    )
     return 0
 
 

@@ -52,9 +52,11 @@ def main() -> None:
             for k, v in result["timings_s"].items():
                 stages.setdefault(k, []).append(v)
             per_stage = ", ".join(f"{k} {v:.2f} s" for k, v in result["timings_s"].items() if k != "total")
-            print(f"report over {len(result['frame'])} records ({len(result['cells'])} cells, "
-                  f"{sum(f.png is not None for f in result['figures'])} figures): {wall:.2f} s wall ({per_stage}); "
-                  f"CPU {cpu:.2f} s in this process + {cpu_kids:.2f} s in figure processes")
+            print(
+                f"report over {len(result['frame'])} records ({len(result['cells'])} cells, "
+                f"{sum(f.png is not None for f in result['figures'])} figures): {wall:.2f} s wall ({per_stage}); "
+                f"CPU {cpu:.2f} s in this process + {cpu_kids:.2f} s in figure processes"
+            )
         if args.repeat > 1:
             medians = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in stages.items() if k != "total")
             print(f"median of {args.repeat}: {statistics.median(walls):.2f} s wall ({medians})")
@@ -62,9 +64,11 @@ def main() -> None:
         rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         print(f"peak RSS: {rss:.2f} GiB this process, {rss_child:.2f} GiB largest figure process")
         print(f"machine load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        print(f"index.html {result['paths']['html'].stat().st_size / 2**20:.2f} MiB, "
-              f"report.md {result['paths']['markdown'].stat().st_size / 2**10:.0f} KiB, "
-              f"{len(result['warnings'])} warning(s)")
+        print(
+            f"index.html {result['paths']['html'].stat().st_size / 2**20:.2f} MiB, "
+            f"report.md {result['paths']['markdown'].stat().st_size / 2**10:.0f} KiB, "
+            f"{len(result['warnings'])} warning(s)"
+        )
         if args.keep:
             print(f"kept: {root}")
     finally:

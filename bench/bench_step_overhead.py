@@ -50,8 +50,11 @@ def bare_loop(strategy: str, spec, device: torch.device):
     if strategy.startswith("zero"):
         import deepspeed
 
-        conf = {"train_micro_batch_size_per_gpu": s.micro_batch,
-                "zero_optimization": {"stage": int(strategy[-1])}, "zero_allow_untested_optimizer": True}
+        conf = {
+            "train_micro_batch_size_per_gpu": s.micro_batch,
+            "zero_optimization": {"stage": int(strategy[-1])},
+            "zero_allow_untested_optimizer": True,
+        }
         if spec.precision == "bf16":
             conf["bf16"] = {"enabled": True}
         if strategy == "zero3":
@@ -70,6 +73,7 @@ def bare_loop(strategy: str, spec, device: torch.device):
             engine.backward(loss)
             engine.step()
             return loss
+
         return step
 
     model = build_model(cfg, seed=s.seed, device=device)
@@ -96,8 +100,13 @@ def bare_loop(strategy: str, spec, device: torch.device):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         mp = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else None
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp, device_id=device,
-                     use_orig_params=True)
+        model = FSDP(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=mp,
+            device_id=device,
+            use_orig_params=True,
+        )
         if compiled:
             model = torch.compile(model)
         autocast = None
@@ -114,6 +123,7 @@ def bare_loop(strategy: str, spec, device: torch.device):
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
+
     return step
 
 
@@ -174,40 +184,59 @@ def main() -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     topo = Topology(rank=0, world_size=1, local_rank=0, gpus_per_node=1, device=device)
 
-    print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch "
-          f"{torch.__version__}, model {args.model}, {args.precision}, micro-batch {args.micro_batch}, seq "
-          f"{args.seq_len}; {args.rounds} rounds x {args.steps} steps each side, world 1")
+    print(
+        f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch "
+        f"{torch.__version__}, model {args.model}, {args.precision}, micro-batch {args.micro_batch}, seq "
+        f"{args.seq_len}; {args.rounds} rounds x {args.steps} steps each side, world 1"
+    )
     peak = find_peak(torch.cuda.get_device_name()) if device.type == "cuda" else None
     peak_key = args.precision if args.precision != "fp32" else "fp32"
     print(f"dense peak: {f'{peak.tflops[peak_key]:g} TFLOPS ({peak_key})' if peak else 'unknown (MFU n/a)'}")
-    print(f"{'strategy':18s} {'compile':>7s} {'harness ms':>11s} {'bare ms':>9s} {'ratio':>7s} {'TFLOPS':>8s} "
-          f"{'MFU':>6s} {'syncs h/b':>9s}  (medians of all timed steps; TFLOPS and MFU of the harness's step; "
-          "host syncs in one step, harness/bare)")
+    print(
+        f"{'strategy':18s} {'compile':>7s} {'harness ms':>11s} {'bare ms':>9s} {'ratio':>7s} {'TFLOPS':>8s} "
+        f"{'MFU':>6s} {'syncs h/b':>9s}  (medians of all timed steps; TFLOPS and MFU of the harness's step; "
+        "host syncs in one step, harness/bare)"
+    )
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     for strategy, compiled in [(st, c) for st in args.strategy for c in variants]:
-        doc = {"name": "bench", "matrix": {"model": [args.model], "strategy": [strategy],
-                                          "precision": [args.precision], "gpus": [1]},
-               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "compile": compiled}}
+        doc = {
+            "name": "bench",
+            "matrix": {"model": [args.model], "strategy": [strategy], "precision": [args.precision], "gpus": [1]},
+            "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "compile": compiled},
+        }
         (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=1)
         trainer = family(strategy).setup(spec, topo=topo)
         bare = bare_loop(strategy, spec, device)
-        x, y = synthetic_batch(spec.model_config, seed=0, rank=0, micro_batch=args.micro_batch,
-                               seq_len=args.seq_len, device=device)
+        x, y = synthetic_batch(
+            spec.model_config, seed=0, rank=0, micro_batch=args.micro_batch, seq_len=args.seq_len, device=device
+        )
         for _ in range(3):  # warmup both
             trainer.step([(x, y)])
             bare(x, y)
         h, b = [], []
+
+        def harness_step(trainer=trainer, x=x, y=y):
+            trainer.step([(x, y)])
+
+        def bare_step(bare=bare, x=x, y=y):
+            bare(x, y)
+
         for r in range(args.rounds):
-            blocks = [("h", lambda: time_steps(lambda: trainer.step([(x, y)]), n=args.steps, device=device)[0]),
-                      ("b", lambda: bare_times(bare, x, y, args.steps, device))]
-            for name, fn in (blocks if r % 2 == 0 else blocks[::-1]):
+            blocks = [
+                ("h", lambda: time_steps(harness_step, n=args.steps, device=device)[0]),
+                ("b", lambda bare=bare, x=x, y=y: bare_times(bare, x, y, args.steps, device)),
+            ]
+            for name, fn in blocks if r % 2 == 0 else blocks[::-1]:
                 (h if name == "h" else b).extend(fn())
-        syncs = f"{host_syncs(lambda: trainer.step([(x, y)]))}/{host_syncs(lambda: bare(x, y))}"
+        syncs = f"{host_syncs(harness_step)}/{host_syncs(bare_step)}"
         mh, mb = statistics.median(h), statistics.median(b)
         tflops = flops_per_step(spec) / mh / 1e12
         mfu = f"{tflops / peak.tflops[peak_key]:6.1%}" if peak else f"{'n/a':>6s}"
-        print(f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
-              f"{tflops:8.2f} {mfu} {syncs:>9s}", flush=True)
+        print(
+            f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
+            f"{tflops:8.2f} {mfu} {syncs:>9s}",
+            flush=True,
+        )
         del trainer, bare
         if device.type == "cuda":
             torch.cuda.empty_cache()

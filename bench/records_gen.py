@@ -19,45 +19,96 @@ GPUS = (2, 4, 8, 16, 32)
 MICRO_BATCHES = (2, 4, 8)
 
 
-def synthetic_record(i: int, night: int, model: str, strategy: str, precision: str, gpus: int, mb: int,
-                     rng: random.Random) -> dict:
+def synthetic_record(
+    i: int, night: int, model: str, strategy: str, precision: str, gpus: int, mb: int, rng: random.Random
+) -> dict:
     n_params = ZOO[model].n_params()
-    spec = {"model": model, "strategy": strategy, "precision": precision, "world_size": gpus,
-            "nodes": max(1, gpus // 8), "gpus_per_node": min(gpus, 8), "micro_batch": mb, "seq_len": 2048,
-            "grad_accum": 1, "warmup_steps": 5, "measure_steps": 20, "activation_checkpointing": "none",
-            "offload": "none"}
+    spec = {
+        "model": model,
+        "strategy": strategy,
+        "precision": precision,
+        "world_size": gpus,
+        "nodes": max(1, gpus // 8),
+        "gpus_per_node": min(gpus, 8),
+        "micro_batch": mb,
+        "seq_len": 2048,
+        "grad_accum": 1,
+        "warmup_steps": 5,
+        "measure_steps": 20,
+        "activation_checkpointing": "none",
+        "offload": "none",
+    }
     mem = n_params * 16 / 2**30 / (gpus if strategy in ("zero3", "fsdp.full_shard", "fsdp2.full_shard") else 1)
-    mem += 0.4 * mb * n_params ** 0.5 / 1e4
+    mem += 0.4 * mb * n_params**0.5 / 1e4
     status, reason = "ok", None
     if mem > 79:
-        status, reason = rng.choice([("oom", "CUDA out of memory. Tried to allocate 2.00 GiB"),
-                                     ("skipped", f"predicted memory {mem:.1f} GiB exceeds capacity 79.1 GiB")])
+        status, reason = rng.choice(
+            [
+                ("oom", "CUDA out of memory. Tried to allocate 2.00 GiB"),
+                ("skipped", f"predicted memory {mem:.1f} GiB exceeds capacity 79.1 GiB"),
+            ]
+        )
     elif rng.random() < 0.02:
-        status, reason = rng.choice([("error", "RuntimeError: NCCL error"), ("timeout", "time limit 900 s"),
-                                     ("nan", "loss is nan at step 7")])
-    rec = {"schema_version": 1, "run_id": f"r{night}-{i:06d}", "sweep": f"nightly-{night}", "cluster": "h100",
-           "status": status, "reason": reason, "failed_rank": 0 if status in ("oom", "error") else None,
-           "spec": spec, "metrics": {}, "env": {"device_name": "NVIDIA H100 80GB HBM3", "device_type": "cuda",
-                                                "device_memory_gib": 79.1, "backend": "nccl"},
-           "started_at": f"2026-11-{20 + night:02d}T01:00:00+00:00",
-           "finished_at": f"2026-11-{20 + night:02d}T02:00:00+00:00"}
+        status, reason = rng.choice(
+            [("error", "RuntimeError: NCCL error"), ("timeout", "time limit 900 s"), ("nan", "loss is nan at step 7")]
+        )
+    rec = {
+        "schema_version": 1,
+        "run_id": f"r{night}-{i:06d}",
+        "sweep": f"nightly-{night}",
+        "cluster": "h100",
+        "status": status,
+        "reason": reason,
+        "failed_rank": 0 if status in ("oom", "error") else None,
+        "spec": spec,
+        "metrics": {},
+        "env": {
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "device_type": "cuda",
+            "device_memory_gib": 79.1,
+            "backend": "nccl",
+        },
+        "started_at": f"2026-11-{20 + night:02d}T01:00:00+00:00",
+        "finished_at": f"2026-11-{20 + night:02d}T02:00:00+00:00",
+    }
     if status != "ok":
         return rec
-    tps = 6e14 / (6 * n_params) * rng.uniform(0.3, 0.5) * (0.97 ** GPUS.index(gpus)) * (
-        0.35 if precision == "fp32" else 1.0)
+    tps = (
+        6e14
+        / (6 * n_params)
+        * rng.uniform(0.3, 0.5)
+        * (0.97 ** GPUS.index(gpus))
+        * (0.35 if precision == "fp32" else 1.0)
+    )
     step = mb * 2048 / tps
     samples = [step * rng.uniform(0.98, 1.06) for _ in range(20)]
     srt = sorted(samples)
     rec["metrics"] = {
-        "step_time_s": {"median": srt[10], "p10": srt[2], "p90": srt[18], "mean": sum(samples) / 20,
-                        "samples": samples},
-        "tokens_per_s": tps * gpus, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": tps * 6 * n_params / 1e12,
+        "step_time_s": {
+            "median": srt[10],
+            "p10": srt[2],
+            "p90": srt[18],
+            "mean": sum(samples) / 20,
+            "samples": samples,
+        },
+        "tokens_per_s": tps * gpus,
+        "tokens_per_s_per_gpu": tps,
+        "tflops_per_gpu": tps * 6 * n_params / 1e12,
         "mfu": None if precision == "fp32" else tps * 6 * n_params / 989.4e12,
-        "peak_memory_allocated_gib": mem, "peak_memory_reserved_gib": mem * 1.12, "n_params": n_params,
-        "null_reasons": {"mfu": "no dense fp32 peak for this device"} if precision == "fp32" else {}}
+        "peak_memory_allocated_gib": mem,
+        "peak_memory_reserved_gib": mem * 1.12,
+        "n_params": n_params,
+        "null_reasons": {"mfu": "no dense fp32 peak for this device"} if precision == "fp32" else {},
+    }
     if rng.random() < 0.8:
-        rec["comm"] = {"bytes_per_step": 6 * n_params, "calls_per_step": 100, "by_collective": {
-            "all_gather": {"calls": 60, "bytes": 4 * n_params}, "reduce_scatter": {"calls": 40, "bytes": 2 * n_params}}}
+        rec["comm"] = {
+            "bytes_per_step": 6 * n_params,
+            "calls_per_step": 100,
+            "by_collective": {
+                "all_gather": {"calls": 60, "bytes": 4 * n_params},
+                "reduce_scatter": {"calls": 40, "bytes": 2 * n_params},
+            },
+        }
     if rng.random() < 0.5:
         rec["predicted"] = {"comm_bytes_per_step": 6 * n_params, "memory_gib": {"total": mem * 0.95}}
     return rec

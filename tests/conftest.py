@@ -12,10 +12,14 @@ from harness.scenario.schema import RunSpec, parse_scenario
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_spec(*, strategy: str, precision: str = "fp32", gpus: int = 2, model: str = "tiny",
-              gpus_per_node: int = 2, **settings) -> RunSpec:
-    doc = {"name": "t", "matrix": {"model": [model], "strategy": [strategy], "precision": [precision],
-                                  "gpus": [gpus]}, "settings": settings}
+def make_spec(
+    *, strategy: str, precision: str = "fp32", gpus: int = 2, model: str = "tiny", gpus_per_node: int = 2, **settings
+) -> RunSpec:
+    doc = {
+        "name": "t",
+        "matrix": {"model": [model], "strategy": [strategy], "precision": [precision], "gpus": [gpus]},
+        "settings": settings,
+    }
     (spec,) = parse_scenario(doc, "test").expand(gpus_per_node=gpus_per_node)
     return spec
 
@@ -25,8 +29,7 @@ def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "
     from harness.launch.core.payload import make_payload
     from harness.launch.local.launchers import launch_foreground
 
-    payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None,
-                           predicted=None)
+    payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None, predicted=None)
     return launch_foreground(payload, time_limit_s=spec.settings.time_limit_s, stream=False)
 
 
@@ -53,5 +56,11 @@ def smoke_sweep(tmp_path_factory) -> dict:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
         code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
     records, warnings = load_records(results)
-    return {"code": code, "results": results, "records": {r["run_id"]: r for r in records},
-            "warnings": warnings, "wall_s": time.time() - t0, "extensions": sorted(os.listdir(extensions))}
+    return {
+        "code": code,
+        "results": results,
+        "records": {r["run_id"]: r for r in records},
+        "warnings": warnings,
+        "wall_s": time.time() - t0,
+        "extensions": sorted(os.listdir(extensions)),
+    }

@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             click.echo(f"error: {p}", err=True)
         return 2
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("interrupted: the manifest and records are consistent; re-run the same command to resume",
-                   err=True)
+        click.echo("interrupted: the manifest and records are consistent; re-run the same command to resume", err=True)
         return 130
     except click.ClickException as e:
         e.show()

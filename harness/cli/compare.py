@@ -54,43 +54,106 @@ def gc_paused() -> Iterator[None]:
 @click.command("compare")
 @click.argument("baseline", required=False, type=click.Path(path_type=Path))
 @click.argument("candidate", required=False, type=click.Path(path_type=Path))
-@click.option("-B", "--baseline-dir", "more_baseline", multiple=True, type=click.Path(path_type=Path),
-              help="Another baseline results dir (repeatable): a side may be several dirs.")
-@click.option("-C", "--candidate-dir", "more_candidate", multiple=True, type=click.Path(path_type=Path),
-              help="Another candidate results dir (repeatable).")
-@click.option("--threshold", "threshold_args", multiple=True, metavar="[METRIC=]FRACTION",
-              help=f"Change beyond which a metric counts (default {DEFAULT_THRESHOLD}); METRIC=FRACTION overrides "
-                   f"one metric ({', '.join(THRESHOLD_METRICS)}). Repeatable.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_ALPHA,
-              show_default=True, help="Mann–Whitney U significance level for sampled metrics.")
-@click.option("--min-samples", type=click.IntRange(min=1), default=DEFAULT_MIN_SAMPLES, show_default=True,
-              help="Per-step samples needed on each side to call a sampled metric a regression.")
-@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "github-benchmark"]), default="table",
-              show_default=True, help="What goes to stdout (and -o).")
-@click.option("--direction", type=click.Choice(["smaller", "bigger"]),
-              help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.")
+@click.option(
+    "-B",
+    "--baseline-dir",
+    "more_baseline",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Another baseline results dir (repeatable): a side may be several dirs.",
+)
+@click.option(
+    "-C",
+    "--candidate-dir",
+    "more_candidate",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Another candidate results dir (repeatable).",
+)
+@click.option(
+    "--threshold",
+    "threshold_args",
+    multiple=True,
+    metavar="[METRIC=]FRACTION",
+    help=f"Change beyond which a metric counts (default {DEFAULT_THRESHOLD}); METRIC=FRACTION overrides "
+    f"one metric ({', '.join(THRESHOLD_METRICS)}). Repeatable.",
+)
+@click.option(
+    "--alpha",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=DEFAULT_ALPHA,
+    show_default=True,
+    help="Mann–Whitney U significance level for sampled metrics.",
+)
+@click.option(
+    "--min-samples",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MIN_SAMPLES,
+    show_default=True,
+    help="Per-step samples needed on each side to call a sampled metric a regression.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "md", "json", "github-benchmark"]),
+    default="table",
+    show_default=True,
+    help="What goes to stdout (and -o).",
+)
+@click.option(
+    "--direction",
+    type=click.Choice(["smaller", "bigger"]),
+    help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the output to FILE (atomically).")
-@click.option("--output-dir", type=click.Path(path_type=Path),
-              help="Also write every format: compare.txt, compare.md, compare.json, benchmark-smaller.json, "
-                   "benchmark-bigger.json.")
+@click.option(
+    "--output-dir",
+    type=click.Path(path_type=Path),
+    help="Also write every format: compare.txt, compare.md, compare.json, benchmark-smaller.json, "
+    "benchmark-bigger.json.",
+)
 @click.option("--all", "all_rows", is_flag=True, help="List unchanged and n/a metrics too.")
-@click.option("--ignore-spec-key", multiple=True, metavar="KEY",
-              help="Leave a top-level spec key out of matching (e.g. time_limit_s). Repeatable.")
-@click.option("--metric", "metric_names", multiple=True, metavar="NAME",
-              help="Judge only these metrics (repeatable); 'exact' = the deterministic ones (collective bytes, "
-                   "predicted memory and bytes), for CI on machines whose timings mean nothing.")
+@click.option(
+    "--ignore-spec-key",
+    multiple=True,
+    metavar="KEY",
+    help="Leave a top-level spec key out of matching (e.g. time_limit_s). Repeatable.",
+)
+@click.option(
+    "--metric",
+    "metric_names",
+    multiple=True,
+    metavar="NAME",
+    help="Judge only these metrics (repeatable); 'exact' = the deterministic ones (collective bytes, "
+    "predicted memory and bytes), for CI on machines whose timings mean nothing.",
+)
 @click.option("--fail-on-missing", is_flag=True, help="Exit 1 when a baseline cell is missing from the candidate.")
-@click.option("--promote", is_flag=True,
-              help="Afterwards, replace BASELINE's records with CANDIDATE's if there is no regression.")
-@click.option("--force", is_flag=True,
-              help="With --promote: promote even with regressions, or when BASELINE does not exist yet.")
+@click.option(
+    "--promote", is_flag=True, help="Afterwards, replace BASELINE's records with CANDIDATE's if there is no regression."
+)
+@click.option(
+    "--force", is_flag=True, help="With --promote: promote even with regressions, or when BASELINE does not exist yet."
+)
 @gc_paused()
-def compare_command(baseline: Path | None, candidate: Path | None, more_baseline: tuple[Path, ...],
-                    more_candidate: tuple[Path, ...], threshold_args: tuple[str, ...], alpha: float,
-                    min_samples: int, fmt: str, direction: str | None, output: Path | None,
-                    output_dir: Path | None, all_rows: bool, ignore_spec_key: tuple[str, ...],
-                    metric_names: tuple[str, ...],
-                    fail_on_missing: bool, promote: bool, force: bool) -> int:
+def compare_command(
+    baseline: Path | None,
+    candidate: Path | None,
+    more_baseline: tuple[Path, ...],
+    more_candidate: tuple[Path, ...],
+    threshold_args: tuple[str, ...],
+    alpha: float,
+    min_samples: int,
+    fmt: str,
+    direction: str | None,
+    output: Path | None,
+    output_dir: Path | None,
+    all_rows: bool,
+    ignore_spec_key: tuple[str, ...],
+    metric_names: tuple[str, ...],
+    fail_on_missing: bool,
+    promote: bool,
+    force: bool,
+) -> int:
     """Compare CANDIDATE results against BASELINE results, cell by cell (matched by spec).
 
     Exit 0 without regressions, 1 with any (a metric beyond its threshold and, for sampled metrics,
@@ -103,9 +166,11 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
     if not base_paths or not cand_paths:
         raise click.UsageError("need a baseline and a candidate: harness compare BASELINE CANDIDATE")
     if fmt == "github-benchmark" and direction is None and output_dir is None:
-        raise click.UsageError("--format github-benchmark writes one tool kind per file: add --direction "
-                               "smaller|bigger, or --output-dir DIR to write benchmark-smaller.json and "
-                               "benchmark-bigger.json")
+        raise click.UsageError(
+            "--format github-benchmark writes one tool kind per file: add --direction "
+            "smaller|bigger, or --output-dir DIR to write benchmark-smaller.json and "
+            "benchmark-bigger.json"
+        )
     if direction is not None and fmt != "github-benchmark":
         raise click.UsageError("--direction only applies to --format github-benchmark")
     if force and not promote:
@@ -114,8 +179,15 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
         raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
 
     if promote and not force and not base_paths[0].exists():
-        raise InputError([Problem(str(base_paths[0]), "", "baseline: no such directory; to make CANDIDATE "
-                                  "the first baseline: --promote --force")])
+        raise InputError(
+            [
+                Problem(
+                    str(base_paths[0]),
+                    "",
+                    "baseline: no such directory; to make CANDIDATE the first baseline: --promote --force",
+                )
+            ]
+        )
     if promote:
         check_promote_target(base_paths[0], sources=cand_paths)
     thresholds = parse_thresholds(threshold_args)
@@ -131,9 +203,16 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
     if problems:
         raise InputError(problems)
 
-    cmp = compare_indexed(base, cand, thresholds=thresholds, alpha=alpha, min_samples=min_samples,
-                          baseline_sources=[str(p) for p in base_paths],
-                          candidate_sources=[str(p) for p in cand_paths], metrics=metric_names or None)
+    cmp = compare_indexed(
+        base,
+        cand,
+        thresholds=thresholds,
+        alpha=alpha,
+        min_samples=min_samples,
+        baseline_sources=[str(p) for p in base_paths],
+        candidate_sources=[str(p) for p in cand_paths],
+        metrics=metric_names or None,
+    )
     cmp.warnings[:0] = notes
     if not cmp.matched and not (promote and force):
         raise InputError([_no_match_problem(cmp, base_paths, cand_paths)])
@@ -167,11 +246,16 @@ def compare_command(baseline: Path | None, candidate: Path | None, more_baseline
         if code == 0 or force:
             chosen = [c.candidate for c in cmp.cells if c.candidate is not None]
             dest = promote_baseline(chosen, base_paths[0], sources=[str(p) for p in cand_paths])
-            click.echo(f"promoted {len(chosen)} candidate record(s) to baseline {dest}"
-                       + (" (forced)" if code else ""), err=True)
+            click.echo(
+                f"promoted {len(chosen)} candidate record(s) to baseline {dest}" + (" (forced)" if code else ""),
+                err=True,
+            )
         else:
-            click.echo(f"not promoted: the comparison failed (exit {code}); baseline {base_paths[0]} is "
-                       "unchanged (--force promotes anyway)", err=True)
+            click.echo(
+                f"not promoted: the comparison failed (exit {code}); baseline {base_paths[0]} is "
+                "unchanged (--force promotes anyway)",
+                err=True,
+            )
     return code
 
 
@@ -180,6 +264,9 @@ def _no_match_problem(cmp: Comparison, base_paths: Sequence[Path], cand_paths: S
     if cmp.missing and cmp.added:
         diffs = min((spec_differences(m.spec, a.spec) for m in cmp.missing for a in cmp.added), key=len)
         hint = f"; the closest pair differs in {'; '.join(diffs[:4])} (--ignore-spec-key KEY matches across it)"
-    return Problem(", ".join(map(str, cand_paths)), "",
-                   f"no cell matches a baseline cell ({', '.join(map(str, base_paths))}) by spec{hint}; to make "
-                   "this candidate the new baseline anyway: --promote --force")
+    return Problem(
+        ", ".join(map(str, cand_paths)),
+        "",
+        f"no cell matches a baseline cell ({', '.join(map(str, base_paths))}) by spec{hint}; to make "
+        "this candidate the new baseline anyway: --promote --force",
+    )

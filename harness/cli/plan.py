@@ -16,8 +16,13 @@ from harness.scenario.schema import load_scenario
 
 @click.command("plan")
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_name", default="local", show_default=True,
-              help="cluster profile name (scenarios/clusters/NAME.yaml) or path")
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default="local",
+    show_default=True,
+    help="cluster profile name (scenarios/clusters/NAME.yaml) or path",
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_command(scenario: str, cluster_name: str, fmt: str) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,

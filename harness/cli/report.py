@@ -11,8 +11,13 @@ from harness.report import build_report
 
 @click.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
-              help="output folder (default: reports/<sweep name>, or reports/report for several sweeps)")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="output folder (default: reports/<sweep name>, or reports/report for several sweeps)",
+)
 def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
     """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively)."""
     result = build_report(dirs, out)
@@ -31,4 +36,3 @@ def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
         if f.png is None:
             click.echo(f"note: figure '{f.name}' not drawn. {f.note}", err=True)
     return 0
-

@@ -15,24 +15,39 @@ from harness.scenario.schema import STRATEGIES, load_scenario
 
 
 def _cluster_option(f):
-    return click.option("--cluster", "cluster_name", default="local", show_default=True,
-                        help="cluster profile: a name in scenarios/clusters/ or a path")(f)
+    return click.option(
+        "--cluster",
+        "cluster_name",
+        default="local",
+        show_default=True,
+        help="cluster profile: a name in scenarios/clusters/ or a path",
+    )(f)
 
 
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @_cluster_option
-@click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False),
-              help="results dir; records go to RESULTS/<scenario name>/<run_id>.json")
+@click.option(
+    "--results",
+    default="results",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="results dir; records go to RESULTS/<scenario name>/<run_id>.json",
+)
 @click.option("--force", is_flag=True, help="rerun cells that already have an ok record")
 @click.option("--no-skip", is_flag=True, help="run cells the planner predicts will not fit")
-@click.option("--no-wait", is_flag=True,
-              help="SLURM: submit and return; `harness status` follows the jobs, re-running the sweep collects them")
-@click.option("--pack", is_flag=True,
-              help="SLURM: cells asking for the same nodes and tasks share one job and run in it one after another, "
-                   "each in fresh processes (one queue wait per pack instead of per cell)")
-def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool,
-          pack: bool) -> int:
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="SLURM: submit and return; `harness status` follows the jobs, re-running the sweep collects them",
+)
+@click.option(
+    "--pack",
+    is_flag=True,
+    help="SLURM: cells asking for the same nodes and tasks share one job and run in it one after another, "
+    "each in fresh processes (one queue wait per pack instead of per cell)",
+)
+def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool, pack: bool) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed.
 
     On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
@@ -49,14 +64,23 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     cluster = load_cluster(cluster_name)
     local = [flag for flag, on in (("--no-wait", no_wait), ("--pack", pack)) if on and cluster.executor != "slurm"]
     if local:
-        raise InputError([Problem(flag, "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as "
-                                  "children of the sweep") for flag in local])
+        raise InputError(
+            [
+                Problem(
+                    flag, "", f"needs a SLURM profile; {cluster.name!r} runs cells locally, as children of the sweep"
+                )
+                for flag in local
+            ]
+        )
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
-    click.echo(f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
-               + (", packed" if pack else ""))
+    click.echo(
+        f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
+        + (", packed" if pack else "")
+    )
     try:
-        res = run_sweep(sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, pack=pack,
-                        echo=click.echo)
+        res = run_sweep(
+            sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, pack=pack, echo=click.echo
+        )
     except SlurmUnavailable as e:
         raise click.ClickException(f"{e} (nothing was submitted or written)") from None
     counts: dict[str, int] = {}
@@ -97,8 +121,9 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
     if reason:
         rec = skipped_record(spec, sweep=sc.name, cluster=cluster, results=results, reason=reason, predicted=predicted)
     else:
-        payload = make_payload(spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(),
-                               predicted=predicted)
+        payload = make_payload(
+            spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(), predicted=predicted
+        )
         rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
     click.echo(json.dumps(rec, indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
     return 0 if rec["status"] in ("ok", "skipped") else 1
@@ -112,8 +137,10 @@ def list_(what: str, scenario: str | None, cluster_name: str) -> int:
     """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
     if what == "models":
         for name, cfg in ZOO.items():
-            click.echo(f"{name:6s} {cfg.n_params() / 1e9:7.3f} B params  d_model {cfg.d_model:5d}  layers "
-                       f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  ffn {cfg.ffn:6d}  vocab {cfg.vocab}")
+            click.echo(
+                f"{name:6s} {cfg.n_params() / 1e9:7.3f} B params  d_model {cfg.d_model:5d}  layers "
+                f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  ffn {cfg.ffn:6d}  vocab {cfg.vocab}"
+            )
     elif what == "strategies":
         for s in STRATEGIES:
             click.echo(s)
@@ -164,8 +191,11 @@ def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]
     """({run_id: (sacct state, nodes)} of a SLURM sweep's cells still in flight, why it is unavailable or '')."""
     if manifest.get("executor") != "slurm":
         return {}, ""
-    in_flight = {run_id: c["job_id"] for run_id, c in manifest.get("cells", {}).items()
-                 if c.get("state") in ("submitted", "running") and c.get("job_id")}
+    in_flight = {
+        run_id: c["job_id"]
+        for run_id, c in manifest.get("cells", {}).items()
+        if c.get("state") in ("submitted", "running") and c.get("job_id")
+    }
     if not in_flight:
         return {}, ""
     from harness.launch.slurm.jobs import SlurmUnavailable, live_states

@@ -20,8 +20,8 @@ INSUFFICIENT = "insufficient samples"
 NA = "n/a"
 
 # states of one cell
-MISSING = "missing"            # only in the baseline
-ADDED = "added"                # only in the candidate
+MISSING = "missing"  # only in the baseline
+ADDED = "added"  # only in the candidate
 BOTH_OK = "ok"
 NEWLY_FAILING = "newly failing"
 NEWLY_FIXED = "newly fixed"

@@ -82,18 +82,34 @@ def _null_note(rec: Mapping[str, Any], metric: Metric, side: str) -> str:
     return f"null in {side}" + (f" ({why})" if why else "")
 
 
-def _measure(metric: Metric, baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, threshold: float,
-             min_samples: int, times: tuple[list[float], list[float]] | None = None,
-             ) -> tuple[MetricComparison, float | None, tuple[list[float], list[float]] | None]:
+def _measure(
+    metric: Metric,
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    threshold: float,
+    min_samples: int,
+    times: tuple[list[float], list[float]] | None = None,
+) -> tuple[MetricComparison, float | None, tuple[list[float], list[float]] | None]:
     """First half of judging one metric: (row, worse factor, samples to test). The factor is None when the
     row is already judged (a null side, an exact metric); samples are None when no test runs."""
     b, c = metric_value(baseline, metric), metric_value(candidate, metric)
-    row = MetricComparison(metric=metric.name, unit=metric.unit, better=metric.better, kind=metric.kind,
-                           baseline=b, candidate=c, verdict=NA,
-                           threshold=None if metric.kind == EXACT else threshold)
+    row = MetricComparison(
+        metric=metric.name,
+        unit=metric.unit,
+        better=metric.better,
+        kind=metric.kind,
+        baseline=b,
+        candidate=c,
+        verdict=NA,
+        threshold=None if metric.kind == EXACT else threshold,
+    )
     if b is None or c is None:
-        notes = [_null_note(rec, metric, side) for rec, side, v in
-                 ((baseline, "baseline", b), (candidate, "candidate", c)) if v is None]
+        notes = [
+            _null_note(rec, metric, side)
+            for rec, side, v in ((baseline, "baseline", b), (candidate, "candidate", c))
+            if v is None
+        ]
         if len(notes) == 2 and notes[0].removeprefix("null in baseline") == notes[1].removeprefix("null in candidate"):
             notes = ["null on both sides" + notes[0].removeprefix("null in baseline")]
         row.note = "; ".join(notes)
@@ -113,8 +129,16 @@ def _measure(metric: Metric, baseline: Mapping[str, Any], candidate: Mapping[str
     return row, factor, samples
 
 
-def _settle(row: MetricComparison, metric: Metric, factor: float, *, p_value: float | None, threshold: float,
-            alpha: float, min_samples: int) -> MetricComparison:
+def _settle(
+    row: MetricComparison,
+    metric: Metric,
+    factor: float,
+    *,
+    p_value: float | None,
+    threshold: float,
+    alpha: float,
+    min_samples: int,
+) -> MetricComparison:
     """Second half: the verdict of a thresholded or sampled metric, given the test's p-value (None: no test)."""
     row.p_value = p_value
     worse, better = factor > 1 + threshold, factor < 1 / (1 + threshold)
@@ -124,8 +148,10 @@ def _settle(row: MetricComparison, metric: Metric, factor: float, *, p_value: fl
         row.verdict = REGRESSION if worse else IMPROVEMENT
     elif row.p_value is None:
         row.verdict = INSUFFICIENT
-        row.note = (f"{row.n_baseline} baseline / {row.n_candidate} candidate samples; "
-                    f"{min_samples} per side needed for the test")
+        row.note = (
+            f"{row.n_baseline} baseline / {row.n_candidate} candidate samples; "
+            f"{min_samples} per side needed for the test"
+        )
     elif row.p_value < alpha:
         row.verdict = REGRESSION if worse else IMPROVEMENT
     else:
@@ -134,22 +160,37 @@ def _settle(row: MetricComparison, metric: Metric, factor: float, *, p_value: fl
     return row
 
 
-def compare_metric(metric: Metric, baseline: Mapping[str, Any], candidate: Mapping[str, Any], *,
-                   threshold: float, alpha: float, min_samples: int) -> MetricComparison:
+def compare_metric(
+    metric: Metric,
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    threshold: float,
+    alpha: float,
+    min_samples: int,
+) -> MetricComparison:
     """Judge one metric of one matched, both-ok cell."""
     row, factor, samples = _measure(metric, baseline, candidate, threshold=threshold, min_samples=min_samples)
     if factor is None:
         return row
-    return _settle(row, metric, factor, p_value=None if samples is None else mann_whitney_p(*samples),
-                   threshold=threshold, alpha=alpha, min_samples=min_samples)
+    return _settle(
+        row,
+        metric,
+        factor,
+        p_value=None if samples is None else mann_whitney_p(*samples),
+        threshold=threshold,
+        alpha=alpha,
+        min_samples=min_samples,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # comparing two sets
 
 
-def _settings(*, thresholds: Mapping[str, float] | None, alpha: float, min_samples: int,
-              metrics: Iterable[str] | None) -> tuple[dict[str, float], tuple[Metric, ...]]:
+def _settings(
+    *, thresholds: Mapping[str, float] | None, alpha: float, min_samples: int, metrics: Iterable[str] | None
+) -> tuple[dict[str, float], tuple[Metric, ...]]:
     """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, threshold or metric name."""
     if not 0 < alpha < 1:
         raise InputError([Problem("--alpha", "", f"{alpha!r} is not in (0, 1)")])
@@ -158,11 +199,18 @@ def _settings(*, thresholds: Mapping[str, float] | None, alpha: float, min_sampl
     return check_thresholds(thresholds), select_metrics(metrics)
 
 
-def compare(baseline_records: Iterable[Mapping[str, Any]], candidate_records: Iterable[Mapping[str, Any]], *,
-            thresholds: Mapping[str, float] | None = None, alpha: float = DEFAULT_ALPHA,
-            min_samples: int = DEFAULT_MIN_SAMPLES, ignore_spec_keys: Iterable[str] = (),
-            baseline_sources: Sequence[str] = (), candidate_sources: Sequence[str] = (),
-            metrics: Iterable[str] | None = None) -> Comparison:
+def compare(
+    baseline_records: Iterable[Mapping[str, Any]],
+    candidate_records: Iterable[Mapping[str, Any]],
+    *,
+    thresholds: Mapping[str, float] | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    ignore_spec_keys: Iterable[str] = (),
+    baseline_sources: Sequence[str] = (),
+    candidate_sources: Sequence[str] = (),
+    metrics: Iterable[str] | None = None,
+) -> Comparison:
     """Match two record sets by spec and judge every metric of every cell (or only `metrics`, by name).
 
     `thresholds` maps metric name (see METRICS) → fraction, with "default" for the rest (0.05 when absent).
@@ -173,14 +221,29 @@ def compare(baseline_records: Iterable[Mapping[str, Any]], candidate_records: It
     ignore = tuple(ignore_spec_keys)
     base = SideIndex(side="baseline", ignore=ignore).add_all(baseline_records)
     cand = SideIndex(side="candidate", ignore=ignore).add_all(candidate_records)
-    return compare_indexed(base, cand, thresholds=thresholds, alpha=alpha, min_samples=min_samples,
-                           baseline_sources=baseline_sources, candidate_sources=candidate_sources, metrics=metrics)
+    return compare_indexed(
+        base,
+        cand,
+        thresholds=thresholds,
+        alpha=alpha,
+        min_samples=min_samples,
+        baseline_sources=baseline_sources,
+        candidate_sources=candidate_sources,
+        metrics=metrics,
+    )
 
 
-def compare_indexed(base: SideIndex, cand: SideIndex, *, thresholds: Mapping[str, float] | None = None,
-                    alpha: float = DEFAULT_ALPHA, min_samples: int = DEFAULT_MIN_SAMPLES,
-                    baseline_sources: Sequence[str] = (), candidate_sources: Sequence[str] = (),
-                    metrics: Iterable[str] | None = None) -> Comparison:
+def compare_indexed(
+    base: SideIndex,
+    cand: SideIndex,
+    *,
+    thresholds: Mapping[str, float] | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    baseline_sources: Sequence[str] = (),
+    candidate_sources: Sequence[str] = (),
+    metrics: Iterable[str] | None = None,
+) -> Comparison:
     """`compare` of two sides already indexed by spec (harness compare indexes each record as it loads it)."""
     limits, judged = _settings(thresholds=thresholds, alpha=alpha, min_samples=min_samples, metrics=metrics)
     notes = base.warnings() + cand.warnings()
@@ -200,15 +263,18 @@ def compare_indexed(base: SideIndex, cand: SideIndex, *, thresholds: Mapping[str
             cell.state = ADDED
         else:
             b_ok, c_ok = b.get("status") == "ok", c.get("status") == "ok"
-            cell.state = {(True, True): BOTH_OK, (True, False): NEWLY_FAILING,
-                          (False, True): NEWLY_FIXED, (False, False): STILL_FAILING}[(b_ok, c_ok)]
+            cell.state = {
+                (True, True): BOTH_OK,
+                (True, False): NEWLY_FAILING,
+                (False, True): NEWLY_FIXED,
+                (False, False): STILL_FAILING,
+            }[(b_ok, c_ok)]
             cell.notes.extend(_env_notes(b, c))
             if cell.state == BOTH_OK:
                 times = (step_samples(b), step_samples(c)) if sampled else None
                 for m in judged:
                     threshold = limits.get(m.name, limits["default"])
-                    row, factor, samples = _measure(m, b, c, threshold=threshold, min_samples=min_samples,
-                                                    times=times)
+                    row, factor, samples = _measure(m, b, c, threshold=threshold, min_samples=min_samples, times=times)
                     cell.metrics.append(row)
                     if factor is not None:
                         pending.append((row, m, factor, threshold, samples))
@@ -217,12 +283,27 @@ def compare_indexed(base: SideIndex, cand: SideIndex, *, thresholds: Mapping[str
     tested = [samples for *_, samples in pending if samples is not None]
     p_values = iter(mann_whitney_ps(tested) if tested else [])
     for row, m, factor, threshold, samples in pending:
-        _settle(row, m, factor, p_value=None if samples is None else next(p_values), threshold=threshold,
-                alpha=alpha, min_samples=min_samples)
+        _settle(
+            row,
+            m,
+            factor,
+            p_value=None if samples is None else next(p_values),
+            threshold=threshold,
+            alpha=alpha,
+            min_samples=min_samples,
+        )
     _note_near_misses(cells)
-    return Comparison(cells=cells, thresholds=limits, alpha=alpha, min_samples=min_samples,
-                      baseline_sources=list(baseline_sources), candidate_sources=list(candidate_sources),
-                      baseline_records=base.records, candidate_records=cand.records, warnings=notes)
+    return Comparison(
+        cells=cells,
+        thresholds=limits,
+        alpha=alpha,
+        min_samples=min_samples,
+        baseline_sources=list(baseline_sources),
+        candidate_sources=list(candidate_sources),
+        baseline_records=base.records,
+        candidate_records=cand.records,
+        warnings=notes,
+    )
 
 
 def _env_notes(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[str]:
@@ -245,5 +326,7 @@ def _note_near_misses(cells: list[CellComparison]) -> None:
         best = min(added, key=lambda a: len(spec_differences(cell.spec, a.spec)))
         diffs = spec_differences(cell.spec, best.spec)
         if len(diffs) <= 3:
-            cell.notes.append(f"closest added cell {best.label!r} differs in {'; '.join(diffs)} "
-                              "(--ignore-spec-key KEY matches across it)")
+            cell.notes.append(
+                f"closest added cell {best.label!r} differs in {'; '.join(diffs)} "
+                "(--ignore-spec-key KEY matches across it)"
+            )

@@ -36,8 +36,12 @@ def _parse(path: Path) -> tuple[dict[str, Any] | None, Any]:
             doc = json.loads(f.read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None, None
-    if (isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION
-            and all(k in doc for k in ("run_id", "status", "spec")) and doc["status"] in STATUSES):
+    if (
+        isinstance(doc, dict)
+        and doc.get("schema_version") == SCHEMA_VERSION
+        and all(k in doc for k in ("run_id", "status", "spec"))
+        and doc["status"] in STATUSES
+    ):
         return doc, doc
     return None, doc
 
@@ -49,8 +53,9 @@ def _unknown_schema(doc: Any) -> Any:
     return None
 
 
-def iter_side(paths: Sequence[Path], *, side: str, problems: list[Problem],
-              notes: list[str]) -> Iterator[dict[str, Any]]:
+def iter_side(
+    paths: Sequence[Path], *, side: str, problems: list[Problem], notes: list[str]
+) -> Iterator[dict[str, Any]]:
     """The records under `paths`, one at a time, each with `_path` (its file). Unknown schema versions are
     problems (comparing around them would silently drop cells); other unreadable files are warnings unless
     nothing is left. `problems` and `notes` are complete once the iterator is exhausted."""
@@ -66,10 +71,15 @@ def iter_side(paths: Sequence[Path], *, side: str, problems: list[Problem],
                 except ValueError as e:
                     version = _unknown_schema(doc)
                     if version is not None:
-                        problems.append(Problem(str(f), "schema_version",
-                                                f"{side}: unknown schema_version {version!r}; this harness reads "
-                                                f"version {SCHEMA_VERSION} (compare with the harness version that "
-                                                "wrote it)"))
+                        problems.append(
+                            Problem(
+                                str(f),
+                                "schema_version",
+                                f"{side}: unknown schema_version {version!r}; this harness reads "
+                                f"version {SCHEMA_VERSION} (compare with the harness version that "
+                                "wrote it)",
+                            )
+                        )
                     else:
                         skipped.append((str(f), str(e)))
                     continue
@@ -85,7 +95,6 @@ def iter_side(paths: Sequence[Path], *, side: str, problems: list[Problem],
         notes.extend(f"{side}: skipped {f}: {why}" for f, why in skipped)
 
 
-def load_side(paths: Sequence[Path], *, side: str, problems: list[Problem],
-              notes: list[str]) -> list[dict[str, Any]]:
+def load_side(paths: Sequence[Path], *, side: str, problems: list[Problem], notes: list[str]) -> list[dict[str, Any]]:
     """Every record of `iter_side`, as a list."""
     return list(iter_side(paths, side=side, problems=problems, notes=notes))

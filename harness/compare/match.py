@@ -98,13 +98,16 @@ class SideIndex:
             if len(seen) > 1:
                 order = sorted(seen, key=lambda fo: fo[0])
                 others = ", ".join(origin for _, origin in order[:-1])
-                out.append(f"{self.side}: {len(seen)} records for one spec; using the one finished last "
-                           f"({order[-1][1]}), ignoring {others}")
+                out.append(
+                    f"{self.side}: {len(seen)} records for one spec; using the one finished last "
+                    f"({order[-1][1]}), ignoring {others}"
+                )
         return out
 
 
-def index_by_spec(records: Iterable[Mapping[str, Any]], *, side: str, ignore: Iterable[str],
-                  warnings_out: list[str]) -> dict[str, dict[str, Any]]:
+def index_by_spec(
+    records: Iterable[Mapping[str, Any]], *, side: str, ignore: Iterable[str], warnings_out: list[str]
+) -> dict[str, dict[str, Any]]:
     """key → record; of several records with one spec the one finished last wins (a rerun), with a warning."""
     index = SideIndex(side=side, ignore=ignore).add_all(records)
     warnings_out.extend(index.warnings())
@@ -119,8 +122,9 @@ def _short(value: Any) -> str:
 
 def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """key → label; cells sharing `model strategy precision gN` get the spec keys that differ among them."""
-    core = {k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('world_size')}"
-            for k, s in specs.items()}
+    core = {
+        k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('world_size')}" for k, s in specs.items()
+    }
     groups: dict[str, list[str]] = {}
     for k, name in core.items():
         groups.setdefault(name, []).append(k)
@@ -130,8 +134,7 @@ def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
             labels[keys[0]] = name
             continue
         all_keys = sorted({sk for k in keys for sk in specs[k]})
-        differing = [sk for sk in all_keys
-                     if len({_short(_canonical(specs[k].get(sk))) for k in keys}) > 1]
+        differing = [sk for sk in all_keys if len({_short(_canonical(specs[k].get(sk))) for k in keys}) > 1]
         for k in keys:
             extra = " ".join(f"{sk}={_short(specs[k].get(sk))}" for sk in differing)
             labels[k] = f"{name} {extra}".strip()

@@ -141,8 +141,10 @@ def check_thresholds(thresholds: Mapping[str, float] | None) -> dict[str, float]
             if name in METRICS_BY_NAME:
                 msg = f"{name} is deterministic and compared exactly; it takes no threshold"
             else:
-                msg = (f"unknown metric {name!r}; thresholds apply to {', '.join(THRESHOLD_METRICS)}"
-                       f"{did_you_mean(name, THRESHOLD_METRICS)}")
+                msg = (
+                    f"unknown metric {name!r}; thresholds apply to {', '.join(THRESHOLD_METRICS)}"
+                    f"{did_you_mean(name, THRESHOLD_METRICS)}"
+                )
             problems.append(Problem("--threshold", name, msg))
             continue
         v = finite_number(value)
@@ -166,8 +168,7 @@ def parse_thresholds(values: Sequence[str]) -> dict[str, float]:
         try:
             out[name.strip()] = float(number)
         except ValueError:
-            problems.append(Problem("--threshold", text, "expected FRACTION or METRIC=FRACTION, e.g. 0.05 or "
-                                    "mfu=0.10"))
+            problems.append(Problem("--threshold", text, "expected FRACTION or METRIC=FRACTION, e.g. 0.05 or mfu=0.10"))
     if problems:
         raise InputError(problems)
     return check_thresholds(out)

@@ -90,8 +90,9 @@ def check_promote_target(baseline_dir: str | Path, *, sources: Sequence[str | Pa
             raise InputError([Problem(str(baseline_dir), "", f"promote: baseline and candidate {src} overlap")])
 
 
-def promote_baseline(records: Sequence[Mapping[str, Any]], baseline_dir: str | Path, *,
-                     sources: Sequence[str] = ()) -> Path:
+def promote_baseline(
+    records: Sequence[Mapping[str, Any]], baseline_dir: str | Path, *, sources: Sequence[str] = ()
+) -> Path:
     """Make `records` the baseline: write them (original bytes when a record has `_path`) into a staging dir
     beside `baseline_dir` as `<sweep>/<run_id>.json`, carry over non-record files, then swap the staging dir in
     (atomic exchange where the filesystem allows; else two renames, during which the path is briefly absent but
@@ -107,11 +108,11 @@ def promote_baseline(records: Sequence[Mapping[str, Any]], baseline_dir: str | P
         written = set()
         for rec in records:
             digest = hashlib.sha256(spec_key(rec.get("spec") or {}).encode()).hexdigest()[:10]
-            rel = Path(_safe_name(rec.get("sweep"), "records"),
-                       _safe_name(rec.get("run_id"), f"cell-{digest}") + ".json")
+            rel = Path(
+                _safe_name(rec.get("sweep"), "records"), _safe_name(rec.get("run_id"), f"cell-{digest}") + ".json"
+            )
             if rel in written:
-                raise InputError([Problem(record_origin(rec), "run_id",
-                                          f"promote: two records would both be {rel}")])
+                raise InputError([Problem(record_origin(rec), "run_id", f"promote: two records would both be {rel}")])
             written.add(rel)
             src = rec.get("_path")
             if src and Path(src).is_file():
@@ -119,8 +120,10 @@ def promote_baseline(records: Sequence[Mapping[str, Any]], baseline_dir: str | P
             else:
                 atomic_write_json(staging / rel, {k: v for k, v in rec.items() if k != "_path"})
         shas = sorted({str(sha) for r in records if (sha := value_at(r, ("env", "harness_git_sha")))})
-        atomic_write_json(staging / PROMOTED_FILE, {"promoted_at": utc_now(), "sources": list(sources),
-                                                    "records": len(records), "harness_git_sha": shas})
+        atomic_write_json(
+            staging / PROMOTED_FILE,
+            {"promoted_at": utc_now(), "sources": list(sources), "records": len(records), "harness_git_sha": shas},
+        )
         for d in sorted({p.parent for p in staging.rglob("*")} | {staging}, key=lambda p: -len(p.parts)):
             _fsync_dir(d)
         if not baseline_dir.exists():

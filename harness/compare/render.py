@@ -107,8 +107,11 @@ HEADERS = ["cell", "metric", "baseline", "candidate", "ratio", "change", "p", "v
 def _verdict_line(cmp: Comparison, *, fail_on_missing: bool) -> str:
     s = cmp.summary()
     code = cmp.exit_code(fail_on_missing=fail_on_missing)
-    parts = [f"{s['regressions']} regression(s) ({s['metric_regressions']} metric, {s['newly_failing']} newly "
-             f"failing cell(s))", f"{s['improvements']} improvement(s)"]
+    parts = [
+        f"{s['regressions']} regression(s) ({s['metric_regressions']} metric, {s['newly_failing']} newly "
+        f"failing cell(s))",
+        f"{s['improvements']} improvement(s)",
+    ]
     if s["insufficient_samples"]:
         parts.append(f"{s['insufficient_samples']} change(s) with insufficient samples")
     if s["not_significant"]:
@@ -121,15 +124,18 @@ def _verdict_line(cmp: Comparison, *, fail_on_missing: bool) -> str:
 def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
     def failing(c: CellComparison) -> str:
         return f"{c.label}: {c.baseline_status} → {c.candidate_status}" + (
-            f" ({c.reason('candidate')})" if c.reason("candidate") else "")
+            f" ({c.reason('candidate')})" if c.reason("candidate") else ""
+        )
 
     def fixed(c: CellComparison) -> str:
         return f"{c.label}: {c.baseline_status} → ok" + (
-            f" (was: {c.reason('baseline')})" if c.reason("baseline") else "")
+            f" (was: {c.reason('baseline')})" if c.reason("baseline") else ""
+        )
 
     def still(c: CellComparison) -> str:
         return f"{c.label}: {c.baseline_status} → {c.candidate_status}" + (
-            f" ({c.reason('candidate')})" if c.reason("candidate") else "")
+            f" ({c.reason('candidate')})" if c.reason("candidate") else ""
+        )
 
     def plain(c: CellComparison) -> str:
         rec = c.baseline or c.candidate or {}
@@ -142,9 +148,14 @@ def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
         ("added (only in candidate)", [plain(c) for c in cmp.added]),
         ("still failing", [still(c) for c in cmp.still_failing]),
         # an ok candidate's note is a caveat on the numbers compared above (e.g. a recompilation timed as step time)
-        ("candidate ok cells with a note", [f"{c.label}: {c.reason('candidate')}" for c in cmp.cells
-                                            if c.candidate is not None and c.candidate_status == "ok"
-                                            and c.reason("candidate")]),
+        (
+            "candidate ok cells with a note",
+            [
+                f"{c.label}: {c.reason('candidate')}"
+                for c in cmp.cells
+                if c.candidate is not None and c.candidate_status == "ok" and c.reason("candidate")
+            ],
+        ),
     ]
 
 
@@ -187,8 +198,13 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
     """GitHub-flavoured Markdown for $GITHUB_STEP_SUMMARY and PR comments."""
     s = cmp.summary()
     code = cmp.exit_code(fail_on_missing=fail_on_missing)
-    head = (f"🔴 {s['regressions']} regression(s)" if cmp.has_regression
-            else "🟠 missing cells" if code else "🟢 no regressions")
+    head = (
+        f"🔴 {s['regressions']} regression(s)"
+        if cmp.has_regression
+        else "🟠 missing cells"
+        if code
+        else "🟢 no regressions"
+    )
     lines = [
         f"## Benchmark comparison: {head}",
         "",
@@ -345,8 +361,11 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
             value = metric_value(rec, metric)
             if value is None:
                 continue
-            entry: dict[str, Any] = {"name": f"{rec.get('run_id') or cell.label} {name}", "unit": metric.unit,
-                                     "value": value}
+            entry: dict[str, Any] = {
+                "name": f"{rec.get('run_id') or cell.label} {name}",
+                "unit": metric.unit,
+                "value": value,
+            }
             spread = half_spread(metric_samples(rec, metric, times=times)) if metric.kind == SAMPLED else None
             if spread is not None:
                 entry["range"] = f"± {spread:.4g}"

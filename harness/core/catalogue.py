@@ -108,32 +108,100 @@ _DS_CPU_FP16 = {("cpu", "fp16"): "DeepSpeed fp16 is not supported on CPU ('Type 
 # NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's per-module
 # hooks, whose guards (sub_module.ds_id, pre_bwd_fn) fail on every module: each call recompiles until the
 # limit, then runs eagerly; steps took 5 s instead of 0.08 s
-_ZERO3_COMPILE_AC = ("{strategy} with compile and activation checkpointing: ZeRO-3's per-module gather hooks inside "
-                     "a checkpointed block make torch.compile recompile on every call")
+_ZERO3_COMPILE_AC = (
+    "{strategy} with compile and activation checkpointing: ZeRO-3's per-module gather hooks inside "
+    "a checkpointed block make torch.compile recompile on every call"
+)
 
 _ENTRIES: tuple[Strategy, ...] = (
-    Strategy("ddp", family="ddp", memory_model="ddp", comm_model="ddp", shards=False, mixed="autocast",
-             offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD}),
-    Strategy("fsdp.full_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1",
-             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
-    Strategy("fsdp.shard_grad_op", family="fsdp", memory_model="fsdp1", comm_model="fsdp1",
-             reshard_after_forward=False, offload_refusals={"optimizer": _FSDP_OFFLOAD}),
-    Strategy("fsdp.no_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", shards=False,
-             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
-    Strategy("fsdp.hybrid_shard", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", mesh=HYBRID,
-             offload_refusals={"optimizer": _FSDP_OFFLOAD}),
-    Strategy("fsdp.hybrid_shard_zero2", family="fsdp", memory_model="fsdp1", comm_model="fsdp1", mesh=HYBRID,
-             reshard_after_forward=False, offload_refusals={"optimizer": _FSDP_OFFLOAD}),
-    Strategy("fsdp2.full_shard", family="fsdp2", memory_model="fsdp2", comm_model="fsdp2",
-             offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD}),
-    Strategy("fsdp2.hybrid_shard", family="fsdp2", memory_model="fsdp2", comm_model="fsdp2", mesh=HYBRID,
-             offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD}),
-    Strategy("zero1", family="zero", memory_model="zero", comm_model="zero12",
-             offload_refusals={"optimizer+params": _ZERO12_OFFLOAD}, device_refusals=_DS_CPU_FP16),
-    Strategy("zero2", family="zero", memory_model="zero", comm_model="zero12",
-             offload_refusals={"optimizer+params": _ZERO12_OFFLOAD}, device_refusals=_DS_CPU_FP16),
-    Strategy("zero3", family="zero", memory_model="zero", comm_model="zero3",
-             compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC, device_refusals=_DS_CPU_FP16),
+    Strategy(
+        "ddp",
+        family="ddp",
+        memory_model="ddp",
+        comm_model="ddp",
+        shards=False,
+        mixed="autocast",
+        offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp.full_shard",
+        family="fsdp",
+        memory_model="fsdp1",
+        comm_model="fsdp1",
+        offload_refusals={"optimizer": _FSDP_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp.shard_grad_op",
+        family="fsdp",
+        memory_model="fsdp1",
+        comm_model="fsdp1",
+        reshard_after_forward=False,
+        offload_refusals={"optimizer": _FSDP_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp.no_shard",
+        family="fsdp",
+        memory_model="fsdp1",
+        comm_model="fsdp1",
+        shards=False,
+        offload_refusals={"optimizer": _FSDP_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp.hybrid_shard",
+        family="fsdp",
+        memory_model="fsdp1",
+        comm_model="fsdp1",
+        mesh=HYBRID,
+        offload_refusals={"optimizer": _FSDP_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp.hybrid_shard_zero2",
+        family="fsdp",
+        memory_model="fsdp1",
+        comm_model="fsdp1",
+        mesh=HYBRID,
+        reshard_after_forward=False,
+        offload_refusals={"optimizer": _FSDP_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp2.full_shard",
+        family="fsdp2",
+        memory_model="fsdp2",
+        comm_model="fsdp2",
+        offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
+    ),
+    Strategy(
+        "fsdp2.hybrid_shard",
+        family="fsdp2",
+        memory_model="fsdp2",
+        comm_model="fsdp2",
+        mesh=HYBRID,
+        offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
+    ),
+    Strategy(
+        "zero1",
+        family="zero",
+        memory_model="zero",
+        comm_model="zero12",
+        offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
+        device_refusals=_DS_CPU_FP16,
+    ),
+    Strategy(
+        "zero2",
+        family="zero",
+        memory_model="zero",
+        comm_model="zero12",
+        offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
+        device_refusals=_DS_CPU_FP16,
+    ),
+    Strategy(
+        "zero3",
+        family="zero",
+        memory_model="zero",
+        comm_model="zero3",
+        compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC,
+        device_refusals=_DS_CPU_FP16,
+    ),
 )
 
 CATALOGUE: dict[str, Strategy] = {s.name: s for s in _ENTRIES}
@@ -153,8 +221,19 @@ def is_hybrid(strategy: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 # report colours
 
-PALETTE: tuple[str, ...] = ("#000000", "#0072B2", "#56B4E9", "#332288", "#44AA99", "#999933", "#009E73", "#CC79A7",
-                            "#E69F00", "#D55E00", "#882255")
+PALETTE: tuple[str, ...] = (
+    "#000000",
+    "#0072B2",
+    "#56B4E9",
+    "#332288",
+    "#44AA99",
+    "#999933",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#D55E00",
+    "#882255",
+)
 """Okabe & Ito (2008) without yellow (too light on white), then Paul Tol's muted indigo, teal, olive, wine: all
 distinguishable with the common colour-vision deficiencies. The first strategies take these, in catalogue order."""
 UNKNOWN_COLOUR = "#888888"

@@ -33,7 +33,9 @@ def escape(text: Any) -> str:
 
 def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], *, right: Collection[int] = frozenset()) -> str:
     """A pipe table (no trailing newline); every header and cell escaped; columns in `right` right-aligned."""
-    lines = ["| " + " | ".join(escape(h) for h in header) + " |",
-             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(escape(h) for h in header) + " |",
+        "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|",
+    ]
     lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)

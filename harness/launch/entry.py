@@ -35,7 +35,8 @@ def _forget_earlier_run(payload: dict, job_env: Any) -> None:
     if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
         rank = job_env.global_rank
         (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json").unlink(
-            missing_ok=True)
+            missing_ok=True
+        )
         job_env.paths.result_pickle.unlink(missing_ok=True)
 
 
@@ -52,9 +53,13 @@ def submitit_entry(payload: dict[str, Any]) -> None:
         # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
         # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
         port = random.Random(job_env.job_id).randint(20000, 60000)
-    rank = dict(rank=job_env.global_rank, world_size=job_env.num_tasks, local_rank=job_env.local_rank,
-                master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
-                master_port=int(port))
+    rank = dict(
+        rank=job_env.global_rank,
+        world_size=job_env.num_tasks,
+        local_rank=job_env.local_rank,
+        master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
+        master_port=int(port),
+    )
     code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
     if code is None:
         run(payload, **rank)
@@ -68,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m harness.launch.entry PAYLOAD.json` under torchrun-style environment variables."""
     argv = sys.argv[1:] if argv is None else argv
     payload = json.loads(Path(argv[0]).read_text())
-    rank = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
-                master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=int(os.environ["MASTER_PORT"]))
+    rank = dict(
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+        master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(os.environ["MASTER_PORT"]),
+    )
     code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
     if code is not None:
         prefork.exit_like(code)

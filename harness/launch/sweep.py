@@ -49,9 +49,18 @@ def existing_ok(results: str | Path, sweep: str, run_id: str) -> bool:
         return False
 
 
-def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, force: bool = False,
-              no_skip: bool = False, only: set[str] | None = None, no_wait: bool = False, pack: bool = False,
-              echo: Callable[[str], None] = print) -> SweepResult:
+def run_sweep(
+    scenario: Scenario,
+    cluster: Cluster,
+    *,
+    results: str | Path,
+    force: bool = False,
+    no_skip: bool = False,
+    only: set[str] | None = None,
+    no_wait: bool = False,
+    pack: bool = False,
+    echo: Callable[[str], None] = print,
+) -> SweepResult:
     """Run every cell of a scenario, each ending in one record: locally one after another; on SLURM all
     submitted at once (job arrays, or with `pack` one job per job shape running its cells back to back), then
     each finalized as it ends — or left running with `no_wait`."""
@@ -63,30 +72,50 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
     if cluster.executor == "slurm":
         preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
     elif no_wait or pack:
-        raise ValueError(f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of "
-                         "the sweep")
+        raise ValueError(
+            f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of the sweep"
+        )
     sha = git_sha()
-    manifest = Manifest.open(results, scenario.name, scenario=scenario.path, cluster=cluster.name,
-                             executor=cluster.executor, run_ids=[s.run_id for s in specs])
+    manifest = Manifest.open(
+        results,
+        scenario.name,
+        scenario=scenario.path,
+        cluster=cluster.name,
+        executor=cluster.executor,
+        run_ids=[s.run_id for s in specs],
+    )
     folder = sweep_dir(results, scenario.name) / ".submitit"
     locks = sweep_dir(results, scenario.name) / ".locks"
-    sweep = dict(scenario=scenario, cluster=cluster, results=results, force=force, no_skip=no_skip,
-                 manifest=manifest, sha=sha, echo=echo)
+    sweep = dict(
+        scenario=scenario,
+        cluster=cluster,
+        results=results,
+        force=force,
+        no_skip=no_skip,
+        manifest=manifest,
+        sha=sha,
+        echo=echo,
+    )
     if cluster.executor == "slurm":
         records, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, pack=pack, **sweep)
-        return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0,
-                           in_flight=in_flight)
+        return SweepResult(
+            records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0, in_flight=in_flight
+        )
     records = []
     # ranks of local CPU cells fork from one warm interpreter instead of importing torch each
     # (harness.launch.local.prefork)
-    with prefork.zygote(cluster.env, label=str(sweep_dir(results, scenario.name))) if cluster.device == "cpu" \
-            else nullcontext():
+    with (
+        prefork.zygote(cluster.env, label=str(sweep_dir(results, scenario.name)))
+        if cluster.device == "cpu"
+        else nullcontext()
+    ):
         for i, spec in enumerate(specs, 1):
             tag = f"[{i}/{len(specs)}] {spec.run_id}"
             with file_lock(locks / f"{spec.run_id}.lock", blocking=False) as mine:
                 if not mine:
-                    rec = _record_of_other_sweep(spec, tag=tag, locks=locks, results=results, sweep=scenario.name,
-                                                 echo=echo)
+                    rec = _record_of_other_sweep(
+                        spec, tag=tag, locks=locks, results=results, sweep=scenario.name, echo=echo
+                    )
                     if rec is not None:
                         records.append(rec)
                         continue
@@ -94,8 +123,9 @@ def run_sweep(scenario: Scenario, cluster: Cluster, *, results: str | Path, forc
     return SweepResult(records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0)
 
 
-def _record_of_other_sweep(spec: RunSpec, *, tag: str, locks: Path, results: Path, sweep: str,
-                           echo: Callable[[str], None]) -> dict | None:
+def _record_of_other_sweep(
+    spec: RunSpec, *, tag: str, locks: Path, results: Path, sweep: str, echo: Callable[[str], None]
+) -> dict | None:
     """Wait until the sweep that holds the cell's lock lets go; its record, or None when it left none."""
     echo(f"{tag}  running in another sweep; waiting for its record")
     with file_lock(locks / f"{spec.run_id}.lock"):
@@ -108,9 +138,19 @@ def _record_of_other_sweep(spec: RunSpec, *, tag: str, locks: Path, results: Pat
     return rec
 
 
-def _prepare_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
-                  no_skip: bool, manifest: Manifest, sha: str | None,
-                  echo: Callable[[str], None]) -> tuple[dict | None, dict | None]:
+def _prepare_cell(
+    spec: RunSpec,
+    *,
+    tag: str,
+    scenario: Scenario,
+    cluster: Cluster,
+    results: Path,
+    force: bool,
+    no_skip: bool,
+    manifest: Manifest,
+    sha: str | None,
+    echo: Callable[[str], None],
+) -> tuple[dict | None, dict | None]:
     """(record, None) for a cell that needs no run (an ok record exists, or it is skipped), else (None, payload)."""
     if not force and existing_ok(results, scenario.name, spec.run_id):
         echo(f"{tag}  ok (already recorded; --force reruns)")
@@ -124,31 +164,60 @@ def _prepare_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Clust
         gpus = local_gpus()
         if gpus is not None and spec.world_size > len(gpus):
             env = os.environ.get("CUDA_VISIBLE_DEVICES")
-            reason = (f"needs {spec.world_size} GPU{'s' * (spec.world_size != 1)} on this machine; {len(gpus)} "
-                      f"visible ({'CUDA_VISIBLE_DEVICES unset' if env is None else f'CUDA_VISIBLE_DEVICES={env!r}'})")
+            reason = (
+                f"needs {spec.world_size} GPU{'s' * (spec.world_size != 1)} on this machine; {len(gpus)} "
+                f"visible ({'CUDA_VISIBLE_DEVICES unset' if env is None else f'CUDA_VISIBLE_DEVICES={env!r}'})"
+            )
     if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
         reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
     if reason is not None:
-        rec = skipped_record(spec, sweep=scenario.name, cluster=cluster, results=results, reason=reason,
-                             predicted=predicted)
+        rec = skipped_record(
+            spec, sweep=scenario.name, cluster=cluster, results=results, reason=reason, predicted=predicted
+        )
         manifest.set(spec.run_id, state="skipped", status="skipped")
         echo(f"{tag}  skipped: {reason}")
         return rec, None
-    return None, make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha,
-                              predicted=predicted)
+    return None, make_payload(spec, sweep=scenario.name, cluster=cluster, results=results, sha=sha, predicted=predicted)
 
 
-def _run_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, results: Path, force: bool,
-              no_skip: bool, manifest: Manifest, folder: Path, sha: str | None, echo: Callable[[str], None]) -> dict:
-    rec, payload = _prepare_cell(spec, tag=tag, scenario=scenario, cluster=cluster, results=results, force=force,
-                                 no_skip=no_skip, manifest=manifest, sha=sha, echo=echo)
+def _run_cell(
+    spec: RunSpec,
+    *,
+    tag: str,
+    scenario: Scenario,
+    cluster: Cluster,
+    results: Path,
+    force: bool,
+    no_skip: bool,
+    manifest: Manifest,
+    folder: Path,
+    sha: str | None,
+    echo: Callable[[str], None],
+) -> dict:
+    rec, payload = _prepare_cell(
+        spec,
+        tag=tag,
+        scenario=scenario,
+        cluster=cluster,
+        results=results,
+        force=force,
+        no_skip=no_skip,
+        manifest=manifest,
+        sha=sha,
+        echo=echo,
+    )
     if rec is not None:
         return rec
     manifest.set(spec.run_id, state="running", status=None, attempt=payload["attempt"])
     c0 = time.time()
     try:
-        rec = launch_submitit(payload, cluster=cluster, folder=folder, time_limit_s=spec.settings.time_limit_s,
-                              on_submit=lambda job: manifest.set(spec.run_id, job_id=str(job.job_id)))
+        rec = launch_submitit(
+            payload,
+            cluster=cluster,
+            folder=folder,
+            time_limit_s=spec.settings.time_limit_s,
+            on_submit=lambda job: manifest.set(spec.run_id, job_id=str(job.job_id)),
+        )
     except KeyboardInterrupt:
         manifest.set(spec.run_id, state="cancelled", status="cancelled")
         echo(f"{tag}  cancelled (interrupted; re-run the sweep to resume)")
@@ -158,8 +227,9 @@ def _run_cell(spec: RunSpec, *, tag: str, scenario: Scenario, cluster: Cluster, 
     return rec
 
 
-def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, locks: Path,
-                  echo: Callable[[str], None], **sweep: Any) -> tuple[list[dict], int]:
+def _run_on_slurm(
+    specs: list[RunSpec], *, scenario: Scenario, results: Path, locks: Path, echo: Callable[[str], None], **sweep: Any
+) -> tuple[list[dict], int]:
     """(records, cells left in flight): every cell through _slurm_round; a cell another sweep was handling is
     taken from its record, or, when that sweep let go without one (it detached), in a second round."""
     tags = {s.run_id: f"[{i}/{len(specs)}] {s.run_id}" for i, s in enumerate(specs, 1)}
@@ -167,13 +237,15 @@ def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, lo
     in_flight = 0
     todo = specs
     for _ in range(2):
-        busy, left = _slurm_round(todo, tags=tags, records=records, scenario=scenario, results=results,
-                                  locks=locks, echo=echo, **sweep)
+        busy, left = _slurm_round(
+            todo, tags=tags, records=records, scenario=scenario, results=results, locks=locks, echo=echo, **sweep
+        )
         in_flight += left
         todo = []
         for spec in busy:
-            rec = _record_of_other_sweep(spec, tag=tags[spec.run_id], locks=locks, results=results,
-                                         sweep=scenario.name, echo=echo)
+            rec = _record_of_other_sweep(
+                spec, tag=tags[spec.run_id], locks=locks, results=results, sweep=scenario.name, echo=echo
+            )
             if rec is None:
                 todo.append(spec)
             else:
@@ -185,10 +257,24 @@ def _run_on_slurm(specs: list[RunSpec], *, scenario: Scenario, results: Path, lo
     return [records[s.run_id] for s in specs if s.run_id in records], in_flight
 
 
-def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[str, dict], scenario: Scenario,
-                 cluster: Cluster, results: Path, force: bool, no_skip: bool, no_wait: bool, pack: bool,
-                 manifest: Manifest, folder: Path, locks: Path, sha: str | None,
-                 echo: Callable[[str], None]) -> tuple[list[RunSpec], int]:
+def _slurm_round(
+    specs: list[RunSpec],
+    *,
+    tags: dict[str, str],
+    records: dict[str, dict],
+    scenario: Scenario,
+    cluster: Cluster,
+    results: Path,
+    force: bool,
+    no_skip: bool,
+    no_wait: bool,
+    pack: bool,
+    manifest: Manifest,
+    folder: Path,
+    locks: Path,
+    sha: str | None,
+    echo: Callable[[str], None],
+) -> tuple[list[RunSpec], int]:
     """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
     (job arrays; with `pack`, one job per pack of same-shaped cells), then finalize each as it ends — unless
     `no_wait`. Fills `records`; returns the cells another sweep holds and how many cells were left in flight."""
@@ -203,8 +289,18 @@ def _slurm_round(specs: list[RunSpec], *, tags: dict[str, str], records: dict[st
                 continue
             if flight.reattach(spec.run_id, tag=tag):
                 continue
-            rec, payload = _prepare_cell(spec, tag=tag, scenario=scenario, cluster=cluster, results=results,
-                                         force=force, no_skip=no_skip, manifest=manifest, sha=sha, echo=echo)
+            rec, payload = _prepare_cell(
+                spec,
+                tag=tag,
+                scenario=scenario,
+                cluster=cluster,
+                results=results,
+                force=force,
+                no_skip=no_skip,
+                manifest=manifest,
+                sha=sha,
+                echo=echo,
+            )
             if rec is not None:
                 records[spec.run_id] = rec
             else:

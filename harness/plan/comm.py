@@ -109,7 +109,7 @@ def units(params: list[Param]) -> dict[str, list[Param]]:
 
 
 def group_kind(ranks: list[int], gpus_per_node: int) -> str:
-    """"self" (one rank), "intra" (one node), "inter" (one rank per node) or "mixed"."""
+    """ "self" (one rank), "intra" (one node), "inter" (one rank per node) or "mixed"."""
     nodes = {r // gpus_per_node for r in ranks}
     if len(ranks) == 1:
         return "self"
@@ -136,9 +136,13 @@ def groups_for(spec: RunSpec) -> Groups:
     world = group_kind(list(range(w)), gpn)
     if CATALOGUE[spec.strategy].mesh == HYBRID:
         nodes = w // gpn
-        return Groups(world=world, shard=group_kind(list(range(gpn)), gpn),
-                      replicate=group_kind([n * gpn for n in range(nodes)], gpn), shard_size=gpn,
-                      replicate_size=nodes)
+        return Groups(
+            world=world,
+            shard=group_kind(list(range(gpn)), gpn),
+            replicate=group_kind([n * gpn for n in range(nodes)], gpn),
+            shard_size=gpn,
+            replicate_size=nodes,
+        )
     return Groups(world=world, shard=world, replicate=None, shard_size=w, replicate_size=1)
 
 
@@ -169,8 +173,7 @@ class Ledger:
     items: list[Item] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def add(self, what: str, collective: str, dtype: str, bytes_per_call: int, calls: float = 1, *,
-            group: str) -> None:
+    def add(self, what: str, collective: str, dtype: str, bytes_per_call: int, calls: float = 1, *, group: str) -> None:
         if calls:
             self.items.append(Item(what, collective, dtype, int(bytes_per_call), float(calls), group))
 
@@ -194,9 +197,18 @@ class Ledger:
             "calls_per_step": float(sum(it.calls for it in self.items)),
             "by_collective": by_coll,
             "by_group": by_group,
-            "items": [{"what": it.what, "collective": it.collective, "dtype": it.dtype,
-                       "bytes_per_call": it.bytes_per_call, "calls": it.calls, "bytes": it.bytes,
-                       "group": it.group} for it in self.items],
+            "items": [
+                {
+                    "what": it.what,
+                    "collective": it.collective,
+                    "dtype": it.dtype,
+                    "bytes_per_call": it.bytes_per_call,
+                    "calls": it.calls,
+                    "bytes": it.bytes,
+                    "group": it.group,
+                }
+                for it in self.items
+            ],
             "notes": list(self.notes),
         }
 
@@ -227,8 +239,10 @@ def _ddp(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     buckets = ddp_buckets(sizes)
     for i, b in enumerate(buckets):
         led.add(f"gradient bucket {i} (fp32)", "all_reduce", "float32", b, group=g.world)
-    led.notes.append(f"DDP: {len(buckets)} bucket(s) of fp32 gradients (all {sum(sizes)} bytes), once per step; "
-                     "autocast keeps fp32 parameters so bf16/fp16 change nothing")
+    led.notes.append(
+        f"DDP: {len(buckets)} bucket(s) of fp32 gradients (all {sum(sizes)} bytes), once per step; "
+        "autocast keeps fp32 parameters so bf16/fp16 change nothing"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,27 +286,43 @@ def _fsdp1(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
                 # the root is not resharded after forward (it would be gathered again at once); the
                 # others are, and every unit is freed after backward, so each micro-step gathers again
                 per_micro = 1 if name == "root" else 2
-                led.add(f"all_gather {label}, forward{'' if name == 'root' else ' + backward'}", "all_gather",
-                        pdt, flat * pbytes, per_micro * accum, group=g.shard)
+                led.add(
+                    f"all_gather {label}, forward{'' if name == 'root' else ' + backward'}",
+                    "all_gather",
+                    pdt,
+                    flat * pbytes,
+                    per_micro * accum,
+                    group=g.shard,
+                )
             else:
                 # SHARD_GRAD_OP: no reshard after forward, and none after a no_sync backward either
-                led.add(f"all_gather {label}, first forward of the step", "all_gather", pdt, flat * pbytes, 1,
-                        group=g.shard)
-            led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", flat * 4, 1,
-                    group=g.shard)
+                led.add(
+                    f"all_gather {label}, first forward of the step", "all_gather", pdt, flat * pbytes, 1, group=g.shard
+                )
+            led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", flat * 4, 1, group=g.shard)
             if g.replicate is not None:
-                led.add(f"all_reduce gradient shard of {label} across nodes", "all_reduce", "float32",
-                        flat // g.shard_size * 4, 1, group=g.replicate)
+                led.add(
+                    f"all_reduce gradient shard of {label} across nodes",
+                    "all_reduce",
+                    "float32",
+                    flat // g.shard_size * 4,
+                    1,
+                    group=g.replicate,
+                )
         else:
             led.add(f"all_reduce gradient {label}, fp32", "all_reduce", "float32", flat * 4, 1, group=g.world)
     if prec == "fp16":
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
     if spec.settings.offload != "none":
-        led.notes.append("FSDP1 CPUOffload: the same collectives (the shard is copied to the device before the "
-                         "all_gather, the reduced shard back after the reduce_scatter); not measured here, CPUOffload "
-                         "needs an accelerator")
-    led.notes.append(f"FSDP1 {s}: flat parameters padded to {FSDP_ALIGNMENT_BYTES}-byte alignment of {pdt} and to a "
-                     f"multiple of {g.shard_size}; gathered in {pdt}, gradients reduced in fp32")
+        led.notes.append(
+            "FSDP1 CPUOffload: the same collectives (the shard is copied to the device before the "
+            "all_gather, the reduced shard back after the reduce_scatter); not measured here, CPUOffload "
+            "needs an accelerator"
+        )
+    led.notes.append(
+        f"FSDP1 {s}: flat parameters padded to {FSDP_ALIGNMENT_BYTES}-byte alignment of {pdt} and to a "
+        f"multiple of {g.shard_size}; gathered in {pdt}, gradients reduced in fp32"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -319,16 +349,23 @@ def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
         label = f"group {name} ({numel} elements, {pad} padding)"
         # NOTE: reshard_after_forward=True is passed explicitly, which turns off FSDP2's "root is not
         # resharded after forward" default: the root is gathered in backward again like every Block
-        led.add(f"all_gather {label}, forward + backward", "all_gather", pdt, numel * pbytes, 2 * accum,
-                group=g.shard)
+        led.add(f"all_gather {label}, forward + backward", "all_gather", pdt, numel * pbytes, 2 * accum, group=g.shard)
         led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", numel * 4, 1, group=g.shard)
         if g.replicate is not None:
-            led.add(f"all_reduce gradient shard of {label} across nodes", "all_reduce", "float32",
-                    numel // g.shard_size * 4, 1, group=g.replicate)
+            led.add(
+                f"all_reduce gradient shard of {label} across nodes",
+                "all_reduce",
+                "float32",
+                numel // g.shard_size * 4,
+                1,
+                group=g.replicate,
+            )
     if prec == "fp16":
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
-    led.notes.append(f"FSDP2: dim 0 of every parameter padded to a multiple of {g.shard_size}; gathered in {pdt} "
-                     "twice per micro-step (root included), gradients reduced in fp32")
+    led.notes.append(
+        f"FSDP2: dim 0 of every parameter padded to a multiple of {g.shard_size}; gathered in {pdt} "
+        "twice per micro-step (root included), gradients reduced in fp32"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -369,21 +406,36 @@ def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> No
     buckets = [sum(order[i] for i in b) for b in ds_ipg_buckets(order)]
     per_step = 1 if stage == 1 else accum
     for i, b in enumerate(buckets):
-        led.add(f"gradient bucket {i} ({b} elements), whole (use_multi_rank_bucket_allreduce)", "all_reduce",
-                dt, b * eb, per_step, group=g.world)
+        led.add(
+            f"gradient bucket {i} ({b} elements), whole (use_multi_rank_bucket_allreduce)",
+            "all_reduce",
+            dt,
+            b * eb,
+            per_step,
+            group=g.world,
+        )
     if prec in ("bf16", "fp16"):  # check_grad_overflow: bf16 config default True, fp16 always
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
     led.add("gradient norm (one per parameter group)", "all_reduce", "float32", 4, 1, group=g.world)
     if w > 1:
-        led.add(f"all_gather updated flat {dt} buffer ({flat} elements, {flat - numel} padding)", "all_gather", dt,
-                flat * eb, 1, group=g.world)
-    led.notes.append(f"ZeRO-{stage}: gradients all_reduced whole in {dt} ({len(buckets)} bucket(s) of <= "
-                     f"{DS_REDUCE_BUCKET_ELEMS:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
-                     f"buffer padded to a multiple of {align}")
+        led.add(
+            f"all_gather updated flat {dt} buffer ({flat} elements, {flat - numel} padding)",
+            "all_gather",
+            dt,
+            flat * eb,
+            1,
+            group=g.world,
+        )
+    led.notes.append(
+        f"ZeRO-{stage}: gradients all_reduced whole in {dt} ({len(buckets)} bucket(s) of <= "
+        f"{DS_REDUCE_BUCKET_ELEMS:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
+        f"buffer padded to a multiple of {align}"
+    )
 
 
-def zero3_module_trace(cfg: ModelConfig, *, checkpointing: bool = False
-                       ) -> tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]:
+def zero3_module_trace(
+    cfg: ModelConfig, *, checkpointing: bool = False
+) -> tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]:
     """The modules DeepSpeed's hooks fetch for, in order, over one forward and one backward: (module, index
     of the one parameter it owns, or None). Parameter-less modules (Transformer, Block, Attention, SwiGLU,
     the checkpoint wrapper) are in the trace too: every fetch runs the prefetcher.
@@ -393,18 +445,38 @@ def zero3_module_trace(cfg: ModelConfig, *, checkpointing: bool = False
     the norm feeding both after them, wv before wk before wq. With activation checkpointing the block's
     forward runs again (every forward hook fires) when w2's backward first unpacks a saved tensor.
     """
+
     def block_fwd(i: int) -> list[tuple[str, int | None]]:
         b, u = 1 + 9 * i, f"blocks.{i}"
-        return [(u, None), (f"{u}.attn_norm", b), (f"{u}.attn", None), (f"{u}.attn.wq", b + 1),
-                (f"{u}.attn.wk", b + 2), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wo", b + 4), (f"{u}.mlp_norm", b + 5),
-                (f"{u}.mlp", None), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w2", b + 8)]
+        return [
+            (u, None),
+            (f"{u}.attn_norm", b),
+            (f"{u}.attn", None),
+            (f"{u}.attn.wq", b + 1),
+            (f"{u}.attn.wk", b + 2),
+            (f"{u}.attn.wv", b + 3),
+            (f"{u}.attn.wo", b + 4),
+            (f"{u}.mlp_norm", b + 5),
+            (f"{u}.mlp", None),
+            (f"{u}.mlp.w1", b + 6),
+            (f"{u}.mlp.w3", b + 7),
+            (f"{u}.mlp.w2", b + 8),
+        ]
 
     def block_bwd(i: int) -> list[tuple[str, int | None]]:
         b, u = 1 + 9 * i, f"blocks.{i}"
         head = [(u, None), (f"{u}.mlp", None), (f"{u}.mlp.w2", b + 8)]
-        rest = [(f"{u}.mlp.w3", b + 7), (f"{u}.mlp.w1", b + 6), (f"{u}.mlp_norm", b + 5), (f"{u}.attn", None),
-                (f"{u}.attn.wo", b + 4), (f"{u}.attn.wv", b + 3), (f"{u}.attn.wk", b + 2), (f"{u}.attn.wq", b + 1),
-                (f"{u}.attn_norm", b)]
+        rest = [
+            (f"{u}.mlp.w3", b + 7),
+            (f"{u}.mlp.w1", b + 6),
+            (f"{u}.mlp_norm", b + 5),
+            (f"{u}.attn", None),
+            (f"{u}.attn.wo", b + 4),
+            (f"{u}.attn.wv", b + 3),
+            (f"{u}.attn.wk", b + 2),
+            (f"{u}.attn.wq", b + 1),
+            (f"{u}.attn_norm", b),
+        ]
         if checkpointing:
             return [(f"{u}.ckpt", None)] + head + block_fwd(i) + rest
         return head + rest
@@ -532,28 +604,57 @@ def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
         for phase in ("forward", "backward"):
             calls = [idx for ph, idx in tr.gathers if ph == phase]
             for k, idx in enumerate(calls):
-                led.add(f"all_gather #{k} issued in {phase}, {len(idx)} parameter(s) ({sum(padded[i] for i in idx)} elements)",
-                        "all_gather", dt, sum(padded[i] for i in idx) * eb, accum, group=g.world)
+                n_elem = sum(padded[i] for i in idx)
+                led.add(
+                    f"all_gather #{k} issued in {phase}, {len(idx)} parameter(s) ({n_elem} elements)",
+                    "all_gather",
+                    dt,
+                    n_elem * eb,
+                    accum,
+                    group=g.world,
+                )
         if tr.regathered:
-            led.notes.append(f"ZeRO-3: {len(tr.regathered)} parameter(s) lie beyond stage3_max_reuse_distance and are "
-                             "gathered again in backward")
+            led.notes.append(
+                f"ZeRO-3: {len(tr.regathered)} parameter(s) lie beyond stage3_max_reuse_distance and are "
+                "gathered again in backward"
+            )
         for i in persistent:
-            led.add(f"persistent {params[i].name} gathered after the step", "all_gather", dt, padded[i] * eb, 1,
-                    group=g.world)
+            led.add(
+                f"persistent {params[i].name} gathered after the step",
+                "all_gather",
+                dt,
+                padded[i] * eb,
+                1,
+                group=g.world,
+            )
     # gradients reach the bucket from backward hooks, reverse registration order; the bucket threshold
     # counts unpadded elements, the reduce_scatter input pads every gradient to the world
     order = list(reversed(range(len(params))))
     for k, b in enumerate(ds_ipg_buckets([params[i].numel for i in order])):
         numel = sum(padded[order[j]] for j in b)
-        led.add(f"gradient bucket {k} reduce_scatter_coalesced ({numel} elements)", "reduce_scatter", dt,
-                numel * eb, accum, group=g.world)
+        led.add(
+            f"gradient bucket {k} reduce_scatter_coalesced ({numel} elements)",
+            "reduce_scatter",
+            dt,
+            numel * eb,
+            accum,
+            group=g.world,
+        )
     if prec == "fp16":
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
     sub_groups = zero3_sub_groups([pad // w for pad in padded])
-    led.add(f"gradient norm (fp64, one per optimizer sub-group: {sub_groups})", "all_reduce", "float64", 8, sub_groups,
-            group=g.world)
-    led.notes.append(f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {conf.persistence_threshold} "
-                     f"elements), gathered once after the step; gradients reduce_scattered in {dt}")
+    led.add(
+        f"gradient norm (fp64, one per optimizer sub-group: {sub_groups})",
+        "all_reduce",
+        "float64",
+        8,
+        sub_groups,
+        group=g.world,
+    )
+    led.notes.append(
+        f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {conf.persistence_threshold} "
+        f"elements), gathered once after the step; gradients reduce_scattered in {dt}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

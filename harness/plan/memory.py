@@ -20,8 +20,9 @@ to that peak, and bytes of host memory for CPU offload:
 
 The peak is the largest over the moments of a step (`WINDOWS`: forward end, loss backward, the first
 block's backward and its reduction, the last block's backward, backward end, optimizer step); each strategy
-says what it holds in each. No allocator fragmentation or caching is modelled: the prediction is `max_memory_allocated`, not
-reserved. Whether a cell fits compares the total with the device's memory minus `DEVICE_RESERVE_GIB`.
+says what it holds in each. No allocator fragmentation or caching is modelled: the prediction is
+`max_memory_allocated`, not reserved. Whether a cell fits compares the total with the device's memory minus
+`DEVICE_RESERVE_GIB`.
 
 Units: bytes internally; GiB = 2**30 in every `*_gib` field; GB = 1e9 only where the users' arithmetic is
 quoted. FLOPs are per optimizer step over all ranks (global), counted as multiply-adds × 2.
@@ -88,8 +89,14 @@ def _ceil_div(a: int, b: int) -> int:
 # activations
 
 FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
-    "forward end", "loss backward", "block backward", "block reduce", "last block backward", "backward end",
-    "optimizer step")
+    "forward end",
+    "loss backward",
+    "block backward",
+    "block reduce",
+    "last block backward",
+    "backward end",
+    "optimizer step",
+)
 WINDOWS = (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP)
 """The moments of a training step at which a rank's memory can peak."""
 WINDOW_HELP = {
@@ -165,8 +172,13 @@ class ActivationModel:
         c, a = self.cfg, self.compute_bytes
         attention = 5 * a * c.d_model + 4 * c.n_heads
         mlp = 4 * a * c.ffn
-        return (2 * self._norm_per_token() + self._linear_inputs_per_token(3) + attention
-                + self._linear_inputs_per_token(2) + mlp)
+        return (
+            2 * self._norm_per_token()
+            + self._linear_inputs_per_token(3)
+            + attention
+            + self._linear_inputs_per_token(2)
+            + mlp
+        )
 
     def block_input_per_token(self) -> int:
         """Bytes of a block's input (the residual stream), which non-reentrant checkpointing keeps."""
@@ -174,7 +186,7 @@ class ActivationModel:
 
     def outside_blocks_per_token(self) -> int:
         """Final norm, head input, log-probabilities, tokens and targets."""
-        return (self._norm_per_token() + self._linear_inputs_per_token(1) + 4 * self.cfg.vocab + 16)
+        return self._norm_per_token() + self._linear_inputs_per_token(1) + 4 * self.cfg.vocab + 16
 
     def block(self) -> int:
         return self.tokens * self.block_per_token()
@@ -234,9 +246,10 @@ class ActivationModel:
     def windows(self, *, checkpointing: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
         """Activation bytes, and the backward's own transients, live at each moment of `WINDOWS`.
 
-        forward end: every saved tensor, and the logits while the loss runs. loss backward: those plus the cross-entropy gradient. block
-        backward: the first block's backward (the head's tensors are freed by then) with its gradients in
-        flight; under checkpointing, that block recomputed on top of what every block kept. block reduce:
+        forward end: every saved tensor, and the logits while the loss runs. loss backward: those plus the
+        cross-entropy gradient. block backward: the first block's backward (the head's tensors are freed by
+        then) with its gradients in flight; under checkpointing, that block recomputed on top of what every
+        block kept. block reduce:
         that block done (its saved tensors freed), its gradients about to be reduced. last block backward:
         one block's activations left (recomputed under checkpointing). backward end and optimizer step: none.
         """
@@ -244,7 +257,11 @@ class ActivationModel:
         saved = self.saved_end_of_forward(checkpointing=policy)
         layers, kept = self.cfg.n_layers, self.kept_per_block(policy)
         if policy != "none":
-            block, after_block, last = layers * kept + self.recompute_extra(policy), layers * kept, kept + self.recompute_extra(policy)
+            block, after_block, last = (
+                layers * kept + self.recompute_extra(policy),
+                layers * kept,
+                kept + self.recompute_extra(policy),
+            )
         else:
             block, after_block, last = layers * kept, (layers - 1) * kept, kept
         return {
@@ -319,8 +336,17 @@ def activation_model(spec: RunSpec) -> ActivationModel:
     return ActivationModel(spec.model_config, precision_mode(spec.strategy, spec.precision), s.micro_batch * s.seq_len)
 
 
-def _assemble(spec: RunSpec, *, params: int, grads: int, grads_persistent: bool, optimizer: int, held: Held,
-              cpu: int = 0, notes: dict[str, str]) -> Memory:
+def _assemble(
+    spec: RunSpec,
+    *,
+    params: int,
+    grads: int,
+    grads_persistent: bool,
+    optimizer: int,
+    held: Held,
+    cpu: int = 0,
+    notes: dict[str, str],
+) -> Memory:
     """Pick the peak window: the one where activations + gradients present + held buffers is largest.
 
     Gradients that are freed between steps (`grads_persistent` False) grow during backward: none before
@@ -341,9 +367,20 @@ def _assemble(spec: RunSpec, *, params: int, grads: int, grads_persistent: bool,
     assert best is not None
     _, window, activations, present, items = best
     notes = dict(notes)
-    notes["buffers"] = f"peak at the {window} ({WINDOW_HELP[window]})" + "".join(f"; {w} {b / GIB:.2f} GiB" for w, b in items)
-    return Memory(params=params, grads=present, optimizer=optimizer, activations=activations,
-                  buffers=sum(b for _, b in items), grads_after_backward=grads, cpu=cpu, window=window, notes=notes)
+    notes["buffers"] = f"peak at the {window} ({WINDOW_HELP[window]})" + "".join(
+        f"; {w} {b / GIB:.2f} GiB" for w, b in items
+    )
+    return Memory(
+        params=params,
+        grads=present,
+        optimizer=optimizer,
+        activations=activations,
+        buffers=sum(b for _, b in items),
+        grads_after_backward=grads,
+        cpu=cpu,
+        window=window,
+        notes=notes,
+    )
 
 
 def _ddp(spec: RunSpec) -> Memory:
@@ -357,8 +394,12 @@ def _ddp(spec: RunSpec) -> Memory:
         everything = b * cfg.n_matmul_params()
         if spec.settings.checkpointing:  # full or selective: both recompute the casts
             per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.d_model * cfg.ffn
-            held = {FORWARD_END: [(what, everything)], LOSS_BACKWARD: [(what, b * cfg.head_params())],
-                    BLOCK_BACKWARD: [(what, b * per_block)], LAST_BLOCK: [(what, b * per_block)]}
+            held = {
+                FORWARD_END: [(what, everything)],
+                LOSS_BACKWARD: [(what, b * cfg.head_params())],
+                BLOCK_BACKWARD: [(what, b * per_block)],
+                LAST_BLOCK: [(what, b * per_block)],
+            }
         else:
             block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers
             held = {w: [(what, everything)] for w in (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD)}
@@ -379,9 +420,17 @@ def _fsdp_no_sync_grads(spec: RunSpec, *, grad_bytes: int) -> int:
     return 0
 
 
-def _fsdp_memory(spec: RunSpec, *, sharded: int, root_gathered_in_loss: bool, gathered: tuple[str, int],
-                 gathered_from_forward: bool = False, reduce_copy: bool, offload_name: str,
-                 no_sync_bytes: int) -> Memory:
+def _fsdp_memory(
+    spec: RunSpec,
+    *,
+    sharded: int,
+    root_gathered_in_loss: bool,
+    gathered: tuple[str, int],
+    gathered_from_forward: bool = False,
+    reduce_copy: bool,
+    offload_name: str,
+    no_sync_bytes: int,
+) -> Memory:
     """What both FSDP generations hold, per window. `gathered` is what is unsharded during a block's backward
     besides the root; `gathered_from_forward` when it stays so from the forward on (SHARD_GRAD_OP);
     `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input."""
@@ -396,9 +445,14 @@ def _fsdp_memory(spec: RunSpec, *, sharded: int, root_gathered_in_loss: bool, ga
     root_grad = ("unsharded root gradient", 0 if replicated_fp32 else p * root)
     # each unit's gradient, once complete, is cast/copied to an fp32 reduce-scatter input and reduced into a shard
     copy = 4 if reduce_copy else 0
-    block_grad = ("unsharded block gradient + reduce-scatter input/output",
-                  0 if replicated_fp32 else p * block + copy * block + 4 * _ceil_div(block, nshard))
-    root_reduce = ("root reduce-scatter input/output", 0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard))
+    block_grad = (
+        "unsharded block gradient + reduce-scatter input/output",
+        0 if replicated_fp32 else p * block + copy * block + 4 * _ceil_div(block, nshard),
+    )
+    root_reduce = (
+        "root reduce-scatter input/output",
+        0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard),
+    )
     first = [root_params] if root_gathered_in_loss else []
     # NOTE: a unit's reduce-scatter runs while the next unit computes its backward, so its input and output
     # stay allocated through that backward (both FSDP generations reduce on a side stream)
@@ -409,8 +463,12 @@ def _fsdp_memory(spec: RunSpec, *, sharded: int, root_gathered_in_loss: bool, ga
         LOSS_BACKWARD: first + ([gathered] if gathered_from_forward else []),
         BLOCK_BACKWARD: [root_params, gathered, root_grad],
         # the first block is resharded before its gradients are reduced (SHARD_GRAD_OP: the rest stay)
-        BLOCK_REDUCE: [root_params, (gathered[0], max(gathered[1] - p * block, 0) if gathered_from_forward
-                                     else gathered[1]), root_grad, block_grad],
+        BLOCK_REDUCE: [
+            root_params,
+            (gathered[0], max(gathered[1] - p * block, 0) if gathered_from_forward else gathered[1]),
+            root_grad,
+            block_grad,
+        ],
         LAST_BLOCK: [root_params, last_block, root_grad, previous_reduce],
         BACKWARD_END: [root_params, root_grad, root_reduce],
     }
@@ -425,10 +483,18 @@ def _fsdp_memory(spec: RunSpec, *, sharded: int, root_gathered_in_loss: bool, ga
     }
     if spec.settings.offload == "optimizer+params":
         notes["cpu"] = f"{offload_name}: fp32 param and gradient shards and AdamW moments in host memory (16 B/param)"
-        return _assemble(spec, params=0, grads=0, grads_persistent=False, optimizer=0, held=held,
-                         cpu=16 * sharded, notes=notes)
-    return _assemble(spec, params=4 * sharded, grads=4 * sharded, grads_persistent=False, optimizer=8 * sharded,
-                     held=held, notes=notes)
+        return _assemble(
+            spec, params=0, grads=0, grads_persistent=False, optimizer=0, held=held, cpu=16 * sharded, notes=notes
+        )
+    return _assemble(
+        spec,
+        params=4 * sharded,
+        grads=4 * sharded,
+        grads_persistent=False,
+        optimizer=8 * sharded,
+        held=held,
+        notes=notes,
+    )
 
 
 def _fsdp1(spec: RunSpec) -> Memory:
@@ -454,11 +520,16 @@ def _fsdp1(spec: RunSpec) -> Memory:
         # FULL_SHARD / HYBRID_SHARD; NOTE: FSDP does not reshard the root after forward (needed first in backward)
         gathered = (f"{FSDP_UNITS_IN_FLIGHT} block units gathered", p * FSDP_UNITS_IN_FLIGHT * block)
         root_in_loss = True
-    return _fsdp_memory(spec, sharded=sum(_ceil_div(u, nshard) for u in units.values()),
-                        root_gathered_in_loss=root_in_loss, gathered=gathered,
-                        gathered_from_forward=keeps_gathered and nshard > 1,
-                        reduce_copy=mixed,  # FSDP1 reduces the flat gradient in place when it is already fp32
-                        offload_name="CPUOffload(offload_params=True)", no_sync_bytes=p)
+    return _fsdp_memory(
+        spec,
+        sharded=sum(_ceil_div(u, nshard) for u in units.values()),
+        root_gathered_in_loss=root_in_loss,
+        gathered=gathered,
+        gathered_from_forward=keeps_gathered and nshard > 1,
+        reduce_copy=mixed,  # FSDP1 reduces the flat gradient in place when it is already fp32
+        offload_name="CPUOffload(offload_params=True)",
+        no_sync_bytes=p,
+    )
 
 
 def _fsdp2(spec: RunSpec) -> Memory:
@@ -468,11 +539,14 @@ def _fsdp2(spec: RunSpec) -> Memory:
     block = max(v for k, v in unit_numels(cfg).items() if k != "root")
     # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
     return _fsdp_memory(
-        spec, sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg)),
+        spec,
+        sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg)),
         root_gathered_in_loss=True,
         gathered=(f"{FSDP_UNITS_IN_FLIGHT} block units gathered", BYTES[spec.precision] * FSDP_UNITS_IN_FLIGHT * block),
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
-        offload_name="CPUOffloadPolicy", no_sync_bytes=4)  # FSDP2 accumulates unsharded grads in the fp32 reduce dtype
+        offload_name="CPUOffloadPolicy",
+        no_sync_bytes=4,
+    )  # FSDP2 accumulates unsharded grads in the fp32 reduce dtype
 
 
 def _zero(spec: RunSpec) -> Memory:
@@ -499,9 +573,14 @@ def _zero(spec: RunSpec) -> Memory:
         master, moments = 4 * part, 8 * part
         # the contiguous reduce bucket is allocated at each backward's start and released at its end; the
         # step then casts this rank's gradient partition to fp32
-        held: Held = {LOSS_BACKWARD: [bucket], BLOCK_BACKWARD: [bucket], BLOCK_REDUCE: [bucket],
-                      LAST_BLOCK: [bucket], BACKWARD_END: [bucket],
-                      OPTIMIZER_STEP: [("fp32 gradient partition for the step", 0 if off_opt else 4 * part)]}
+        held: Held = {
+            LOSS_BACKWARD: [bucket],
+            BLOCK_BACKWARD: [bucket],
+            BLOCK_REDUCE: [bucket],
+            LAST_BLOCK: [bucket],
+            BACKWARD_END: [bucket],
+            OPTIMIZER_STEP: [("fp32 gradient partition for the step", 0 if off_opt else 4 * part)],
+        }
         cpu = 0
         if off_opt:
             # ZeRO-Offload: master, moments and an fp32 gradient partition in host memory, with a 16-bit
@@ -510,15 +589,27 @@ def _zero(spec: RunSpec) -> Memory:
             grads = 0 if stage == 2 else grads
             master = moments = 0
             notes["cpu"] = "offload_optimizer: fp32 master, moments, fp32 gradient partition, 16-bit staging copy"
-        notes.update({
-            "params": f"{spec.precision} parameters, full replica",
-            "grads": f"{spec.precision} gradients, " + ("full (ZeRO-1)" if stage == 1 else f"partitioned {nshard} ways")
-                     + ("; reduced straight into host memory" if off_opt and stage == 2 else "")
-                     + "; produced during backward, freed by the step",
-            "optimizer": f"fp32 master + AdamW moments (12 B/param) / {nshard}" + ("; offloaded" if off_opt else ""),
-        })
-        return _assemble(spec, params=b * n, grads=grads, grads_persistent=False, optimizer=master + moments,
-                         held=held, cpu=cpu, notes=notes)
+        notes.update(
+            {
+                "params": f"{spec.precision} parameters, full replica",
+                "grads": f"{spec.precision} gradients, "
+                + ("full (ZeRO-1)" if stage == 1 else f"partitioned {nshard} ways")
+                + ("; reduced straight into host memory" if off_opt and stage == 2 else "")
+                + "; produced during backward, freed by the step",
+                "optimizer": f"fp32 master + AdamW moments (12 B/param) / {nshard}"
+                + ("; offloaded" if off_opt else ""),
+            }
+        )
+        return _assemble(
+            spec,
+            params=b * n,
+            grads=grads,
+            grads_persistent=False,
+            optimizer=master + moments,
+            held=held,
+            cpu=cpu,
+            notes=notes,
+        )
 
     # ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
     # persistence threshold also stay gathered on every rank
@@ -546,16 +637,31 @@ def _zero(spec: RunSpec) -> Memory:
         notes["cpu"] += "; offload_param: 16-bit parameter partitions"
     always = [bucket, fp32_grad]
     held = {w: always + ([live] if w not in (BACKWARD_END, OPTIMIZER_STEP) else []) for w in WINDOWS}
-    notes.update({
-        "params": f"{spec.precision} partitions ({nshard} ways) + {persistent:,} persistent elements gathered"
-                  + ("; partitions offloaded" if off_par else ""),
-        "grads": f"{spec.precision} gradient partitions, one buffer allocated at initialisation"
-                 + ("; in host memory" if off_opt else ""),
-        "optimizer": ("AdamW moments on the fp32 params (no separate master)" if spec.precision == "fp32"
-                      else "fp32 master + AdamW moments (12 B/param)") + f" / {nshard}" + ("; offloaded" if off_opt else ""),
-    })
-    return _assemble(spec, params=params, grads=grads, grads_persistent=True, optimizer=master + moments,
-                     held=held, cpu=cpu, notes=notes)
+    notes.update(
+        {
+            "params": f"{spec.precision} partitions ({nshard} ways) + {persistent:,} persistent elements gathered"
+            + ("; partitions offloaded" if off_par else ""),
+            "grads": f"{spec.precision} gradient partitions, one buffer allocated at initialisation"
+            + ("; in host memory" if off_opt else ""),
+            "optimizer": (
+                "AdamW moments on the fp32 params (no separate master)"
+                if spec.precision == "fp32"
+                else "fp32 master + AdamW moments (12 B/param)"
+            )
+            + f" / {nshard}"
+            + ("; offloaded" if off_opt else ""),
+        }
+    )
+    return _assemble(
+        spec,
+        params=params,
+        grads=grads,
+        grads_persistent=True,
+        optimizer=master + moments,
+        held=held,
+        cpu=cpu,
+        notes=notes,
+    )
 
 
 MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}

@@ -56,9 +56,11 @@ def predict(spec: RunSpec, cluster: Cluster) -> dict[str, Any]:
     reason = None
     if fits is False:
         parts = " + ".join(f"{k} {gib[k]:.1f}" for k in PARTS)
-        reason = (f"predicted {gib['total']:.1f} GiB per rank ({parts}) > {usable:.1f} GiB usable "
-                  f"({cluster.device_memory_gib:.1f} GiB device memory - {mb.DEVICE_RESERVE_GIB:.1f} GiB "
-                  "CUDA context/NCCL reserve)")
+        reason = (
+            f"predicted {gib['total']:.1f} GiB per rank ({parts}) > {usable:.1f} GiB usable "
+            f"({cluster.device_memory_gib:.1f} GiB device memory - {mb.DEVICE_RESERVE_GIB:.1f} GiB "
+            "CUDA context/NCCL reserve)"
+        )
     return {
         "memory_gib": {k: round(v, 6) for k, v in gib.items()},
         "peak_at": mem.window,
@@ -82,11 +84,21 @@ def plan_cells(specs: list[RunSpec], cluster: Cluster) -> list[dict[str, Any]]:
         cell: dict[str, Any] = {"run_id": spec.run_id, "spec": spec.to_dict()}
         why = spec.unsupported_reason()
         if why is not None:
-            cell.update({"unsupported": why, "memory_gib": None, "peak_at": None, "grads_after_backward_gib": None,
-                         "cpu_memory_gib": None,
-                         "device_memory_gib": cluster.device_memory_gib, "fits": None,
-                         "flops_per_step": mb.flops_per_step(spec), "hardware_flops_per_step": None,
-                         "comm_bytes_per_step": None, "reason": None})
+            cell.update(
+                {
+                    "unsupported": why,
+                    "memory_gib": None,
+                    "peak_at": None,
+                    "grads_after_backward_gib": None,
+                    "cpu_memory_gib": None,
+                    "device_memory_gib": cluster.device_memory_gib,
+                    "fits": None,
+                    "flops_per_step": mb.flops_per_step(spec),
+                    "hardware_flops_per_step": None,
+                    "comm_bytes_per_step": None,
+                    "reason": None,
+                }
+            )
         else:
             cell["unsupported"] = None
             cell.update(predict(spec, cluster))
@@ -109,35 +121,73 @@ def _fmt(v: float | None, spec: str = "") -> str:
 
 def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
     usable = usable_memory_gib(cluster)
-    head = (f"cluster {cluster.name}: "
-            + (f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable "
-               f"(reserve {mb.DEVICE_RESERVE_GIB:g} GiB)" if usable is not None
-               else "device memory unknown (nothing is marked as not fitting)")
-            + "; memory in GiB per rank at its peak (grads: those allocated then), FLOPs per step over all ranks")
-    cols = ["cell", "opts", "params", "grads", "optim", "act", "buf", "total", "fits", "peak at", "cpu",
-            "TFLOP/step", "comm GB"]
+    head = (
+        f"cluster {cluster.name}: "
+        + (
+            f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable "
+            f"(reserve {mb.DEVICE_RESERVE_GIB:g} GiB)"
+            if usable is not None
+            else "device memory unknown (nothing is marked as not fitting)"
+        )
+        + "; memory in GiB per rank at its peak (grads: those allocated then), FLOPs per step over all ranks"
+    )
+    cols = [
+        "cell",
+        "opts",
+        "params",
+        "grads",
+        "optim",
+        "act",
+        "buf",
+        "total",
+        "fits",
+        "peak at",
+        "cpu",
+        "TFLOP/step",
+        "comm GB",
+    ]
     rows = []
     for c in cells:
         s = c["spec"]
         name = f"{s['model']} {s['strategy']} {s['precision']} g{s['world_size']}"
         ac = s["activation_checkpointing"]
-        opts = ",".join(o for o in ((f"ac={ac}" if ac != "none" else ""),
-                                    (f"offload={s['offload']}" if s["offload"] != "none" else ""),
-                                    f"mb{s['micro_batch']}x{s['seq_len']}") if o)
+        opts = ",".join(
+            o
+            for o in (
+                (f"ac={ac}" if ac != "none" else ""),
+                (f"offload={s['offload']}" if s["offload"] != "none" else ""),
+                f"mb{s['micro_batch']}x{s['seq_len']}",
+            )
+            if o
+        )
         if c["unsupported"]:
             rows.append([name, opts, f"unsupported: {c['unsupported']}"])
             continue
         m = c["memory_gib"]
         fits = {True: "yes", False: "NO", None: "?"}[c["fits"]]
         comm = c["comm_bytes_per_step"]
-        rows.append([name, opts, _fmt(m["params"]), _fmt(m["grads"]), _fmt(m["optimizer"]), _fmt(m["activations"]),
-                     _fmt(m["buffers"]), _fmt(m["total"]), fits, c["peak_at"],
-                     _fmt(c["cpu_memory_gib"]) if c["cpu_memory_gib"] else "-",
-                     _fmt(c["flops_per_step"] / 1e12, ".3g"),
-                     _fmt(None if comm is None else comm / 1e9, ".3g")])
+        rows.append(
+            [
+                name,
+                opts,
+                _fmt(m["params"]),
+                _fmt(m["grads"]),
+                _fmt(m["optimizer"]),
+                _fmt(m["activations"]),
+                _fmt(m["buffers"]),
+                _fmt(m["total"]),
+                fits,
+                c["peak_at"],
+                _fmt(c["cpu_memory_gib"]) if c["cpu_memory_gib"] else "-",
+                _fmt(c["flops_per_step"] / 1e12, ".3g"),
+                _fmt(None if comm is None else comm / 1e9, ".3g"),
+            ]
+        )
     full = [r for r in rows if len(r) == len(cols)]
-    widths = [max([len(cols[i])] + [len(r[i]) for r in full] + [len(r[i]) for r in rows if len(r) < len(cols) and i < 2])
-              for i in range(len(cols))]
+    widths = [
+        max([len(cols[i])] + [len(r[i]) for r in full] + [len(r[i]) for r in rows if len(r) < len(cols) and i < 2])
+        for i in range(len(cols))
+    ]
     lines = [head, "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))]
     for r in rows:
         if len(r) < len(cols):
@@ -145,6 +195,8 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
         else:
             lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     n_no = sum(1 for c in cells if c["fits"] is False)
-    lines.append(f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
-                 + (f", {sum(1 for c in cells if c['unsupported'])} unsupported" if any(c["unsupported"] for c in cells) else ""))
+    lines.append(
+        f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
+        + (f", {sum(1 for c in cells if c['unsupported'])} unsupported" if any(c["unsupported"] for c in cells) else "")
+    )
     return "\n".join(lines)

@@ -124,8 +124,17 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
     n_unreadable = len(warnings)
     warnings += more
     timings["load"] = time.perf_counter() - t0
-    result: dict[str, Any] = {"out": None, "name": report_name(df), "paths": {}, "warnings": warnings,
-                              "frame": df, "cells": None, "best": None, "figures": [], "timings_s": timings}
+    result: dict[str, Any] = {
+        "out": None,
+        "name": report_name(df),
+        "paths": {},
+        "warnings": warnings,
+        "frame": df,
+        "cells": None,
+        "best": None,
+        "figures": [],
+        "timings_s": timings,
+    }
     if df.empty:
         return result
     t1 = time.perf_counter()
@@ -147,9 +156,17 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
     timings["figures"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     paths["figures"] = _write_figures(figures, out_path)
-    ctx = {"name": result["name"], "dirs": dirs, "frame": df, "cells": cells, "best": best, "figures": figures,
-           "warnings": warnings, "n_unreadable": n_unreadable,
-           "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    ctx = {
+        "name": result["name"],
+        "dirs": dirs,
+        "frame": df,
+        "cells": cells,
+        "best": best,
+        "figures": figures,
+        "warnings": warnings,
+        "n_unreadable": n_unreadable,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     paths["markdown"] = out_path / "report.md"
     paths["markdown"].write_text(markdown(ctx))
     paths["html"] = out_path / "index.html"

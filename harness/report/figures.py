@@ -59,9 +59,19 @@ _COLLECTIVE_HATCH = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
 _GREY_NA = "#E6E6E6"
 _GREY_FAILED = "#BDBDBD"
 
-plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
-                     "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 12,
-                     "axes.spines.top": False, "axes.spines.right": False})
+plt.rcParams.update(
+    {
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "axes.labelsize": 9,
+        "legend.fontsize": 8,
+        "xtick.labelsize": 8,
+        "ytick.labelsize": 8,
+        "figure.titlesize": 12,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -137,14 +147,17 @@ def _select_panels(fc: pd.DataFrame) -> tuple[list[tuple[str, float]], str]:
         dropped |= len(shown) < len(gpus)
         panels += [(m, g) for g in shown]
     if dropped:
-        note = (note + " " if note else "") + (f"At most {per_model} GPU count(s) per model are drawn "
-                                               "(smallest and largest first); the tables have all.")
+        note = (note + " " if note else "") + (
+            f"At most {per_model} GPU count(s) per model are drawn (smallest and largest first); the tables have all."
+        )
     return panels, note
 
 
 def _strategy_handles(strategies) -> list:
-    return [Line2D([], [], color=style(s)[0], marker=style(s)[1], linestyle="none", markersize=7, label=s)
-            for s in _ordered_strategies(strategies)]
+    return [
+        Line2D([], [], color=style(s)[0], marker=style(s)[1], linestyle="none", markersize=7, label=s)
+        for s in _ordered_strategies(strategies)
+    ]
 
 
 def _ordered_strategies(strategies) -> list[str]:
@@ -166,8 +179,9 @@ def _panel_grid(n_panels: int, n_bars: int) -> tuple[int, int, float, float]:
 
 def _new_panel_figure(n_panels: int, n_bars: int, title: str):
     nrows, ncols, pw, ph = _panel_grid(n_panels, n_bars)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols + 2.4, ph * nrows + 0.6), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(pw * ncols + 2.4, ph * nrows + 0.6), squeeze=False, layout="constrained"
+    )
     fig.suptitle(title)
     flat = list(axes.flat)
     for ax in flat[n_panels:]:
@@ -178,8 +192,15 @@ def _new_panel_figure(n_panels: int, n_bars: int, title: str):
 def _legend(anchor: plt.Axes, handles: list, title: str | None = None) -> None:
     """The figure's legend to the right of `anchor` (the top-right panel), top-aligned with it. An axes legend,
     not a figure legend, so the constrained layout makes room for it and it never covers the title."""
-    anchor.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-                  frameon=False, title=title, alignment="left")
+    anchor.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
+        title=title,
+        alignment="left",
+    )
 
 
 def _categorical_xticks(ax, labels: list[str]) -> None:
@@ -194,19 +215,28 @@ def _no_data(name: str, title: str, caption: str, why: str) -> Figure:
 
 # --- scaling -------------------------------------------------------------------------------------------
 
+
 def scaling_figure(fc: pd.DataFrame) -> Figure:
     title = "Throughput scaling"
-    caption = ("Top: tokens/s per GPU against GPU count (log₂ axis), one line per strategy (colour, marker shape) "
-               "and precision (line style and marker fill: bf16 filled, fp16 half, fp32 hollow); status-ok cells "
-               "only. Bottom: scaling efficiency = tokens/s/GPU at N GPUs ÷ tokens/s/GPU at the smallest GPU "
-               "count where that strategy and precision ran (1.0 = linear scaling), drawn only for strategy · "
-               "precision series measured at two or more GPU counts.")
+    caption = (
+        "Top: tokens/s per GPU against GPU count (log₂ axis), one line per strategy (colour, marker shape) "
+        "and precision (line style and marker fill: bf16 filled, fp16 half, fp32 hollow); status-ok cells "
+        "only. Bottom: scaling efficiency = tokens/s/GPU at N GPUs ÷ tokens/s/GPU at the smallest GPU "
+        "count where that strategy and precision ran (1.0 = linear scaling), drawn only for strategy · "
+        "precision series measured at two or more GPU counts."
+    )
     ok = fc[(fc["status"] == "ok") & fc["tokens_per_s_per_gpu"].notna()]
     if ok.empty:
         return _no_data("scaling", title, caption, "no cell ran ok with a tokens/s/GPU")
     models, note = _select_models(ok)
-    fig, axes = plt.subplots(2, len(models), figsize=(max(8.0, 4.3 * len(models) + 2.6), 7.2), squeeze=False,
-                             sharex="col", layout="constrained")
+    fig, axes = plt.subplots(
+        2,
+        len(models),
+        figsize=(max(8.0, 4.3 * len(models) + 2.6), 7.2),
+        squeeze=False,
+        sharex="col",
+        layout="constrained",
+    )
     fig.suptitle("Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count")
     all_gpus = sorted(ok["gpus"].unique())
     n_efficiency = 0
@@ -217,8 +247,15 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
         for (strategy, precision), line in sub.groupby(["strategy", "precision"], sort=False):
             line = line.sort_values("gpus")
             color, marker = style(strategy)
-            kw = dict(color=color, marker=marker, linestyle=PRECISION_LINESTYLE.get(precision, "-."), markersize=5,
-                      linewidth=1.4, fillstyle=PRECISION_FILL.get(precision, "bottom"), markerfacecoloralt="white")
+            kw = dict(
+                color=color,
+                marker=marker,
+                linestyle=PRECISION_LINESTYLE.get(precision, "-."),
+                markersize=5,
+                linewidth=1.4,
+                fillstyle=PRECISION_FILL.get(precision, "bottom"),
+                markerfacecoloralt="white",
+            )
             if kw["fillstyle"] == "none":
                 kw["markerfacecolor"] = "white"  # NOTE: hollow, but opaque over the lines behind it
                 kw["fillstyle"] = "full"
@@ -236,8 +273,16 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
         if drawn:
             bottom.axhline(1.0, color="#777777", linewidth=0.8, linestyle=(0, (2, 2)), zorder=0)
         else:
-            bottom.text(0.5, 0.5, "no strategy · precision ran at\ntwo or more GPU counts:\nno efficiency to draw",
-                        transform=bottom.transAxes, ha="center", va="center", fontsize=8.5, color="#555555")
+            bottom.text(
+                0.5,
+                0.5,
+                "no strategy · precision ran at\ntwo or more GPU counts:\nno efficiency to draw",
+                transform=bottom.transAxes,
+                ha="center",
+                va="center",
+                fontsize=8.5,
+                color="#555555",
+            )
         bottom.set_ylim(0, max(1.15, eff_max * 1.08))
         bottom.set_xlabel("GPU count (log₂ scale)")
         for ax in (top, bottom):
@@ -245,13 +290,15 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
             ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
     axes[0, 0].set_ylabel("throughput per GPU (tokens/s)")
     axes[1, 0].set_ylabel("scaling efficiency (ratio, 1 = linear)")
-    precisions = [p for p in PRECISIONS if p in set(ok["precision"])] + \
-        sorted(set(ok["precision"]) - set(PRECISIONS))
+    precisions = [p for p in PRECISIONS if p in set(ok["precision"])] + sorted(set(ok["precision"]) - set(PRECISIONS))
     prec_handles = [_precision_handle(p) for p in precisions]
     _legend(axes[0, -1], _strategy_handles(ok["strategy"]) + prec_handles, "strategy / precision")
     if not n_efficiency:
-        why = ("only one GPU count in the results" if len(all_gpus) == 1
-               else "no strategy · precision ran ok at two or more GPU counts")
+        why = (
+            "only one GPU count in the results"
+            if len(all_gpus) == 1
+            else "no strategy · precision ran ok at two or more GPU counts"
+        )
         note = (note + " " if note else "") + f"Scaling efficiency not drawn: {why}."
     return Figure("scaling", title, caption, _png(fig), note)
 
@@ -259,8 +306,17 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
 def _precision_handle(precision: str) -> Line2D:
     fill = PRECISION_FILL.get(precision, "bottom")
     kw = dict(markerfacecolor="white", fillstyle="full") if fill == "none" else dict(fillstyle=fill)
-    return Line2D([], [], color="#444444", linestyle=PRECISION_LINESTYLE.get(precision, "-."), marker="o",
-                  markersize=6, markerfacecoloralt="white", label=precision, **kw)
+    return Line2D(
+        [],
+        [],
+        color="#444444",
+        linestyle=PRECISION_LINESTYLE.get(precision, "-."),
+        marker="o",
+        markersize=6,
+        markerfacecoloralt="white",
+        label=precision,
+        **kw,
+    )
 
 
 def _log2_gpus_axis(ax, gpus: list[float]) -> None:
@@ -276,23 +332,28 @@ def _log2_gpus_axis(ax, gpus: list[float]) -> None:
 
 # --- MFU heatmap -----------------------------------------------------------------------------------------
 
+
 def mfu_heatmap(fc: pd.DataFrame) -> Figure:
     """MFU per cell; when no cell has an MFU (CPU runs, a device without a peak-FLOPS entry) the achieved
     TFLOPS per GPU instead, so the figure is not a grid of grey "n/a", and the reason is said once, in the note."""
     title = "MFU heatmap"
-    caption = ("Model FLOPs utilisation (% of the device's dense peak FLOPS for the precision) per strategy · "
-               "precision (rows) and model @ GPU count (columns). Grey: MFU is null (n/a) or the cell did not "
-               "run ok (its status is shown); blank: not in the results.")
+    caption = (
+        "Model FLOPs utilisation (% of the device's dense peak FLOPS for the precision) per strategy · "
+        "precision (rows) and model @ GPU count (columns). Grey: MFU is null (n/a) or the cell did not "
+        "run ok (its status is shown); blank: not in the results."
+    )
     if fc.empty:
         return _no_data("mfu_heatmap", title, caption, "no cells")
     ran = fc["status"] == "ok"
     tflops = not (ran & fc["mfu"].notna()).any() and (ran & fc["tflops_per_gpu"].notna()).any()
     if tflops:
         title = "Throughput heatmap (TFLOPS per GPU; no cell has an MFU)"
-        caption = ("Achieved TFLOPS per GPU (model FLOPs per step ÷ step time, metrics.tflops_per_gpu) per "
-                   "strategy · precision (rows) and model @ GPU count (columns), shown in place of MFU because no "
-                   "cell has one. Grey: no value or the cell did not run ok (its status is shown); blank: not in "
-                   "the results.")
+        caption = (
+            "Achieved TFLOPS per GPU (model FLOPs per step ÷ step time, metrics.tflops_per_gpu) per "
+            "strategy · precision (rows) and model @ GPU count (columns), shown in place of MFU because no "
+            "cell has one. Grey: no value or the cell did not run ok (its status is shown); blank: not in "
+            "the results."
+        )
     notes = []
     models = model_order(fc)
     gpus_per_model = {m: sorted(fc.loc[fc["model"] == m, "gpus"].unique()) for m in models}
@@ -335,8 +396,10 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
             values[i, j] = 100.0 * rec.mfu
             text[i, j] = f"{100.0 * rec.mfu:.1f}"
     vmax = float(np.nanmax(values)) if np.isfinite(values).any() else 1.0
-    footnotes = [f"{'MFU ' if tflops else ''}n/a ({n} cell{'s' if n > 1 else ''}): {why}" for why, n in
-                 sorted(reasons.items(), key=lambda kv: -kv[1])[:4]]
+    footnotes = [
+        f"{'MFU ' if tflops else ''}n/a ({n} cell{'s' if n > 1 else ''}): {why}"
+        for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:4]
+    ]
     if len(reasons) > 4:
         footnotes.append(f"… and {len(reasons) - 4} more reasons (table.csv, column mfu_null_reason)")
     # NOTE: the reasons are said once: in the note (beside the figure in the HTML and Markdown), not in the PNG
@@ -349,8 +412,9 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
     background[grey & is_na] = matplotlib.colors.to_rgb(_GREY_NA)
     background[grey & ~is_na] = matplotlib.colors.to_rgb(_GREY_FAILED)
     ax.imshow(background, aspect="auto", interpolation="nearest")
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9), aspect="auto",
-                   interpolation="nearest")
+    im = ax.imshow(
+        np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=max(vmax, 1e-9), aspect="auto", interpolation="nearest"
+    )
     annotate = len(rows) * len(columns) <= MAX_ANNOTATED_CELLS
     if annotate:
         fontsize = 8 if len(columns) <= 12 else 6.5
@@ -367,11 +431,19 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
     ax.set_yticks(np.arange(len(rows) + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", linewidth=1.0)
     ax.tick_params(which="minor", length=0)
-    ax.legend(handles=[Patch(facecolor=_GREY_NA, label="n/a: no TFLOPS value" if tflops else "n/a: MFU is null"),
-                       Patch(facecolor=_GREY_FAILED, label="did not run ok (status)"),
-                       Patch(facecolor="white", edgecolor="#999999", label="not in the results")],
-              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3 if len(columns) >= 4 else 1,  # fits above
-              frameon=False, fontsize=7.5, borderaxespad=0.3)
+    ax.legend(
+        handles=[
+            Patch(facecolor=_GREY_NA, label="n/a: no TFLOPS value" if tflops else "n/a: MFU is null"),
+            Patch(facecolor=_GREY_FAILED, label="did not run ok (status)"),
+            Patch(facecolor="white", edgecolor="#999999", label="not in the results"),
+        ],
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=3 if len(columns) >= 4 else 1,  # fits above
+        frameon=False,
+        fontsize=7.5,
+        borderaxespad=0.3,
+    )
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([f"{m}\n{_gpus_label(g)}" for m, g in columns], fontsize=7.5)
     ax.set_yticks(range(len(rows)))
@@ -385,8 +457,9 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
         spine.set_visible(False)
     ax.set_xlabel("model @ GPU count")
     ax.set_ylabel("strategy · precision")
-    fig.suptitle("TFLOPS per GPU (no cell has an MFU)" if tflops
-                 else "MFU (%) per strategy · precision and model @ GPU count")
+    fig.suptitle(
+        "TFLOPS per GPU (no cell has an MFU)" if tflops else "MFU (%) per strategy · precision and model @ GPU count"
+    )
     cbar = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
     cbar.set_label("TFLOPS per GPU (achieved)" if tflops else "MFU (% of dense peak FLOPS)")
     note = " ".join(notes + (["; ".join(footnotes) + "."] if footnotes else []))
@@ -399,12 +472,15 @@ def mfu_heatmap(fc: pd.DataFrame) -> Figure:
 
 # --- peak memory -----------------------------------------------------------------------------------------
 
+
 def memory_figure(fc: pd.DataFrame) -> Figure:
     title = "Peak memory"
-    caption = ("Peak memory per GPU: solid bar = peak allocated, pale bar = peak reserved by the caching "
-               "allocator, ◆ = predicted by the planner, dashed line = device capacity (env.device_memory_gib). "
-               "Hatched bar = a CPU run's peak RSS of the whole process (interpreter, torch, buffers): not tensor "
-               "memory, so no prediction is drawn beside it. GiB = 2³⁰ bytes.")
+    caption = (
+        "Peak memory per GPU: solid bar = peak allocated, pale bar = peak reserved by the caching "
+        "allocator, ◆ = predicted by the planner, dashed line = device capacity (env.device_memory_gib). "
+        "Hatched bar = a CPU run's peak RSS of the whole process (interpreter, torch, buffers): not tensor "
+        "memory, so no prediction is drawn beside it. GiB = 2³⁰ bytes."
+    )
     cols = ["peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib"]
     rss_rows = (fc["memory_measure"] == MEMORY_RSS).to_numpy()
     # NOTE: the planner predicts tensor bytes; beside a process RSS the gap means nothing, so it is not drawn
@@ -418,8 +494,13 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         note = (f"{lacking} cell(s) that ran ok have no memory figures and are not drawn. " + note).strip()
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
     all_rss = bool((data["memory_measure"] == MEMORY_RSS).all())
-    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Peak RSS per CPU process (not device memory)"
-                                          if all_rss else "Peak memory per GPU: measured, predicted, capacity")
+    fig, axes, corner = _new_panel_figure(
+        len(panels),
+        n_bars,
+        "Peak RSS per CPU process (not device memory)"
+        if all_rss
+        else "Peak memory per GPU: measured, predicted, capacity",
+    )
     capacity_unknown = False
     for ax, (model, gpus) in zip(axes, panels):
         p = data[(data["model"] == model) & (data["gpus"] == gpus)]
@@ -429,16 +510,29 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         reserved = p["peak_memory_reserved_gib"].to_numpy()
         pred = p["predicted_memory_gib"].to_numpy()
         cap = p["device_memory_gib"].to_numpy()
-        ax.bar(x, np.nan_to_num(reserved, nan=0.0), width=0.75, color=colors, alpha=0.35, edgecolor=colors,
-               linewidth=0.8)
+        ax.bar(
+            x, np.nan_to_num(reserved, nan=0.0), width=0.75, color=colors, alpha=0.35, edgecolor=colors, linewidth=0.8
+        )
         rss = (p["memory_measure"] == MEMORY_RSS).to_numpy()
         if (~rss).any():
-            ax.bar(x[~rss], np.nan_to_num(alloc[~rss], nan=0.0), width=0.75,
-                   color=[c for c, r in zip(colors, rss) if not r], edgecolor=[c for c, r in zip(colors, rss) if not r])
+            ax.bar(
+                x[~rss],
+                np.nan_to_num(alloc[~rss], nan=0.0),
+                width=0.75,
+                color=[c for c, r in zip(colors, rss) if not r],
+                edgecolor=[c for c, r in zip(colors, rss) if not r],
+            )
         if rss.any():
             rss_colors = [c for c, r in zip(colors, rss) if r]
-            ax.bar(x[rss], np.nan_to_num(alloc[rss], nan=0.0), width=0.75, color="white", edgecolor=rss_colors,
-                   hatch="////", linewidth=1.2)
+            ax.bar(
+                x[rss],
+                np.nan_to_num(alloc[rss], nan=0.0),
+                width=0.75,
+                color="white",
+                edgecolor=rss_colors,
+                hatch="////",
+                linewidth=1.2,
+            )
         ax.plot(x, pred, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
         top = float(np.nanmax(np.concatenate([alloc, reserved, pred])))
         caps = sorted(set(cap[~np.isnan(cap)]))
@@ -447,19 +541,33 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         elif top >= 0.05 * max(caps):
             if len(caps) == 1:
                 ax.axhline(caps[0], color="#444444", linestyle="--", linewidth=1.2)
-                ax.text(0.99, caps[0], f"capacity {caps[0]:.3g} GiB", transform=ax.get_yaxis_transform(),
-                        ha="right", va="bottom", fontsize=7.5, color="#444444")
+                ax.text(
+                    0.99,
+                    caps[0],
+                    f"capacity {caps[0]:.3g} GiB",
+                    transform=ax.get_yaxis_transform(),
+                    ha="right",
+                    va="bottom",
+                    fontsize=7.5,
+                    color="#444444",
+                )
                 top = max(top, caps[0])
             else:
                 ax.hlines(cap, x - 0.45, x + 0.45, color="#444444", linestyle="--", linewidth=1.2)
                 top = max(top, max(caps))
         else:
-            ax.text(0.02, 0.97, f"device capacity {max(caps):.3g} GiB (off scale)", transform=ax.transAxes,
-                    fontsize=7.5, va="top", color="#444444")
+            ax.text(
+                0.02,
+                0.97,
+                f"device capacity {max(caps):.3g} GiB (off scale)",
+                transform=ax.transAxes,
+                fontsize=7.5,
+                va="top",
+                color="#444444",
+            )
         for xi, st, a, r in zip(x, p["status"], alloc, reserved):
             if st != "ok" and np.isnan(a) and np.isnan(r):
-                ax.text(xi, top * 0.02, st, rotation=90, ha="center", va="bottom", fontsize=7.5,
-                        color="#333333")
+                ax.text(xi, top * 0.02, st, rotation=90, ha="center", va="bottom", fontsize=7.5, color="#333333")
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
         _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
         ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
@@ -470,13 +578,20 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
     handles = _strategy_handles(shown["strategy"])
     shown_rss = shown["memory_measure"] == MEMORY_RSS
     for col, handle in (
-            ("peak_memory_allocated_gib", Patch(facecolor="#666666", label="peak allocated")),
-            ("peak_rss", Patch(facecolor="white", edgecolor="#666666", hatch="////",
-                               label="peak RSS, CPU process\n(not tensor memory)")),
-            ("peak_memory_reserved_gib", Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666",
-                                               label="peak reserved")),
-            ("predicted_memory_gib", Line2D([], [], linestyle="none", marker="D", color="black", label="predicted")),
-            ("device_memory_gib", Line2D([], [], linestyle="--", color="#444444", label="device capacity"))):
+        ("peak_memory_allocated_gib", Patch(facecolor="#666666", label="peak allocated")),
+        (
+            "peak_rss",
+            Patch(
+                facecolor="white", edgecolor="#666666", hatch="////", label="peak RSS, CPU process\n(not tensor memory)"
+            ),
+        ),
+        (
+            "peak_memory_reserved_gib",
+            Patch(facecolor="#666666", alpha=0.35, edgecolor="#666666", label="peak reserved"),
+        ),
+        ("predicted_memory_gib", Line2D([], [], linestyle="none", marker="D", color="black", label="predicted")),
+        ("device_memory_gib", Line2D([], [], linestyle="--", color="#444444", label="device capacity")),
+    ):
         if col == "peak_rss":
             drawn = bool(shown_rss.any())
         elif col == "peak_memory_allocated_gib":
@@ -487,12 +602,14 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
             handles.append(handle)
     _legend(corner, handles, "strategy")
     if capacity_unknown:
-        note = (note + " " if note else "") + ("Device capacity unknown for some panels "
-                                               "(env.device_memory_gib is null): no capacity line there.")
+        note = (note + " " if note else "") + (
+            "Device capacity unknown for some panels (env.device_memory_gib is null): no capacity line there."
+        )
     return Figure("memory", title, caption, _png(fig), note)
 
 
 # --- collective bytes ------------------------------------------------------------------------------------
+
 
 def _byte_unit(max_bytes: float) -> tuple[float, str]:
     for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
@@ -503,10 +620,12 @@ def _byte_unit(max_bytes: float) -> tuple[float, str]:
 
 def comm_figure(fc: pd.DataFrame) -> Figure:
     title = "Collective bytes per step"
-    caption = ("Bytes moved by collectives per training step (comm.by_collective), stacked by collective type "
-               "(hatching) for each strategy · precision; the bar colour is the strategy. ◆ = predicted bytes "
-               "per step (predicted.comm_bytes_per_step). Bytes not attributed to a collective type are "
-               "drawn as 'not broken down'.")
+    caption = (
+        "Bytes moved by collectives per training step (comm.by_collective), stacked by collective type "
+        "(hatching) for each strategy · precision; the bar colour is the strategy. ◆ = predicted bytes "
+        "per step (predicted.comm_bytes_per_step). Bytes not attributed to a collective type are "
+        "drawn as 'not broken down'."
+    )
     ccols = collective_columns(fc)
     has = fc["comm_bytes_per_step"].notna()
     if ccols:
@@ -518,7 +637,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
     lacking = int(((fc["status"] == "ok") & ~has).sum())
     if lacking:
         note = (f"{lacking} cell(s) that ran ok have no comm section and are not drawn. " + note).strip()
-    names = [c[len(COMM_PREFIX):] for c in ccols]
+    names = [c[len(COMM_PREFIX) :] for c in ccols]
     parts = data[ccols].fillna(0.0).to_numpy() if ccols else np.zeros((len(data), 0))
     known = parts.sum(axis=1)
     total = data["comm_bytes_per_step"].to_numpy()
@@ -539,8 +658,16 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
         bottom = np.zeros(len(p))
         for k in used:
             h = stacks[mask, k] / div
-            ax.bar(x, h, bottom=bottom, width=0.75, color=colors, edgecolor="white", linewidth=0.6,
-                   hatch=_COLLECTIVE_HATCH[used.index(k) % len(_COLLECTIVE_HATCH)])
+            ax.bar(
+                x,
+                h,
+                bottom=bottom,
+                width=0.75,
+                color=colors,
+                edgecolor="white",
+                linewidth=0.6,
+                hatch=_COLLECTIVE_HATCH[used.index(k) % len(_COLLECTIVE_HATCH)],
+            )
             bottom = bottom + h  # NOTE: a new array; bar() keeps a reference to `bottom`
         ax.plot(x, pred[mask] / div, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
         for xi, st, b in zip(x, p["status"], bottom):
@@ -553,15 +680,25 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
         ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
-    handles = _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]) + [
-        Patch(facecolor="#999999", edgecolor="white", hatch=_COLLECTIVE_HATCH[i % len(_COLLECTIVE_HATCH)],
-              label=labels[k]) for i, k in enumerate(used)] + [
-        Line2D([], [], linestyle="none", marker="D", color="black", label="predicted total")]
+    handles = (
+        _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"])
+        + [
+            Patch(
+                facecolor="#999999",
+                edgecolor="white",
+                hatch=_COLLECTIVE_HATCH[i % len(_COLLECTIVE_HATCH)],
+                label=labels[k],
+            )
+            for i, k in enumerate(used)
+        ]
+        + [Line2D([], [], linestyle="none", marker="D", color="black", label="predicted total")]
+    )
     _legend(corner, handles, "strategy / collective")
     return Figure("comm", title, caption, _png(fig), note)
 
 
 # --- step-time distributions -----------------------------------------------------------------------------
+
 
 def _boxes(ax, series: list[np.ndarray], colors: list[str]) -> None:
     """Tukey box plots drawn as a handful of collections (ax.boxplot makes ~7 artists per box, which is slow
@@ -575,10 +712,14 @@ def _boxes(ax, series: list[np.ndarray], colors: list[str]) -> None:
     # the median as a white line with a black rim: visible on every strategy colour, black included
     ax.hlines(med, x - 0.3, x + 0.3, color="black", linewidth=3.0, zorder=3)
     ax.hlines(med, x - 0.28, x + 0.28, color="white", linewidth=1.4, zorder=4)
-    ax.vlines(np.concatenate([x, x]), np.concatenate([lo, q3]), np.concatenate([q1, hi]), color="black",
-              linewidth=0.8)
-    ax.hlines(np.concatenate([lo, hi]), np.concatenate([x, x]) - 0.15, np.concatenate([x, x]) + 0.15,
-              color="black", linewidth=0.8)
+    ax.vlines(np.concatenate([x, x]), np.concatenate([lo, q3]), np.concatenate([q1, hi]), color="black", linewidth=0.8)
+    ax.hlines(
+        np.concatenate([lo, hi]),
+        np.concatenate([x, x]) - 0.15,
+        np.concatenate([x, x]) + 0.15,
+        color="black",
+        linewidth=0.8,
+    )
     fx = np.concatenate([np.full(((s < a) | (s > b)).sum(), xi) for s, a, b, xi in zip(series, lo, hi, x)])
     fy = np.concatenate([s[(s < a) | (s > b)] for s, a, b in zip(series, lo, hi)])
     ax.plot(fx, fy, linestyle="none", marker="o", markersize=3, markerfacecolor="none", markeredgecolor="#555555")
@@ -586,8 +727,10 @@ def _boxes(ax, series: list[np.ndarray], colors: list[str]) -> None:
 
 def step_time_figure(fc: pd.DataFrame) -> Figure:
     title = "Step-time distributions"
-    caption = ("Distribution of the measured step times (after warm-up) per strategy · precision: box = "
-               "p25–p75, white line = median, whiskers = last sample within 1.5 × IQR, circles = outliers.")
+    caption = (
+        "Distribution of the measured step times (after warm-up) per strategy · precision: box = "
+        "p25–p75, white line = median, whiskers = last sample within 1.5 × IQR, circles = outliers."
+    )
     data = fc[fc[SAMPLES_COLUMN].map(len) > 0]
     if data.empty:
         return _no_data("step_time", title, caption, "no record has step-time samples")
@@ -640,6 +783,7 @@ def start_figures(fc: pd.DataFrame, *, workers: int | None = None) -> Callable[[
             return [futures[make].result() for make in FIGURE_MAKERS]
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
     return collect
 
 

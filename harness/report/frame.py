@@ -36,25 +36,77 @@ ROW_KEYS = ("strategy", "precision", "variant")
 # _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %). A column copied from the
 # record keeps the record's words for it (harness.results.schema): metrics.step_time_s.median → step_time_median_s.
 SCALAR_COLUMNS: tuple[str, ...] = (
-    "sweep", "cluster", "run_id", "status", "reason", "failed_rank",
-    "model", "n_params", "strategy", "precision", "gpus", "variant",
+    "sweep",
+    "cluster",
+    "run_id",
+    "status",
+    "reason",
+    "failed_rank",
+    "model",
+    "n_params",
+    "strategy",
+    "precision",
+    "gpus",
+    "variant",
     *VARIANT_FIELDS,
-    "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mfu_null_reason",
-    "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
-    "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "mfu_null_reason",
+    "step_time_median_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "step_time_mean_s",
+    "n_step_samples",
+    "peak_memory_allocated_gib",
+    "peak_memory_reserved_gib",
+    "predicted_memory_gib",
+    "device_memory_gib",
     "memory_measure",
-    "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step",
-    "loss", "device_name", "device_type", "backend", "harness_git_sha", "started_at", "finished_at", "path",
+    "comm_bytes_per_step",
+    "comm_calls_per_step",
+    "predicted_comm_bytes_per_step",
+    "loss",
+    "device_name",
+    "device_type",
+    "backend",
+    "harness_git_sha",
+    "started_at",
+    "finished_at",
+    "path",
 )
 NUMERIC_COLUMNS: tuple[str, ...] = (
-    "failed_rank", "n_params", "gpus", "nodes", "micro_batch", "seq_len", "grad_accum",
-    "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
-    "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "n_step_samples",
-    "peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib", "device_memory_gib",
-    "comm_bytes_per_step", "comm_calls_per_step", "predicted_comm_bytes_per_step", "loss",
+    "failed_rank",
+    "n_params",
+    "gpus",
+    "nodes",
+    "micro_batch",
+    "seq_len",
+    "grad_accum",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "step_time_median_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "step_time_mean_s",
+    "n_step_samples",
+    "peak_memory_allocated_gib",
+    "peak_memory_reserved_gib",
+    "predicted_memory_gib",
+    "device_memory_gib",
+    "comm_bytes_per_step",
+    "comm_calls_per_step",
+    "predicted_comm_bytes_per_step",
+    "loss",
 )
-FRACTIONAL_COLUMNS = frozenset(c for c in NUMERIC_COLUMNS if c.endswith(("_s", "_gib", "_per_s", "_per_gpu"))
-                               or c in ("mfu", "loss", "tokens_per_s_per_gpu"))
+FRACTIONAL_COLUMNS = frozenset(
+    c
+    for c in NUMERIC_COLUMNS
+    if c.endswith(("_s", "_gib", "_per_s", "_per_gpu")) or c in ("mfu", "loss", "tokens_per_s_per_gpu")
+)
 """measured quantities that stay float in table.csv even when a value happens to be whole (152000.0 tok/s)"""
 SAMPLES_COLUMN = "step_time_samples_s"
 """list of per-step times (s) per row; in the frame and table.parquet, not in table.csv"""
@@ -110,8 +162,11 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
     env, comm, predicted = _dict(rec.get("env")), _dict(rec.get("comm")), _dict(rec.get("predicted"))
     step = _dict(metrics.get("step_time_s"))
     samples = step.get("samples")
-    samples = [float(s) for s in samples if isinstance(s, (int, float)) and not isinstance(s, bool)
-               and math.isfinite(s)] if isinstance(samples, list) else []
+    samples = (
+        [float(s) for s in samples if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)]
+        if isinstance(samples, list)
+        else []
+    )
     null_reasons = _dict(metrics.get("null_reasons"))
     ac = spec.get("activation_checkpointing")
     alloc = r.num("metrics.peak_memory_allocated_gib", metrics.get("peak_memory_allocated_gib"))
@@ -144,16 +199,13 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
         "step_time_mean_s": r.num("metrics.step_time_s.mean", step.get("mean")),
         "n_step_samples": float(len(samples)) if samples else None,
         "peak_memory_allocated_gib": alloc,
-        "peak_memory_reserved_gib": r.num("metrics.peak_memory_reserved_gib",
-                                          metrics.get("peak_memory_reserved_gib")),
-        "predicted_memory_gib": r.num("predicted.memory_gib.total",
-                                      _dict(predicted.get("memory_gib")).get("total")),
+        "peak_memory_reserved_gib": r.num("metrics.peak_memory_reserved_gib", metrics.get("peak_memory_reserved_gib")),
+        "predicted_memory_gib": r.num("predicted.memory_gib.total", _dict(predicted.get("memory_gib")).get("total")),
         "device_memory_gib": r.num("env.device_memory_gib", env.get("device_memory_gib")),
         "memory_measure": _memory_measure(alloc, env, null_reasons),
         "comm_bytes_per_step": r.num("comm.bytes_per_step", comm.get("bytes_per_step")),
         "comm_calls_per_step": r.num("comm.calls_per_step", comm.get("calls_per_step")),
-        "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step",
-                                               predicted.get("comm_bytes_per_step")),
+        "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step", predicted.get("comm_bytes_per_step")),
         "loss": r.num("metrics.loss", metrics.get("loss")),
         "device_name": r.text(env.get("device_name")),
         "device_type": r.text(env.get("device_type")),
@@ -186,8 +238,13 @@ def _variant_labels(df: pd.DataFrame) -> pd.Series:
         if field == "activation_checkpointing":
             parts.append(col.map({"none": "no-ac", "full": "ac", "selective": "sac"}).fillna(f"{short}=?"))
         else:
-            shown = col.map(lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v))
-                            else (f"{v:g}" if isinstance(v, float) else str(v)))
+            shown = col.map(
+                lambda v: (
+                    "?"
+                    if v is None or (isinstance(v, float) and math.isnan(v))
+                    else (f"{v:g}" if isinstance(v, float) else str(v))
+                )
+            )
             parts.append(short + "=" + shown)
     if not parts:
         return pd.Series("", index=df.index, dtype=object)
@@ -258,19 +315,22 @@ def model_order(df: pd.DataFrame) -> list[str]:
     from harness.core.zoo import ZOO
 
     sizes = df.groupby("model")["n_params"].max()
+
     def key(m: str) -> tuple[float, str]:
         n = sizes.get(m)
         if n is None or math.isnan(n):
             n = ZOO[m].n_params() if m in ZOO else math.inf
         return (n, m)
+
     return sorted(df["model"].dropna().unique(), key=key)
 
 
 def sort_cells(df: pd.DataFrame) -> pd.DataFrame:
     """Report order: model by size, strategy as harness.scenario.schema.STRATEGIES, precision, variant, GPU count."""
     models = {m: i for i, m in enumerate(model_order(df))}
-    keyed = df.assign(_m=df["model"].map(models), _s=_order(df["strategy"], STRATEGIES),
-                      _p=_order(df["precision"], PRECISIONS))
+    keyed = df.assign(
+        _m=df["model"].map(models), _s=_order(df["strategy"], STRATEGIES), _p=_order(df["precision"], PRECISIONS)
+    )
     # NOTE: by the variant fields themselves, not the label, so mb=8 comes before mb=16
     keyed = keyed.sort_values(["_m", "_s", "strategy", "_p", "precision", *VARIANT_FIELDS, "gpus"], kind="stable")
     return keyed.drop(columns=["_m", "_s", "_p"])
@@ -290,9 +350,11 @@ def cell_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     warnings = []
     if dup.any():
         n_cells = placed[dup].drop_duplicates(list(CELL_KEYS)).shape[0]
-        warnings.append(f"{int(dup.sum())} older record(s) of {n_cells} cell(s) set aside: several records of "
-                        "one cell (same model, strategy, precision, configuration, GPU count); the one that "
-                        "finished last is shown (all are in table.csv)")
+        warnings.append(
+            f"{int(dup.sum())} older record(s) of {n_cells} cell(s) set aside: several records of "
+            "one cell (same model, strategy, precision, configuration, GPU count); the one that "
+            "finished last is shown (all are in table.csv)"
+        )
     cells = placed[~dup].drop(columns=["_fin"])
     return sort_cells(cells), warnings  # NOTE: keeps the frame's index, so rows map back to records
 
@@ -329,35 +391,70 @@ def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) 
     ran = cells[(cells["status"] == "ok") & cells["tokens_per_s_per_gpu"].notna()]
     for (model, gpus), group in cells.groupby(["model", "gpus"], sort=False):
         ok = ran[(ran["model"] == model) & (ran["gpus"] == gpus)]
-        row: dict[str, Any] = {"model": model, "gpus": gpus, "n_ok": len(ok), "n_cells": len(group),
-                               "statuses": dict(Counter(group["status"]))}
+        row: dict[str, Any] = {
+            "model": model,
+            "gpus": gpus,
+            "n_ok": len(ok),
+            "n_cells": len(group),
+            "statuses": dict(Counter(group["status"])),
+        }
         if len(ok):
             ok = ok.sort_values("tokens_per_s_per_gpu", ascending=False, kind="stable")
             best = ok.iloc[0]
             others = ok[ok["strategy"] != best["strategy"]]
-            row.update(strategy=best["strategy"], precision=best["precision"], variant=best["variant"],
-                       tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"], mfu=best["mfu"])
+            row.update(
+                strategy=best["strategy"],
+                precision=best["precision"],
+                variant=best["variant"],
+                tokens_per_s_per_gpu=best["tokens_per_s_per_gpu"],
+                mfu=best["mfu"],
+            )
             if len(others):
                 ru = others.iloc[0]
-                v = leader_verdict(leader_tps=best["tokens_per_s_per_gpu"], leader_samples=best[SAMPLES_COLUMN],
-                                   runner_tps=ru["tokens_per_s_per_gpu"], runner_samples=ru[SAMPLES_COLUMN],
-                                   leader_runs=_runs(runs, best), runner_runs=_runs(runs, ru))
-                row.update(runner_up=ru["strategy"], runner_up_precision=ru["precision"],
-                           runner_up_tokens_per_s_per_gpu=ru["tokens_per_s_per_gpu"],
-                           margin=best["tokens_per_s_per_gpu"] / ru["tokens_per_s_per_gpu"] - 1.0,
-                           distinguishable=v.distinguishable, p_value=v.p, verdict=v.text())
+                v = leader_verdict(
+                    leader_tps=best["tokens_per_s_per_gpu"],
+                    leader_samples=best[SAMPLES_COLUMN],
+                    runner_tps=ru["tokens_per_s_per_gpu"],
+                    runner_samples=ru[SAMPLES_COLUMN],
+                    leader_runs=_runs(runs, best),
+                    runner_runs=_runs(runs, ru),
+                )
+                row.update(
+                    runner_up=ru["strategy"],
+                    runner_up_precision=ru["precision"],
+                    runner_up_tokens_per_s_per_gpu=ru["tokens_per_s_per_gpu"],
+                    margin=best["tokens_per_s_per_gpu"] / ru["tokens_per_s_per_gpu"] - 1.0,
+                    distinguishable=v.distinguishable,
+                    p_value=v.p,
+                    verdict=v.text(),
+                )
         out.append(row)
-    cols = ["model", "gpus", "strategy", "precision", "variant", "tokens_per_s_per_gpu", "mfu", "runner_up",
-            "runner_up_precision", "runner_up_tokens_per_s_per_gpu", "margin", "distinguishable", "p_value",
-            "verdict", "n_ok", "n_cells", "statuses"]
+    cols = [
+        "model",
+        "gpus",
+        "strategy",
+        "precision",
+        "variant",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "runner_up",
+        "runner_up_precision",
+        "runner_up_tokens_per_s_per_gpu",
+        "margin",
+        "distinguishable",
+        "p_value",
+        "verdict",
+        "n_ok",
+        "n_cells",
+        "statuses",
+    ]
     return pd.DataFrame(out, columns=cols)
 
 
 def figure_cells(cells: pd.DataFrame) -> pd.DataFrame:
     """One cell per (model, strategy, precision, GPU count) for the figures: when a report has several
     configurations (variants) of a cell, the fastest that ran ok stands for it (else the latest record)."""
-    ranked = cells.assign(_ok=(cells["status"] == "ok").astype(int),
-                          _t=cells["tokens_per_s_per_gpu"].fillna(-math.inf))
+    ranked = cells.assign(_ok=(cells["status"] == "ok").astype(int), _t=cells["tokens_per_s_per_gpu"].fillna(-math.inf))
     ranked = ranked.sort_values(["_ok", "_t"], kind="stable")
     keep = ~ranked.duplicated(["model", "strategy", "precision", "gpus"], keep="last")
     return sort_cells(ranked[keep].drop(columns=["_ok", "_t"])).reset_index(drop=True)

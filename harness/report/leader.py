@@ -66,19 +66,30 @@ class Verdict:
         if self.p is None:
             return f"not distinguishable: fewer than {MIN_SAMPLES} step samples and no repeated runs"
         runs = f", {self.n_runs[0]} vs {self.n_runs[1]} runs" if self.p_runs is not None else ""
-        return (f"p={self.p:.2g}{runs}" if self.distinguishable
-                else f"not distinguishable, p={self.p:.2g}{runs}")
+        return f"p={self.p:.2g}{runs}" if self.distinguishable else f"not distinguishable, p={self.p:.2g}{runs}"
 
 
-def leader_verdict(*, leader_tps: float, leader_samples: Sequence[float], runner_tps: float,
-                   runner_samples: Sequence[float], leader_runs: Sequence[float],
-                   runner_runs: Sequence[float]) -> Verdict:
+def leader_verdict(
+    *,
+    leader_tps: float,
+    leader_samples: Sequence[float],
+    runner_tps: float,
+    runner_samples: Sequence[float],
+    leader_runs: Sequence[float],
+    runner_runs: Sequence[float],
+) -> Verdict:
     """Test the leader against the runner-up; `*_runs` are the tokens/s/GPU of every ok record of each cell."""
     a, b = per_step_throughput(leader_tps, leader_samples), per_step_throughput(runner_tps, runner_samples)
     p_steps = mann_whitney_p(a, b) if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES else None
-    p_runs = (mann_whitney_p(leader_runs, runner_runs)
-              if max(len(leader_runs), len(runner_runs)) >= 2 and min(len(leader_runs), len(runner_runs)) >= 1
-              else None)
+    p_runs = (
+        mann_whitney_p(leader_runs, runner_runs)
+        if max(len(leader_runs), len(runner_runs)) >= 2 and min(len(leader_runs), len(runner_runs)) >= 1
+        else None
+    )
     made = [p for p in (p_steps, p_runs) if p is not None]
-    return Verdict(distinguishable=bool(made) and all(p < ALPHA for p in made), p_steps=p_steps, p_runs=p_runs,
-                   n_runs=(len(leader_runs), len(runner_runs)))
+    return Verdict(
+        distinguishable=bool(made) and all(p < ALPHA for p in made),
+        p_steps=p_steps,
+        p_runs=p_runs,
+        n_runs=(len(leader_runs), len(runner_runs)),
+    )

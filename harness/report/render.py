@@ -97,8 +97,12 @@ RSS_COLUMN = Column("peak_rss_gib", "peak RSS, CPU process (GiB)", fmt_gib)
 """replaces the four device-memory columns for cells that ran on CPU: their peak_memory_allocated_gib is the
 process's peak RSS, not tensor memory, so it is neither "mem alloc" nor comparable with the planner's
 "mem predicted"."""
-_DEVICE_MEMORY_KEYS = ("peak_memory_allocated_gib", "peak_memory_reserved_gib", "predicted_memory_gib",
-                       "device_memory_gib")
+_DEVICE_MEMORY_KEYS = (
+    "peak_memory_allocated_gib",
+    "peak_memory_reserved_gib",
+    "predicted_memory_gib",
+    "device_memory_gib",
+)
 
 
 def cell_columns(cells: pd.DataFrame) -> tuple[Column, ...]:
@@ -153,8 +157,10 @@ def _best_keys(best: pd.DataFrame) -> dict[tuple, tuple[str, str]]:
     for b in best.dropna(subset=["strategy"]).to_dict("records"):
         key = (b["model"], b["gpus"], b["strategy"], b["precision"], b["variant"])
         if _tied(b):
-            marks[key] = (TIE, f"fastest, but not distinguishable from {b['runner_up']} · "
-                               f"{b['runner_up_precision']} ({b['verdict']})")
+            marks[key] = (
+                TIE,
+                f"fastest, but not distinguishable from {b['runner_up']} · {b['runner_up_precision']} ({b['verdict']})",
+            )
         else:
             marks[key] = (STAR, "best strategy for this model and GPU count")
     return marks
@@ -176,35 +182,62 @@ def _best_rows(best: pd.DataFrame, *, with_variant: bool) -> list[list[str]]:
     rows = []
     for b in best.to_dict("records"):
         if _null(b["strategy"]):
-            rows.append([b["model"], fmt_int(b["gpus"]), "none ran ok", ABSENT] + ([ABSENT] if with_variant else [])
-                        + [NA, NA, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"])
+            rows.append(
+                [b["model"], fmt_int(b["gpus"]), "none ran ok", ABSENT]
+                + ([ABSENT] if with_variant else [])
+                + [NA, NA, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"]
+            )
             continue
         ru = ABSENT if _null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
         margin = ABSENT if _null(b["margin"]) else f"+{100 * b['margin']:.1f}% ({b['verdict']})"
         strategy = b["strategy"]
         if _tied(b):  # NOTE: never crown noise: the leader and the runner-up share the row's first column
             strategy, margin = f"{b['strategy']} {TIE} {b['runner_up']}", f"{TIE} {margin}"
-        rows.append([b["model"], fmt_int(b["gpus"]), strategy, b["precision"]]
-                    + ([b["variant"] or ABSENT] if with_variant else [])
-                    + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin,
-                       f"{b['n_ok']} of {b['n_cells']}"])
+        rows.append(
+            [b["model"], fmt_int(b["gpus"]), strategy, b["precision"]]
+            + ([b["variant"] or ABSENT] if with_variant else [])
+            + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin, f"{b['n_ok']} of {b['n_cells']}"]
+        )
     return rows
 
 
 def _best_header(with_variant: bool) -> list[str]:
-    return (["model", "GPUs", "best strategy", "precision"] + (["configuration"] if with_variant else [])
-            + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "cells ok"])
+    return (
+        ["model", "GPUs", "best strategy", "precision"]
+        + (["configuration"] if with_variant else [])
+        + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "cells ok"]
+    )
 
 
-FAILED_COLUMNS = ("model", "strategy", "precision", "configuration", "GPUs", "status", "failed rank", "reason",
-                  "record")
+FAILED_COLUMNS = (
+    "model",
+    "strategy",
+    "precision",
+    "configuration",
+    "GPUs",
+    "status",
+    "failed rank",
+    "reason",
+    "record",
+)
 
 
 def _failed_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = True) -> list[list[str]]:
     bad = cells[cells["status"] != "ok"]
-    return [[r["model"], r["strategy"], r["precision"], r["variant"] or ABSENT, fmt_int(r["gpus"]), r["status"],
-             fmt_int(r["failed_rank"]), _short(r["reason"], reason_limit, one_line=one_line), Path(r["path"]).name]
-            for r in bad.to_dict("records")]
+    return [
+        [
+            r["model"],
+            r["strategy"],
+            r["precision"],
+            r["variant"] or ABSENT,
+            fmt_int(r["gpus"]),
+            r["status"],
+            fmt_int(r["failed_rank"]),
+            _short(r["reason"], reason_limit, one_line=one_line),
+            Path(r["path"]).name,
+        ]
+        for r in bad.to_dict("records")
+    ]
 
 
 NOTED_COLUMNS = ("model", "strategy", "precision", "configuration", "GPUs", "note", "record")
@@ -214,22 +247,35 @@ def _noted_rows(cells: pd.DataFrame, *, reason_limit: int, one_line: bool = True
     """ok cells whose record carries a note in `reason` (e.g. torch.compile recompiled during the measured
     steps): their numbers stand, with a caveat the reader must see."""
     noted = cells[(cells["status"] == "ok") & cells["reason"].map(lambda v: isinstance(v, str) and bool(v.strip()))]
-    return [[r["model"], r["strategy"], r["precision"], r["variant"] or ABSENT, fmt_int(r["gpus"]),
-             _short(r["reason"], reason_limit, one_line=one_line), Path(r["path"]).name]
-            for r in noted.to_dict("records")]
+    return [
+        [
+            r["model"],
+            r["strategy"],
+            r["precision"],
+            r["variant"] or ABSENT,
+            fmt_int(r["gpus"]),
+            _short(r["reason"], reason_limit, one_line=one_line),
+            Path(r["path"]).name,
+        ]
+        for r in noted.to_dict("records")
+    ]
 
 
 def _summary_items(ctx: dict[str, Any]) -> list[tuple[str, str]]:
     df, cells = ctx["frame"], ctx["cells"]
     statuses = df["status"].value_counts()
+
     def uniq(col: str) -> str:
         vals = sorted({str(v) for v in df[col].dropna().unique()})
         return ", ".join(vals[:8]) + (f" … ({len(vals)} in all)" if len(vals) > 8 else "") if vals else NA
+
     return [
         ("generated", ctx["generated_at"]),
         ("result dirs", ", ".join(map(str, ctx["dirs"]))),
-        ("records", f"{len(df)} loaded, {ctx['n_unreadable']} file(s) not readable as records; "
-                    f"{len(cells)} cells shown"),
+        (
+            "records",
+            f"{len(df)} loaded, {ctx['n_unreadable']} file(s) not readable as records; {len(cells)} cells shown",
+        ),
         ("statuses", ", ".join(f"{n} {s}" for s, n in statuses.items())),
         ("sweeps", uniq("sweep")),
         ("clusters", uniq("cluster")),
@@ -263,6 +309,7 @@ DEFINITIONS = (
 
 # --- Markdown ---------------------------------------------------------------------------------------------
 
+
 def markdown(ctx: dict[str, Any]) -> str:
     """report.md; without the per-model tables when it would not fit GitHub's 1 MiB step-summary limit."""
     text = _markdown(ctx, per_model=True)
@@ -285,12 +332,23 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
             out.append(f"- … {len(warnings) - MAX_MD_WARNINGS} more (all are in index.html)")
         out.append("")
     out += ["## Best strategy per model and GPU count", ""]
-    out += [md.table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
-                     right={1, 4 + with_variant, 5 + with_variant}), ""]
+    out += [
+        md.table(
+            _best_header(with_variant),
+            _best_rows(best, with_variant=with_variant),
+            right={1, 4 + with_variant, 5 + with_variant},
+        ),
+        "",
+    ]
     label_cols = _row_keys(cells)
     if not per_model:
-        out += ["## Per-model tables", "", f"Left out here: this page would exceed {MAX_MD_BYTES // 2**10} KiB "
-                "(GitHub's step-summary limit is 1 MiB). They are in index.html; every record is in table.csv.", ""]
+        out += [
+            "## Per-model tables",
+            "",
+            f"Left out here: this page would exceed {MAX_MD_BYTES // 2**10} KiB "
+            "(GitHub's step-summary limit is 1 MiB). They are in index.html; every record is in table.csv.",
+            "",
+        ]
     for model, mcells in cells.groupby("model", sort=False) if per_model else ():
         out += [f"## Model {model}", ""]
         for gpus, g in mcells.groupby("gpus", sort=False):
@@ -325,8 +383,12 @@ def _markdown(ctx: dict[str, Any], *, per_model: bool) -> str:
         out.append("Every cell ran ok.")
     noted = _noted_rows(cells, reason_limit=MAX_REASON_MD)
     if noted:
-        out += ["", f"## Notes on ok cells ({len(noted)})", "",
-                md.table(list(NOTED_COLUMNS), noted[:MAX_MD_FAILED_ROWS], right={4})]
+        out += [
+            "",
+            f"## Notes on ok cells ({len(noted)})",
+            "",
+            md.table(list(NOTED_COLUMNS), noted[:MAX_MD_FAILED_ROWS], right={4}),
+        ]
         if len(noted) > MAX_MD_FAILED_ROWS:
             out.append(f"\n… {len(noted) - MAX_MD_FAILED_ROWS} more in index.html and table.csv.")
     out += ["", "## Definitions", ""] + [f"- {d}" for d in DEFINITIONS] + [""]
@@ -387,13 +449,18 @@ def _td(text: str, *, cls: str = "", title: str = "") -> str:
     return f"<td{attrs}>{_e(text)}</td>"
 
 
-def _html_simple_table(header: list[str], rows: list[list[str]], *, num: set[int] = frozenset(),
-                       reason: set[int] = frozenset()) -> str:
-    out = ['<div class="scroll"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in header)
-           + "</tr></thead><tbody>"]
+def _html_simple_table(
+    header: list[str], rows: list[list[str]], *, num: set[int] = frozenset(), reason: set[int] = frozenset()
+) -> str:
+    out = [
+        '<div class="scroll"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>"
+    ]
     for row in rows:
-        out.append("<tr>" + "".join(_td(c, cls="num" if i in num else ("reason" if i in reason else ""))
-                                     for i, c in enumerate(row)) + "</tr>")
+        out.append(
+            "<tr>"
+            + "".join(_td(c, cls="num" if i in num else ("reason" if i in reason else "")) for i, c in enumerate(row))
+            + "</tr>"
+        )
     out.append("</tbody></table></div>")
     return "\n".join(out)
 
@@ -406,11 +473,17 @@ def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: di
     columns = cell_columns(mcells)
     label = " · ".join({"variant": "configuration"}.get(k, k) for k in label_cols)
     head1 = f'<th class="lbl" rowspan="2">{_e(label)}</th>' + "".join(
-        f'<th class="group" colspan="{len(columns)}">{_e(_gpus_label(g))}</th>' for g in gpus)
-    head2 = "".join(f'<th class="{"rss" if c is RSS_COLUMN else "m"}">{_e(c.label).replace("/", "/<wbr>")}</th>'
-                    for c in columns) * len(gpus)
-    out = ['<div class="scroll"><table class="cells"><thead>', f"<tr>{head1}</tr>", f"<tr>{head2}</tr>",
-           "</thead><tbody>"]
+        f'<th class="group" colspan="{len(columns)}">{_e(_gpus_label(g))}</th>' for g in gpus
+    )
+    head2 = "".join(
+        f'<th class="{"rss" if c is RSS_COLUMN else "m"}">{_e(c.label).replace("/", "/<wbr>")}</th>' for c in columns
+    ) * len(gpus)
+    out = [
+        '<div class="scroll"><table class="cells"><thead>',
+        f"<tr>{head1}</tr>",
+        f"<tr>{head2}</tr>",
+        "</thead><tbody>",
+    ]
     by_cell = {(r["strategy"], r["precision"], r["variant"], r["gpus"]): r for r in mcells.to_dict("records")}
     row_keys = list(dict.fromkeys(zip(mcells["strategy"], mcells["precision"], mcells["variant"])))
     for s, p, v in row_keys:
@@ -427,8 +500,9 @@ def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: di
                     bad = r["status"] != "ok"
                     tds.append(_td(text, cls="bad" if bad else "", title=fmt_text(r["reason"]) if bad else ""))
                 elif c.key == "tokens_per_s_per_gpu" and mark:
-                    tds.append(_td(f"{text} {mark[0]}", cls="num best" if mark[0] == STAR else "num tie",
-                                   title=mark[1]))
+                    tds.append(
+                        _td(f"{text} {mark[0]}", cls="num best" if mark[0] == STAR else "num tie", title=mark[1])
+                    )
                 elif c.key == "mfu" and text == NA and isinstance(r["mfu_null_reason"], str):
                     tds.append(_td(text, cls="num", title=r["mfu_null_reason"]))
                 else:
@@ -440,12 +514,16 @@ def _html_model_table(mcells: pd.DataFrame, label_cols: list[str], best_keys: di
 
 def _html_figure(f: Figure) -> str:
     if f.png is None:
-        return (f'<figure id="fig-{_e(f.name)}"><figcaption><b>{_e(f.title)}</b>: not drawn. '
-                f'<span class="note">{_e(f.note)}</span></figcaption></figure>')
+        return (
+            f'<figure id="fig-{_e(f.name)}"><figcaption><b>{_e(f.title)}</b>: not drawn. '
+            f'<span class="note">{_e(f.note)}</span></figcaption></figure>'
+        )
     data = base64.b64encode(f.png).decode("ascii")
     note = f' <span class="note">{_e(f.note)}</span>' if f.note else ""
-    return (f'<figure id="fig-{_e(f.name)}"><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
-            f"<figcaption><b>{_e(f.title)}.</b> {_e(f.caption)}{note}</figcaption></figure>")
+    return (
+        f'<figure id="fig-{_e(f.name)}"><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
+        f"<figcaption><b>{_e(f.title)}.</b> {_e(f.caption)}{note}</figcaption></figure>"
+    )
 
 
 def html_page(ctx: dict[str, Any]) -> str:
@@ -454,29 +532,41 @@ def html_page(ctx: dict[str, Any]) -> str:
     with_variant = "variant" in label_cols
     best_keys = _best_keys(best)
     n_drawn = sum(f.png is not None for f in figures)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>Benchmark report: {_e(ctx['name'])}</title>", f"<style>{_CSS}</style>",
-           f"<script>{_SCRIPT}</script>", "</head>",
-           f'<body data-figures="{n_drawn}">', f"<h1>Benchmark report: {_e(ctx['name'])}</h1>",
-           '<dl class="summary">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _summary_items(ctx))
-           + "</dl>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>Benchmark report: {_e(ctx['name'])}</title>",
+        f"<style>{_CSS}</style>",
+        f"<script>{_SCRIPT}</script>",
+        "</head>",
+        f'<body data-figures="{n_drawn}">',
+        f"<h1>Benchmark report: {_e(ctx['name'])}</h1>",
+        '<dl class="summary">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _summary_items(ctx)) + "</dl>",
+    ]
     warnings = ctx["warnings"]
     if warnings:
         out += [f'<h2 id="warnings">Warnings ({len(warnings)})</h2>', '<ul class="warnings">']
         out += [f"<li>{_e(w)}</li>" for w in warnings] + ["</ul>"]
-    out += ['<h2 id="best">Best strategy per model and GPU count</h2>',
-            _html_simple_table(_best_header(with_variant), _best_rows(best, with_variant=with_variant),
-                               num={1, 4 + with_variant, 5 + with_variant, 7 + with_variant})]
+    out += [
+        '<h2 id="best">Best strategy per model and GPU count</h2>',
+        _html_simple_table(
+            _best_header(with_variant),
+            _best_rows(best, with_variant=with_variant),
+            num={1, 4 + with_variant, 5 + with_variant, 7 + with_variant},
+        ),
+    ]
     for model, mcells in cells.groupby("model", sort=False):
-        out += [f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>',
-                _html_model_table(mcells, label_cols, best_keys)]
+        out += [f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>', _html_model_table(mcells, label_cols, best_keys)]
     out.append('<h2 id="figures">Figures</h2>')
     out += [_html_figure(f) for f in figures]
     failed = _failed_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
     out.append(f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>')
-    out.append(_html_simple_table(list(FAILED_COLUMNS), failed, num={4, 6}, reason={7}) if failed
-               else "<p>Every cell ran ok.</p>")
+    out.append(
+        _html_simple_table(list(FAILED_COLUMNS), failed, num={4, 6}, reason={7})
+        if failed
+        else "<p>Every cell ran ok.</p>"
+    )
     noted = _noted_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
     if noted:
         out.append(f'<h2 id="notes">Notes on ok cells ({len(noted)})</h2>')

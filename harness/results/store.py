@@ -63,8 +63,16 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
-def new_record(*, spec: Spec, run_id: str, sweep: str, cluster: str, status: Status,
-               reason: str | None = None, failed_rank: int | None = None) -> Record:
+def new_record(
+    *,
+    spec: Spec,
+    run_id: str,
+    sweep: str,
+    cluster: str,
+    status: Status,
+    reason: str | None = None,
+    failed_rank: int | None = None,
+) -> Record:
     """A record skeleton: statuses other than ok carry a reason; metrics stay empty until measured."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")

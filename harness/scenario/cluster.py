@@ -32,18 +32,34 @@ class Peak:
 
 # source: vendor datasheets; dense numbers only (the datasheets' headline tensor numbers are 2:4 sparse, halve them)
 PEAKS: tuple[Peak, ...] = (
-    Peak("H200", ("H200",), {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-         # source: NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TF; TF32 989, BF16/FP16 1,979 TF with sparsity
-         "NVIDIA H200 datasheet (SXM), sparse tensor figures halved"),
-    Peak("H100 SXM", ("H100", "HBM3"), {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-         # source: NVIDIA H100 datasheet, SXM5: FP32 67 TF; TF32 989, BF16/FP16 1,979 TF with sparsity
-         "NVIDIA H100 datasheet (SXM5), sparse tensor figures halved"),
-    Peak("H100 PCIe", ("H100", "PCIe"), {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
-         # source: NVIDIA H100 datasheet, PCIe: FP32 51 TF; TF32 756, BF16/FP16 1,513 TF with sparsity
-         "NVIDIA H100 datasheet (PCIe), sparse tensor figures halved"),
-    Peak("A100", ("A100",), {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-         # source: NVIDIA A100 datasheet: FP32 19.5 TF; TF32 156, BF16/FP16 312 TF dense
-         "NVIDIA A100 datasheet (dense)"),
+    Peak(
+        "H200",
+        ("H200",),
+        {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        # source: NVIDIA H200 Tensor Core GPU datasheet (SXM): FP32 67 TF; TF32 989, BF16/FP16 1,979 TF with sparsity
+        "NVIDIA H200 datasheet (SXM), sparse tensor figures halved",
+    ),
+    Peak(
+        "H100 SXM",
+        ("H100", "HBM3"),
+        {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+        # source: NVIDIA H100 datasheet, SXM5: FP32 67 TF; TF32 989, BF16/FP16 1,979 TF with sparsity
+        "NVIDIA H100 datasheet (SXM5), sparse tensor figures halved",
+    ),
+    Peak(
+        "H100 PCIe",
+        ("H100", "PCIe"),
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+        # source: NVIDIA H100 datasheet, PCIe: FP32 51 TF; TF32 756, BF16/FP16 1,513 TF with sparsity
+        "NVIDIA H100 datasheet (PCIe), sparse tensor figures halved",
+    ),
+    Peak(
+        "A100",
+        ("A100",),
+        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        # source: NVIDIA A100 datasheet: FP32 19.5 TF; TF32 156, BF16/FP16 312 TF dense
+        "NVIDIA A100 datasheet (dense)",
+    ),
 )
 
 
@@ -99,13 +115,42 @@ class SlurmProfile:
     """any other #SBATCH option, e.g. {exclusive: true, reservation: name} (underscores become dashes)"""
 
 
-SLURM_KEYS = ("partition", "account", "qos", "constraint", "cpus_per_task", "mem_per_node_gib", "time_limit_min",
-              "signal_delay_s", "setup", "additional_parameters")
+SLURM_KEYS = (
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "cpus_per_task",
+    "mem_per_node_gib",
+    "time_limit_min",
+    "signal_delay_s",
+    "setup",
+    "additional_parameters",
+)
 # sbatch options the harness sets per cell, and those a key of the `slurm:` block sets
-SLURM_PER_CELL = ("nodes", "ntasks", "ntasks_per_node", "time", "signal", "array", "output", "error", "job_name",
-                  "gpus", "gpus_per_node", "gres", "open_mode")
-SLURM_OWN_KEY = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
-                 "cpus_per_task": "cpus_per_task", "mem": "mem_per_node_gib"}
+SLURM_PER_CELL = (
+    "nodes",
+    "ntasks",
+    "ntasks_per_node",
+    "time",
+    "signal",
+    "array",
+    "output",
+    "error",
+    "job_name",
+    "gpus",
+    "gpus_per_node",
+    "gres",
+    "open_mode",
+)
+SLURM_OWN_KEY = {
+    "partition": "partition",
+    "account": "account",
+    "qos": "qos",
+    "constraint": "constraint",
+    "cpus_per_task": "cpus_per_task",
+    "mem": "mem_per_node_gib",
+}
 
 
 def _positive_int(v: Any) -> bool:
@@ -138,10 +183,15 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
     if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
         problems.append(Problem(file, "slurm.signal_delay_s", f"{delay!r} is not a whole number of seconds >= 0"))
     elif _positive_int(doc.get("time_limit_min")) and doc["time_limit_min"] < min_job_minutes(delay):
-        problems.append(Problem(file, "slurm.time_limit_min",
-                                f"{doc['time_limit_min']} min leaves no time before submitit's USR2 (signal_delay_s "
-                                f"{delay} + up to {SLURM_CHECK_PERIOD_S} s of SLURM's check period + start-up): "
-                                f"at least {min_job_minutes(delay)}"))
+        problems.append(
+            Problem(
+                file,
+                "slurm.time_limit_min",
+                f"{doc['time_limit_min']} min leaves no time before submitit's USR2 (signal_delay_s "
+                f"{delay} + up to {SLURM_CHECK_PERIOD_S} s of SLURM's check period + start-up): "
+                f"at least {min_job_minutes(delay)}",
+            )
+        )
     setup = doc.get("setup") or []
     if not isinstance(setup, list) or not all(isinstance(line, str) for line in setup):
         problems.append(Problem(file, "slurm.setup", "must be a list of shell lines (strings)"))
@@ -153,8 +203,14 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
         where = f"slurm.additional_parameters.{k}"
         norm = str(k).replace("-", "_")
         if norm in SLURM_PER_CELL:
-            problems.append(Problem(file, where, "set by the harness for each cell (nodes, tasks, GPUs, time "
-                                    "limit, signal, logs); not settable here"))
+            problems.append(
+                Problem(
+                    file,
+                    where,
+                    "set by the harness for each cell (nodes, tasks, GPUs, time "
+                    "limit, signal, logs); not settable here",
+                )
+            )
         elif norm in SLURM_OWN_KEY:
             problems.append(Problem(file, where, f"use slurm.{SLURM_OWN_KEY[norm]} instead"))
         elif not isinstance(v, (str, int, float, bool)):
@@ -162,10 +218,16 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
     if len(problems) > n0:
         return SlurmProfile()
     return SlurmProfile(
-        partition=doc.get("partition"), account=doc.get("account"), qos=doc.get("qos"),
-        constraint=doc.get("constraint"), cpus_per_task=doc.get("cpus_per_task"),
-        mem_per_node_gib=doc.get("mem_per_node_gib"), time_limit_min=doc.get("time_limit_min"),
-        signal_delay_s=delay, setup=tuple(setup), additional_parameters=dict(extra),
+        partition=doc.get("partition"),
+        account=doc.get("account"),
+        qos=doc.get("qos"),
+        constraint=doc.get("constraint"),
+        cpus_per_task=doc.get("cpus_per_task"),
+        mem_per_node_gib=doc.get("mem_per_node_gib"),
+        time_limit_min=doc.get("time_limit_min"),
+        signal_delay_s=delay,
+        setup=tuple(setup),
+        additional_parameters=dict(extra),
     )
 
 
@@ -196,8 +258,17 @@ class Cluster:
         return "nccl" if self.device == "cuda" else "gloo"
 
 
-CLUSTER_KEYS = ("name", "description", "executor", "device", "gpus_per_node", "device_memory_gib",
-                "pg_timeout_s", "env", "slurm")
+CLUSTER_KEYS = (
+    "name",
+    "description",
+    "executor",
+    "device",
+    "gpus_per_node",
+    "device_memory_gib",
+    "pg_timeout_s",
+    "env",
+    "slurm",
+)
 
 
 def parse_cluster(doc: Any, file: str) -> Cluster:
@@ -232,10 +303,16 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
     if problems:
         raise InputError(problems)
     return Cluster(
-        name=name, path=file, executor=doc.get("executor", "local"), device=doc.get("device", "cpu"),
-        gpus_per_node=gpn, device_memory_gib=doc.get("device_memory_gib"),
-        pg_timeout_s=float(doc.get("pg_timeout_s", 300.0)), description=doc.get("description", "") or "",
-        env={str(k): str(v) for k, v in env.items()}, slurm=slurm,
+        name=name,
+        path=file,
+        executor=doc.get("executor", "local"),
+        device=doc.get("device", "cpu"),
+        gpus_per_node=gpn,
+        device_memory_gib=doc.get("device_memory_gib"),
+        pg_timeout_s=float(doc.get("pg_timeout_s", 300.0)),
+        description=doc.get("description", "") or "",
+        env={str(k): str(v) for k, v in env.items()},
+        slurm=slurm,
     )
 
 

@@ -52,10 +52,17 @@ class Settings:
     warmup_steps: int = _setting(2, "steps run before timing (>= 2: DDP rebuilds its buckets at step 2)", minimum=2)
     measure_steps: int = _setting(5, "timed steps; every one is kept as a sample", minimum=1)
     activation_checkpointing: str = _setting(
-        "none", "none | full (recompute each block in backward) | selective (keep each block's matmul and attention "
-        "outputs, recompute the rest); true/false mean full/none", choices=AC_POLICIES)
-    compile: bool = _setting(False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)")
-    offload: str = _setting("none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS)
+        "none",
+        "none | full (recompute each block in backward) | selective (keep each block's matmul and attention "
+        "outputs, recompute the rest); true/false mean full/none",
+        choices=AC_POLICIES,
+    )
+    compile: bool = _setting(
+        False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)"
+    )
+    offload: str = _setting(
+        "none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS
+    )
     seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
     lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
     time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
@@ -63,8 +70,11 @@ class Settings:
 
     def __post_init__(self) -> None:
         # NOTE: true/false were the only values before the policies existed; records and files keep them
-        object.__setattr__(self, "activation_checkpointing",
-                           canonical_setting("activation_checkpointing", self.activation_checkpointing))
+        object.__setattr__(
+            self,
+            "activation_checkpointing",
+            canonical_setting("activation_checkpointing", self.activation_checkpointing),
+        )
 
     @property
     def checkpointing(self) -> bool:
@@ -164,11 +174,15 @@ class RunSpec:
             return None
         if entry.mesh == catalogue.HYBRID:
             if self.world_size % self.gpus_per_node:
-                return (f"{self.strategy} needs world_size divisible by gpus_per_node "
-                        f"({self.world_size} % {self.gpus_per_node} != 0)")
+                return (
+                    f"{self.strategy} needs world_size divisible by gpus_per_node "
+                    f"({self.world_size} % {self.gpus_per_node} != 0)"
+                )
             if self.nodes < 2:
-                return (f"{self.strategy} shards inside a node and replicates across nodes; world {self.world_size} "
-                        f"with {self.gpus_per_node} GPUs per node is a single node")
+                return (
+                    f"{self.strategy} shards inside a node and replicates across nodes; world {self.world_size} "
+                    f"with {self.gpus_per_node} GPUs per node is a single node"
+                )
         if self.precision not in entry.precisions:
             return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
         if s.offload != "none":
@@ -267,8 +281,9 @@ def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) ->
     if value is None:
         return
     if not isinstance(value, dict):
-        problems.append(Problem(file, where, f"{value!r} must be null or a mapping like "
-                                "{fault: exception, rank: 1, step: 3}"))
+        problems.append(
+            Problem(file, where, f"{value!r} must be null or a mapping like {{fault: exception, rank: 1, step: 3}}")
+        )
         return
     for k in value:
         if k not in INJECT_KEYS:
@@ -292,7 +307,9 @@ def _check_setting(name: str, value: Any, where: str, file: str, problems: list[
     typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
     choices, minimum = f.metadata["choices"], f.metadata["minimum"]
     if not _type_ok(value, typ):
-        problems.append(Problem(file, where, one_of(value, choices) if choices else f"{value!r} is not {_TYPE_NAMES[typ]}"))
+        problems.append(
+            Problem(file, where, one_of(value, choices) if choices else f"{value!r} is not {_TYPE_NAMES[typ]}")
+        )
         return
     if choices and value not in choices:
         problems.append(Problem(file, where, one_of(value, choices)))
@@ -333,9 +350,19 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
         if ok:
             cfg = ModelConfig(**dims)
             if cfg.d_model % cfg.n_heads:
-                problems.append(Problem(file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}"))
+                problems.append(
+                    Problem(
+                        file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}"
+                    )
+                )
             elif cfg.n_heads % cfg.kv_heads:
-                problems.append(Problem(file, f"{where}.n_kv_heads", f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"{where}.n_kv_heads",
+                        f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}",
+                    )
+                )
             elif cfg.head_dim % 2:
                 problems.append(Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)"))
             else:
@@ -343,8 +370,9 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
     return models
 
 
-def _check_axis_value(axis: str, value: Any, where: str, file: str, model_names: list[str],
-                      problems: list[Problem]) -> None:
+def _check_axis_value(
+    axis: str, value: Any, where: str, file: str, model_names: list[str], problems: list[Problem]
+) -> None:
     if axis == "model":
         if value not in model_names:
             problems.append(Problem(file, where, one_of(value, model_names)))
@@ -365,8 +393,9 @@ def _matches(cell: dict[str, Any], pattern: dict[str, Any]) -> bool:
     return all(k in cell and cell[k] == v for k, v in pattern.items())
 
 
-def expand_matrix(axes: dict[str, list[Any]], include: list[dict[str, Any]],
-                  exclude: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def expand_matrix(
+    axes: dict[str, list[Any]], include: list[dict[str, Any]], exclude: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """GitHub Actions matrix semantics.
 
     Cartesian product of `axes` in key order; drop combinations matching any `exclude` entry (all of its
@@ -395,7 +424,9 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
     """Validate a parsed scenario document and expand its matrix. Raises InputError with every problem."""
     problems: list[Problem] = []
     if not isinstance(doc, dict):
-        raise InputError([Problem(file, "", "a scenario file must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))])
+        raise InputError(
+            [Problem(file, "", "a scenario file must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))]
+        )
 
     for k in doc:
         if k not in TOP_LEVEL_KEYS:
@@ -428,8 +459,14 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
     exclude: list[dict[str, Any]] = []
     allowed_axes = list(CORE_AXES) + list(SETTING_FIELDS)
     if not isinstance(matrix, dict):
-        problems.append(Problem(file, "matrix", "missing; a mapping of axes (model, strategy, precision, gpus, "
-                                "any setting) to lists, with optional include/exclude"))
+        problems.append(
+            Problem(
+                file,
+                "matrix",
+                "missing; a mapping of axes (model, strategy, precision, gpus, "
+                "any setting) to lists, with optional include/exclude",
+            )
+        )
         matrix = {}
     for axis, values in matrix.items():
         if axis in ("include", "exclude"):
@@ -474,14 +511,21 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
             missing = [a for a in CORE_AXES if a not in cell]
             if missing:
                 src = next((f"matrix.include[{inc_index[id(e)]}]" for e in include if _matches(cell, e)), "matrix")
-                problems.append(Problem(file, src, f"cell {cell} has no {', '.join(missing)} "
-                                        "(give the axis in the matrix or in the include entry)"))
+                problems.append(
+                    Problem(
+                        file,
+                        src,
+                        f"cell {cell} has no {', '.join(missing)} "
+                        "(give the axis in the matrix or in the include entry)",
+                    )
+                )
         if not cells and not problems:
             problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
     if problems:
         raise InputError(problems)
-    return Scenario(name=name, path=file, models=models, cells=tuple(cells), settings=settings,
-                    description=str(description))
+    return Scenario(
+        name=name, path=file, models=models, cells=tuple(cells), settings=settings, description=str(description)
+    )
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -14,12 +14,17 @@ REPO = Path(__file__).resolve().parents[2]
 def git_sha() -> str | None:
     """The harness checkout's commit (suffixed -dirty with uncommitted changes); None outside a checkout."""
     try:
-        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
         if not sha:
             return None
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None

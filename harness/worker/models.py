@@ -76,8 +76,9 @@ class RMSNorm(nn.Module):
 _ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype,
-                 base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables (seq, head_dim/2), cached per (seq, head_dim, device, dtype); not module buffers,
     so sharding wrappers never see or shard them."""
     k = (seq_len, head_dim, str(device), dtype)
@@ -95,7 +96,7 @@ def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, dtype: torch
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (batch, heads, seq, head_dim); rotate interleaved-half pairs."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
@@ -188,9 +189,13 @@ def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str) -> T
 
 
 SELECTIVE_SAVE_OPS = (
-    "mm", "addmm", "bmm",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "mm",
+    "addmm",
+    "bmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
 )
 """aten ops whose outputs the `selective` policy keeps from the forward: every matmul and the attention kernel.
 What is left to recompute (norms, RoPE, SiLU, products, casts) costs no matmul FLOPs."""
@@ -227,8 +232,16 @@ def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> 
         model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
 
 
-def synthetic_batch(cfg: ModelConfig, *, seed: int, rank: int, micro_batch: int, seq_len: int,
-                    micro_step: int = 0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    cfg: ModelConfig,
+    *,
+    seed: int,
+    rank: int,
+    micro_batch: int,
+    seq_len: int,
+    micro_step: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic token batch for (seed, global row): rows of rank r are rows r*mb … (r+1)*mb-1 of the
     global batch, so a single process holding all rows sees exactly what the ranks see together.
 

@@ -36,10 +36,18 @@ def node_name() -> str:
 
 
 def write_fragment(payload: dict, rank: int, status: str, reason: str, extra: dict | None = None) -> None:
-    frag = {"rank": rank, "attempt": payload.get("attempt"), "status": status, "reason": reason, "time": time.time(),
-            "hostname": node_name(), **(extra or {})}
-    atomic_write_json(fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json",
-                      sanitize(frag))
+    frag = {
+        "rank": rank,
+        "attempt": payload.get("attempt"),
+        "status": status,
+        "reason": reason,
+        "time": time.time(),
+        "hostname": node_name(),
+        **(extra or {}),
+    }
+    atomic_write_json(
+        fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json", sanitize(frag)
+    )
 
 
 def _process_start_time() -> float | None:
@@ -63,20 +71,31 @@ def cuda_index(local_rank: int, visible: int) -> int:
         return local_rank
     if visible == 1:
         return 0
-    raise RuntimeError(f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has {visible} CUDA "
-                       f"device(s) visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    raise RuntimeError(
+        f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has {visible} CUDA "
+        f"device(s) visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+    )
 
 
-def utilisation(spec: RunSpec, tflops_per_gpu: float, *, device_type: str, device_name: str | None,
-                allow_tf32: bool, null_reasons: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+def utilisation(
+    spec: RunSpec,
+    tflops_per_gpu: float,
+    *,
+    device_type: str,
+    device_name: str | None,
+    allow_tf32: bool,
+    null_reasons: dict[str, str],
+) -> tuple[float | None, float | None, float | None]:
     """(MFU, HFU, the dense peak TFLOPS they divide by) of a cell's achieved model TFLOPS per GPU; (None, None,
     None) with the reason added to null_reasons where the device's peak for the precision is unknown (CPU, a
     device not in harness.scenario.cluster.PEAKS). fp32 matmuls count against the TF32 peak when TF32 is allowed."""
     peak = find_peak(device_name) if device_type == "cuda" else None
     key = spec.precision if spec.precision != "fp32" else ("tf32" if allow_tf32 else "fp32")
     if peak is None or key not in peak.tflops:
-        null_reasons["mfu"] = (f"no dense peak FLOPS known for device {device_name!r} ({spec.precision}); "
-                               "see harness/scenario/cluster.py PEAKS")
+        null_reasons["mfu"] = (
+            f"no dense peak FLOPS known for device {device_name!r} ({spec.precision}); "
+            "see harness/scenario/cluster.py PEAKS"
+        )
         null_reasons["hfu"] = null_reasons["mfu"]
         return None, None, None
     mfu = tflops_per_gpu / peak.tflops[key]
@@ -95,12 +114,23 @@ def _is_oom(e: BaseException) -> bool:
 
 def _is_slurm_time_limit(e: BaseException) -> bool:
     """submitit's USR2 handler ends a SLURM job at its time limit by raising this in rank 0's main thread."""
-    return (os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and type(e).__name__ == "UncompletedJobError"
-            and "timed-out" in str(e))
+    return (
+        os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+        and type(e).__name__ == "UncompletedJobError"
+        and "timed-out" in str(e)
+    )
 
 
-def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
-        master_port: int, forked: bool = False) -> dict | None:
+def run(
+    payload: dict[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    forked: bool = False,
+) -> dict | None:
     """Run one cell on this rank. Returns the record on rank 0 (also written to disk), else None.
 
     `forked`: this rank was forked from the sweep's warm interpreter (harness.launch.local.prefork) instead of
@@ -125,22 +155,38 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
         # local rank beyond the GPUs there are, a rendezvous that fails) writes a fragment saying so, instead of
         # leaving the cell "crashed" with no reason
-        device, backend = _join_process_group(cluster, rank=rank, world_size=world_size, local_rank=local_rank,
-                                              master_addr=master_addr, master_port=master_port)
-        trainer, batches = _build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank,
-                                          device=device)
+        device, backend = _join_process_group(
+            cluster,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+        )
+        trainer, batches = _build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         t_ready = time.time()
         step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
         timed = _timed_steps(step, n=s.measure_steps, device=device)
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
-        ranks = _aggregate_over_ranks(warm_losses + timed.losses, timed=timed, world_size=world_size,
-                                      device=device)
+        ranks = _aggregate_over_ranks(warm_losses + timed.losses, timed=timed, world_size=world_size, device=device)
         if rank != 0:
             return None
-        _complete_record(record, payload=payload, spec=spec, trainer=trainer, device=device, backend=backend,
-                         forked=forked, t_entry=t_entry, t_ready=t_ready, warm_times=warm_times, timed=timed,
-                         ranks=ranks, comm_summary=comm_summary)
+        _complete_record(
+            record,
+            payload=payload,
+            spec=spec,
+            trainer=trainer,
+            device=device,
+            backend=backend,
+            forked=forked,
+            t_entry=t_entry,
+            t_ready=t_ready,
+            warm_times=warm_times,
+            timed=timed,
+            ranks=ranks,
+            comm_summary=comm_summary,
+        )
         write_record(payload["results"], record)
         return record
     except BaseException as e:
@@ -157,8 +203,13 @@ def run(payload: dict[str, Any], *, rank: int, world_size: int, local_rank: int,
 
 def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> dict:
     """The record this rank fills in if the cell ends ok (only rank 0's is written)."""
-    record = new_record(spec=spec.to_dict(), run_id=payload["run_id"], sweep=payload["sweep"],
-                        cluster=payload["cluster"]["name"], status="ok")
+    record = new_record(
+        spec=spec.to_dict(),
+        run_id=payload["run_id"],
+        sweep=payload["sweep"],
+        cluster=payload["cluster"]["name"],
+        status="ok",
+    )
     record["attempt"] = payload.get("attempt")
     record["started_at"] = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
     if payload.get("predicted") is not None:
@@ -166,8 +217,9 @@ def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> dic
     return record
 
 
-def _join_process_group(cluster: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str,
-                        master_port: int) -> tuple[Any, str]:
+def _join_process_group(
+    cluster: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
+) -> tuple[Any, str]:
     """(device, backend): this rank's device (cuda:<index> or cpu), set as current, and the world process group
     joined (nccl on CUDA, gloo on CPU) with the cluster's watchdog timeout on every group made later too."""
     import torch
@@ -175,16 +227,23 @@ def _join_process_group(cluster: dict[str, Any], *, rank: int, world_size: int, 
 
     if cluster["device"] == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
-                               f"is False here (torch {torch.__version__}, host {node_name()})")
+            raise RuntimeError(
+                f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
+                f"is False here (torch {torch.__version__}, host {node_name()})"
+            )
         device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+    )
     timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
     # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
     # from these module globals, not from the world group: set them so the watchdog covers every group.
@@ -192,8 +251,13 @@ def _join_process_group(cluster: dict[str, Any], *, rank: int, world_size: int, 
 
     c10d.default_pg_timeout = timeout
     c10d.default_pg_nccl_timeout = timeout
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
-                            device_id=device if backend == "nccl" else None)
+    dist.init_process_group(
+        backend=backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device if backend == "nccl" else None,
+    )
     return device, backend
 
 
@@ -212,12 +276,23 @@ def _build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int
     unsupported = spec.unsupported_reason(device.type)
     if unsupported:
         raise RuntimeError(f"launched an unsupported cell: {unsupported}")
-    topo = Topology(rank=rank, world_size=world_size, local_rank=local_rank,
-                    gpus_per_node=spec.gpus_per_node, device=device)
+    topo = Topology(
+        rank=rank, world_size=world_size, local_rank=local_rank, gpus_per_node=spec.gpus_per_node, device=device
+    )
     torch.manual_seed(s.seed)
     trainer = family(spec.strategy).setup(spec, topo=topo)
-    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=rank, micro_batch=s.micro_batch,
-                               seq_len=s.seq_len, micro_step=i, device=device) for i in range(s.grad_accum)]
+    batches = [
+        synthetic_batch(
+            spec.model_config,
+            seed=s.seed,
+            rank=rank,
+            micro_batch=s.micro_batch,
+            seq_len=s.seq_len,
+            micro_step=i,
+            device=device,
+        )
+        for i in range(s.grad_accum)
+    ]
     return trainer, batches
 
 
@@ -312,18 +387,39 @@ def _aggregate_over_ranks(step_losses: list, *, timed: _Timed, world_size: int, 
     # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
     # recompilation on any rank stalls every rank's step)
     mem = timed.mem
-    peaks = torch.tensor([mem["peak_memory_allocated_gib"] or -1.0, mem["peak_memory_reserved_gib"] or -1.0,
-                          timed.dynamo["frames"] - timed.dynamo_warm["frames"]], dtype=torch.float64, device=device)
+    peaks = torch.tensor(
+        [
+            mem["peak_memory_allocated_gib"] or -1.0,
+            mem["peak_memory_reserved_gib"] or -1.0,
+            timed.dynamo["frames"] - timed.dynamo_warm["frames"],
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
     hosts: list[str | None] = [None] * world_size
     dist.all_gather_object(hosts, node_name())
-    return _OverRanks(per_rank_losses=per_rank_losses, losses=all_losses, step_times=step_times, peaks=peaks,
-                      hosts=hosts)
+    return _OverRanks(
+        per_rank_losses=per_rank_losses, losses=all_losses, step_times=step_times, peaks=peaks, hosts=hosts
+    )
 
 
-def _complete_record(record: dict, *, payload: dict[str, Any], spec: RunSpec, trainer: Any, device: Any,
-                     backend: str, forked: bool, t_entry: float, t_ready: float, warm_times: list[float],
-                     timed: _Timed, ranks: _OverRanks, comm_summary: dict) -> None:
+def _complete_record(
+    record: dict,
+    *,
+    payload: dict[str, Any],
+    spec: RunSpec,
+    trainer: Any,
+    device: Any,
+    backend: str,
+    forked: bool,
+    t_entry: float,
+    t_ready: float,
+    warm_times: list[float],
+    timed: _Timed,
+    ranks: _OverRanks,
+    comm_summary: dict,
+) -> None:
     """Rank 0: the record's env, metrics, comm and status (nan when a loss is not finite), from what the ranks
     measured."""
     import torch
@@ -340,17 +436,21 @@ def _complete_record(record: dict, *, payload: dict[str, Any], spec: RunSpec, tr
         env["deepspeed_config"] = trainer.config
     env.update(backend=backend, hostnames=sorted(set(ranks.hosts)), harness_git_sha=payload.get("git_sha"))
     if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
-        env.update(slurm_job_id=payload["job_id"],
-                   slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+        env.update(slurm_job_id=payload["job_id"], slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
     samples = ranks.step_times.tolist()
     summary = summarize(samples)
     tokens = spec.tokens_per_step
     flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
     tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
     null_reasons = dict(mem["null_reasons"])
-    mfu, hfu, peak_tflops = utilisation(spec, tflops_per_gpu, device_type=device.type,
-                                        device_name=env["device_name"], allow_tf32=env["allow_tf32"],
-                                        null_reasons=null_reasons)
+    mfu, hfu, peak_tflops = utilisation(
+        spec,
+        tflops_per_gpu,
+        device_type=device.type,
+        device_name=env["device_name"],
+        allow_tf32=env["allow_tf32"],
+        null_reasons=null_reasons,
+    )
     start = _process_start_time()
     if s.compile:
         # the first step traces and compiles; what it took beyond a steady step is the compile cost
@@ -382,17 +482,22 @@ def _complete_record(record: dict, *, payload: dict[str, Any], spec: RunSpec, tr
         "null_reasons": null_reasons,
     }
     if peaks[2] > 0:
-        record["reason"] = (f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
-                            "(recompilation): those steps' times include compile time; raise warmup_steps "
-                            "or look for the changing guard with TORCH_LOGS=recompiles")
+        record["reason"] = (
+            f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
+            "(recompilation): those steps' times include compile time; raise warmup_steps "
+            "or look for the changing guard with TORCH_LOGS=recompiles"
+        )
     if start is None:
         null_reasons["startup_s"] = "process start time unavailable (/proc/self/stat)"
     bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
     if bad:
         bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
-        record.update(status="nan", failed_rank=bad_rank,
-                      reason=f"loss is not finite at step {first + 1} "
-                             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}")
+        record.update(
+            status="nan",
+            failed_rank=bad_rank,
+            reason=f"loss is not finite at step {first + 1} "
+            f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}",
+        )
     record["comm"] = comm_summary
     predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
     if predicted_comm:

@@ -40,7 +40,9 @@ def write(path: Path, text: str) -> Path:
 def fault_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
     cluster = write(tmp / "cluster.yaml", FAST_CLUSTER)
-    scenario = write(tmp / "faults.yaml", """\
+    scenario = write(
+        tmp / "faults.yaml",
+        """\
         name: faults
         matrix:
           model: [tiny]
@@ -55,9 +57,11 @@ def fault_sweep(tmp_path_factory):
             - {fault: hang, rank: 1, step: 3}
             - null
           include:
-            - {model: tiny, strategy: fsdp.hybrid_shard, precision: fp32, gpus: 4, inject: {fault: hang, rank: 3, step: 2}}
+            - {model: tiny, strategy: fsdp.hybrid_shard, precision: fp32, gpus: 4,
+               inject: {fault: hang, rank: 3, step: 2}}
         settings: {warmup_steps: 2, measure_steps: 3, time_limit_s: 120}
-    """)
+    """,
+    )
     results = tmp / "results"
     t0 = time.time()
     code = main(["sweep", str(scenario), "--cluster", str(cluster), "--results", str(results)])
@@ -74,13 +78,16 @@ def test_sweep_went_on_and_flagged_failure(fault_sweep):
     assert clean["status"] == "ok" and clean["metrics"]["loss"] < clean["metrics"]["losses"][0]
 
 
-@pytest.mark.parametrize("fault,status,rank,needle", [
-    ("exception", "error", 1, "injected exception"),
-    ("oom", "oom", 1, "allocate"),
-    ("nan", "nan", 0, "not finite at step 3"),
-    ("crash", "crashed", 1, "rank 1"),
-    ("hang", "timeout", 1, "rank 1"),
-])
+@pytest.mark.parametrize(
+    "fault,status,rank,needle",
+    [
+        ("exception", "error", 1, "injected exception"),
+        ("oom", "oom", 1, "allocate"),
+        ("nan", "nan", 0, "not finite at step 3"),
+        ("crash", "crashed", 1, "rank 1"),
+        ("hang", "timeout", 1, "rank 1"),
+    ],
+)
 def test_injected_fault_has_status_rank_and_reason(fault_sweep, fault, status, rank, needle):
     rec = fault_sweep["records"][("ddp", fault)]
     assert rec["status"] == status, rec["reason"]
@@ -118,15 +125,21 @@ THREE_CELLS = """\
 
 
 def sweep_proc(scenario: Path, results: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_interrupted_sweep_resumes_to_exactly_one_record_per_cell(tmp_path):
     # the second cell runs long enough (300 steps) to be interrupted mid-way: forked ranks start in well
     # under a second, so a 7-step cell would be over before the signal
     long_second = THREE_CELLS.format(name="resume").replace(
-        "gpus: [2]}", "gpus: [2],\n             include: [{strategy: fsdp.full_shard, measure_steps: 300}]}")
+        "gpus: [2]}", "gpus: [2],\n             include: [{strategy: fsdp.full_shard, measure_steps: 300}]}"
+    )
     scenario = write(tmp_path / "s.yaml", long_second)
     results = tmp_path / "results"
     proc = sweep_proc(scenario, results)
@@ -136,7 +149,8 @@ def test_interrupted_sweep_resumes_to_exactly_one_record_per_cell(tmp_path):
         if manifest.exists():
             cells = json.loads(manifest.read_text())["cells"]
             if sum(c.get("state") == "done" for c in cells.values()) >= 1 and any(
-                    c.get("state") == "running" for c in cells.values()):
+                c.get("state") == "running" for c in cells.values()
+            ):
                 break
         time.sleep(0.2)
     else:
@@ -179,14 +193,18 @@ def test_two_sweeps_into_one_results_dir(tmp_path):
 
 # ---- a rank that cannot get its device --------------------------------------------------------------------
 
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_gpu_profile_without_cuda_is_an_error_with_the_reason(tmp_path):
     """Before the device and the process group were inside the worker's fragment-writing handler, this cell was
     `crashed: the ranks exited without a record or an exception`; now every rank says why."""
     from tests.conftest import make_spec, run_cell
 
-    rec = run_cell(make_spec(strategy="ddp", precision="bf16", warmup_steps=2, measure_steps=2), tmp_path / "r",
-                   cluster="local-gpu")
+    rec = run_cell(
+        make_spec(strategy="ddp", precision="bf16", warmup_steps=2, measure_steps=2),
+        tmp_path / "r",
+        cluster="local-gpu",
+    )
     assert rec["status"] == "error" and rec["failed_rank"] in (0, 1)  # both fail at once; the first to say so
     assert "cluster profile 'local-gpu' says cuda, but torch.cuda.is_available() is False" in rec["reason"]
     assert {f["rank"] for f in rec["failures"]} == {0, 1}

@@ -61,8 +61,9 @@ def slurm_cluster():
     if up.returncode == PREREQUISITES_MISSING:
         pytest.skip(f"no SLURM cluster on this machine: {up.stderr.strip() or up.stdout.strip()}")
     if up.returncode != 0:
-        pytest.fail(f"scripts/slurm-local.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}",
-                    pytrace=False)
+        pytest.fail(
+            f"scripts/slurm-local.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}", pytrace=False
+        )
     if not already_up:
         TIMINGS_S["slurm-local.sh up"] = up_s
     slurm_conf = state_dir / "etc" / "slurm.conf"
@@ -70,15 +71,22 @@ def slurm_cluster():
     # /etc/slurm/slurm.conf belongs to someone else (then the script leaves it alone)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(slurm_conf))
-        yield SlurmCluster(partition="debug", nodes=("node1", "node2"), state_dir=state_dir, slurm_conf=slurm_conf,
-                           started_here=not already_up, up_s=0.0 if already_up else up_s)
+        yield SlurmCluster(
+            partition="debug",
+            nodes=("node1", "node2"),
+            state_dir=state_dir,
+            slurm_conf=slurm_conf,
+            started_here=not already_up,
+            up_s=0.0 if already_up else up_s,
+        )
     if not already_up:
         t0 = time.perf_counter()
         down = _script("down", timeout_s=120)
         TIMINGS_S["slurm-local.sh down"] = time.perf_counter() - t0
         if down.returncode != 0:
-            raise RuntimeError(f"scripts/slurm-local.sh down failed (exit {down.returncode}):\n"
-                               f"{down.stdout}\n{down.stderr}")
+            raise RuntimeError(
+                f"scripts/slurm-local.sh down failed (exit {down.returncode}):\n{down.stdout}\n{down.stderr}"
+            )
 
 
 @pytest.fixture
@@ -126,8 +134,9 @@ def manifest_cells(results: Path, sweep: str) -> dict[str, dict]:
 
 def sacct_states(job_id: str) -> list[str]:
     """The job's state per run (-D: a requeued job has one row per run), straight from sacct."""
-    out = subprocess.run(["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True, capture_output=True, text=True
+    ).stdout
     return [line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job_id]
 
 

@@ -35,7 +35,8 @@ MAIN_SCENARIO = """\
       precision: [fp32]
       gpus: [4]
       include:
-        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, time_limit_s: 60, inject: {fault: hang, rank: 1, step: 2}}
+        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, time_limit_s: 60,
+           inject: {fault: hang, rank: 1, step: 2}}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 2}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, inject: {fault: exception, rank: 1, step: 2}}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, seed: 1, measure_steps: 600}
@@ -109,14 +110,34 @@ def dispatch_sweep(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
     scenario = write(tmp / "dispatch.yaml", MAIN_SCENARIO)
     results = tmp / "results"
     log = tmp / "sweep.log"
-    run_ids = {line.strip() for line in subprocess.run(
-        [sys.executable, "-m", "harness.cli", "list", "cells", str(scenario), "--cluster", "local-slurm"],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()}
+    run_ids = {
+        line.strip()
+        for line in subprocess.run(
+            [sys.executable, "-m", "harness.cli", "list", "cells", str(scenario), "--cluster", "local-slurm"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    }
     t0 = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--cluster",
-                                 "local-slurm", "--results", str(results)], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "sweep",
+                str(scenario),
+                "--cluster",
+                "local-slurm",
+                "--results",
+                str(results),
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     requeuers: dict[str, Requeuer] = {}
     try:
         while proc.poll() is None:
@@ -143,9 +164,18 @@ def dispatch_sweep(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
     wall = time.perf_counter() - t0
     slurm_timings["dispatch sweep (7 cells, 2 requeued)"] = wall
     records, warnings = load_records(results)
-    return {"code": proc.returncode, "output": log.read_text(), "records": {cell_key(r): r for r in records},
-            "n_records": len(records), "warnings": warnings, "results": results, "run_ids": run_ids,
-            "manifest": manifest_cells(results, "dispatch"), "requeuers": requeuers, "wall_s": wall}
+    return {
+        "code": proc.returncode,
+        "output": log.read_text(),
+        "records": {cell_key(r): r for r in records},
+        "n_records": len(records),
+        "warnings": warnings,
+        "results": results,
+        "run_ids": run_ids,
+        "manifest": manifest_cells(results, "dispatch"),
+        "requeuers": requeuers,
+        "wall_s": wall,
+    }
 
 
 def test_sweep_went_on_and_every_cell_has_one_record(dispatch_sweep):
@@ -156,8 +186,14 @@ def test_sweep_went_on_and_every_cell_has_one_record(dispatch_sweep):
     assert set(cells) == dispatch_sweep["run_ids"]
     states = {dispatch_sweep["records"][k]["run_id"]: k for k in dispatch_sweep["records"]}
     assert {states[r]: c["state"] for r, c in cells.items()} == {
-        "hybrid": "done", "ddp": "done", "requeue": "done", "preempt": "done",
-        "exception": "failed", "hang": "failed", "refused": "failed"}
+        "hybrid": "done",
+        "ddp": "done",
+        "requeue": "done",
+        "preempt": "done",
+        "exception": "failed",
+        "hang": "failed",
+        "refused": "failed",
+    }
     assert not list((dispatch_sweep["results"] / "dispatch").glob(".*.tmp"))
 
 
@@ -259,8 +295,9 @@ def test_no_wait_then_status_then_rerun_picks_up(slurm_cluster, tmp_path, capsys
     cells = manifest_cells(results, "detach")
     assert {c["state"] for c in cells.values()} == {"submitted"}
     job_ids = {run_id: c["job_id"] for run_id, c in cells.items()}
-    hang = next(r for r in cells if json.loads((results / "detach" / ".payloads" / f"{r}.json").read_text())
-                ["spec"]["inject"])
+    hang = next(
+        r for r in cells if json.loads((results / "detach" / ".payloads" / f"{r}.json").read_text())["spec"]["inject"]
+    )
 
     assert main(["status", str(results / "detach")]) == 0
     out = capsys.readouterr().out
@@ -269,8 +306,11 @@ def test_no_wait_then_status_then_rerun_picks_up(slurm_cluster, tmp_path, capsys
         assert f"job {job_id}  SLURM " in line, out  # the live state, from sacct
         assert line.split()[0] in ("pending", "running", "done", "ended"), line
 
-    wait_for(lambda: scontrol_job(job_ids[hang]).get("JobState") == "RUNNING", timeout_s=60,
-             what=f"job {job_ids[hang]} to run")
+    wait_for(
+        lambda: scontrol_job(job_ids[hang]).get("JobState") == "RUNNING",
+        timeout_s=60,
+        what=f"job {job_ids[hang]} to run",
+    )
     subprocess.run(["scancel", job_ids[hang]], check=True)
 
     assert main(args) == 1  # the cancelled cell counts as failed
@@ -292,12 +332,29 @@ def test_no_wait_then_status_then_rerun_picks_up(slurm_cluster, tmp_path, capsys
 def test_an_interrupted_sweep_cancels_its_jobs(slurm_cluster, tmp_path):
     scenario = write(tmp_path / "stop.yaml", TWO_CELLS.format(name="stop").replace("null, ", ""))
     results = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--cluster",
-                             "local-slurm", "--results", str(results)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "sweep",
+            str(scenario),
+            "--cluster",
+            "local-slurm",
+            "--results",
+            str(results),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        (run_id, cell), = wait_for(lambda: [(r, c) for r, c in manifest_cells(results, "stop").items()
-                                            if c.get("state") == "running"], timeout_s=60, what="a running cell")
+        ((run_id, cell),) = wait_for(
+            lambda: [(r, c) for r, c in manifest_cells(results, "stop").items() if c.get("state") == "running"],
+            timeout_s=60,
+            what="a running cell",
+        )
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -308,13 +365,15 @@ def test_an_interrupted_sweep_cancels_its_jobs(slurm_cluster, tmp_path):
     (rec,), warnings = load_records(results)
     assert not warnings and rec["status"] == "cancelled" and "the sweep was interrupted" in rec["reason"]
     job_id = cell["job_id"]
-    state = wait_for(lambda: [s for s in sacct_states(job_id) if s.startswith("CANCELLED")], timeout_s=30,
-                     what=f"job {job_id} to be cancelled")
+    state = wait_for(
+        lambda: [s for s in sacct_states(job_id) if s.startswith("CANCELLED")],
+        timeout_s=30,
+        what=f"job {job_id} to be cancelled",
+    )
     assert state
 
 
-def test_a_profile_the_cluster_cannot_take_fails_before_writing_anything(slurm_cluster, tmp_path, capsys,
-                                                                        monkeypatch):
+def test_a_profile_the_cluster_cannot_take_fails_before_writing_anything(slurm_cluster, tmp_path, capsys, monkeypatch):
     scenario = write(tmp_path / "s.yaml", TWO_CELLS.format(name="a100"))
     results = tmp_path / "results"
     # `make sweep CLUSTER=a100` here: the profile's placeholder partition does not exist on this cluster

@@ -48,8 +48,18 @@ FAULTS = """\
 
 
 def sweep_cmd(scenario: Path, results: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--cluster", "local-slurm", "--results",
-            str(results), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "sweep",
+        str(scenario),
+        "--cluster",
+        "local-slurm",
+        "--results",
+        str(results),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +67,11 @@ def sweeps(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
     """The same three cells packed and unpacked, and a pack with a crash and a hang, as three concurrent sweeps."""
     tmp = tmp_path_factory.mktemp("pack")
     same, faults = write(tmp / "same.yaml", SAME_SHAPE), write(tmp / "faults.yaml", FAULTS)
-    runs = {"packed": sweep_cmd(same, tmp / "packed", "--pack"), "unpacked": sweep_cmd(same, tmp / "unpacked"),
-            "faults": sweep_cmd(faults, tmp / "faults", "--pack")}
+    runs = {
+        "packed": sweep_cmd(same, tmp / "packed", "--pack"),
+        "unpacked": sweep_cmd(same, tmp / "unpacked"),
+        "faults": sweep_cmd(faults, tmp / "faults", "--pack"),
+    }
     t0 = time.perf_counter()
     procs = {}
     for name, cmd in runs.items():
@@ -68,8 +81,10 @@ def sweeps(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
         for proc in procs.values():
             proc.wait(timeout=max(1.0, SWEEPS_TIMEOUT_S - (time.perf_counter() - t0)))
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the sweeps took over {SWEEPS_TIMEOUT_S} s:\n" + "\n".join(
-            (tmp / f"{n}.log").read_text() for n in runs), pytrace=False)
+        pytest.fail(
+            f"the sweeps took over {SWEEPS_TIMEOUT_S} s:\n" + "\n".join((tmp / f"{n}.log").read_text() for n in runs),
+            pytrace=False,
+        )
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -79,9 +94,14 @@ def sweeps(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
     for name in runs:
         records, warnings = load_records(tmp / name)
         sweep = "faults" if name == "faults" else "same"
-        out[name] = {"code": procs[name].returncode, "output": (tmp / f"{name}.log").read_text(),
-                     "records": {r["run_id"]: r for r in records}, "warnings": warnings,
-                     "manifest": manifest_cells(tmp / name, sweep), "dir": tmp / name / sweep}
+        out[name] = {
+            "code": procs[name].returncode,
+            "output": (tmp / f"{name}.log").read_text(),
+            "records": {r["run_id"]: r for r in records},
+            "warnings": warnings,
+            "manifest": manifest_cells(tmp / name, sweep),
+            "dir": tmp / name / sweep,
+        }
     return out
 
 
@@ -94,8 +114,10 @@ def test_a_pack_of_same_shaped_cells_is_one_job_and_ends_ok(sweeps):
     (job_id,) = {r["env"]["slurm_job_id"] for r in recs.values()}
     assert "_" not in job_id  # one plain job, not an array
     assert sorted(r["env"]["slurm_pack"]["position"] for r in recs.values()) == [1, 2, 3]
-    assert all(r["env"]["slurm_pack"] == {"job_id": job_id, "position": r["env"]["slurm_pack"]["position"], "of": 3}
-               for r in recs.values())
+    assert all(
+        r["env"]["slurm_pack"] == {"job_id": job_id, "position": r["env"]["slurm_pack"]["position"], "of": 3}
+        for r in recs.values()
+    )
     assert {c["job_id"] for c in packed["manifest"].values()} == {job_id}
     assert {c["state"] for c in packed["manifest"].values()} == {"done"}
     # the job asks for the sum of what the cells would ask for alone (1 min each)
@@ -124,8 +146,11 @@ def test_packed_records_equal_the_unpacked_ones(sweeps):
 def test_a_crash_and_a_hang_in_a_pack_are_recorded_and_the_pack_goes_on(sweeps):
     faults = sweeps["faults"]
     assert faults["code"] == 1, faults["output"]  # some cells failed
-    by_fault = {(r["spec"].get("inject") or {}).get("fault"): r for r in faults["records"].values()
-                if r["spec"]["world_size"] == 2}
+    by_fault = {
+        (r["spec"].get("inject") or {}).get("fault"): r
+        for r in faults["records"].values()
+        if r["spec"]["world_size"] == 2
+    }
     assert set(by_fault) == {"crash", "hang", None} and len(faults["records"]) == 4 and not faults["warnings"]
     assert len({r["env"]["slurm_job_id"] for r in by_fault.values()}) == 1  # one job
     crash, hang, ok = by_fault["crash"], by_fault["hang"], by_fault[None]
@@ -180,7 +205,10 @@ def test_a_cancelled_pack_records_every_cell_left_cancelled(slurm_cluster, tmp_p
     hang, waiting, alone = run_id[("ddp", "hang")], run_id[("ddp", None)], run_id[("fsdp.full_shard", None)]
     assert cells[hang]["job_id"] == cells[waiting]["job_id"] != cells[alone]["job_id"]
     assert (cells[hang]["pack"], cells[waiting]["pack"], cells[alone]["pack"]) == (
-        {"position": 1, "of": 2}, {"position": 2, "of": 2}, {"position": 1, "of": 1})
+        {"position": 1, "of": 2},
+        {"position": 2, "of": 2},
+        {"position": 1, "of": 1},
+    )
     folder = results / "split" / ".submitit"
     for r, minutes in ((hang, 30), (alone, 15)):
         assert f"#SBATCH --time={minutes}\n" in (folder / f"{cells[r]['job_id']}_submission.sh").read_text()
@@ -194,8 +222,11 @@ def test_a_cancelled_pack_records_every_cell_left_cancelled(slurm_cluster, tmp_p
         return {r: next(line for line in lines if r in line) for r in (hang, waiting)}
 
     # NOTE: sacct may still say PENDING for a moment after the job started
-    lines = wait_for(lambda: (ls := status_lines())[hang].split()[0] == "running" and ls, timeout_s=30,
-                     what="harness status to show the first cell running")
+    lines = wait_for(
+        lambda: (ls := status_lines())[hang].split()[0] == "running" and ls,
+        timeout_s=30,
+        what="harness status to show the first cell running",
+    )
     assert "(pack 1/2)" in lines[hang] and "SLURM RUNNING" in lines[hang], lines
     assert lines[waiting].split()[0] == "pending" and "(pack 2/2)" in lines[waiting], lines
     assert "waiting for its turn in the pack" in lines[waiting], lines

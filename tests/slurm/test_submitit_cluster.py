@@ -36,17 +36,36 @@ START_TIMEOUT_S = 60
 # --- what runs on the nodes --------------------------------------------------------------------------------------
 
 ENV_PREFIXES = ("SLURM_", "SUBMITIT_")
-ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV", "SLURMD_NODENAME")
+ENV_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "SLURMD_NODENAME",
+)
 
 
 def task_report(tag: str) -> dict:
     """What one task sees: its ranks, its node, its environment."""
     env = submitit.JobEnvironment()
     return {
-        "tag": tag, "global_rank": env.global_rank, "local_rank": env.local_rank, "node_index": env.node,
-        "num_tasks": env.num_tasks, "num_nodes": env.num_nodes, "nodename": os.environ.get("SLURMD_NODENAME"),
-        "hostname": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd(), "python": sys.executable,
+        "tag": tag,
+        "global_rank": env.global_rank,
+        "local_rank": env.local_rank,
+        "node_index": env.node,
+        "num_tasks": env.num_tasks,
+        "num_nodes": env.num_nodes,
+        "nodename": os.environ.get("SLURMD_NODENAME"),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "cwd": os.getcwd(),
+        "python": sys.executable,
         "harness_file": getattr(importlib.util.find_spec("harness"), "origin", None),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
     }
@@ -69,18 +88,29 @@ def gloo_all_reduce_of_ranks() -> dict:
     try:
         t = torch.tensor([float(dist.get_rank())])
         dist.all_reduce(t)
-        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": t.item(),
-                "local_rank": dist_env.local_rank, "local_world_size": dist_env.local_world_size,
-                "master_addr": dist_env.master_addr, "master_port": dist_env.master_port,
-                "nodename": os.environ.get("SLURMD_NODENAME"), "inherited_master_addr": inherited_master_addr,
-                "plain_export_refused": refused}
+        return {
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "sum": t.item(),
+            "local_rank": dist_env.local_rank,
+            "local_world_size": dist_env.local_world_size,
+            "master_addr": dist_env.master_addr,
+            "master_port": dist_env.master_port,
+            "nodename": os.environ.get("SLURMD_NODENAME"),
+            "inherited_master_addr": inherited_master_addr,
+            "plain_export_refused": refused,
+        }
     finally:
         dist.destroy_process_group()
 
 
 def square(x: int) -> dict:
-    return {"value": x * x, "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
-            "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "job_id": submitit.JobEnvironment().job_id}
+    return {
+        "value": x * x,
+        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "job_id": submitit.JobEnvironment().job_id,
+    }
 
 
 def raise_on_rank(rank: int) -> int:
@@ -112,6 +142,7 @@ class CheckpointableSleep(submitit.helpers.Checkpointable):
 
 # --- helpers on the submitting side ------------------------------------------------------------------------------
 
+
 def executor(folder: Path, cluster, *, max_num_timeout: int = 0, **params) -> submitit.AutoExecutor:
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=max_num_timeout)
     ex.update_parameters(**{"slurm_partition": cluster.partition, "timeout_min": 5, "cpus_per_task": 1, **params})
@@ -129,8 +160,9 @@ def wait_for_file(path: Path, *, job, timeout_s: float = START_TIMEOUT_S) -> Non
 def sacct_rows(job_id: str) -> list[dict[str, str]]:
     """Every accounting row of a job (-D: requeued runs too), straight from sacct."""
     fields = "JobID,State,ExitCode,Elapsed,Start,End,NodeList"
-    out = subprocess.run(["sacct", "-D", "-n", "-P", "-j", job_id, "-o", fields], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-D", "-n", "-P", "-j", job_id, "-o", fields], check=True, capture_output=True, text=True
+    ).stdout
     return [dict(zip(fields.split(","), line.split("|"))) for line in out.splitlines() if line]
 
 
@@ -167,11 +199,16 @@ def submitit_parameters(cluster, *, nodes: int) -> dict:
     from harness.launch.slurm.jobs import executor_parameters, job_minutes
     from harness.scenario.schema import Settings
 
-    return executor_parameters(cluster, nodes=nodes, tasks_per_node=cluster.gpus_per_node,
-                               timeout_min=job_minutes(Settings().time_limit_s, cluster.slurm))
+    return executor_parameters(
+        cluster,
+        nodes=nodes,
+        tasks_per_node=cluster.gpus_per_node,
+        timeout_min=job_minutes(Settings().time_limit_s, cluster.slurm),
+    )
 
 
 # --- tests -------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(180)
 def test_two_tasks_on_one_node_each_return_a_result(slurm_cluster, slurm_folder):
@@ -286,10 +323,12 @@ def test_cancel_reaches_cancelled_and_results_raise(slurm_cluster, slurm_folder,
 @pytest.mark.timeout(420)
 def test_time_limit_behaviours(slurm_cluster, slurm_folder, slurm_timings):
     """One minute limits, 200 s of sleep, four ways, run side by side (one task slot each)."""
-    once = executor(slurm_folder / "no-requeue", slurm_cluster, max_num_timeout=0, timeout_min=1,
-                    slurm_signal_delay_s=15)
-    twice = executor(slurm_folder / "one-requeue", slurm_cluster, max_num_timeout=1, timeout_min=1,
-                     slurm_signal_delay_s=15)
+    once = executor(
+        slurm_folder / "no-requeue", slurm_cluster, max_num_timeout=0, timeout_min=1, slurm_signal_delay_s=15
+    )
+    twice = executor(
+        slurm_folder / "one-requeue", slurm_cluster, max_num_timeout=1, timeout_min=1, slurm_signal_delay_s=15
+    )
     markers = {name: slurm_folder / f"{name}.runs" for name in ("plain", "deaf", "ckpt0", "ckpt1")}
     t0 = time.perf_counter()
     jobs = {

@@ -33,14 +33,36 @@ from harness.plan import memory as mb
 from harness.scenario import schema
 from tests.conftest import make_spec
 
-TODAY = ("ddp", "fsdp.full_shard", "fsdp.shard_grad_op", "fsdp.no_shard", "fsdp.hybrid_shard",
-         "fsdp.hybrid_shard_zero2", "fsdp2.full_shard", "fsdp2.hybrid_shard", "zero1", "zero2", "zero3")
-TODAY_COLOURS = ("#000000", "#0072B2", "#56B4E9", "#332288", "#44AA99", "#999933", "#009E73", "#CC79A7",
-                 "#E69F00", "#D55E00", "#882255")
+TODAY = (
+    "ddp",
+    "fsdp.full_shard",
+    "fsdp.shard_grad_op",
+    "fsdp.no_shard",
+    "fsdp.hybrid_shard",
+    "fsdp.hybrid_shard_zero2",
+    "fsdp2.full_shard",
+    "fsdp2.hybrid_shard",
+    "zero1",
+    "zero2",
+    "zero3",
+)
+TODAY_COLOURS = (
+    "#000000",
+    "#0072B2",
+    "#56B4E9",
+    "#332288",
+    "#44AA99",
+    "#999933",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#D55E00",
+    "#882255",
+)
 
 
 def _is_grey(hex_colour: str) -> bool:
-    r, g, b = (int(hex_colour[i: i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
     return max(r, g, b) - min(r, g, b) < 32
 
 
@@ -74,8 +96,11 @@ def test_the_model_key_tables_match_the_planner():
 def test_names_match_scenario_validation():
     assert STRATEGIES == TODAY  # order matters: report rows and colours follow it
     assert schema.STRATEGIES == STRATEGIES
-    assert schema.HYBRID_STRATEGIES == {n for n, e in CATALOGUE.items() if e.mesh == catalogue.HYBRID} == {
-        "fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"}
+    assert (
+        schema.HYBRID_STRATEGIES
+        == {n for n, e in CATALOGUE.items() if e.mesh == catalogue.HYBRID}
+        == {"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"}
+    )
     assert schema.PRECISIONS == PRECISIONS and schema.OFFLOADS == OFFLOADS
     doc = {"name": "t", "matrix": {"model": ["tiny"], "strategy": list(STRATEGIES), "precision": ["fp32"], "gpus": [2]}}
     assert [c["strategy"] for c in schema.parse_scenario(doc, "s.yaml").cells] == list(STRATEGIES)
@@ -103,9 +128,16 @@ def test_the_catalogue_does_not_import_torch():
 
 def test_refusals_read_the_entry(monkeypatch):
     """A new entry's refusals reach RunSpec.unsupported_reason without touching the scenario module."""
-    fake = Strategy("fake.shard", family="fsdp2", memory_model="fsdp2", comm_model="fsdp2", precisions=("bf16",),
-                    offload_refusals={"optimizer": "{strategy}: no optimizer offload"}, compile=False,
-                    device_refusals={("cpu", "bf16"): "{strategy} needs a GPU"})
+    fake = Strategy(
+        "fake.shard",
+        family="fsdp2",
+        memory_model="fsdp2",
+        comm_model="fsdp2",
+        precisions=("bf16",),
+        offload_refusals={"optimizer": "{strategy}: no optimizer offload"},
+        compile=False,
+        device_refusals={("cpu", "bf16"): "{strategy} needs a GPU"},
+    )
     monkeypatch.setitem(CATALOGUE, fake.name, fake)
     base = make_spec(strategy="fsdp2.full_shard", precision="bf16")
     spec = dataclasses.replace(base, strategy="fake.shard")
@@ -121,20 +153,26 @@ def test_refusals_read_the_entry(monkeypatch):
 
 def test_todays_refusal_sentences():
     """The sentences `skipped` records carry (records keep them: they must not change)."""
+
     def reason(strategy, device=None, precision="fp32", **settings):
         return make_spec(strategy=strategy, precision=precision, **settings).unsupported_reason(device)
 
     assert reason("ddp", offload="optimizer") == "ddp has no CPU offload"
     assert reason("fsdp2.full_shard", offload="optimizer+params") == (
-        "fsdp2.full_shard: CPU offload is not part of this harness's FSDP2 cells")
+        "fsdp2.full_shard: CPU offload is not part of this harness's FSDP2 cells"
+    )
     assert reason("zero2", offload="optimizer+params") == (
-        "zero2: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)")
+        "zero2: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
+    )
     assert reason("fsdp.no_shard", offload="optimizer") == (
-        "fsdp.no_shard: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)")
+        "fsdp.no_shard: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
+    )
     assert reason("zero3", compile=True, activation_checkpointing="selective").startswith(
-        "zero3 with compile and activation checkpointing: ZeRO-3's per-module gather hooks")
+        "zero3 with compile and activation checkpointing: ZeRO-3's per-module gather hooks"
+    )
     assert reason("zero1", "cpu", "fp16") == (
-        "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')")
+        "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"
+    )
     assert reason("zero1", "cuda", "fp16") is None and reason("zero3", offload="optimizer+params") is None
 
 
@@ -163,7 +201,7 @@ def test_a_twelfth_strategy_gets_its_own_colour():
 def test_the_palette_never_runs_out():
     many = [palette_colour(i) for i in range(200)]
     assert len(set(many)) == len(many)
-    assert not any(_is_grey(c) for c in many[len(PALETTE):])
+    assert not any(_is_grey(c) for c in many[len(PALETTE) :])
     assert all(len(c) == 7 and c.startswith("#") for c in many)
     with pytest.raises(ValueError):
         palette_colour(-1)

@@ -47,9 +47,11 @@ def total(strategy, precision="fp32", gpus=None, **kw) -> float:
 # the parameter list is the model's
 
 
-@pytest.mark.parametrize("cfg", [ZOO["tiny"], ODD, ZOO["70b"], ModelConfig(d_model=64, n_layers=3, n_heads=8, ffn=96,
-                                                                         vocab=100, n_kv_heads=2)],
-                         ids=["tiny", "odd", "70b", "gqa"])
+@pytest.mark.parametrize(
+    "cfg",
+    [ZOO["tiny"], ODD, ZOO["70b"], ModelConfig(d_model=64, n_layers=3, n_heads=8, ffn=96, vocab=100, n_kv_heads=2)],
+    ids=["tiny", "odd", "70b", "gqa"],
+)
 def test_parameters_match_the_torch_model(cfg):
     pytest.importorskip("torch")
     from harness.worker.models import build_model
@@ -140,38 +142,61 @@ def test_tiny_has_no_padding_anywhere():
     assert total("fsdp2.full_shard", "bf16") == 2 * 2 * P + 4 * P
 
 
-@pytest.mark.parametrize("strategy,precision,measured", [
-    ("ddp", "fp32", 686664),
-    ("fsdp.full_shard", "fp32", 1791200), ("fsdp.full_shard", "bf16", 1239404),
-    ("fsdp.shard_grad_op", "fp32", 1373488), ("fsdp.shard_grad_op", "bf16", 1030452),
-    ("fsdp.no_shard", "fp32", 686744), ("fsdp.no_shard", "bf16", 686968),
-    ("fsdp2.full_shard", "fp32", 2064744), ("fsdp2.full_shard", "bf16", 1376496),
-    ("zero1", "fp32", 1373340), ("zero1", "bf16", 686673), ("zero2", "bf16", 686673),
-    ("zero3", "fp32", 1373336), ("zero3", "bf16", 686672),
-    ("fsdp.hybrid_shard", "fp32", 2134572), ("fsdp.hybrid_shard", "bf16", 1582888),
-    ("fsdp.hybrid_shard_zero2", "bf16", 1373936),
-    ("fsdp2.hybrid_shard", "fp32", 2408868), ("fsdp2.hybrid_shard", "bf16", 1720620),
-])
+@pytest.mark.parametrize(
+    "strategy,precision,measured",
+    [
+        ("ddp", "fp32", 686664),
+        ("fsdp.full_shard", "fp32", 1791200),
+        ("fsdp.full_shard", "bf16", 1239404),
+        ("fsdp.shard_grad_op", "fp32", 1373488),
+        ("fsdp.shard_grad_op", "bf16", 1030452),
+        ("fsdp.no_shard", "fp32", 686744),
+        ("fsdp.no_shard", "bf16", 686968),
+        ("fsdp2.full_shard", "fp32", 2064744),
+        ("fsdp2.full_shard", "bf16", 1376496),
+        ("zero1", "fp32", 1373340),
+        ("zero1", "bf16", 686673),
+        ("zero2", "bf16", 686673),
+        ("zero3", "fp32", 1373336),
+        ("zero3", "bf16", 686672),
+        ("fsdp.hybrid_shard", "fp32", 2134572),
+        ("fsdp.hybrid_shard", "bf16", 1582888),
+        ("fsdp.hybrid_shard_zero2", "bf16", 1373936),
+        ("fsdp2.hybrid_shard", "fp32", 2408868),
+        ("fsdp2.hybrid_shard", "bf16", 1720620),
+    ],
+)
 def test_padding_matches_measured_odd_model(strategy, precision, measured):
     """The odd model (d 66, ffn 175, vocab 509) measured on gloo at world 2 (hybrids 4 = 2x2)."""
     assert total(strategy, precision, model_config=ODD) == measured
 
 
-@pytest.mark.parametrize("strategy,gpus,precision,measured", [
-    ("ddp", 3, "fp32", 686664),
-    ("fsdp.full_shard", 3, "fp32", 1791240), ("fsdp.full_shard", 3, "bf16", 1239420),
-    ("fsdp2.full_shard", 3, "fp32", 2067912),
-    ("zero2", 3, "bf16", 686669), ("zero3", 3, "fp32", 1373336),
-])
+@pytest.mark.parametrize(
+    "strategy,gpus,precision,measured",
+    [
+        ("ddp", 3, "fp32", 686664),
+        ("fsdp.full_shard", 3, "fp32", 1791240),
+        ("fsdp.full_shard", 3, "bf16", 1239420),
+        ("fsdp2.full_shard", 3, "fp32", 2067912),
+        ("zero2", 3, "bf16", 686669),
+        ("zero3", 3, "fp32", 1373336),
+    ],
+)
 def test_padding_matches_measured_odd_model_world3(strategy, gpus, precision, measured):
     """The odd model measured at world 3 (every dimension padded to 3)."""
     assert total(strategy, precision, gpus, model_config=ODD, gpus_per_node=2) == measured
 
 
-@pytest.mark.parametrize("strategy,measured,calls", [
-    ("ddp", 4 * TINY_P, 1), ("fsdp.full_shard", 4 * TINY_P, 3), ("fsdp2.full_shard", 0, 0),
-    ("zero1", 4 * TINY_P + 4, 2), ("zero3", 4 * TINY_P + 8, 2),
-])
+@pytest.mark.parametrize(
+    "strategy,measured,calls",
+    [
+        ("ddp", 4 * TINY_P, 1),
+        ("fsdp.full_shard", 4 * TINY_P, 3),
+        ("fsdp2.full_shard", 0, 0),
+        ("zero1", 4 * TINY_P + 4, 2),
+        ("zero3", 4 * TINY_P + 8, 2),
+    ],
+)
 def test_world_one_measured(strategy, measured, calls):
     """World 1, measured: DDP and DeepSpeed still reduce on the one-rank group, FSDP1 runs as NO_SHARD,
     FSDP2 issues nothing."""
@@ -215,8 +240,11 @@ def test_hybrid_inter_node_traffic_is_the_fp32_gradient_shard(strategy, gpus, gp
     assert r["by_group"]["inter"]["bytes"] == rs / gpn == r["by_collective"]["all_reduce"]["bytes"]
     assert r["by_group"]["intra"]["bytes"] == r["by_collective"]["all_gather"]["bytes"] + rs
     # the shard group is the node: hybrid traffic inside a node equals the non-hybrid strategy at world gpn
-    flat = {"fsdp.hybrid_shard": "fsdp.full_shard", "fsdp.hybrid_shard_zero2": "fsdp.shard_grad_op",
-            "fsdp2.hybrid_shard": "fsdp2.full_shard"}[strategy]
+    flat = {
+        "fsdp.hybrid_shard": "fsdp.full_shard",
+        "fsdp.hybrid_shard_zero2": "fsdp.shard_grad_op",
+        "fsdp2.hybrid_shard": "fsdp2.full_shard",
+    }[strategy]
     assert r["by_group"]["intra"]["bytes"] == total(flat, "bf16", gpn, gpus_per_node=gpn)
 
 
@@ -255,8 +283,12 @@ def test_zero3_tiny_is_all_persistent():
     # every tiny parameter has <= 1e5 elements: resident in forward and backward, gathered once after the step
     P = TINY_P
     r = predict_comm(spec("zero3", "bf16"))
-    assert r["by_collective"]["all_gather"] == {"calls": 21, "bytes": 2 * P, "dtypes": {"bfloat16": 2 * P},
-                                                "dtype": "bfloat16"}
+    assert r["by_collective"]["all_gather"] == {
+        "calls": 21,
+        "bytes": 2 * P,
+        "dtypes": {"bfloat16": 2 * P},
+        "dtype": "bfloat16",
+    }
     assert r["by_collective"]["reduce_scatter"]["bytes"] == 2 * P and r["by_collective"]["reduce_scatter"]["calls"] == 1
     assert r["by_collective"]["all_reduce"]["dtypes"] == {"float64": 8}
     assert r["comm_bytes_per_step"] == 2 * P + 2 * P + 8
@@ -285,17 +317,25 @@ def test_zero3_vs_full_shard():
 MID = ModelConfig(d_model=384, n_layers=2, n_heads=6, ffn=1024, vocab=1024)
 
 
-@pytest.mark.parametrize("model,knobs,checkpointing,measured,calls", [
-    (MID, {}, False, 34618376, 8),
-    (MID, {}, True, 34618376, 8),
-    (MID, {"max_reuse_distance": 2_000_000, "prefetch_bucket": 300_000}, False, 38550536, 19),
-    (MID, {"max_reuse_distance": 5_000_000, "prefetch_bucket": 0}, False, 41696264, 30),
-    (MID, {"max_reuse_distance": 5_000_000, "prefetch_bucket": 0}, True, 43269128, 31),
-    (MID, {"max_reuse_distance": 8_000_000, "prefetch_bucket": 300_000}, False, 34618376, 17),
-    (MID, {"max_reuse_distance": 8_000_000, "prefetch_bucket": 300_000}, True, 38550536, 19),
-    (ZOO["tiny"], {"persistence_threshold": 1000, "max_reuse_distance": 60_000, "prefetch_bucket": 10_000}, False,
-     1526280, 19),
-])
+@pytest.mark.parametrize(
+    "model,knobs,checkpointing,measured,calls",
+    [
+        (MID, {}, False, 34618376, 8),
+        (MID, {}, True, 34618376, 8),
+        (MID, {"max_reuse_distance": 2_000_000, "prefetch_bucket": 300_000}, False, 38550536, 19),
+        (MID, {"max_reuse_distance": 5_000_000, "prefetch_bucket": 0}, False, 41696264, 30),
+        (MID, {"max_reuse_distance": 5_000_000, "prefetch_bucket": 0}, True, 43269128, 31),
+        (MID, {"max_reuse_distance": 8_000_000, "prefetch_bucket": 300_000}, False, 34618376, 17),
+        (MID, {"max_reuse_distance": 8_000_000, "prefetch_bucket": 300_000}, True, 38550536, 19),
+        (
+            ZOO["tiny"],
+            {"persistence_threshold": 1000, "max_reuse_distance": 60_000, "prefetch_bucket": 10_000},
+            False,
+            1526280,
+            19,
+        ),
+    ],
+)
 def test_zero3_coordinator_simulation_matches_measured(monkeypatch, model, knobs, checkpointing, measured, calls):
     """ZeRO-3 fp32 at world 2, measured on gloo with DeepSpeed's stage3_* knobs lowered (a diagnostic config,
     not the harness's) so that releases after forward, re-gathers in backward, prefetch batching and the
@@ -344,16 +384,22 @@ def test_zero3_module_trace_shape():
 
 
 def test_unmodelled_combinations_return_none_with_a_reason():
-    for s in (spec("zero2", offload="optimizer"), spec("zero3", offload="optimizer+params"),
-              spec("fsdp.hybrid_shard", gpus=2, gpus_per_node=1), spec("fsdp.hybrid_shard", gpus=2)):
+    for s in (
+        spec("zero2", offload="optimizer"),
+        spec("zero3", offload="optimizer+params"),
+        spec("fsdp.hybrid_shard", gpus=2, gpus_per_node=1),
+        spec("fsdp.hybrid_shard", gpus=2),
+    ):
         assert predict_comm(s) is None and no_comm_model_reason(s)
     assert predict_comm(spec("zero1", "fp16")) is not None  # fp16 DeepSpeed runs on GPUs
     # FSDP1 CPU offload: same collectives (not measurable on this machine)
     assert total("fsdp.full_shard", offload="optimizer+params") == total("fsdp.full_shard")
 
 
-@pytest.mark.parametrize("strategy,measured", [
-    ("ddp", 664832), ("fsdp.full_shard", 1198468), ("fsdp2.full_shard", 1329668), ("fsdp.hybrid_shard", 1530884)])
+@pytest.mark.parametrize(
+    "strategy,measured",
+    [("ddp", 664832), ("fsdp.full_shard", 1198468), ("fsdp2.full_shard", 1329668), ("fsdp.hybrid_shard", 1530884)],
+)
 def test_fp16_measured(strategy, measured):
     """fp16 on gloo, measured: as bf16, plus ShardedGradScaler's found_inf all_reduce (4 bytes) for FSDP."""
     assert total(strategy, "fp16") == measured

@@ -37,20 +37,48 @@ TIGHT = [0.1000, 0.1010, 0.0990, 0.1005, 0.0995, 0.1002, 0.0998]  # 7 samples, ~
 MFU_AT_1S = 0.004  # mfu * step_time: fixed FLOPs per step over a fixed peak
 
 
-def make_record(*, strategy: str = "ddp", precision: str = "fp32", world_size: int = 2, samples=TIGHT,
-                status: str = "ok", reason: str | None = None, sweep: str = "nightly", peak_alloc: float = 1.0,
-                peak_reserved: float | None = 1.25, comm_bytes: int = 1_182_208, predicted_total: float = 0.0038,
-                predicted_comm: int = 1_182_208, mfu: bool = True, finished_at: str = "2026-11-29T23:10:08+00:00",
-                **settings) -> dict:
+def make_record(
+    *,
+    strategy: str = "ddp",
+    precision: str = "fp32",
+    world_size: int = 2,
+    samples=TIGHT,
+    status: str = "ok",
+    reason: str | None = None,
+    sweep: str = "nightly",
+    peak_alloc: float = 1.0,
+    peak_reserved: float | None = 1.25,
+    comm_bytes: int = 1_182_208,
+    predicted_total: float = 0.0038,
+    predicted_comm: int = 1_182_208,
+    mfu: bool = True,
+    finished_at: str = "2026-11-29T23:10:08+00:00",
+    **settings,
+) -> dict:
     """One record as the worker writes it: spec from a real RunSpec, metrics derived from the step samples."""
-    spec = RunSpec(model="tiny", model_config=ZOO["tiny"], strategy=strategy, precision=precision,
-                   world_size=world_size, nodes=1, gpus_per_node=world_size,
-                   settings=Settings(measure_steps=len(samples), **settings))
+    spec = RunSpec(
+        model="tiny",
+        model_config=ZOO["tiny"],
+        strategy=strategy,
+        precision=precision,
+        world_size=world_size,
+        nodes=1,
+        gpus_per_node=world_size,
+        settings=Settings(measure_steps=len(samples), **settings),
+    )
     rec = {
-        "schema_version": 1, "run_id": spec.run_id, "sweep": sweep, "cluster": "local", "status": status,
-        "reason": reason, "failed_rank": None, "spec": spec.to_dict(), "metrics": {},
+        "schema_version": 1,
+        "run_id": spec.run_id,
+        "sweep": sweep,
+        "cluster": "local",
+        "status": status,
+        "reason": reason,
+        "failed_rank": None,
+        "spec": spec.to_dict(),
+        "metrics": {},
         "env": {"torch": "2.13.0+cpu", "device_name": "cpu", "harness_git_sha": "abc1234"},
-        "started_at": "2026-11-29T23:10:00+00:00", "finished_at": finished_at,
+        "started_at": "2026-11-29T23:10:00+00:00",
+        "finished_at": finished_at,
     }
     if status != "ok":
         return rec
@@ -58,8 +86,13 @@ def make_record(*, strategy: str = "ddp", precision: str = "fp32", world_size: i
     deciles = statistics.quantiles(samples, n=10, method="inclusive")
     tokens = spec.tokens_per_step
     rec["metrics"] = {
-        "step_time_s": {"median": median, "p10": deciles[0], "p90": deciles[-1],
-                        "mean": statistics.fmean(samples), "samples": list(samples)},
+        "step_time_s": {
+            "median": median,
+            "p10": deciles[0],
+            "p90": deciles[-1],
+            "mean": statistics.fmean(samples),
+            "samples": list(samples),
+        },
         "tokens_per_s": tokens / median,
         "tokens_per_s_per_gpu": tokens / median / world_size,
         "tflops_per_gpu": 0.002,
@@ -145,7 +178,8 @@ def test_20_percent_slower_with_tight_samples_is_a_regression(tmp_path, capsys):
     assert row(cmp, "tiny fsdp.full_shard bf16 g2", "mfu").ratio == pytest.approx(1 / 1.2)
     assert row(cmp, "tiny fsdp.full_shard bf16 g2", "peak_memory_allocated_gib").verdict == UNCHANGED
     assert {(c.label, m.metric) for c, m in cmp.regressions} == {
-        ("tiny fsdp.full_shard bf16 g2", m) for m in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")}
+        ("tiny fsdp.full_shard bf16 g2", m) for m in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")
+    }
     assert row(cmp, "tiny ddp fp32 g2", "step_time_s").verdict == UNCHANGED
 
 
@@ -196,23 +230,26 @@ def test_peak_memory_plus_10_percent_is_flagged_without_a_test(tmp_path, capsys)
     cand = cells(**{"zero2/fp32": {"peak_alloc": 1.10}})
     assert run_pair(tmp_path, cells(), cand) == 1
     out = capsys.readouterr().out
-    assert any("tiny zero2 fp32 g2" in ln and "peak_memory_allocated_gib" in ln and "regression" in ln
-               for ln in out.splitlines())
+    assert any(
+        "tiny zero2 fp32 g2" in ln and "peak_memory_allocated_gib" in ln and "regression" in ln
+        for ln in out.splitlines()
+    )
     cmp = compare(cells().values(), cand.values())
     pm = row(cmp, "tiny zero2 fp32 g2", "peak_memory_allocated_gib")
     assert pm.verdict == REGRESSION and pm.ratio == pytest.approx(1.10) and pm.p_value is None
     # +3% is inside the default 5%; a per-metric override of 15% accepts +10%
     small = cells(**{"zero2/fp32": {"peak_alloc": 1.03}})
-    assert row(compare(cells().values(), small.values()), "tiny zero2 fp32 g2",
-               "peak_memory_allocated_gib").verdict == UNCHANGED
+    assert (
+        row(compare(cells().values(), small.values()), "tiny zero2 fp32 g2", "peak_memory_allocated_gib").verdict
+        == UNCHANGED
+    )
     assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "peak_memory_allocated_gib=0.15") == 0
 
 
 def test_default_threshold_option_raises_the_bar(tmp_path):
     cand = cells(**{"ddp/fp32": {"samples": scaled(1.2)}})
     assert run_pair(tmp_path, cells(), cand, "--threshold", "0.25") == 0
-    assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "0.25",
-                   "--threshold", "step_time_s=0.1") == 1
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "0.25", "--threshold", "step_time_s=0.1") == 1
 
 
 def test_collective_bytes_one_byte_more_is_flagged_and_less_is_an_improvement(tmp_path, capsys):
@@ -397,8 +434,7 @@ def test_github_benchmark_shape(tmp_path, capsys):
     assert step["range"].startswith("± ") and "regression" in step["extra"] and "ratio 1.200x" in step["extra"]
     assert {e["unit"] for e in smaller} == {"s", "GiB", "bytes"}
 
-    assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark",
-                   "--direction", "bigger") == 1
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark", "--direction", "bigger") == 1
     bigger = json.loads(capsys.readouterr().out)
     assert {e["name"].rsplit(" ", 1)[1] for e in bigger} == {"tokens_per_s", "tokens_per_s_per_gpu", "mfu"}
     tps = next(e for e in bigger if e["name"] == f"{ddp['run_id']} tokens_per_s")
@@ -412,7 +448,12 @@ def test_output_dir_writes_every_format_and_o_writes_the_stdout_format(tmp_path,
     stdout = capsys.readouterr().out
     assert md_file.read_text() == stdout
     assert sorted(p.name for p in out_dir.iterdir()) == [
-        "benchmark-bigger.json", "benchmark-smaller.json", "compare.json", "compare.md", "compare.txt"]
+        "benchmark-bigger.json",
+        "benchmark-smaller.json",
+        "compare.json",
+        "compare.md",
+        "compare.txt",
+    ]
     assert (out_dir / "compare.md").read_text() == stdout
     report = json.loads((out_dir / "compare.json").read_text())
     assert report["exit_code"] == 1 and report["summary"]["metric_regressions"] == 1
@@ -422,15 +463,18 @@ def test_output_dir_writes_every_format_and_o_writes_the_stdout_format(tmp_path,
     assert pm["ratio"] == pytest.approx(2.0) and pm["verdict"] == "regression" and pm["change"] == pytest.approx(1.0)
     assert len(json.loads((out_dir / "benchmark-smaller.json").read_text())) == 24
     # github-benchmark with --output-dir and no --direction: files written, the table on stdout
-    assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark",
-                   "--output-dir", tmp_path / "r2") == 1
+    assert (
+        run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark", "--output-dir", tmp_path / "r2")
+        == 1
+    )
     assert "peak_memory_allocated_gib" in capsys.readouterr().out
     assert (tmp_path / "r2" / "benchmark-bigger.json").exists()
 
 
 def test_markdown_contains_a_table(tmp_path, capsys):
-    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "timeout",
-                                                                                    "reason": "900 s"}})
+    cand = cells(
+        **{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "timeout", "reason": "900 s"}}
+    )
     assert run_pair(tmp_path, cells(), cand, "--format", "md") == 1
     md = capsys.readouterr().out
     lines = md.splitlines()
@@ -543,7 +587,8 @@ def test_nightly_scenario_loads_and_expands_to_six_two_gpu_cells():
     specs = scenario.expand(gpus_per_node=8)
     assert scenario.name == "nightly"
     assert sorted((s.strategy, s.precision) for s in specs) == sorted(
-        (st, p) for st in ("ddp", "fsdp.full_shard", "zero2") for p in ("fp32", "bf16"))
+        (st, p) for st in ("ddp", "fsdp.full_shard", "zero2") for p in ("fp32", "bf16")
+    )
     assert {(s.model, s.world_size, s.nodes) for s in specs} == {("tiny", 2, 1)}
     assert all(s.settings.measure_steps >= 5 for s in specs)  # enough samples for the default --min-samples
 
@@ -565,7 +610,10 @@ def test_metric_selection_exact_only(tmp_path):
     from harness.compare.metrics import select_metrics
 
     assert {m.name for m in select_metrics(["exact"])} == {
-        "comm.bytes_per_step", "predicted.memory_gib.total", "predicted.comm_bytes_per_step"}
+        "comm.bytes_per_step",
+        "predicted.memory_gib.total",
+        "predicted.comm_bytes_per_step",
+    }
     base = make_record(samples=[1.0] * 8, comm_bytes=1000)
     slow = make_record(samples=[1.5] * 8, comm_bytes=1000)
     assert not compare([base], [slow], metrics=["exact"]).regressions
@@ -592,22 +640,47 @@ def pinned_sets() -> tuple[list[dict], list[dict]]:
         # rounded to 4 digits so that some samples tie
         return [round(0.1 * scale * rng.uniform(1 - spread, 1 + spread), 4) for _ in range(n)]
 
-    kinds = ["same", "slower", "faster", "noisy", "few", "memory", "bytes", "failing", "fixed", "still",
-             "missing", "null"]
+    kinds = [
+        "same",
+        "slower",
+        "faster",
+        "noisy",
+        "few",
+        "memory",
+        "bytes",
+        "failing",
+        "fixed",
+        "still",
+        "missing",
+        "null",
+    ]
     grid = [(s, p, g) for s in ("ddp", "fsdp.full_shard", "zero2") for p in ("fp32", "bf16") for g in (2, 4)]
     base, cand = [], []
     for kind, (strategy, precision, gpus) in zip(kinds, grid):
         n = {"few": 4, "slower": 12}.get(kind, 7)
         cell = {"strategy": strategy, "precision": precision, "world_size": gpus}
         xs = samples(n)
-        ys = {"slower": samples(n, 1.15), "faster": samples(n, 0.85), "noisy": samples(n, 1.1, 0.4),
-              "few": samples(n, 1.3)}.get(kind, samples(n))
-        b = make_record(**cell, samples=xs, status="error" if kind in ("fixed", "still") else "ok",
-                        reason="NCCL timeout" if kind in ("fixed", "still") else None)
-        c = make_record(**cell, samples=ys, peak_alloc=1.2 if kind == "memory" else 1.0,
-                        comm_bytes=1_182_209 if kind == "bytes" else 1_182_208, mfu=kind != "null",
-                        status={"failing": "oom", "still": "timeout"}.get(kind, "ok"),
-                        reason={"failing": "CUDA out of memory\nrank 1", "still": "900 s"}.get(kind))
+        ys = {
+            "slower": samples(n, 1.15),
+            "faster": samples(n, 0.85),
+            "noisy": samples(n, 1.1, 0.4),
+            "few": samples(n, 1.3),
+        }.get(kind, samples(n))
+        b = make_record(
+            **cell,
+            samples=xs,
+            status="error" if kind in ("fixed", "still") else "ok",
+            reason="NCCL timeout" if kind in ("fixed", "still") else None,
+        )
+        c = make_record(
+            **cell,
+            samples=ys,
+            peak_alloc=1.2 if kind == "memory" else 1.0,
+            comm_bytes=1_182_209 if kind == "bytes" else 1_182_208,
+            mfu=kind != "null",
+            status={"failing": "oom", "still": "timeout"}.get(kind, "ok"),
+            reason={"failing": "CUDA out of memory\nrank 1", "still": "900 s"}.get(kind),
+        )
         base.append(b)
         if kind != "missing":
             cand.append(c)
@@ -619,17 +692,32 @@ def pinned_sets() -> tuple[list[dict], list[dict]]:
 
 
 PINNED_RUNS = {
-    "table": (), "md": ("--format", "md"), "json": ("--format", "json"), "all": ("--all",),
-    "all-md": ("--all", "--format", "md"), "smaller": ("--format", "github-benchmark", "--direction", "smaller"),
-    "bigger": ("--format", "github-benchmark", "--direction", "bigger"), "exact": ("--metric", "exact"),
+    "table": (),
+    "md": ("--format", "md"),
+    "json": ("--format", "json"),
+    "all": ("--all",),
+    "all-md": ("--all", "--format", "md"),
+    "smaller": ("--format", "github-benchmark", "--direction", "smaller"),
+    "bigger": ("--format", "github-benchmark", "--direction", "bigger"),
+    "exact": ("--metric", "exact"),
     "missing": ("--fail-on-missing", "--min-samples", "3", "--threshold", "0.2", "--threshold", "mfu=0.01"),
 }
 PINNED = {  # computed by the code before issue 21's work (see pinned_outputs)
-    "table": "3331788f5c4c47a8", "md": "28672ecb0f4fd5fd", "json": "90b73c51531923bd", "all": "3357aed71eb6a9a3",
-    "all-md": "cf717406fcfadb61", "smaller": "fc489f374a909780", "bigger": "0f1f12e3a908981f",
-    "exact": "4887a54f2b48679a", "missing": "3535afff50f3550c", "od": "3331788f5c4c47a8",
-    "od/benchmark-bigger.json": "54d443d7e853cb55", "od/benchmark-smaller.json": "cdc39c0b5993ee41",
-    "od/compare.json": "7d2bbcb15cafcc58", "od/compare.md": "031654cbb2d48a15", "od/compare.txt": "0d9562dff623a983",
+    "table": "3331788f5c4c47a8",
+    "md": "28672ecb0f4fd5fd",
+    "json": "90b73c51531923bd",
+    "all": "3357aed71eb6a9a3",
+    "all-md": "cf717406fcfadb61",
+    "smaller": "fc489f374a909780",
+    "bigger": "0f1f12e3a908981f",
+    "exact": "4887a54f2b48679a",
+    "missing": "3535afff50f3550c",
+    "od": "3331788f5c4c47a8",
+    "od/benchmark-bigger.json": "54d443d7e853cb55",
+    "od/benchmark-smaller.json": "cdc39c0b5993ee41",
+    "od/compare.json": "7d2bbcb15cafcc58",
+    "od/compare.md": "031654cbb2d48a15",
+    "od/compare.txt": "0d9562dff623a983",
 }
 
 
@@ -706,9 +794,19 @@ def test_json_writer_is_json_dumps_indent_2():
     class Half(float):
         pass
 
-    doc = {"a": [1, 2.5, -0.0, 1e16, 1e-05, True, False, None, "x→“y”\n\t\\\""], "": {}, "l": [], "t": (1, [2, {}]),
-           3: "int key", 2.5: "float key", True: "bool key", None: "none key", "sub": [Big(7), Half(0.5)],
-           "p": Path("/x/y"), "nested": {"deeper": {"deepest": [[], [[]], {"k": [None]}]}}}
+    doc = {
+        "a": [1, 2.5, -0.0, 1e16, 1e-05, True, False, None, 'x→“y”\n\t\\"'],
+        "": {},
+        "l": [],
+        "t": (1, [2, {}]),
+        3: "int key",
+        2.5: "float key",
+        True: "bool key",
+        None: "none key",
+        "sub": [Big(7), Half(0.5)],
+        "p": Path("/x/y"),
+        "nested": {"deeper": {"deepest": [[], [[]], {"k": [None]}]}},
+    }
     assert dumps_json(doc, default=str) == json.dumps(doc, indent=2, allow_nan=False, default=str)
     plain = {k: v for k, v in doc.items() if k != "p"}
     assert dumps_json(plain) == json.dumps(plain, indent=2, allow_nan=False)
@@ -732,9 +830,10 @@ def test_side_index_keeps_only_the_chosen_record_and_words_reruns_as_before():
     assert chosen["_path"] == "b.json"  # of equal finish times, the last one read
     assert index.warnings() == [
         "d.json: candidate: 'spec' is not a mapping; record skipped",
-        f"candidate: 3 records for one spec; using the one finished last (b.json), ignoring c.json, "
-        f"{first['run_id']}"]
+        f"candidate: 3 records for one spec; using the one finished last (b.json), ignoring c.json, {first['run_id']}",
+    ]
     notes: list[str] = []
     assert index_by_spec([first, same_second, older, odd], side="candidate", ignore=(), warnings_out=notes) == {
-        next(iter(index.chosen)): chosen}
+        next(iter(index.chosen)): chosen
+    }
     assert notes == index.warnings()

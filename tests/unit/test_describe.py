@@ -16,9 +16,11 @@ def test_an_ok_line_has_the_headline_numbers_and_no_note_without_one():
     rec = real_record()
     m = rec["metrics"]
     assert rec["status"] == "ok" and rec["reason"] is None
-    assert describe(rec) == (f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step  "
-                             f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu  loss {m['loss']:.4f}  "
-                             f"peak {m['peak_memory_allocated_gib']:.2f} GiB")
+    assert describe(rec) == (
+        f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step  "
+        f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu  loss {m['loss']:.4f}  "
+        f"peak {m['peak_memory_allocated_gib']:.2f} GiB"
+    )
 
 
 def test_an_ok_cell_with_a_note_shows_it():

@@ -40,8 +40,10 @@ def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *arg
 
 def register_cpu_sdpa() -> None:
     """Teach FlopCounterMode the CPU flash-attention ops (it knows only the CUDA ones and counts these as 0)."""
-    for op, formula in ((aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa),
-                        (aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_sdpa_backward)):
+    for op, formula in (
+        (aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa),
+        (aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_sdpa_backward),
+    ):
         if op not in flop_registry:
             register_flop_formula(op)(formula)
 
@@ -55,14 +57,23 @@ def counted_flops(cfg: ModelConfig, *, micro_batch: int, seq_len: int, device: s
     y = torch.randint(0, cfg.vocab, (micro_batch, seq_len), device=device)
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(x), y).backward()
-    return {"total": counter.get_total_flops(),
-            "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}}
+    return {
+        "total": counter.get_total_flops(),
+        "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()},
+    }
 
 
 def spec_for(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ckpt: bool | str = False, world: int = 1) -> RunSpec:
-    return RunSpec(model="m", model_config=cfg, strategy="ddp", precision="fp32", world_size=world, nodes=1,
-                   gpus_per_node=world, settings=Settings(micro_batch=micro_batch, seq_len=seq_len,
-                                                          activation_checkpointing=ckpt))
+    return RunSpec(
+        model="m",
+        model_config=cfg,
+        strategy="ddp",
+        precision="fp32",
+        world_size=world,
+        nodes=1,
+        gpus_per_node=world,
+        settings=Settings(micro_batch=micro_batch, seq_len=seq_len, activation_checkpointing=ckpt),
+    )
 
 
 GQA = ModelConfig(d_model=256, n_layers=3, n_heads=8, ffn=688, vocab=1000, n_kv_heads=2)
@@ -111,15 +122,22 @@ def test_selective_checkpointing_recomputes_no_matmul(name, cfg, mb_, seq, devic
         assert mb.flops_per_step(s) == sel["total"]
 
 
-@pytest.mark.parametrize("cfg, mb_, seq", [(ZOO["tiny"], 2, 64), (ModelConfig(d_model=128, n_layers=2, n_heads=4,
-                                                                               ffn=352, vocab=2000), 1, 128)],
-                         ids=["tiny", "small"])
+@pytest.mark.parametrize(
+    "cfg, mb_, seq",
+    [(ZOO["tiny"], 2, 64), (ModelConfig(d_model=128, n_layers=2, n_heads=4, ffn=352, vocab=2000), 1, 128)],
+    ids=["tiny", "small"],
+)
 def test_cpu_flash_attention_counts_the_scores_recompute(cfg, mb_, seq):
     """A real CPU step: without the registration SDPA counts 0; with it, the counter's flash-backward formula
     also counts recomputing QKᵀ (2 of its 10 b·h·s²·hd), which model FLOPs (and MFU) leave out."""
-    saved = {op: flop_registry.pop(op) for op in (aten._scaled_dot_product_flash_attention_for_cpu,
-                                                   aten._scaled_dot_product_flash_attention_for_cpu_backward)
-             if op in flop_registry}
+    saved = {
+        op: flop_registry.pop(op)
+        for op in (
+            aten._scaled_dot_product_flash_attention_for_cpu,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        )
+        if op in flop_registry
+    }
     try:
         unregistered = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="cpu")
     finally:
@@ -153,6 +171,7 @@ def test_recompute_formula():
 
 # ---- MFU / HFU as the worker computes them on a GPU (the device name is given, not detected: no GPU here) ----
 
+
 @pytest.mark.parametrize("ac", ["none", "full", "selective"])
 def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
     from harness.worker.runner import utilisation
@@ -160,8 +179,9 @@ def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
 
     spec = make_spec(strategy="ddp", precision="bf16", model="1.3b", gpus=1, activation_checkpointing=ac)
     reasons: dict[str, str] = {}
-    mfu, hfu, peak = utilisation(spec, 550.0, device_type="cuda", device_name="NVIDIA H200", allow_tf32=False,
-                                 null_reasons=reasons)
+    mfu, hfu, peak = utilisation(
+        spec, 550.0, device_type="cuda", device_name="NVIDIA H200", allow_tf32=False, null_reasons=reasons
+    )
     assert peak == 989.4 and mfu == pytest.approx(550.0 / 989.4) and reasons == {}
     # full checkpointing recomputes each block's forward: HFU = MFU x (6N + recompute) / 6N-with-attention
     ratio = mb.hardware_flops_per_step(spec) / mb.flops_per_step(spec)
@@ -175,10 +195,18 @@ def test_fp32_mfu_uses_the_tf32_peak_only_when_tf32_is_allowed():
     from tests.conftest import make_spec
 
     spec = make_spec(strategy="ddp", precision="fp32", model="125m", gpus=1)
-    assert utilisation(spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=True,
-                       null_reasons={})[2] == 494.7
-    assert utilisation(spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=False,
-                       null_reasons={})[2] == 67.0
+    assert (
+        utilisation(
+            spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=True, null_reasons={}
+        )[2]
+        == 494.7
+    )
+    assert (
+        utilisation(
+            spec, 40.0, device_type="cuda", device_name="NVIDIA H100 80GB HBM3", allow_tf32=False, null_reasons={}
+        )[2]
+        == 67.0
+    )
 
 
 @pytest.mark.parametrize("device_type, name", [("cpu", "cpu"), ("cuda", "NVIDIA GeForce RTX 4090")])
@@ -188,6 +216,9 @@ def test_mfu_is_null_with_a_reason_where_the_peak_is_unknown(device_type, name):
 
     spec = make_spec(strategy="ddp", precision="bf16", gpus=1)
     reasons: dict[str, str] = {}
-    assert utilisation(spec, 1.0, device_type=device_type, device_name=name, allow_tf32=False,
-                       null_reasons=reasons) == (None, None, None)
-    assert reasons["mfu"] == reasons["hfu"] and f"no dense peak FLOPS known for device {name!r} (bf16)" in reasons["mfu"]
+    assert utilisation(
+        spec, 1.0, device_type=device_type, device_name=name, allow_tf32=False, null_reasons=reasons
+    ) == (None, None, None)
+    assert (
+        reasons["mfu"] == reasons["hfu"] and f"no dense peak FLOPS known for device {name!r} (bf16)" in reasons["mfu"]
+    )

@@ -35,8 +35,11 @@ def test_cpu_cells_ask_for_no_gpu(monkeypatch):
 def test_cells_needing_more_gpus_than_visible_are_skipped_unlaunched(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(json.dumps({"name": "g", "matrix": {"model": ["tiny"], "strategy": ["ddp"],
-                                                            "precision": ["bf16"], "gpus": [2, 4]}}))
+    scenario.write_text(
+        json.dumps(
+            {"name": "g", "matrix": {"model": ["tiny"], "strategy": ["ddp"], "precision": ["bf16"], "gpus": [2, 4]}}
+        )
+    )
     results = tmp_path / "results"
     assert main(["sweep", str(scenario), "--cluster", "local-gpu", "--results", str(results)]) == 0
     records = [json.loads(p.read_text()) for p in (results / "g").glob("tiny-*.json")]
@@ -58,6 +61,9 @@ def test_a_rank_beyond_the_visible_gpus_says_how_many_there_are(monkeypatch):
     from harness.worker.runner import cuda_index
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(RuntimeError, match=r"local rank 3 needs cuda:3, but host .* has 2 CUDA device\(s\) visible "
-                                           r"\(CUDA_VISIBLE_DEVICES='0,1'\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"local rank 3 needs cuda:3, but host .* has 2 CUDA device\(s\) visible "
+        r"\(CUDA_VISIBLE_DEVICES='0,1'\)",
+    ):
         cuda_index(3, 2)

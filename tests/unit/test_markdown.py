@@ -12,22 +12,25 @@ import pytest
 from harness.core import markdown as md
 
 
-@pytest.mark.parametrize(("text", "escaped"), [
-    ("plain text · ★ — ok", "plain text · ★ — ok"),
-    ("a | b", "a \\| b"),                                  # renders "a | b", one cell
-    ("C:\\dir\\file", "C:\\\\dir\\\\file"),                 # renders "C:\dir\file"
-    ("ends in a backslash\\", "ends in a backslash\\\\"),  # cannot escape the cell's closing pipe
-    ("\\|", "\\\\\\|"),                                    # renders "\|": the backslash does not eat the escape
-    ("line one\nline two", "line one line two"),
-    ("crlf\r\nend", "crlf end"),                           # one space, not two
-    ("cr\rend", "cr end"),
-    ("\n\n", "  "),
-    ("<absent> → 5", "&lt;absent> → 5"),                   # not an HTML tag GitHub would drop
-    ("<details>", "&lt;details>"),
-    ("a & b", "a &amp; b"),
-    ("&lt; stays literal", "&amp;lt; stays literal"),      # renders "&lt;", not "<"
-    ("**bold** ★ `code` fsdp.full_shard", "**bold** ★ `code` fsdp.full_shard"),  # Markdown the callers mean
-])
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("plain text · ★ — ok", "plain text · ★ — ok"),
+        ("a | b", "a \\| b"),  # renders "a | b", one cell
+        ("C:\\dir\\file", "C:\\\\dir\\\\file"),  # renders "C:\dir\file"
+        ("ends in a backslash\\", "ends in a backslash\\\\"),  # cannot escape the cell's closing pipe
+        ("\\|", "\\\\\\|"),  # renders "\|": the backslash does not eat the escape
+        ("line one\nline two", "line one line two"),
+        ("crlf\r\nend", "crlf end"),  # one space, not two
+        ("cr\rend", "cr end"),
+        ("\n\n", "  "),
+        ("<absent> → 5", "&lt;absent> → 5"),  # not an HTML tag GitHub would drop
+        ("<details>", "&lt;details>"),
+        ("a & b", "a &amp; b"),
+        ("&lt; stays literal", "&amp;lt; stays literal"),  # renders "&lt;", not "<"
+        ("**bold** ★ `code` fsdp.full_shard", "**bold** ★ `code` fsdp.full_shard"),  # Markdown the callers mean
+    ],
+)
 def test_escape(text, escaped):
     assert md.escape(text) == escaped
 
@@ -38,10 +41,7 @@ def test_escape_takes_any_value():
 
 def test_table_keeps_its_columns_and_lines():
     text = md.table(["name", "value | unit"], [["a|b", "1\n2"], ["<x>", "\\"]], right={1})
-    assert text == ("| name | value \\| unit |\n"
-                    "|---|---:|\n"
-                    "| a\\|b | 1 2 |\n"
-                    "| &lt;x> | \\\\ |")
+    assert text == ("| name | value \\| unit |\n|---|---:|\n| a\\|b | 1 2 |\n| &lt;x> | \\\\ |")
     for line in text.splitlines():
         # every row splits into exactly two cells on unescaped pipes (GFM's rule)
         assert len(re.split(r"(?<!\\)\|", re.sub(r"\\\\", "", line))[1:-1]) == 2

@@ -28,13 +28,29 @@ P7 = CFG7.n_params()
 GB = 1e9
 
 
-def spec(strategy: str, precision: str = "bf16", world: int = 1, *, model: str = "7b", cfg: ModelConfig | None = None,
-         gpus_per_node: int = 8, **settings) -> RunSpec:
+def spec(
+    strategy: str,
+    precision: str = "bf16",
+    world: int = 1,
+    *,
+    model: str = "7b",
+    cfg: ModelConfig | None = None,
+    gpus_per_node: int = 8,
+    **settings,
+) -> RunSpec:
     settings.setdefault("micro_batch", 1)
     settings.setdefault("seq_len", 2048)
     gpn = min(gpus_per_node, world)
-    return RunSpec(model=model, model_config=cfg or ZOO[model], strategy=strategy, precision=precision,
-                   world_size=world, nodes=-(-world // gpus_per_node), gpus_per_node=gpn, settings=Settings(**settings))
+    return RunSpec(
+        model=model,
+        model_config=cfg or ZOO[model],
+        strategy=strategy,
+        precision=precision,
+        world_size=world,
+        nodes=-(-world // gpus_per_node),
+        gpus_per_node=gpn,
+        settings=Settings(**settings),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,23 +92,34 @@ def test_users_7b_arithmetic_mixed_precision_adam_unsharded():
     per_param = (mem.params / P7, mem.grads_after_backward / P7, mem.optimizer / P7)
     assert tuple(round(b * 7e9 / GB) for b in per_param) == (14, 14, 84)
     # the zoo's 7b is Llama-2's shape: 6.74e9 parameters, so 13.5 / 13.5 / 80.9 GB
-    assert (round(mem.params / GB, 1), round(mem.grads_after_backward / GB, 1), round(mem.optimizer / GB, 1)) == (13.5, 13.5, 80.9)
+    assert (round(mem.params / GB, 1), round(mem.grads_after_backward / GB, 1), round(mem.optimizer / GB, 1)) == (
+        13.5,
+        13.5,
+        80.9,
+    )
 
 
 def test_fp16_is_accounted_like_bf16():
     a, b = mb.memory(spec("zero2", "fp16", 8)), mb.memory(spec("zero2", "bf16", 8))
-    assert (a.params, a.grads_after_backward, a.optimizer, a.activations) == (b.params, b.grads_after_backward,
-                                                                            b.optimizer, b.activations)
+    assert (a.params, a.grads_after_backward, a.optimizer, a.activations) == (
+        b.params,
+        b.grads_after_backward,
+        b.optimizer,
+        b.activations,
+    )
 
 
-@pytest.mark.parametrize("strategy, precision, per_param", [
-    ("ddp", "bf16", (4, 4, 8)),        # autocast keeps fp32 params (the master) and fp32 grads
-    ("ddp", "fp32", (4, 4, 8)),
-    ("fsdp.full_shard", "bf16", (4, 4, 8)),  # fp32 shards are the master; gathered in bf16 only transiently
-    ("fsdp2.full_shard", "bf16", (4, 4, 8)),
-    ("zero1", "fp32", (4, 4, 12)),     # DeepSpeed stage 1/2 clone an fp32 master partition even in fp32
-    ("zero3", "fp32", (4, 4, 8)),      # ZeRO-3 reuses fp32 params as the master
-])
+@pytest.mark.parametrize(
+    "strategy, precision, per_param",
+    [
+        ("ddp", "bf16", (4, 4, 8)),  # autocast keeps fp32 params (the master) and fp32 grads
+        ("ddp", "fp32", (4, 4, 8)),
+        ("fsdp.full_shard", "bf16", (4, 4, 8)),  # fp32 shards are the master; gathered in bf16 only transiently
+        ("fsdp2.full_shard", "bf16", (4, 4, 8)),
+        ("zero1", "fp32", (4, 4, 12)),  # DeepSpeed stage 1/2 clone an fp32 master partition even in fp32
+        ("zero3", "fp32", (4, 4, 8)),  # ZeRO-3 reuses fp32 params as the master
+    ],
+)
 def test_bytes_per_param_unsharded(strategy, precision, per_param):
     mem = mb.memory(spec(strategy, precision, 1))
     persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
@@ -170,8 +197,11 @@ def test_shard_grad_op_keeps_every_block_gathered_into_backward():
 def test_activation_per_block_formulas():
     c = CFG7
     d, f, h = c.d_model, c.ffn, c.n_heads
-    for mode, per_block in (("fp32", 44 * d + 16 * f + 4 * h + 8), ("autocast", 36 * d + 8 * f + 4 * h + 8),
-                            ("lowp", 26 * d + 8 * f + 4 * h + 8)):
+    for mode, per_block in (
+        ("fp32", 44 * d + 16 * f + 4 * h + 8),
+        ("autocast", 36 * d + 8 * f + 4 * h + 8),
+        ("lowp", 26 * d + 8 * f + 4 * h + 8),
+    ):
         assert mb.ActivationModel(c, mode, 1).block_per_token() == per_block
 
 
@@ -189,8 +219,10 @@ def test_checkpointing_keeps_only_block_inputs():
     ck = mb.memory(spec("zero3", "bf16", 8, activation_checkpointing=True))
     assert ck.activations < plain.activations / 10
     # ... to the kept inputs plus the head's tensors (start of backward) or plus one block recomputed
-    assert ck.activations in (act.saved_end_of_forward(checkpointing="full"),
-                              CFG7.n_layers * act.block_input() + act.recompute_extra())
+    assert ck.activations in (
+        act.saved_end_of_forward(checkpointing="full"),
+        CFG7.n_layers * act.block_input() + act.recompute_extra(),
+    )
 
 
 def test_activations_scale_with_tokens_and_precision():
@@ -247,8 +279,10 @@ def test_fsdp_offload_params_grads_and_optimizer(strategy):
 # peak bookkeeping
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp.full_shard", "fsdp.shard_grad_op", "fsdp.no_shard",
-                                      "fsdp2.full_shard", "zero1", "zero2", "zero3"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["ddp", "fsdp.full_shard", "fsdp.shard_grad_op", "fsdp.no_shard", "fsdp2.full_shard", "zero1", "zero2", "zero3"],
+)
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_parts_add_up_and_grads_never_exceed_their_full_size(strategy, ckpt):
     mem = mb.memory(spec(strategy, "bf16", 8, activation_checkpointing=ckpt))
@@ -360,8 +394,10 @@ def test_selective_keeps_matmul_and_attention_outputs(cfg, precision, mode):
     got = _run(_KEPT_SCRIPT, json.dumps(cfg.to_dict()), precision)
     act = mb.ActivationModel(cfg, mode, 2 * 256)
     assert got["selective"] - got["full"] == cfg.n_layers * act.tokens * act.selective_kept_per_token()
-    assert (act.saved_end_of_forward(checkpointing="selective") - act.saved_end_of_forward(checkpointing="full")
-            == got["selective"] - got["full"])
+    assert (
+        act.saved_end_of_forward(checkpointing="selective") - act.saved_end_of_forward(checkpointing="full")
+        == got["selective"] - got["full"]
+    )
 
 
 _STEP_SCRIPT = textwrap.dedent("""
@@ -427,39 +463,67 @@ _FSDP2_SCRIPT = textwrap.dedent("""
 def _run(script: str, *args: str) -> dict[str, int]:
     pytest.importorskip("torch.distributed._tools.mem_tracker")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,
-                         cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
     if out.returncode != 0:
         raise AssertionError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("precision, ckpt, rel", [
-    ("fp32", "none", 0.005), ("bf16", "none", 0.005),
-    ("fp32", "full", 0.02), ("bf16", "full", 0.02),
-    ("fp32", "selective", 0.02), ("bf16", "selective", 0.02),
-])
+@pytest.mark.parametrize(
+    "precision, ckpt, rel",
+    [
+        ("fp32", "none", 0.005),
+        ("bf16", "none", 0.005),
+        ("fp32", "full", 0.02),
+        ("bf16", "full", 0.02),
+        ("fp32", "selective", 0.02),
+        ("bf16", "selective", 0.02),
+    ],
+)
 def test_single_rank_step_peak_matches_memtracker(precision, ckpt, rel):
     """One rank of DDP, measured whole: params, bucket-view grads, AdamW state, activations, the loss
     gradient and autocast's weight copies, at the step's peak (torch's MemTracker on CPU)."""
     got = _run(_STEP_SCRIPT, json.dumps(SMALL_GQA.to_dict()), precision, ckpt)
-    mem = mb.memory(spec("ddp", precision, 1, model="small", cfg=SMALL_GQA, micro_batch=2, seq_len=256,
-                         activation_checkpointing=ckpt))
+    mem = mb.memory(
+        spec(
+            "ddp", precision, 1, model="small", cfg=SMALL_GQA, micro_batch=2, seq_len=256, activation_checkpointing=ckpt
+        )
+    )
     assert got["PARAM"] == mem.params and got["GRAD"] == mem.grads
     assert got["OPT"] == pytest.approx(mem.optimizer, abs=1024)  # + the step counters
     assert mem.total == pytest.approx(got["Total"], rel=rel), (mem.total, got)
 
 
-@pytest.mark.parametrize("world, precision, ckpt, rel", [
-    (4, "fp32", "none", 0.01), (4, "bf16", "none", 0.01), (8, "bf16", "none", 0.01),
-    (4, "bf16", "full", 0.06), (8, "bf16", "full", 0.06), (4, "bf16", "selective", 0.06),
-])
+@pytest.mark.parametrize(
+    "world, precision, ckpt, rel",
+    [
+        (4, "fp32", "none", 0.01),
+        (4, "bf16", "none", 0.01),
+        (8, "bf16", "none", 0.01),
+        (4, "bf16", "full", 0.06),
+        (8, "bf16", "full", 0.06),
+        (4, "bf16", "selective", 0.06),
+    ],
+)
 def test_fsdp2_step_peak_matches_fsdp_memtracker_on_a_fake_process_group(world, precision, ckpt, rel):
     """FSDP2 over `world` ranks simulated in one process (fake backend): shards, gathered units, unsharded
     and reduce-scatter gradients, activations, at the measured peak."""
     got = _run(_FSDP2_SCRIPT, json.dumps(SMALL.to_dict()), str(world), precision, ckpt)
-    mem = mb.memory(spec("fsdp2.full_shard", precision, world, model="small", cfg=SMALL, micro_batch=2,
-                         seq_len=256, gpus_per_node=world, activation_checkpointing=ckpt))
+    mem = mb.memory(
+        spec(
+            "fsdp2.full_shard",
+            precision,
+            world,
+            model="small",
+            cfg=SMALL,
+            micro_batch=2,
+            seq_len=256,
+            gpus_per_node=world,
+            activation_checkpointing=ckpt,
+        )
+    )
     assert got["SHARDED_PARAM"] == mem.params
     assert got["OPT"] == pytest.approx(mem.optimizer, abs=1024)
     # gathered: the root and one block as parameters, the prefetched block still as the all-gather output

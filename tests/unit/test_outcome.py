@@ -18,10 +18,13 @@ from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
 
 # what the ranks' exceptions say, as the worker records them (f"{type(e).__name__}: {e}")
-GLOO_CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-               "[10.0.0.2]:4711")
-GLOO_TIMEOUT = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
-                "30000ms for recv operation to complete")
+GLOO_CLOSED = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4711"
+)
+GLOO_TIMEOUT = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+    "30000ms for recv operation to complete"
+)
 INJECTED = "RuntimeError: injected exception (rank 1, step 2)"
 CUDA_OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
@@ -30,11 +33,28 @@ def frag(rank: int, status: str, reason: str, time: float) -> dict:
     return {"rank": rank, "attempt": "a1", "status": status, "reason": reason, "time": time, "hostname": "node1"}
 
 
-def outcome(frags: list[dict], *, world_size: int = 2, elapsed_s: float = 5.0, time_limit_s: float = 60.0,
-            cancelled: bool = False, exit_codes: list | None = None, ended: tuple[str, str] | None = None,
-            job_errors: dict[int, str] | None = None) -> tuple[str, str, int | None]:
-    return classify(frags, world_size=world_size, elapsed_s=elapsed_s, time_limit_s=time_limit_s,
-                    cancelled=cancelled, exit_codes=exit_codes, pg_timeout_s=30.0, ended=ended, job_errors=job_errors)
+def outcome(
+    frags: list[dict],
+    *,
+    world_size: int = 2,
+    elapsed_s: float = 5.0,
+    time_limit_s: float = 60.0,
+    cancelled: bool = False,
+    exit_codes: list | None = None,
+    ended: tuple[str, str] | None = None,
+    job_errors: dict[int, str] | None = None,
+) -> tuple[str, str, int | None]:
+    return classify(
+        frags,
+        world_size=world_size,
+        elapsed_s=elapsed_s,
+        time_limit_s=time_limit_s,
+        cancelled=cancelled,
+        exit_codes=exit_codes,
+        pg_timeout_s=30.0,
+        ended=ended,
+        job_errors=job_errors,
+    )
 
 
 # ---- the statuses a rank reports itself: the first rank to fail is the cause
@@ -55,9 +75,11 @@ def test_a_ranks_slurm_time_limit_is_a_timeout_of_that_rank():
 
 
 def test_the_earliest_primary_failure_wins_over_later_ones_and_over_broken_collectives():
-    frags = [frag(0, "error", GLOO_CLOSED, 9.0),  # first in time, but only a consequence
-             frag(2, "oom", CUDA_OOM, 11.0),
-             frag(1, "error", INJECTED, 10.0)]
+    frags = [
+        frag(0, "error", GLOO_CLOSED, 9.0),  # first in time, but only a consequence
+        frag(2, "oom", CUDA_OOM, 11.0),
+        frag(1, "error", INJECTED, 10.0),
+    ]
     assert outcome(frags, world_size=3) == ("error", INJECTED, 1)
 
 
@@ -67,30 +89,41 @@ def test_the_earliest_primary_failure_wins_over_later_ones_and_over_broken_colle
 def test_a_rank_that_died_silently_is_crashed_and_named():
     status, reason, rank = outcome([frag(0, "error", GLOO_CLOSED, 10.0)])
     assert (status, rank) == ("crashed", 1)
-    assert reason == ("rank 1 died without raising an exception; the others saw its connection close "
-                      f"(rank 0: {GLOO_CLOSED})")
+    assert reason == (
+        f"rank 1 died without raising an exception; the others saw its connection close (rank 0: {GLOO_CLOSED})"
+    )
 
 
 def test_a_rank_that_hung_is_a_watchdog_timeout_and_named():
-    status, reason, rank = outcome([frag(0, "error", GLOO_TIMEOUT, 40.0), frag(2, "error", GLOO_CLOSED, 41.0)],
-                                   world_size=4)
+    status, reason, rank = outcome(
+        [frag(0, "error", GLOO_TIMEOUT, 40.0), frag(2, "error", GLOO_CLOSED, 41.0)], world_size=4
+    )
     assert (status, rank) == ("timeout", 1)  # ranks 1 and 3 are silent; the first of them is the failed rank
-    assert reason == ("collective timed out after the 30 s watchdog: rank 1, 3 stopped making progress (rank 0 "
-                      f"reported: {GLOO_TIMEOUT})")
+    assert reason == (
+        "collective timed out after the 30 s watchdog: rank 1, 3 stopped making progress (rank 0 "
+        f"reported: {GLOO_TIMEOUT})"
+    )
 
 
 def test_secondary_failures_on_every_rank_blame_the_first_to_report():
     status, reason, rank = outcome([frag(1, "error", GLOO_CLOSED, 12.0), frag(0, "error", GLOO_CLOSED, 10.0)])
     assert (status, rank) == ("crashed", 0)
-    assert reason == ("rank 0 died without raising an exception; the others saw its connection close "
-                      f"(rank 0: {GLOO_CLOSED})")
+    assert reason == (
+        f"rank 0 died without raising an exception; the others saw its connection close (rank 0: {GLOO_CLOSED})"
+    )
 
 
-@pytest.mark.parametrize("reason,secondary", [
-    (GLOO_CLOSED, True), (GLOO_TIMEOUT, True), ("RuntimeError: NCCL communicator was aborted on rank 1", True),
-    ("DistBackendError: [Rank 0] Watchdog caught collective operation timeout", True),
-    (INJECTED, False), (CUDA_OOM, False),
-])
+@pytest.mark.parametrize(
+    "reason,secondary",
+    [
+        (GLOO_CLOSED, True),
+        (GLOO_TIMEOUT, True),
+        ("RuntimeError: NCCL communicator was aborted on rank 1", True),
+        ("DistBackendError: [Rank 0] Watchdog caught collective operation timeout", True),
+        (INJECTED, False),
+        (CUDA_OOM, False),
+    ],
+)
 def test_which_failures_are_secondary(reason, secondary):
     assert is_secondary(frag(0, "error", reason, 1.0)) is secondary
 
@@ -100,7 +133,10 @@ def test_which_failures_are_secondary(reason, secondary):
 
 def test_a_cancelled_cell_is_cancelled_whatever_the_ranks_said():
     assert outcome([frag(1, "error", INJECTED, 10.0)], cancelled=True) == (
-        "cancelled", "the job was cancelled before the cell finished", None)
+        "cancelled",
+        "the job was cancelled before the cell finished",
+        None,
+    )
 
 
 def test_the_schedulers_verdict_is_taken_as_it_is():
@@ -109,20 +145,31 @@ def test_the_schedulers_verdict_is_taken_as_it_is():
 
 
 def test_a_task_error_outside_the_benchmark_is_an_error_with_its_last_line():
-    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    import nope\n"
-          "ModuleNotFoundError: No module named 'nope'\n")
+    tb = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n    import nope\n'
+        "ModuleNotFoundError: No module named 'nope'\n"
+    )
     assert outcome([], job_errors={1: tb, 0: tb}) == (
-        "error", "ModuleNotFoundError: No module named 'nope' (rank 0, outside the benchmark)", 0)
+        "error",
+        "ModuleNotFoundError: No module named 'nope' (rank 0, outside the benchmark)",
+        0,
+    )
 
 
 def test_ranks_still_running_at_the_time_limit_are_a_timeout():
     assert outcome([], elapsed_s=60.0, exit_codes=[-15, -15]) == (
-        "timeout", "the cell exceeded its time limit of 60 s", None)
+        "timeout",
+        "the cell exceeded its time limit of 60 s",
+        None,
+    )
 
 
 def test_ranks_that_exit_without_a_record_or_an_exception_are_crashed():
     assert outcome([], exit_codes=[-9, 0]) == (
-        "crashed", "the ranks exited without a record or an exception (exit codes [-9, 0])", None)
+        "crashed",
+        "the ranks exited without a record or an exception (exit codes [-9, 0])",
+        None,
+    )
     assert outcome([]) == ("crashed", "the ranks exited without a record or an exception", None)
 
 
@@ -136,17 +183,26 @@ def payload(tmp_path) -> dict:
 
 
 def rank0_record(payload: dict, status: str, **fields) -> dict:
-    rec = new_record(spec=payload["spec"], run_id=payload["run_id"], sweep=payload["sweep"],
-                     cluster=payload["cluster"]["name"], status=status, **fields)
+    rec = new_record(
+        spec=payload["spec"],
+        run_id=payload["run_id"],
+        sweep=payload["sweep"],
+        cluster=payload["cluster"]["name"],
+        status=status,
+        **fields,
+    )
     rec["attempt"] = payload["attempt"]
     write_record(payload["results"], rec)
     return read_record(record_path(payload["results"], payload["sweep"], payload["run_id"]))
 
 
-@pytest.mark.parametrize("status,fields", [
-    ("ok", {}),
-    ("nan", {"reason": "loss is not finite at step 3 (measured), first on rank 1", "failed_rank": 1}),
-])
+@pytest.mark.parametrize(
+    "status,fields",
+    [
+        ("ok", {}),
+        ("nan", {"reason": "loss is not finite at step 3 (measured), first on rank 1", "failed_rank": 1}),
+    ],
+)
 def test_rank_0s_record_of_this_attempt_is_the_cells_record(payload, status, fields):
     written = rank0_record(payload, status, **fields)
     write_fragment_file(payload, frag(1, "error", INJECTED, 10.0) | {"attempt": payload["attempt"]})

@@ -31,8 +31,16 @@ def plan_json(capsys, *args: str) -> list[dict]:
 
 
 def by_name(cells: list[dict]) -> dict[tuple, dict]:
-    return {(c["spec"]["model"], c["spec"]["strategy"], c["spec"]["world_size"], c["spec"]["offload"],
-             c["spec"]["activation_checkpointing"]): c for c in cells}
+    return {
+        (
+            c["spec"]["model"],
+            c["spec"]["strategy"],
+            c["spec"]["world_size"],
+            c["spec"]["offload"],
+            c["spec"]["activation_checkpointing"],
+        ): c
+        for c in cells
+    }
 
 
 def test_plan_json_on_a100(capsys):
@@ -76,8 +84,10 @@ def test_plan_shows_unsupported_cells_and_cpu_memory(capsys):
     assert ddp["unsupported"] == "ddp has no CPU offload" and ddp["memory_gib"] is None and ddp["fits"] is None
     z3 = cell[("7b", "zero3", 1, "optimizer+params", "none")]
     assert z3["cpu_memory_gib"] > 100 and z3["memory_gib"]["optimizer"] == 0 and z3["fits"] is True
-    assert cell[("1.3b", "zero3", 8, "none", "full")]["memory_gib"]["activations"] < \
-        cell[("1.3b", "zero3", 8, "none", "none")]["memory_gib"]["activations"]
+    assert (
+        cell[("1.3b", "zero3", 8, "none", "full")]["memory_gib"]["activations"]
+        < cell[("1.3b", "zero3", 8, "none", "none")]["memory_gib"]["activations"]
+    )
     ck = cell[("1.3b", "fsdp.full_shard", 8, "none", "full")]
     assert ck["hardware_flops_per_step"] > ck["flops_per_step"]
     assert main(["plan", PLAN_OPTIONS, "--cluster", "h200"]) == 0
@@ -105,16 +115,26 @@ def test_plan_bad_input_exits_2(capsys, tmp_path):
 
 def test_predict_api_for_the_dispatcher():
     cluster = load_cluster("a100")
-    spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8)
-                if s.strategy == "zero1" and s.world_size == 1)
+    spec = next(
+        s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero1" and s.world_size == 1
+    )
     got = planner.predict(spec, cluster)
-    assert {"memory_gib", "cpu_memory_gib", "device_memory_gib", "fits", "flops_per_step",
-            "hardware_flops_per_step", "reason"} <= set(got)
+    assert {
+        "memory_gib",
+        "cpu_memory_gib",
+        "device_memory_gib",
+        "fits",
+        "flops_per_step",
+        "hardware_flops_per_step",
+        "reason",
+    } <= set(got)
     m = got["memory_gib"]
     assert got["fits"] is False
     parts = " + ".join(f"{k} {m[k]:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers"))
-    assert got["reason"] == (f"predicted {m['total']:.1f} GiB per rank ({parts}) > 79.0 GiB usable "
-                             "(80.0 GiB device memory - 1.0 GiB CUDA context/NCCL reserve)")
+    assert got["reason"] == (
+        f"predicted {m['total']:.1f} GiB per rank ({parts}) > 79.0 GiB usable "
+        "(80.0 GiB device memory - 1.0 GiB CUDA context/NCCL reserve)"
+    )
     assert got["grads_after_backward_gib"] == pytest.approx(2 * spec.model_config.n_params() / 2**30, abs=1e-3)
     assert got["peak_at"] in mb.WINDOWS
     json.dumps(got, allow_nan=False)
@@ -122,8 +142,9 @@ def test_predict_api_for_the_dispatcher():
 
 def test_fits_uses_the_reserve():
     base = load_cluster("a100")
-    spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8)
-                if s.strategy == "zero3" and s.world_size == 8)
+    spec = next(
+        s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero3" and s.world_size == 8
+    )
     total = planner.predict(spec, base)["memory_gib"]["total"]
     just_enough = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB + 0.01})
     too_small = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB / 2})
@@ -147,10 +168,18 @@ def test_comm_bytes_come_from_comm_model_when_it_exists(monkeypatch):
 
 
 def test_plan_does_not_import_torch():
-    code = ("import sys; from harness.cli import main; "
-            f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', 'json']); "
-            "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    code = (
+        "import sys; from harness.cli import main; "
+        f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', 'json']); "
+        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(json.loads(out.stdout)) == 10

@@ -144,7 +144,7 @@ def readme_paths() -> set[str]:
     `<name>` in a path is a dict's key)."""
     text = (ROOT / "README.md").read_text()
     start = text.index("## Record contract")
-    section = text[start: text.find("\n## ", start + 1)]
+    section = text[start : text.find("\n## ", start + 1)]
     paths = set()
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert len(rows) > 20, "the README's record table was not found"
@@ -164,11 +164,23 @@ def test_readme_documents_every_record_field_and_only_those():
 
 def test_readme_parsing_sees_nested_and_placeholder_fields():
     documented = readme_paths()
-    assert {"metrics.step_time_s.median", "comm.by_collective.<>.busbw_gbps", "failures[].traceback",
-            "env.slurm_pack.position", "spec.model_config.n_kv_heads", "_path"} <= documented
+    assert {
+        "metrics.step_time_s.median",
+        "comm.by_collective.<>.busbw_gbps",
+        "failures[].traceback",
+        "env.slurm_pack.position",
+        "spec.model_config.n_kv_heads",
+        "_path",
+    } <= documented
     leaves, _ = type_paths(Record)
-    assert {"metrics.step_time_s.median", "comm.by_collective.<>.busbw_gbps", "failures[].traceback",
-            "env.slurm_pack.position", "spec.model_config.n_kv_heads", "metrics.null_reasons"} <= leaves
+    assert {
+        "metrics.step_time_s.median",
+        "comm.by_collective.<>.busbw_gbps",
+        "failures[].traceback",
+        "env.slurm_pack.position",
+        "spec.model_config.n_kv_heads",
+        "metrics.null_reasons",
+    } <= leaves
 
 
 # ---- the types and the code that defines the same things
@@ -222,10 +234,12 @@ def cell(tmp_path):
     make_payload, finalize, skipped_record, predict = _launch_core()
     spec = RunSpec.from_dict(json.loads(EXAMPLE.read_text())["spec"])
     cluster = load_cluster("local")
-    payload = make_payload(spec, sweep="smoke", cluster=cluster, results=tmp_path, sha="abc123",
-                           predicted=predict(spec, cluster))
-    return dict(spec=spec, cluster=cluster, payload=payload, finalize=finalize, skipped_record=skipped_record,
-                results=tmp_path)
+    payload = make_payload(
+        spec, sweep="smoke", cluster=cluster, results=tmp_path, sha="abc123", predicted=predict(spec, cluster)
+    )
+    return dict(
+        spec=spec, cluster=cluster, payload=payload, finalize=finalize, skipped_record=skipped_record, results=tmp_path
+    )
 
 
 def test_the_payload_is_a_payload(cell):
@@ -238,12 +252,13 @@ def test_the_payload_is_a_payload(cell):
 
 def test_composed_and_skipped_records_are_records(cell):
     payload, finalize = cell["payload"], cell["finalize"]
-    tb = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: boom\n"
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: boom\n'
     rec = finalize(payload, elapsed_s=1.0, time_limit_s=60.0, job_errors={1: tb}, log_tail="the last lines")
-    assert rec["status"] == "error" and rec["metrics"] == {} and set(rec["env"]) == {"harness_git_sha",
-                                                                                       "slurm_job_id"}
-    assert validate(rec, Record) == [] and validate(read_record(cell["results"] / "smoke" /
-                                                                f"{payload['run_id']}.json"), Record) == []
+    assert rec["status"] == "error" and rec["metrics"] == {} and set(rec["env"]) == {"harness_git_sha", "slurm_job_id"}
+    assert (
+        validate(rec, Record) == []
+        and validate(read_record(cell["results"] / "smoke" / f"{payload['run_id']}.json"), Record) == []
+    )
     from harness.worker.runner import write_fragment
 
     payload = dict(payload, attempt="0123456789ab")  # a second launch: the first one's record is not its own
@@ -251,6 +266,12 @@ def test_composed_and_skipped_records_are_records(cell):
     rec = finalize(payload, elapsed_s=1.0, time_limit_s=60.0)
     assert rec["status"] == "oom" and rec["failures"][0]["memory_rss_gib"] == 1.5
     assert validate(rec, Record) == []
-    rec = cell["skipped_record"](cell["spec"], sweep="smoke", cluster=cell["cluster"], results=cell["results"],
-                                 reason="predicted not to fit", predicted=payload["predicted"])
+    rec = cell["skipped_record"](
+        cell["spec"],
+        sweep="smoke",
+        cluster=cell["cluster"],
+        results=cell["results"],
+        reason="predicted not to fit",
+        predicted=payload["predicted"],
+    )
     assert rec["env"] == {} and validate(rec, Record) == []

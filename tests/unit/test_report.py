@@ -40,14 +40,15 @@ def md(report) -> str:
 
 
 def cell(df: pd.DataFrame, model: str, strategy: str, precision: str, gpus: int) -> pd.DataFrame:
-    return df[(df["model"] == model) & (df["strategy"] == strategy) & (df["precision"] == precision)
-              & (df["gpus"] == gpus)]
+    return df[
+        (df["model"] == model) & (df["strategy"] == strategy) & (df["precision"] == precision) & (df["gpus"] == gpus)
+    ]
 
 
 def md_section(md: str, heading: str) -> str:
     start = md.index(heading)
     nxt = md.find("\n## ", start + len(heading))
-    return md[start: nxt if nxt >= 0 else len(md)]
+    return md[start : nxt if nxt >= 0 else len(md)]
 
 
 def md_rows(section: str) -> list[list[str]]:
@@ -126,13 +127,23 @@ def test_best_strategy_per_model_and_gpu_count(report, md):
     assert best["1.3b", 4]["strategy"] == "fsdp2.full_shard" and best["1.3b", 4]["tokens_per_s_per_gpu"] == 44300.0
     rows = md_rows(md_section(md, "## Best strategy per model and GPU count"))
     # the lead carries its Mann–Whitney p over the two cells' per-step tokens/s/GPU (10 samples each)
-    assert ["1.3b", "4", "fsdp2.full_shard", "bf16", "44,300", "39.8%", "fsdp.full_shard · bf16",
-            "+3.5% (p=0.0017)", "4 of 5"] in rows
+    assert [
+        "1.3b",
+        "4",
+        "fsdp2.full_shard",
+        "bf16",
+        "44,300",
+        "39.8%",
+        "fsdp.full_shard · bf16",
+        "+3.5% (p=0.0017)",
+        "4 of 5",
+    ] in rows
     assert report["best"]["distinguishable"].tolist() == [True] * 4
     assert len(rows) == 4
     # the best cell is starred in its model table, and only there
-    assert next(r for r in md_rows(md_section(md, "### 1.3b · 4 GPUs")) if r[0] == "fsdp2.full_shard")[2] \
-        == "**44,300** ★"
+    assert (
+        next(r for r in md_rows(md_section(md, "### 1.3b · 4 GPUs")) if r[0] == "fsdp2.full_shard")[2] == "**44,300** ★"
+    )
     assert md.count("** ★") == 4 and md.count("** ≈") == 0
 
 
@@ -155,8 +166,11 @@ def test_failed_and_skipped_cells_are_listed_with_reasons(md):
     assert error[7].startswith("RuntimeError: NCCL communicator was aborted on rank 3 | watchdog timeout")
     assert "Traceback (most recent call last):" in error[7] and len(error) == 9
     assert (oom[5], oom[6]) == ("oom", "0") and "CUDA out of memory" in oom[7]
-    assert skipped[5:8] == ["skipped", "n/a", "predicted peak memory 82.4 GiB per GPU exceeds device capacity "
-                                              "79.1 GiB (ddp does not shard)"]
+    assert skipped[5:8] == [
+        "skipped",
+        "n/a",
+        "predicted peak memory 82.4 GiB per GPU exceeds device capacity 79.1 GiB (ddp does not shard)",
+    ]
 
 
 def test_every_figure_is_a_png_file_and_inline_in_the_html(report):
@@ -174,7 +188,7 @@ def test_every_figure_is_a_png_file_and_inline_in_the_html(report):
 
 
 def _has_colour(path: Path, hex_colour: str) -> bool:
-    rgb = np.array([int(hex_colour[i: i + 2], 16) for i in (1, 3, 5)])
+    rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
     img = np.round(mpimg.imread(path)[..., :3] * 255).astype(int)
     return bool((np.abs(img - rgb).sum(axis=-1) <= 3).sum() > 50)
 
@@ -305,8 +319,10 @@ def test_configurations_that_vary_become_row_labels(tmp_path):
     b = result["best"].iloc[0]
     assert (b["variant"], b["tokens_per_s_per_gpu"]) == ("mb=16", 47000.0)
     rows = md_rows(md_section(result["paths"]["markdown"].read_text(), "### 1.3b · 2 GPUs"))
-    assert [r[:4] for r in rows] == [["fsdp2.full_shard", "bf16", "mb=8", "45,200"],
-                                     ["fsdp2.full_shard", "bf16", "mb=16", "**47,000** ★"]]
+    assert [r[:4] for r in rows] == [
+        ["fsdp2.full_shard", "bf16", "mb=8", "45,200"],
+        ["fsdp2.full_shard", "bf16", "mb=16", "**47,000** ★"],
+    ]
 
 
 def test_wrong_typed_fields_are_warnings_not_crashes(tmp_path):
@@ -337,8 +353,10 @@ def test_ok_cells_with_a_note_are_listed_under_notes(tmp_path):
     show it, and only when there is one."""
     src = tmp_path / "records"
     src.mkdir()
-    note = ("torch.compile compiled 3 frame(s) during the measured steps (recompilation): those steps' times "
-            "include compile time; raise warmup_steps or look for the changing guard with TORCH_LOGS=recompiles")
+    note = (
+        "torch.compile compiled 3 frame(s) during the measured steps (recompilation): those steps' times "
+        "include compile time; raise warmup_steps or look for the changing guard with TORCH_LOGS=recompiles"
+    )
     for path in (FIXTURES / "fixture-h100").glob("1.3b-*.json"):
         rec = json.loads(path.read_text())
         if rec["status"] == "ok" and rec["spec"]["strategy"] == "fsdp2.full_shard":
@@ -346,8 +364,9 @@ def test_ok_cells_with_a_note_are_listed_under_notes(tmp_path):
         (src / path.name).write_text(json.dumps(rec))
     result = build_report([src], out=tmp_path / "out")
     rows = md_rows(md_section(result["paths"]["markdown"].read_text(), "## Notes on ok cells"))
-    assert sorted(r[:5] + [r[5]] for r in rows) == [["1.3b", "fsdp2.full_shard", "bf16", "—", g, note]
-                                                    for g in ("2", "4")]
+    assert sorted(r[:5] + [r[5]] for r in rows) == [
+        ["1.3b", "fsdp2.full_shard", "bf16", "—", g, note] for g in ("2", "4")
+    ]
     html = result["paths"]["html"].read_text()
     assert 'id="notes">Notes on ok cells (2)</h2>' in html and "TORCH_LOGS=recompiles" in html
 

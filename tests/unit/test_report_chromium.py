@@ -21,8 +21,16 @@ from harness.report import build_report
 pytestmark = pytest.mark.chromium
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 INSTALL_TIMEOUT_S = 900
 BROWSER_TIMEOUT_S = 120
 
@@ -41,11 +49,18 @@ def chromium() -> str:
     if path:
         return path
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium is not installed and this is not root with apt-get: install it with "
-                    "`sudo apt-get install -y chromium` to run the HTML report test")
+        pytest.skip(
+            "chromium is not installed and this is not root with apt-get: install it with "
+            "`sudo apt-get install -y chromium` to run the HTML report test"
+        )
     try:
-        subprocess.run("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium", shell=True,
-                       check=True, timeout=INSTALL_TIMEOUT_S, capture_output=True)
+        subprocess.run(
+            "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium",
+            shell=True,
+            check=True,
+            timeout=INSTALL_TIMEOUT_S,
+            capture_output=True,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"chromium is not installed and `apt-get install -y chromium` failed: {e}")
     path = _find_chromium()
@@ -61,14 +76,24 @@ def report(tmp_path_factory):
 
 def _run(chromium: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
-    return subprocess.run([chromium, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
-                          timeout=BROWSER_TIMEOUT_S, check=False)
+    return subprocess.run(
+        [chromium, *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=BROWSER_TIMEOUT_S,
+        check=False,
+    )
 
 
 def test_screenshot_is_not_blank(chromium, report, tmp_path):
     shot = tmp_path / "shot.png"
-    proc = _run(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1400,3000",
-                report["paths"]["html"].resolve().as_uri())
+    proc = _run(
+        chromium,
+        tmp_path,
+        f"--screenshot={shot}",
+        "--window-size=1400,3000",
+        report["paths"]["html"].resolve().as_uri(),
+    )
     assert shot.exists(), f"no screenshot; chromium said:\n{proc.stderr[-2000:]}"
     img = mpimg.imread(shot)[..., :3]
     assert img.shape[:2] == (3000, 1400)
@@ -102,8 +127,7 @@ def _body_attrs(proc: subprocess.CompletedProcess) -> dict[str, str]:
 
 def test_model_tables_fit_a_1400px_window(chromium, report, tmp_path):
     """Two GPU counts × every column: the page's script measures each model table's scroll box."""
-    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom",
-                report["paths"]["html"].resolve().as_uri())
+    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom", report["paths"]["html"].resolve().as_uri())
     attrs = _body_attrs(proc)
     assert attrs.get("data-model-tables-scrolling") == "0", attrs
     assert int(attrs["data-widest-model-table"]) <= int(attrs["data-viewport-width"])
@@ -121,18 +145,19 @@ def cpu_report(tmp_path_factory):
 
 
 def test_cpu_report_shows_rss_uncertainty_and_tflops(chromium, cpu_report, tmp_path):
-    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom",
-                cpu_report["paths"]["html"].resolve().as_uri())
+    proc = _run(
+        chromium, tmp_path, "--window-size=1400,1000", "--dump-dom", cpu_report["paths"]["html"].resolve().as_uri()
+    )
     attrs = _body_attrs(proc)
     assert attrs.get("data-images-loaded") == attrs.get("data-images-total") == "5", attrs
     assert attrs.get("data-model-tables-scrolling") == "0", attrs
     dom = proc.stdout
     # the best table: a lead inside the noise is "a ≈ b", never a star
-    best = dom[dom.index('id="best"'): dom.index('id="model-tiny"')]
+    best = dom[dom.index('id="best"') : dom.index('id="model-tiny"')]
     assert re.search(r"<td>[\w.]+ ≈ [\w.]+</td>", best) and "not distinguishable, p=" in best
-    assert "★" not in dom[dom.index('id="model-tiny"'): dom.index('id="figures"')]
+    assert "★" not in dom[dom.index('id="model-tiny"') : dom.index('id="figures"')]
     # CPU memory is labelled as the process's RSS; no device-memory column, no prediction beside it
-    model = dom[dom.index('id="model-tiny"'): dom.index('id="figures"')]
+    model = dom[dom.index('id="model-tiny"') : dom.index('id="figures"')]
     assert "peak RSS, CPU process (GiB)" in model and "mem predicted" not in model and "mem alloc" not in model
     # the heatmap falls back to TFLOPS and says why once
     heat = re.search(r'<figure id="fig-mfu_heatmap">.*?</figure>', dom, re.S).group(0)

@@ -31,8 +31,9 @@ def _tree(root: Path) -> Path:
 
 def test_same_files_in_the_same_order(tmp_path):
     root = _tree(tmp_path / "results")
-    assert record_files(root, FIXTURES / "earlier" / "125m-zero2-bf16-g2-ddf42619a1.json") == \
-        [str(p) for p in iter_record_files(root, FIXTURES / "earlier" / "125m-zero2-bf16-g2-ddf42619a1.json")]
+    assert record_files(root, FIXTURES / "earlier" / "125m-zero2-bf16-g2-ddf42619a1.json") == [
+        str(p) for p in iter_record_files(root, FIXTURES / "earlier" / "125m-zero2-bf16-g2-ddf42619a1.json")
+    ]
     assert len(record_files(root)) == 33
 
 

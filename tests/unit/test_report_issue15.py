@@ -40,6 +40,7 @@ def cpu_report(tmp_path_factory):
 
 # --- 5: CPU memory is a process RSS, not device memory -----------------------------------------------------
 
+
 def test_cpu_memory_is_labelled_peak_rss_and_never_paired_with_the_prediction(cpu_report):
     table = pd.read_csv(cpu_report["paths"]["csv"])
     assert set(table["memory_measure"]) == {"cpu_process_rss"}
@@ -68,22 +69,42 @@ def test_gpu_tables_keep_the_device_memory_columns(tmp_path):
 
 # --- 6: the best table says when the leader is noise ------------------------------------------------------
 
+
 def test_leader_verdict_from_steps_and_from_repeated_runs():
     rng = np.random.default_rng(0)
     a, b = list(rng.normal(1.0, 0.01, 20)), list(rng.normal(1.1, 0.01, 20))
-    clear = leader_verdict(leader_tps=110.0, leader_samples=a, runner_tps=100.0, runner_samples=b,
-                           leader_runs=[110.0], runner_runs=[100.0])
+    clear = leader_verdict(
+        leader_tps=110.0, leader_samples=a, runner_tps=100.0, runner_samples=b, leader_runs=[110.0], runner_runs=[100.0]
+    )
     assert clear.distinguishable and clear.p_steps < 1e-6 and clear.p_runs is None
-    same = leader_verdict(leader_tps=100.0, leader_samples=a, runner_tps=100.0, runner_samples=a[::-1],
-                          leader_runs=[100.0], runner_runs=[100.0])
+    same = leader_verdict(
+        leader_tps=100.0,
+        leader_samples=a,
+        runner_tps=100.0,
+        runner_samples=a[::-1],
+        leader_runs=[100.0],
+        runner_runs=[100.0],
+    )
     assert not same.distinguishable and same.p_steps == pytest.approx(1.0)
     # steps say "faster", but a second run of the leader was slower than the runner-up: not distinguishable
-    repeats = leader_verdict(leader_tps=110.0, leader_samples=a, runner_tps=100.0, runner_samples=b,
-                             leader_runs=[110.0, 66.0], runner_runs=[100.0])
+    repeats = leader_verdict(
+        leader_tps=110.0,
+        leader_samples=a,
+        runner_tps=100.0,
+        runner_samples=b,
+        leader_runs=[110.0, 66.0],
+        runner_runs=[100.0],
+    )
     assert not repeats.distinguishable and repeats.p_runs == pytest.approx(1.0) and repeats.n_runs == (2, 1)
     assert repeats.text() == "not distinguishable, p=1, 2 vs 1 runs"
-    untestable = leader_verdict(leader_tps=110.0, leader_samples=[], runner_tps=100.0, runner_samples=[],
-                                leader_runs=[110.0], runner_runs=[100.0])
+    untestable = leader_verdict(
+        leader_tps=110.0,
+        leader_samples=[],
+        runner_tps=100.0,
+        runner_samples=[],
+        leader_runs=[110.0],
+        runner_runs=[100.0],
+    )
     assert not untestable.distinguishable and untestable.p is None
 
 
@@ -120,10 +141,11 @@ def test_smoke_leaders_are_not_crowned(cpu_report):
 
 # --- 7: scaling figure --------------------------------------------------------------------------------------
 
+
 def _bottom_half_has(path: Path, hex_colour: str) -> bool:
-    rgb = np.array([int(hex_colour[i: i + 2], 16) for i in (1, 3, 5)])
+    rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
     img = np.round(mpimg.imread(path)[..., :3] * 255).astype(int)
-    lower = img[img.shape[0] // 2 + 20:, : int(img.shape[1] * 0.7)]  # efficiency panels, not the legend
+    lower = img[img.shape[0] // 2 + 20 :, : int(img.shape[1] * 0.7)]  # efficiency panels, not the legend
     return bool((np.abs(lower - rgb).sum(axis=-1) <= 3).sum() > 10)
 
 
@@ -150,6 +172,7 @@ def test_precision_is_a_marker_fill_too():
 
 # --- 8: MFU heatmap on CPU ----------------------------------------------------------------------------------
 
+
 def test_no_mfu_anywhere_shows_tflops_and_says_why_once(cpu_report):
     heat = next(f for f in cpu_report["figures"] if f.name == "mfu_heatmap")
     assert heat.png is not None and "TFLOPS" in heat.title
@@ -170,25 +193,30 @@ def test_fixture_heatmap_keeps_mfu(tmp_path):
 
 # --- 2: an output folder that cannot be written -----------------------------------------------------------
 
+
 def test_output_under_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "afile"
     blocker.write_text("x")
-    assert output_problem(blocker / "out") == (f"cannot create the output directory: {blocker} is a file, "
-                                               "not a directory")
+    assert output_problem(blocker / "out") == (
+        f"cannot create the output directory: {blocker} is a file, not a directory"
+    )
     assert output_problem(blocker) == "output path exists and is not a directory"
     assert output_problem(tmp_path / "new" / "deeper") is None
 
     def no_work(*args, **kwargs):
         raise AssertionError("records were read before the output was checked")
+
     monkeypatch.setattr("harness.report.iter_records", no_work)
     assert main(["report", str(FIXTURES), "-o", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"error: {blocker / 'out'}: cannot create the output directory: {blocker} "
-                                        "is a file, not a directory"]
+    assert err.strip().splitlines() == [
+        f"error: {blocker / 'out'}: cannot create the output directory: {blocker} is a file, not a directory"
+    ]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o555 folder; the parent-is-a-file test covers "
-                                                "the check")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes into a 0o555 folder; the parent-is-a-file test covers the check"
+)
 def test_read_only_output_dir_is_exit_2(tmp_path, capsys):
     ro = tmp_path / "ro"
     ro.mkdir()

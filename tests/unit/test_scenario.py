@@ -47,11 +47,11 @@ def test_include_extends_matching_cells_and_adds_unmatched():
     # the GitHub docs example: fruit x animal with includes
     axes = {"fruit": ["apple", "pear"], "animal": ["cat", "dog"]}
     include = [
-        {"color": "green"},                          # added to every cell
-        {"color": "pink", "animal": "cat"},          # overwrites the added color on cat cells
-        {"fruit": "apple", "shape": "circle"},       # added to apple cells
-        {"fruit": "banana"},                         # matches no original cell → new cell
-        {"fruit": "banana", "animal": "cat"},        # new cell (banana is not an original value)
+        {"color": "green"},  # added to every cell
+        {"color": "pink", "animal": "cat"},  # overwrites the added color on cat cells
+        {"fruit": "apple", "shape": "circle"},  # added to apple cells
+        {"fruit": "banana"},  # matches no original cell → new cell
+        {"fruit": "banana", "animal": "cat"},  # new cell (banana is not an original value)
     ]
     cells = expand_matrix(axes, include=include, exclude=[])
     assert cells == [
@@ -70,7 +70,9 @@ def test_exclude_runs_before_include():
 
 
 def test_issue_example_expands(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         name: smoke
         models:
           my-7.5b: {d_model: 4096, n_layers: 36, n_heads: 32, ffn: 11008, vocab: 32000}
@@ -83,7 +85,8 @@ def test_issue_example_expands(tmp_path):
           include: [{model: tiny, strategy: fsdp2.hybrid_shard, precision: bf16, gpus: 4}]
         settings: {micro_batch: 2, seq_len: 64, grad_accum: 1, warmup_steps: 2, measure_steps: 5,
                    activation_checkpointing: false, offload: none}
-    """)
+    """,
+    )
     specs = load_scenario(p).expand(gpus_per_node=2)
     assert len(specs) == 7 * 2 * 2 - 2 + 1
     hybrid4 = [s for s in specs if s.strategy == "fsdp.hybrid_shard"]
@@ -96,7 +99,11 @@ def test_settings_are_matrix_axes():
     doc = with_matrix(seq_len=[32, 64], activation_checkpointing=[False, True])
     specs = parse_scenario({**doc, "settings": {"micro_batch": 4}}, "s.yaml").expand(gpus_per_node=2)
     assert [(s.settings.seq_len, s.settings.activation_checkpointing) for s in specs] == [
-        (32, "none"), (32, "full"), (64, "none"), (64, "full")]
+        (32, "none"),
+        (32, "full"),
+        (64, "none"),
+        (64, "full"),
+    ]
     assert all(s.settings.micro_batch == 4 for s in specs)
 
 
@@ -113,12 +120,18 @@ def test_activation_checkpointing_policies_and_their_boolean_spellings():
     assert RunSpec.from_dict(old).run_id == full.run_id
     # ZeRO-3's gather hooks inside a compiled checkpointed block recompile on every call (measured 5 s steps
     # instead of 0.08 s): refused as unsupported (a skipped record) rather than timed
-    sel = {**BASE, "settings": {"compile": True}, "matrix": {**BASE["matrix"], "strategy": ["zero3"],
-                                                              "activation_checkpointing": ["none", "selective"]}}
+    sel = {
+        **BASE,
+        "settings": {"compile": True},
+        "matrix": {**BASE["matrix"], "strategy": ["zero3"], "activation_checkpointing": ["none", "selective"]},
+    }
     plain, ckpt = parse_scenario(sel, "s.yaml").expand(gpus_per_node=2)
     assert plain.unsupported_reason() is None and "recompile" in ckpt.unsupported_reason()
-    for bad, msg in (("yes", "'yes' is not one of none, full, selective"),
-                     ("selectve", "(did you mean 'selective'?)"), (1, "1 is not one of none, full, selective")):
+    for bad, msg in (
+        ("yes", "'yes' is not one of none, full, selective"),
+        ("selectve", "(did you mean 'selective'?)"),
+        (1, "1 is not one of none, full, selective"),
+    ):
         msgs = problems_of({**with_matrix(), "settings": {"activation_checkpointing": bad}})
         assert any(m.startswith("s.yaml: settings.activation_checkpointing: ") and msg in m for m in msgs), msgs
 
@@ -139,16 +152,29 @@ def test_run_id_is_stable_and_spec_sensitive():
 
 
 def test_run_id_is_stable_across_processes():
-    code = ("from harness.scenario.schema import parse_scenario;"
-            f"print(parse_scenario({BASE!r}, 'x').expand(gpus_per_node=2)[0].run_id)")
-    out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin"}).stdout.strip() for seed in (1, 2)}
+    code = (
+        "from harness.scenario.schema import parse_scenario;"
+        f"print(parse_scenario({BASE!r}, 'x').expand(gpus_per_node=2)[0].run_id)"
+    )
+    out = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin"},
+        ).stdout.strip()
+        for seed in (1, 2)
+    }
     assert len(out) == 1 and out == {parse_scenario(BASE, "x").expand(gpus_per_node=2)[0].run_id}
 
 
 def test_expansion_does_not_import_torch():
-    code = ("import sys; from harness.scenario.schema import load_scenario; from harness.scenario.cluster import load_cluster;"
-            "load_scenario('scenarios/smoke.yaml').expand(gpus_per_node=2); print('torch' in sys.modules)")
+    code = (
+        "import sys; from harness.scenario.schema import load_scenario; "
+        "from harness.scenario.cluster import load_cluster;"
+        "load_scenario('scenarios/smoke.yaml').expand(gpus_per_node=2); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
 
@@ -170,17 +196,27 @@ def test_unknown_strategy_lists_allowed_and_suggests():
 def test_unknown_keys_get_did_you_mean():
     msgs = problems_of({**BASE, "setings": {}, "settings": {"micro_bach": 2}})
     assert any(m.startswith("s.yaml: setings: unknown key") and "did you mean 'settings'" in m for m in msgs)
-    assert any(m.startswith("s.yaml: settings.micro_bach: unknown setting") and "did you mean 'micro_batch'" in m
-               for m in msgs)
+    assert any(
+        m.startswith("s.yaml: settings.micro_bach: unknown setting") and "did you mean 'micro_batch'" in m for m in msgs
+    )
 
 
 def test_every_problem_is_reported_at_once():
     doc = {
         "name": "bad name!",
-        "models": {"tiny": {"d_model": 1}, "x": {"d_model": 30, "n_layers": 1, "n_heads": 4, "ffn": 8, "vocab": 8},
-                   "y": {"d_model": 8, "n_layers": 1, "n_heads": 2, "ffn": 8}},
-        "matrix": {"model": ["nope"], "strategy": "ddp", "precision": ["fp8"], "gpus": [0, "two"],
-                   "exclude": ["x"], "include": [{"strategy": "dp"}]},
+        "models": {
+            "tiny": {"d_model": 1},
+            "x": {"d_model": 30, "n_layers": 1, "n_heads": 4, "ffn": 8, "vocab": 8},
+            "y": {"d_model": 8, "n_layers": 1, "n_heads": 2, "ffn": 8},
+        },
+        "matrix": {
+            "model": ["nope"],
+            "strategy": "ddp",
+            "precision": ["fp8"],
+            "gpus": [0, "two"],
+            "exclude": ["x"],
+            "include": [{"strategy": "dp"}],
+        },
         "settings": {"micro_batch": 0, "offload": "disk", "activation_checkpointing": "yes", "lr": "fast"},
     }
     msgs = problems_of(doc)
@@ -209,7 +245,9 @@ def test_every_problem_is_reported_at_once():
 def test_include_without_core_axes_is_an_error():
     doc = {"name": "t", "matrix": {"model": ["tiny"], "include": [{"strategy": "ddp", "precision": "fp32"}]}}
     msgs = problems_of(doc)
-    assert msgs == ["s.yaml: matrix.include[0]: cell {'model': 'tiny', 'strategy': 'ddp', 'precision': 'fp32'} has no gpus (give the axis in the matrix or in the include entry)"]
+    assert msgs == [
+        "s.yaml: matrix.include[0]: cell {'model': 'tiny', 'strategy': 'ddp', 'precision': 'fp32'} has no gpus (give the axis in the matrix or in the include entry)"  # noqa: E501
+    ]
     doc = {"name": "t", "matrix": {"include": [{"model": "tiny", "strategy": "ddp", "precision": "fp32"}]}}
     (msg,) = problems_of(doc)
     assert msg.startswith("s.yaml: matrix.include[0]: cell") and "has no gpus" in msg

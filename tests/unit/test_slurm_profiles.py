@@ -16,8 +16,14 @@ from harness.scenario.schema import load_yaml
 
 def profile(slurm: str, **top) -> dict:
     """A GPU profile document with the given `slurm:` block (YAML)."""
-    return {"name": "p", "executor": "slurm", "device": "cuda", "gpus_per_node": 8, **top,
-            "slurm": yaml.safe_load(textwrap.dedent(slurm))}
+    return {
+        "name": "p",
+        "executor": "slurm",
+        "device": "cuda",
+        "gpus_per_node": 8,
+        **top,
+        "slurm": yaml.safe_load(textwrap.dedent(slurm)),
+    }
 
 
 @pytest.mark.parametrize("name", available_clusters())
@@ -30,9 +36,18 @@ def test_every_shipped_profile_loads(name):
 def test_gpu_profiles_are_placeholders_a_user_edits():
     for name in ("a100", "h100", "h200"):
         raw = load_yaml(CLUSTERS_DIR / f"{name}.yaml")
-        assert set(raw["slurm"]) == {"partition", "account", "qos", "constraint", "cpus_per_task",
-                                     "mem_per_node_gib", "time_limit_min", "signal_delay_s", "setup",
-                                     "additional_parameters"}
+        assert set(raw["slurm"]) == {
+            "partition",
+            "account",
+            "qos",
+            "constraint",
+            "cpus_per_task",
+            "mem_per_node_gib",
+            "time_limit_min",
+            "signal_delay_s",
+            "setup",
+            "additional_parameters",
+        }
         assert "EDIT" in (CLUSTERS_DIR / f"{name}.yaml").read_text()
 
 
@@ -65,7 +80,8 @@ def test_every_problem_in_a_slurm_block_is_reported_once():
 
 
 def test_profile_to_submitit_parameters():
-    doc = profile("""
+    doc = profile(
+        """
         partition: gpu
         account: proj
         qos: high
@@ -75,24 +91,39 @@ def test_profile_to_submitit_parameters():
         signal_delay_s: 120
         setup: [module load cuda/12.4]
         additional_parameters: {exclusive: true}
-    """, env={"NCCL_DEBUG": "WARN"})
+    """,
+        env={"NCCL_DEBUG": "WARN"},
+    )
     cluster = parse_cluster(doc, "p.yaml")
     assert executor_parameters(cluster, nodes=2, tasks_per_node=8, timeout_min=15) == {
-        "nodes": 2, "tasks_per_node": 8, "timeout_min": 15, "gpus_per_node": 8, "cpus_per_task": 12,
-        "mem_gb": 800, "slurm_partition": "gpu", "slurm_account": "proj", "slurm_qos": "high",
-        "slurm_constraint": "h100", "slurm_signal_delay_s": 120, "slurm_setup": ["module load cuda/12.4"],
-        "slurm_additional_parameters": {"exclusive": True}}
+        "nodes": 2,
+        "tasks_per_node": 8,
+        "timeout_min": 15,
+        "gpus_per_node": 8,
+        "cpus_per_task": 12,
+        "mem_gb": 800,
+        "slurm_partition": "gpu",
+        "slurm_account": "proj",
+        "slurm_qos": "high",
+        "slurm_constraint": "h100",
+        "slurm_signal_delay_s": 120,
+        "slurm_setup": ["module load cuda/12.4"],
+        "slurm_additional_parameters": {"exclusive": True},
+    }
     cpu = load_cluster("local-slurm")  # ranks, not GPUs: nothing asked of SLURM's gres
     assert "gpus_per_node" not in executor_parameters(cpu, nodes=1, tasks_per_node=2, timeout_min=1)
 
 
-@pytest.mark.parametrize("time_limit_s,signal_delay_s,cap,minutes", [
-    (60, 15, None, 1),     # ceil(60 / 60)
-    (61, 15, None, 2),
-    (60, 90, None, 3),     # USR2 90 s (+30 s) before the end needs 3 minutes
-    (900, 90, None, 15),
-    (7200, 90, 60, 60),    # the profile's time_limit_min caps it
-])
+@pytest.mark.parametrize(
+    "time_limit_s,signal_delay_s,cap,minutes",
+    [
+        (60, 15, None, 1),  # ceil(60 / 60)
+        (61, 15, None, 2),
+        (60, 90, None, 3),  # USR2 90 s (+30 s) before the end needs 3 minutes
+        (900, 90, None, 15),
+        (7200, 90, 60, 60),  # the profile's time_limit_min caps it
+    ],
+)
 def test_a_cells_job_time_limit(time_limit_s, signal_delay_s, cap, minutes):
     from harness.scenario.cluster import SlurmProfile
 
@@ -101,12 +132,15 @@ def test_a_cells_job_time_limit(time_limit_s, signal_delay_s, cap, minutes):
     assert min_job_minutes(signal_delay_s) <= minutes
 
 
-@pytest.mark.parametrize("minutes,cap,packs", [
-    ([1, 1, 1, 1, 1, 1], 30, [[0, 1, 2, 3, 4, 5]]),   # one job for six 1-minute cells
-    ([15, 15, 15], 30, [[0, 1], [2]]),                 # the cap splits; nothing is truncated
-    ([30, 1, 29, 2], 30, [[0], [1, 2], [3]]),          # in order: a pack never reorders cells
-    ([15, 15, 15], None, [[0, 1, 2]]),                 # no cap
-])
+@pytest.mark.parametrize(
+    "minutes,cap,packs",
+    [
+        ([1, 1, 1, 1, 1, 1], 30, [[0, 1, 2, 3, 4, 5]]),  # one job for six 1-minute cells
+        ([15, 15, 15], 30, [[0, 1], [2]]),  # the cap splits; nothing is truncated
+        ([30, 1, 29, 2], 30, [[0], [1, 2], [3]]),  # in order: a pack never reorders cells
+        ([15, 15, 15], None, [[0, 1, 2]]),  # no cap
+    ],
+)
 def test_packs_fit_the_profiles_time_limit(minutes, cap, packs):
     assert split_packs(minutes, cap) == packs
     assert all(cap is None or sum(minutes[i] for i in p) <= cap for p in packs)
@@ -118,6 +152,7 @@ def test_pack_needs_a_slurm_profile(tmp_path, capsys):
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: s\nmatrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2]}\n")
     assert main(["sweep", str(scenario), "--results", str(tmp_path / "results"), "--pack"]) == 2
-    assert capsys.readouterr().err == ("error: --pack: needs a SLURM profile; 'local' runs cells locally, as "
-                                       "children of the sweep\n")
+    assert capsys.readouterr().err == (
+        "error: --pack: needs a SLURM profile; 'local' runs cells locally, as children of the sweep\n"
+    )
     assert not (tmp_path / "results").exists()

@@ -15,13 +15,16 @@ def test_formula_matches_module(name):
     assert sum(p.numel() for p in model.parameters()) == ZOO[name].n_params()
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("7b", 6_738_415_616),     # Llama-2-7B's published count
-    ("13b", 13_015_864_320),   # Llama-2-13B
-    ("70b", 68_976_648_192),   # Llama-2-70B (GQA, 8 kv heads)
-    ("125m", 134_105_856),
-    ("1.3b", 1_345_423_360),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("7b", 6_738_415_616),  # Llama-2-7B's published count
+        ("13b", 13_015_864_320),  # Llama-2-13B
+        ("70b", 68_976_648_192),  # Llama-2-70B (GQA, 8 kv heads)
+        ("125m", 134_105_856),
+        ("1.3b", 1_345_423_360),
+    ],
+)
 def test_published_sizes(name, expected):
     assert ZOO[name].n_params() == expected
 

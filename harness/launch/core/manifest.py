@@ -48,10 +48,20 @@ class Manifest:
     header: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, results: str | Path, sweep: str, *, scenario: str, cluster: str, executor: str = "local",
-             run_ids: list[str] | None = None) -> Manifest:
-        m = cls(sweep_dir(results, sweep) / "manifest.json",
-                {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor})
+    def open(
+        cls,
+        results: str | Path,
+        sweep: str,
+        *,
+        scenario: str,
+        cluster: str,
+        executor: str = "local",
+        run_ids: list[str] | None = None,
+    ) -> Manifest:
+        m = cls(
+            sweep_dir(results, sweep) / "manifest.json",
+            {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor},
+        )
         with m._locked() as data:
             for run_id in run_ids or []:
                 data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})

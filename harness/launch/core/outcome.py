@@ -42,8 +42,17 @@ def _fresh_record(payload: dict) -> dict | None:
     return rec if rec.get("attempt") == payload["attempt"] else None
 
 
-SECONDARY = ("connection closed", "connection reset", "broken pipe", "econnreset", "connection refused",
-             "socket closed", "read error", "nccl communicator was aborted", "process group was aborted")
+SECONDARY = (
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "econnreset",
+    "connection refused",
+    "socket closed",
+    "read error",
+    "nccl communicator was aborted",
+    "process group was aborted",
+)
 TIMEOUTS = ("timed out", "timeout", "watchdog")
 
 
@@ -57,9 +66,18 @@ def _exception_line(tb: str) -> str:
     return lines[-1][:500] if lines else tb.strip()[-500:]
 
 
-def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit_s: float, cancelled: bool,
-             exit_codes: list | None, pg_timeout_s: float | None, ended: tuple[str, str] | None = None,
-             job_errors: dict[int, str] | None = None) -> tuple[str, str, int | None]:
+def classify(
+    frags: list[dict],
+    *,
+    world_size: int,
+    elapsed_s: float,
+    time_limit_s: float,
+    cancelled: bool,
+    exit_codes: list | None,
+    pg_timeout_s: float | None,
+    ended: tuple[str, str] | None = None,
+    job_errors: dict[int, str] | None = None,
+) -> tuple[str, str, int | None]:
     """(status, reason, failed rank) of a cell that ended without rank 0's record.
 
     The first rank to fail is the root cause. Ranks that left no fragment while others report a broken
@@ -82,10 +100,18 @@ def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit
         culprit = silent[0] if silent else first["rank"]
         who = f"rank {', '.join(map(str, silent))}" if silent else f"rank {culprit}"
         if any(k in f["reason"].lower() for f in frags for k in TIMEOUTS):
-            return ("timeout", f"collective timed out after the {pg_timeout_s:g} s watchdog: {who} stopped making "
-                    f"progress (rank {first['rank']} reported: {first['reason'][:300]})", culprit)
-        return ("crashed", f"{who} died without raising an exception; the others saw its connection close "
-                f"(rank {first['rank']}: {first['reason'][:300]})", culprit)
+            return (
+                "timeout",
+                f"collective timed out after the {pg_timeout_s:g} s watchdog: {who} stopped making "
+                f"progress (rank {first['rank']} reported: {first['reason'][:300]})",
+                culprit,
+            )
+        return (
+            "crashed",
+            f"{who} died without raising an exception; the others saw its connection close "
+            f"(rank {first['rank']}: {first['reason'][:300]})",
+            culprit,
+        )
     if job_errors:
         rank = min(job_errors)
         return "error", f"{_exception_line(job_errors[rank])} (rank {rank}, outside the benchmark)", rank
@@ -95,9 +121,17 @@ def classify(frags: list[dict], *, world_size: int, elapsed_s: float, time_limit
     return "crashed", f"the ranks exited without a record or an exception{codes}", None
 
 
-def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled: bool = False,
-             log_tail: str = "", exit_codes: list | None = None, ended: tuple[str, str] | None = None,
-             job_errors: dict[int, str] | None = None) -> dict:
+def finalize(
+    payload: dict,
+    *,
+    elapsed_s: float,
+    time_limit_s: float,
+    cancelled: bool = False,
+    log_tail: str = "",
+    exit_codes: list | None = None,
+    ended: tuple[str, str] | None = None,
+    job_errors: dict[int, str] | None = None,
+) -> dict:
     """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known
     (`ended`, `job_errors`: see classify)."""
     rec = _fresh_record(payload)
@@ -105,22 +139,51 @@ def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled:
         return rec
     spec = payload["spec"]
     frags = read_fragments(payload)
-    status, reason, rank = classify(frags, world_size=spec["world_size"], elapsed_s=elapsed_s,
-                                    time_limit_s=time_limit_s, cancelled=cancelled, exit_codes=exit_codes,
-                                    pg_timeout_s=payload["cluster"].get("pg_timeout_s"), ended=ended,
-                                    job_errors=job_errors)
-    rec = new_record(spec=spec, run_id=payload["run_id"], sweep=payload["sweep"],
-                     cluster=payload["cluster"]["name"], status=status, reason=reason, failed_rank=rank)
+    status, reason, rank = classify(
+        frags,
+        world_size=spec["world_size"],
+        elapsed_s=elapsed_s,
+        time_limit_s=time_limit_s,
+        cancelled=cancelled,
+        exit_codes=exit_codes,
+        pg_timeout_s=payload["cluster"].get("pg_timeout_s"),
+        ended=ended,
+        job_errors=job_errors,
+    )
+    rec = new_record(
+        spec=spec,
+        run_id=payload["run_id"],
+        sweep=payload["sweep"],
+        cluster=payload["cluster"]["name"],
+        status=status,
+        reason=reason,
+        failed_rank=rank,
+    )
     rec["attempt"] = payload["attempt"]
     if payload.get("predicted") is not None:
         rec["predicted"] = payload["predicted"]
     if frags:
-        rec["failures"] = [{k: f.get(k) for k in ("rank", "status", "reason", "hostname", "traceback",
-                                                   "memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")}
-                           for f in frags]
+        rec["failures"] = [
+            {
+                k: f.get(k)
+                for k in (
+                    "rank",
+                    "status",
+                    "reason",
+                    "hostname",
+                    "traceback",
+                    "memory_allocated_gib",
+                    "memory_reserved_gib",
+                    "memory_rss_gib",
+                )
+            }
+            for f in frags
+        ]
     elif job_errors:
-        rec["failures"] = [{"rank": k, "status": "error", "reason": _exception_line(tb), "traceback": tb[-8000:]}
-                           for k, tb in sorted(job_errors.items())]
+        rec["failures"] = [
+            {"rank": k, "status": "error", "reason": _exception_line(tb), "traceback": tb[-8000:]}
+            for k, tb in sorted(job_errors.items())
+        ]
     if log_tail:
         rec["log_tail"] = log_tail[-4000:]
     rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
@@ -128,10 +191,12 @@ def finalize(payload: dict, *, elapsed_s: float, time_limit_s: float, cancelled:
     return rec
 
 
-def skipped_record(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str,
-                   predicted: dict | None) -> dict:
-    rec = new_record(spec=spec.to_dict(), run_id=spec.run_id, sweep=sweep, cluster=cluster.name,
-                     status="skipped", reason=reason)
+def skipped_record(
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: dict | None
+) -> dict:
+    rec = new_record(
+        spec=spec.to_dict(), run_id=spec.run_id, sweep=sweep, cluster=cluster.name, status="skipped", reason=reason
+    )
     if predicted is not None:
         rec["predicted"] = predicted
     write_record(results, rec)
@@ -158,8 +223,11 @@ def describe(rec: dict) -> str:
         rank = f" (rank {rec['failed_rank']})" if rec.get("failed_rank") is not None else ""
         return f"{rec['status']}{rank}: {reason}"
     m = rec["metrics"]
-    parts = [f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step", f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu",
-             f"loss {m['loss']:.4f}"]
+    parts = [
+        f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step",
+        f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu",
+        f"loss {m['loss']:.4f}",
+    ]
     if m.get("mfu") is not None:
         parts.append(f"MFU {m['mfu'] * 100:.1f}%")
     if m.get("peak_memory_allocated_gib") is not None:

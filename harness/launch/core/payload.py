@@ -37,8 +37,9 @@ def predict(spec: RunSpec, cluster: Cluster) -> dict | None:
         return None
 
 
-def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None,
-                 predicted: dict | None) -> dict[str, Any]:
+def make_payload(
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None, predicted: dict | None
+) -> dict[str, Any]:
     """Everything a rank needs, as plain JSON data (pickled by submitit, or written to a file)."""
     return {
         "spec": spec.to_dict(),
@@ -46,8 +47,12 @@ def make_payload(spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | 
         "sweep": sweep,
         "attempt": uuid.uuid4().hex[:12],
         "results": str(Path(results).resolve()),
-        "cluster": {"name": cluster.name, "device": cluster.device, "pg_timeout_s": cluster.pg_timeout_s,
-                    "env": cluster.env},
+        "cluster": {
+            "name": cluster.name,
+            "device": cluster.device,
+            "pg_timeout_s": cluster.pg_timeout_s,
+            "env": cluster.env,
+        },
         "git_sha": sha,
         "predicted": predicted,
         "master_port": free_port() if cluster.executor == "local" else None,

@@ -39,8 +39,12 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
         procs = []
         base_env = dict(os.environ)
         base_env.update(payload["cluster"].get("env", {}))
-        base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"] or free_port()),
-                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+        base_env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(payload["master_port"] or free_port()),
+            WORLD_SIZE=str(world),
+            PYTHONUNBUFFERED="1",
+        )
         gpn = payload["spec"]["gpus_per_node"]
         # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
         out = sys.stderr if stream else subprocess.DEVNULL
@@ -48,9 +52,13 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
         pgid = None
         for r in range(world):
             env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
-            p = subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(ppath)], env=env,
-                                 stdout=out, stderr=subprocess.STDOUT,
-                                 process_group=pgid if pgid is not None else 0)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "harness.launch.entry", str(ppath)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                process_group=pgid if pgid is not None else 0,
+            )
             pgid = p.pid if pgid is None else pgid
             procs.append(p)
         cancelled = False
@@ -68,8 +76,13 @@ def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True
                 for p in procs:
                     p.wait()
         elapsed = time.time() - t0
-        return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, cancelled=cancelled,
-                        exit_codes=[p.returncode for p in procs])
+        return finalize(
+            payload,
+            elapsed_s=elapsed,
+            time_limit_s=time_limit_s,
+            cancelled=cancelled,
+            exit_codes=[p.returncode for p in procs],
+        )
 
 
 class FailureWatch:
@@ -133,7 +146,6 @@ def _kill_group(pgid: int | None) -> None:
             time.sleep(0.05)
 
 
-
 def local_gpus() -> list[int] | None:
     """The GPUs a local sweep may use, by index: CUDA_VISIBLE_DEVICES when it lists indices, else every device
     torch sees; None when CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id (then nothing is checked)."""
@@ -149,8 +161,12 @@ def local_gpus() -> list[int] | None:
 def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: float) -> dict[str, Any]:
     """submitit LocalExecutor parameters of a local cell: one task per rank, one node."""
     # timeout_min bounds the whole job; the Controller then kills every task
-    params: dict[str, Any] = {"tasks_per_node": world, "nodes": 1, "timeout_min": time_limit_s / 60.0,
-                              "signal_delay_s": min(30, max(1, int(time_limit_s // 10)))}
+    params: dict[str, Any] = {
+        "tasks_per_node": world,
+        "nodes": 1,
+        "timeout_min": time_limit_s / 60.0,
+        "signal_delay_s": min(30, max(1, int(time_limit_s // 10))),
+    }
     # NOTE: gpus_per_node also sets the tasks' CUDA_VISIBLE_DEVICES, to the first gpus_per_node of visible_gpus
     # (default 0, 1, ...: physical indices, which would ignore the user's CUDA_VISIBLE_DEVICES=2,3); 0 would hide
     # every GPU
@@ -161,8 +177,14 @@ def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: flo
     return params
 
 
-def launch_submitit(payload: dict, *, cluster: Cluster, folder: Path, time_limit_s: float,
-                    on_submit: Callable[[Any], None] | None = None) -> dict:
+def launch_submitit(
+    payload: dict,
+    *,
+    cluster: Cluster,
+    folder: Path,
+    time_limit_s: float,
+    on_submit: Callable[[Any], None] | None = None,
+) -> dict:
     """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells:
     harness.launch.slurm.jobs)."""
     import submitit

@@ -47,9 +47,19 @@ SOCKET_ENV = "HARNESS_PREFORK"
 process on another host, e.g. a SLURM task that inherited the variable, ignores it)"""
 OFF_ENV = "HARNESS_NO_PREFORK"
 """set (to anything) to run every rank in a freshly started interpreter, as without a zygote"""
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "deepspeed", "harness.worker.runner", *FAMILY_MODULES,
-           "harness.worker.meters.comm", "harness.worker.meters.memory", "harness.worker.meters.timing",
-           "harness.worker.faults", "harness.worker.env")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "deepspeed",
+    "harness.worker.runner",
+    *FAMILY_MODULES,
+    "harness.worker.meters.comm",
+    "harness.worker.meters.memory",
+    "harness.worker.meters.timing",
+    "harness.worker.faults",
+    "harness.worker.env",
+)
 READY_TIMEOUT_S = 120.0
 """how long a stub waits for a zygote that is still importing before it runs the rank itself (s)"""
 
@@ -256,8 +266,12 @@ def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
     or None when this rank is not to be forked (the caller then runs it itself): no zygote, switched off, a
     GPU cell (CUDA does not survive a fork), or inside a SLURM job (its tasks start their ranks cold)."""
     where = os.environ.get(SOCKET_ENV)
-    if (not where or os.environ.get(OFF_ENV) or payload["cluster"]["device"] != "cpu"
-            or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"):
+    if (
+        not where
+        or os.environ.get(OFF_ENV)
+        or payload["cluster"]["device"] != "cpu"
+        or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    ):
         return None
     host, pid, path = where.split(":", 2)
     if host != socket.gethostname():
@@ -269,8 +283,7 @@ def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
     with sock:
         sys.stdout.flush()
         sys.stderr.flush()
-        request = {"payload": payload, "rank": rank, "env": dict(os.environ), "cwd": os.getcwd(),
-                   "pgid": os.getpgid(0)}
+        request = {"payload": payload, "rank": rank, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgid(0)}
         try:
             _send(sock, request, [sys.stdout.fileno(), sys.stderr.fileno(), read_end])
         except OSError:
@@ -314,8 +327,12 @@ def zygote(env: dict[str, str] | None = None, *, label: str = "") -> Iterator[st
     child_env = dict(os.environ, **(env or {}))
     # NOTE: its own process group (a terminal's Ctrl-C is not for it), in this session (so that a rank can join
     # its stub's group)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []),
-                            env=child_env, stdin=subprocess.DEVNULL, process_group=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []),
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+    )
     os.environ[SOCKET_ENV] = f"{socket.gethostname()}:{proc.pid}:{path}"
     try:
         yield os.environ[SOCKET_ENV]

@@ -42,11 +42,25 @@ SINFO_TIMEOUT_S = 30
 """how long the check before a sweep, and `harness status`, wait for SLURM's answer (s)"""
 
 # sacct's job states (`man sacct`, JOB STATE CODES), by what they mean for a cell
-PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-                            "SUSPENDED", "STOPPED", "RESIZING", "PREEMPTED", "UNKNOWN"})
+PENDING_STATES = frozenset(
+    {
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+        "SUSPENDED",
+        "STOPPED",
+        "RESIZING",
+        "PREEMPTED",
+        "UNKNOWN",
+    }
+)
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
-ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                          "DEADLINE", "REVOKED"})
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+)
 
 POLL_TICK_S = 0.5
 """how often the waiting sweep looks at result files and fragments (s); sacct is asked less often"""
@@ -79,34 +93,47 @@ def preflight(cluster: Cluster) -> None:
     for a profile naming a partition the cluster does not have."""
     missing = [c for c in CLIENT_COMMANDS if shutil.which(c) is None]
     if missing:
-        raise SlurmUnavailable(f"{cluster.name!r} is a SLURM profile, but this machine has no {', '.join(missing)}: "
-                               "run the sweep on a SLURM login node (the localhost test cluster: make slurm-up)")
+        raise SlurmUnavailable(
+            f"{cluster.name!r} is a SLURM profile, but this machine has no {', '.join(missing)}: "
+            "run the sweep on a SLURM login node (the localhost test cluster: make slurm-up)"
+        )
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).exists():  # sinfo would retry reading it for a minute
         raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist (is the cluster down? make slurm-up)")
     try:
-        out = subprocess.run(["sinfo", "--all", "--noheader", "--format=%R"], capture_output=True, text=True,
-                             timeout=SINFO_TIMEOUT_S)
+        out = subprocess.run(
+            ["sinfo", "--all", "--noheader", "--format=%R"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         raise SlurmUnavailable(f"the SLURM controller did not answer sinfo within {SINFO_TIMEOUT_S} s") from None
     if out.returncode != 0:
-        raise SlurmUnavailable(f"SLURM does not answer from this machine (sinfo exit {out.returncode}): "
-                               f"{out.stderr.strip()[-800:]}")
+        raise SlurmUnavailable(
+            f"SLURM does not answer from this machine (sinfo exit {out.returncode}): {out.stderr.strip()[-800:]}"
+        )
     partitions = sorted(set(out.stdout.split()))
     wanted = cluster.slurm.partition
     if wanted is not None and wanted not in partitions:
-        raise InputError([Problem(cluster.path, "slurm.partition",
-                                  f"{wanted!r} is not a partition of this SLURM cluster (sinfo lists: "
-                                  f"{', '.join(partitions) or 'none'}){did_you_mean(wanted, partitions)}; "
-                                  "edit the profile")])
+        raise InputError(
+            [
+                Problem(
+                    cluster.path,
+                    "slurm.partition",
+                    f"{wanted!r} is not a partition of this SLURM cluster (sinfo lists: "
+                    f"{', '.join(partitions) or 'none'}){did_you_mean(wanted, partitions)}; "
+                    "edit the profile",
+                )
+            ]
+        )
 
 
 def slurm_refusal(spec: RunSpec) -> str | None:
     """Why a cell cannot be one SLURM job, or None (on top of RunSpec.unsupported_reason, which says why a cell
     cannot run at all on a device)."""
     if spec.world_size % spec.gpus_per_node:
-        return (f"world_size {spec.world_size} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
-                "job runs the same number of tasks on each of its nodes")
+        return (
+            f"world_size {spec.world_size} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
+            "job runs the same number of tasks on each of its nodes"
+        )
     return None
 
 
@@ -120,8 +147,12 @@ def job_minutes(time_limit_s: float, slurm: SlurmProfile) -> int:
 def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int) -> dict[str, Any]:
     """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block."""
     s = cluster.slurm
-    params: dict[str, Any] = {"nodes": nodes, "tasks_per_node": tasks_per_node, "timeout_min": int(timeout_min),
-                              "slurm_signal_delay_s": s.signal_delay_s}
+    params: dict[str, Any] = {
+        "nodes": nodes,
+        "tasks_per_node": tasks_per_node,
+        "timeout_min": int(timeout_min),
+        "slurm_signal_delay_s": s.signal_delay_s,
+    }
     if cluster.device == "cuda":  # one GPU per task; a cpu profile's gpus_per_node counts ranks, not GPUs
         params["gpus_per_node"] = tasks_per_node
     if s.cpus_per_task is not None:
@@ -231,19 +262,27 @@ def task_errors(job: Any, n_tasks: int) -> dict[int, str]:
     return errors
 
 
-def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: int, job_id: str,
-            stopped_stuck: bool) -> tuple[str, str] | None:
+def verdict(
+    state: str, *, frags: list[dict], errors: dict[int, str], minutes: int, job_id: str, stopped_stuck: bool
+) -> tuple[str, str] | None:
     """(status, reason) when SLURM's end of the job explains the cell's end (time limit, cancel, node failure),
     else None: the ranks' fragments and errors decide (launch.core.outcome.classify)."""
     base = base_state(state)
-    hit_limit = (base in ("TIMEOUT", "DEADLINE")
-                 or any(f["status"] == "timeout" and TIMED_OUT in f["reason"] for f in frags)
-                 or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values()))
+    hit_limit = (
+        base in ("TIMEOUT", "DEADLINE")
+        or any(f["status"] == "timeout" and TIMED_OUT in f["reason"] for f in frags)
+        or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values())
+    )
     if hit_limit:
         if any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
             return None  # a rank failed before the limit: that is the cause
-        how = ("SLURM killed the ranks" if base == "TIMEOUT" else
-               "submitit's USR2 warning ended it" if base != "DEADLINE" else "its deadline passed")
+        how = (
+            "SLURM killed the ranks"
+            if base == "TIMEOUT"
+            else "submitit's USR2 warning ended it"
+            if base != "DEADLINE"
+            else "its deadline passed"
+        )
         return "timeout", f"the cell exceeded its SLURM time limit of {minutes} min (job {job_id} {state}: {how})"
     if base == "CANCELLED" and not stopped_stuck:
         return "cancelled", f"SLURM job {job_id} was cancelled ({state})"
@@ -258,8 +297,17 @@ def verdict(state: str, *, frags: list[dict], errors: dict[int, str], minutes: i
     return None
 
 
-def pack_verdict(state: str, *, started: bool, frags: list[dict], errors: dict[int, str], minutes: int,
-                 job_id: str, position: int, of: int) -> tuple[str, str] | None:
+def pack_verdict(
+    state: str,
+    *,
+    started: bool,
+    frags: list[dict],
+    errors: dict[int, str],
+    minutes: int,
+    job_id: str,
+    position: int,
+    of: int,
+) -> tuple[str, str] | None:
     """(status, reason) of a packed cell left without a record when its pack's job ended, or None when a rank of
     the cell failed first (its fragments decide: launch.core.outcome.classify). `started`: the cell had begun (task 0's
     marker); `errors` are the pack tasks' own (submitit's "timed-out" at the job's limit)."""
@@ -267,8 +315,7 @@ def pack_verdict(state: str, *, started: bool, frags: list[dict], errors: dict[i
     where = ("while this cell ran" if started else "before this cell ran") + f" (cell {position} of {of})"
     if started and any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
         return None
-    if (base in ("TIMEOUT", "DEADLINE")
-            or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values())):
+    if base in ("TIMEOUT", "DEADLINE") or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values()):
         return "timeout", f"the pack's SLURM job {job_id} reached its time limit of {minutes} min {where}"
     if base in ("CANCELLED", "PREEMPTED"):
         return "cancelled", f"SLURM job {job_id} was cancelled ({state}): the pack's job ended {where}"
@@ -362,8 +409,10 @@ class SlurmSweep:
         job = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
         self._follow(payload, job, tag)
         place = f", cell {payload['pack']['position']} of its pack" if payload.get("pack") else ""
-        self.echo(f"{tag}  re-attached to SLURM job {payload['job_id']}{place} (submitted earlier; last seen "
-                  f"{cell.get('slurm_state') or cell['state']})")
+        self.echo(
+            f"{tag}  re-attached to SLURM job {payload['job_id']}{place} (submitted earlier; last seen "
+            f"{cell.get('slurm_state') or cell['state']})"
+        )
         return True
 
     def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, dict]:
@@ -387,14 +436,22 @@ class SlurmSweep:
             except (FailedJobError, FailedSubmissionError, OSError) as e:
                 for payload, tag in members:
                     refused[payload["run_id"]] = self._record(
-                        payload, tag, ended=("error", f"sbatch refused the job ({shape}): {str(e).strip()[-2000:]}"))
+                        payload, tag, ended=("error", f"sbatch refused the job ({shape}): {str(e).strip()[-2000:]}")
+                    )
                 continue
             for (payload, tag), job in zip(members, jobs):
                 payload["job_id"] = job.job_id
                 # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
                 atomic_write_json(self.payload_path(payload["run_id"]), payload)
-                self.manifest.set(payload["run_id"], state="submitted", status=None, attempt=payload["attempt"],
-                                  job_id=job.job_id, slurm_state="PENDING", nodes="")
+                self.manifest.set(
+                    payload["run_id"],
+                    state="submitted",
+                    status=None,
+                    attempt=payload["attempt"],
+                    job_id=job.job_id,
+                    slurm_state="PENDING",
+                    nodes="",
+                )
                 self._follow(payload, job, tag)
                 self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
         return refused
@@ -414,27 +471,37 @@ class SlurmSweep:
                 total = sum(minutes[i] for i in indices)
                 for position, (payload, _) in enumerate(members, 1):
                     payload["pack"] = {"position": position, "of": len(members), "minutes": total}
-                shape = (f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, "
-                         f"{total} min")
+                shape = f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, {total} min"
                 ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=total)
                 try:
                     job = ex.submit(SlurmPack(), [payload for payload, _ in members])
                 except (FailedJobError, FailedSubmissionError, OSError) as e:
                     for payload, tag in members:
                         refused[payload["run_id"]] = self._record(
-                            payload, tag, ended=("error", f"sbatch refused the packed job ({shape}): "
-                                                          f"{str(e).strip()[-2000:]}"))
+                            payload,
+                            tag,
+                            ended=("error", f"sbatch refused the packed job ({shape}): {str(e).strip()[-2000:]}"),
+                        )
                     continue
                 for payload, tag in members:
                     payload["job_id"] = job.job_id
                     # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
                     atomic_write_json(self.payload_path(payload["run_id"]), payload)
-                    self.manifest.set(payload["run_id"], state="submitted", status=None, attempt=payload["attempt"],
-                                      job_id=job.job_id, slurm_state="PENDING", nodes="",
-                                      pack={k: payload["pack"][k] for k in ("position", "of")})
+                    self.manifest.set(
+                        payload["run_id"],
+                        state="submitted",
+                        status=None,
+                        attempt=payload["attempt"],
+                        job_id=job.job_id,
+                        slurm_state="PENDING",
+                        nodes="",
+                        pack={k: payload["pack"][k] for k in ("position", "of")},
+                    )
                     self._follow(payload, job, tag)
-                    self.echo(f"{tag}  submitted: SLURM job {job.job_id}, cell {payload['pack']['position']} of "
-                              f"{len(members)} in one pack ({shape})")
+                    self.echo(
+                        f"{tag}  submitted: SLURM job {job.job_id}, cell {payload['pack']['position']} of "
+                        f"{len(members)} in one pack ({shape})"
+                    )
         return refused
 
     def _executor_for(self, *, nodes: int, tasks_per_node: int, timeout_min: int) -> Any:
@@ -444,15 +511,20 @@ class SlurmSweep:
             self._executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm", slurm_max_num_timeout=0)
         self._executor.update_parameters(
             name=f"harness-{self.manifest.header.get('sweep', 'sweep')}",
-            **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min))
+            **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min),
+        )
         return self._executor
 
     def _follow(self, payload: dict, job: Any, tag: str) -> None:
         now = time.time()
-        minutes = (payload["pack"]["minutes"] if payload.get("pack")
-                   else job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm))
-        self.cells[payload["run_id"]] = InFlight(payload=payload, job=job, tag=tag, minutes=minutes, since=now,
-                                                 state_since=now)
+        minutes = (
+            payload["pack"]["minutes"]
+            if payload.get("pack")
+            else job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+        )
+        self.cells[payload["run_id"]] = InFlight(
+            payload=payload, job=job, tag=tag, minutes=minutes, since=now, state_since=now
+        )
         self._last_change = now
 
     # ---- following them
@@ -564,8 +636,14 @@ class SlurmSweep:
             return self._finalize_packed(cell)
         frags = read_fragments(cell.payload)
         errors = task_errors(cell.job, cell.world)
-        ended = verdict(cell.state, frags=frags, errors=errors, minutes=cell.minutes, job_id=cell.job.job_id,
-                        stopped_stuck=cell.stopped_stuck)
+        ended = verdict(
+            cell.state,
+            frags=frags,
+            errors=errors,
+            minutes=cell.minutes,
+            job_id=cell.job.job_id,
+            stopped_stuck=cell.stopped_stuck,
+        )
         return self._record(cell.payload, cell.tag, ended=ended, errors=errors, job=cell.job, since=cell.since)
 
     def _finalize_packed(self, cell: InFlight) -> dict:
@@ -577,14 +655,30 @@ class SlurmSweep:
             return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
         started = cell_started(cell.payload)
         frags = read_fragments(cell.payload) if started else []
-        ended = pack_verdict(cell.state, started=started, frags=frags, errors=task_errors(cell.job, cell.world),
-                             minutes=cell.minutes, job_id=cell.job.job_id, position=cell.pack["position"],
-                             of=cell.pack["of"])
+        ended = pack_verdict(
+            cell.state,
+            started=started,
+            frags=frags,
+            errors=task_errors(cell.job, cell.world),
+            minutes=cell.minutes,
+            job_id=cell.job.job_id,
+            position=cell.pack["position"],
+            of=cell.pack["of"],
+        )
         tail = log_tail(cell.payload, cell.world) if started else ""
         return self._record(cell.payload, cell.tag, ended=ended, job=cell.job, since=cell.since, log_tail=tail)
 
-    def _record(self, payload: dict, tag: str, *, ended: tuple[str, str] | None, errors: dict | None = None,
-                job: Any = None, since: float | None = None, log_tail: str | None = None) -> dict:
+    def _record(
+        self,
+        payload: dict,
+        tag: str,
+        *,
+        ended: tuple[str, str] | None,
+        errors: dict | None = None,
+        job: Any = None,
+        since: float | None = None,
+        log_tail: str | None = None,
+    ) -> dict:
         """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done.
         `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
         minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
@@ -592,17 +686,26 @@ class SlurmSweep:
             log_tail = job_log_tail(job, payload["spec"]["world_size"]) if job is not None else ""
         # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
         # wall-clock rule (for local cells) out of it
-        rec = finalize(payload, elapsed_s=0.0, time_limit_s=minutes * 60.0, ended=ended, job_errors=errors or None,
-                       log_tail=log_tail)
+        rec = finalize(
+            payload,
+            elapsed_s=0.0,
+            time_limit_s=minutes * 60.0,
+            ended=ended,
+            job_errors=errors or None,
+            log_tail=log_tail,
+        )
         if payload.get("pack") and payload.get("job_id") and "slurm_pack" not in rec.get("env", {}):
-            rec.setdefault("env", {})["slurm_pack"] = {"job_id": payload["job_id"],
-                                                       "position": payload["pack"]["position"],
-                                                       "of": payload["pack"]["of"]}
+            rec.setdefault("env", {})["slurm_pack"] = {
+                "job_id": payload["job_id"],
+                "position": payload["pack"]["position"],
+                "of": payload["pack"]["of"],
+            }
             write_record(payload["results"], rec)
         self.manifest.set(payload["run_id"], state=cell_state(rec), status=rec["status"], attempt=payload["attempt"])
         place = f", cell {payload['pack']['position']}/{payload['pack']['of']}" if payload.get("pack") else ""
-        took = (f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None
-                else "")
+        took = (
+            f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None else ""
+        )
         self.echo(f"{tag}  {describe(rec)}{took}")
         self.cells.pop(payload["run_id"], None)
         return rec
@@ -621,16 +724,26 @@ class SlurmSweep:
                 where = " while this cell ran" if began else " before this cell ran"
             else:
                 where = ""
-            self._record(cell.payload, cell.tag, job=cell.job, since=cell.since,
-                         ended=("cancelled", f"{reason}: SLURM job {cell.job.job_id} was cancelled{where} (re-running "
-                                             "the sweep runs the cell again)"))
+            self._record(
+                cell.payload,
+                cell.tag,
+                job=cell.job,
+                since=cell.since,
+                ended=(
+                    "cancelled",
+                    f"{reason}: SLURM job {cell.job.job_id} was cancelled{where} (re-running "
+                    "the sweep runs the cell again)",
+                ),
+            )
 
     def detach(self) -> int:
         """Leave the followed jobs running (--no-wait); the manifest has their job ids. Returns how many."""
         n = len(self.cells)
         if n:
             ids = ", ".join(dict.fromkeys(c.job.job_id for c in self.cells.values()))
-            self.echo(f"detached from {n} cell{'s' if n > 1 else ''} on SLURM (jobs {ids}): `harness status "
-                      f"{self.manifest.path.parent}` follows them; re-running this sweep collects their records")
+            self.echo(
+                f"detached from {n} cell{'s' if n > 1 else ''} on SLURM (jobs {ids}): `harness status "
+                f"{self.manifest.path.parent}` follows them; re-running this sweep collects their records"
+            )
         self.cells.clear()
         return n

@@ -71,8 +71,10 @@ def read_marker(sweep: Path, run_id: str, rank: int, *, attempt: str | None) -> 
 
 def cell_started(payload: dict) -> bool:
     """Task 0 has started this attempt of the cell (in some run of its pack's job)."""
-    return read_marker(sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0,
-                       attempt=payload["attempt"]) is not None
+    return (
+        read_marker(sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0, attempt=payload["attempt"])
+        is not None
+    )
 
 
 def this_attempts_record(payload: dict) -> dict | None:
@@ -86,8 +88,9 @@ def this_attempts_record(payload: dict) -> dict | None:
 
 def cell_recorded(payload: dict) -> dict | None:
     """The cell's final record once task 0 says it is final (marker `recorded`), else None."""
-    marker = read_marker(sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0,
-                         attempt=payload["attempt"])
+    marker = read_marker(
+        sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0, attempt=payload["attempt"]
+    )
     return this_attempts_record(payload) if marker and marker.get("recorded") else None
 
 
@@ -152,8 +155,11 @@ class PackRun:
         self.started = time.time()
         self._result_pickle = env.paths.result_pickle
         self._sigterm = False
-        self._stop_file = (sweep_dir(cells[0]["results"], cells[0]["sweep"]) / ".packs"
-                           / f"job-{self.job_id}.{self.restart}.{cells[0]['attempt']}.stop")
+        self._stop_file = (
+            sweep_dir(cells[0]["results"], cells[0]["sweep"])
+            / ".packs"
+            / f"job-{self.job_id}.{self.restart}.{cells[0]['attempt']}.stop"
+        )
 
     def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002 - signal handler
         # the job is being cancelled, requeued or killed at its limit; SLURM signals the children too
@@ -208,7 +214,8 @@ class PackRun:
         """Run this task's rank of the cell to its end; its end marker, or None when the job is stopping."""
         spec = payload["spec"]
         (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{self.rank}.json").unlink(
-            missing_ok=True)  # an interrupted run's
+            missing_ok=True
+        )  # an interrupted run's
         ppath = tmp / f"{payload['run_id']}.json"
         ppath.write_text(json.dumps(payload))
         env = dict(os.environ)
@@ -216,19 +223,38 @@ class PackRun:
         # submitting host: a pack's ranks start cold, in the allocation
         env.pop("HARNESS_PREFORK", None)
         env.update({k: str(v) for k, v in payload["cluster"].get("env", {}).items()})
-        env.update(MASTER_ADDR=self.master, MASTER_PORT=str(cell_port(self.job_id, self.restart, position)),
-                   RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(self.local_rank),
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            MASTER_ADDR=self.master,
+            MASTER_PORT=str(cell_port(self.job_id, self.restart, position)),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_RANK=str(self.local_rank),
+            PYTHONUNBUFFERED="1",
+        )
         mpath = _marker_path(payload, self.rank)
-        marker = {"attempt": payload["attempt"], "job_id": self.job_id, "restart": self.restart, "rank": self.rank,
-                  "position": position + 1, "of": len(self.cells), "started_at": time.time(), "ended_at": None}
+        marker = {
+            "attempt": payload["attempt"],
+            "job_id": self.job_id,
+            "restart": self.restart,
+            "rank": self.rank,
+            "position": position + 1,
+            "of": len(self.cells),
+            "started_at": time.time(),
+            "ended_at": None,
+        }
         atomic_write_json(mpath, marker)
         t0 = marker["started_at"]
         deadline = t0 + spec["time_limit_s"]
         with mpath.with_suffix(".log").open("w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(ppath)], env=env,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    process_group=0, preexec_fn=_ignore_usr2)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.launch.entry", str(ppath)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_ignore_usr2,
+            )
             killed = None
             failed_at = recorded_at = None
             next_check = 0.0
@@ -266,8 +292,10 @@ class PackRun:
             return None
         marker.update(ended_at=time.time(), exit_code=proc.returncode, elapsed_s=time.time() - t0, killed=killed)
         atomic_write_json(mpath, marker)
-        self._say(f"cell {position + 1}/{len(self.cells)} {payload['run_id']}: exit {proc.returncode} after "
-                  f"{marker['elapsed_s']:.1f} s" + (f" (killed: {killed})" if killed else ""))
+        self._say(
+            f"cell {position + 1}/{len(self.cells)} {payload['run_id']}: exit {proc.returncode} after "
+            f"{marker['elapsed_s']:.1f} s" + (f" (killed: {killed})" if killed else "")
+        )
         return marker
 
     def _fresh_fragments(self, payload: dict) -> list[dict]:
@@ -280,10 +308,16 @@ class PackRun:
         sweep = sweep_dir(payload["results"], payload["sweep"])
         until = max(deadline, time.time()) + BARRIER_GRACE_S
         while True:
-            markers = [read_marker(sweep, payload["run_id"], k, attempt=payload["attempt"])
-                       for k in range(self.world)]
-            markers = [m if m and m.get("restart") == self.restart and m.get("job_id") == self.job_id
-                       and m.get("ended_at") is not None else None for m in markers]
+            markers = [read_marker(sweep, payload["run_id"], k, attempt=payload["attempt"]) for k in range(self.world)]
+            markers = [
+                m
+                if m
+                and m.get("restart") == self.restart
+                and m.get("job_id") == self.job_id
+                and m.get("ended_at") is not None
+                else None
+                for m in markers
+            ]
             if self.stopping:
                 return None
             if all(markers) or time.time() > until:
@@ -293,12 +327,18 @@ class PackRun:
     def _record(self, payload: dict, markers: list[dict | None], marker: dict, *, position: int) -> None:
         """Task 0: the cell's one record, exactly as the local launcher makes it, plus `env.slurm_pack`."""
         ended = [m for m in markers if m]
-        rec = finalize(payload, elapsed_s=max(m["elapsed_s"] for m in ended),
-                       time_limit_s=payload["spec"]["time_limit_s"],
-                       exit_codes=[m["exit_code"] if m else None for m in markers],
-                       log_tail=log_tail(payload, self.world))
-        rec.setdefault("env", {})["slurm_pack"] = {"job_id": self.job_id, "position": position + 1,
-                                                   "of": len(self.cells)}
+        rec = finalize(
+            payload,
+            elapsed_s=max(m["elapsed_s"] for m in ended),
+            time_limit_s=payload["spec"]["time_limit_s"],
+            exit_codes=[m["exit_code"] if m else None for m in markers],
+            log_tail=log_tail(payload, self.world),
+        )
+        rec.setdefault("env", {})["slurm_pack"] = {
+            "job_id": self.job_id,
+            "position": position + 1,
+            "of": len(self.cells),
+        }
         write_record(payload["results"], rec)
         atomic_write_json(_marker_path(payload, 0), dict(marker, recorded=True))
         self._say(f"cell {position + 1}/{len(self.cells)} {payload['run_id']}: recorded {rec['status']}")

@@ -69,8 +69,19 @@ _OPS: dict[str, tuple[str, Callable[[tuple], int], int]] = {
 
 
 def _dtype_of(op: str, args: tuple) -> str:
-    t = _first(args[1] if op in ("reduce_scatter_", "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_",
-                                 "alltoall_", "alltoall_base_", "gather_") else args[0])
+    t = _first(
+        args[1]
+        if op
+        in (
+            "reduce_scatter_",
+            "_reduce_scatter_base_",
+            "reduce_scatter_tensor_coalesced_",
+            "alltoall_",
+            "alltoall_base_",
+            "gather_",
+        )
+        else args[0]
+    )
     return str(t.dtype).removeprefix("torch.")
 
 

@@ -14,6 +14,8 @@ def snapshot() -> dict[str, int]:
     included), distinct graphs it produced, graph breaks."""
     from torch._dynamo.utils import counters
 
-    return {"frames": int(counters["frames"]["total"]), "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values()))}
-
+    return {
+        "frames": int(counters["frames"]["total"]),
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }

@@ -31,8 +31,11 @@ class MemoryMeter:
             stats = torch.cuda.memory_stats(self.device)
             retries = stats.get("num_alloc_retries", 0) - getattr(self, "_retries0", 0)
             if retries:
-                warnings.warn(f"{retries} cudaMalloc retries during measurement: the allocator was under "
-                              "memory pressure and step times include cache flushes", stacklevel=2)
+                warnings.warn(
+                    f"{retries} cudaMalloc retries during measurement: the allocator was under "
+                    "memory pressure and step times include cache flushes",
+                    stacklevel=2,
+                )
             return {
                 "peak_memory_allocated_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
                 "peak_memory_reserved_gib": torch.cuda.max_memory_reserved(self.device) / GIB,
@@ -40,8 +43,10 @@ class MemoryMeter:
                 "null_reasons": {},
             }
         hwm = _vm_hwm_bytes()
-        reasons = {"peak_memory_reserved_gib": "CPU: there is no caching allocator; the process peak RSS is "
-                                               "reported as allocated"}
+        reasons = {
+            "peak_memory_reserved_gib": "CPU: there is no caching allocator; the process peak RSS is "
+            "reported as allocated"
+        }
         if hwm is None:
             reasons["peak_memory_allocated_gib"] = "CPU: /proc/self/status has no VmHWM on this system"
         return {

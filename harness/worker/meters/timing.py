@@ -15,7 +15,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(step: Callable[[], torch.Tensor], *, n: int, device: torch.device) -> tuple[list[float], list[torch.Tensor]]:
+def time_steps(
+    step: Callable[[], torch.Tensor], *, n: int, device: torch.device
+) -> tuple[list[float], list[torch.Tensor]]:
     """Run `step` n times; return each step's wall time (s, between fences) and its (device) loss tensor.
 
     Losses stay on the device: reading them would add a host sync inside the timed region.

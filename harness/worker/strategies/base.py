@@ -52,8 +52,9 @@ class Topology:
         from torch.distributed.device_mesh import init_device_mesh
 
         if hybrid:
-            return init_device_mesh(self.device_type, (self.nodes, self.gpus_per_node),
-                                    mesh_dim_names=("replicate", "shard"))
+            return init_device_mesh(
+                self.device_type, (self.nodes, self.gpus_per_node), mesh_dim_names=("replicate", "shard")
+            )
         return init_device_mesh(self.device_type, (self.world_size,), mesh_dim_names=("shard",))
 
 
@@ -67,9 +68,15 @@ class Trainer(Protocol):
 class TorchTrainer:
     """The step for families driven by a torch optimizer: DDP, FSDP1, FSDP2."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 scaler=None, no_sync: Callable[[], contextlib.AbstractContextManager] | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        scaler=None,
+        no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self._autocast, self._no_sync = autocast, no_sync
 

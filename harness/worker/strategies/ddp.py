@@ -17,12 +17,17 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     model = build_model(spec.model_config, seed=spec.settings.seed, device=topo.device)
     if spec.settings.checkpointing:
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
-    ddp = DDP(model, device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
-              bucket_cap_mb=DDP_BUCKET_CAP_MB, gradient_as_bucket_view=True)
+    ddp = DDP(
+        model,
+        device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
+        bucket_cap_mb=DDP_BUCKET_CAP_MB,
+        gradient_as_bucket_view=True,
+    )
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
     scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
     # NOTE: compile the DDP-wrapped module (DDPOptimizer splits graphs at bucket boundaries, so the
     # reducer still overlaps communication with backward); no_sync stays on the DDP object.
     model_for_step = torch.compile(ddp) if spec.settings.compile else ddp
-    return TorchTrainer(model_for_step, opt, autocast=lambda: prec.autocast(topo.device_type), scaler=scaler,
-                        no_sync=ddp.no_sync)
+    return TorchTrainer(
+        model_for_step, opt, autocast=lambda: prec.autocast(topo.device_type), scaler=scaler, no_sync=ddp.no_sync
+    )

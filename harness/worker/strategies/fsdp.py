@@ -33,8 +33,7 @@ def mixed_precision(name: str) -> MixedPrecision | None:
     if not prec.mixed:
         return None
     # NOTE: reduce in fp32 (see harness.worker.precision); buffers (none in the zoo) follow the compute dtype
-    return MixedPrecision(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32,
-                          buffer_dtype=prec.compute_dtype)
+    return MixedPrecision(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32, buffer_dtype=prec.compute_dtype)
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
@@ -67,8 +66,9 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         sync_module_states=False,
         **kwargs,
     )
-    opt = adamw(fsdp.parameters(), lr=spec.settings.lr,
-                device=init_device if offload == "optimizer+params" else topo.device)
+    opt = adamw(
+        fsdp.parameters(), lr=spec.settings.lr, device=init_device if offload == "optimizer+params" else topo.device
+    )
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
     model_for_step = torch.compile(fsdp) if spec.settings.compile else fsdp
     return TorchTrainer(model_for_step, opt, scaler=scaler, no_sync=fsdp.no_sync)

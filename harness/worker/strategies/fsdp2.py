@@ -54,8 +54,11 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     if spec.settings.checkpointing:
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     mesh = topo.mesh_for(spec.strategy)
-    mp = MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32) if prec.mixed \
+    mp = (
+        MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32)
+        if prec.mixed
         else MixedPrecisionPolicy()
+    )
     if spec.settings.compile:
         # NOTE: per-block compile before fully_shard (torchtitan's order): each block is one graph and
         # FSDP2's all-gather/reduce-scatter hooks stay outside it

@@ -94,8 +94,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
     import deepspeed
 
     _skip_shm_comm_build()
-    deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo",
-                               auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo", auto_mpi_discovery=False)
     config = ds_config(spec, world_size=topo.world_size)
     cfg = spec.model_config
     if spec.strategy == "zero3":
