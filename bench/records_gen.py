@@ -27,7 +27,7 @@ def synthetic_record(
         "model": model,
         "strategy": strategy,
         "precision": precision,
-        "world_size": gpus,
+        "gpus": gpus,
         "nodes": max(1, gpus // 8),
         "gpus_per_node": min(gpus, 8),
         "micro_batch": mb,

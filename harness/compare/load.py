@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import Problem
-from harness.results.store import SCHEMA_VERSION, STATUSES, iter_record_files, read_record
+from harness.results.store import SCHEMA_VERSION, check_record, iter_record_files, read_record
 
 
 def _existing(paths: Sequence[Path], side: str, problems: list[Problem]) -> list[Path]:
@@ -36,14 +36,10 @@ def _parse(path: Path) -> tuple[dict[str, Any] | None, Any]:
             doc = json.loads(f.read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None, None
-    if (
-        isinstance(doc, dict)
-        and doc.get("schema_version") == SCHEMA_VERSION
-        and all(k in doc for k in ("run_id", "status", "spec"))
-        and doc["status"] in STATUSES
-    ):
-        return doc, doc
-    return None, doc
+    try:
+        return dict(check_record(doc)), doc
+    except ValueError:
+        return None, doc
 
 
 def _unknown_schema(doc: Any) -> Any:

@@ -39,12 +39,13 @@ def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
     """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys and minus
     settings at their default (RunSpec.identity's rule: a setting added later, at its default, still
     matches records written before it existed)."""
-    from harness.scenario.schema import canonical_setting
+    from harness.scenario.schema import LEGACY_GPUS_KEY, canonical_setting
 
-    ignored = set(ignore)
+    ignored = {"gpus" if k == LEGACY_GPUS_KEY else k for k in ignore}
     defaults = _setting_defaults()
     kept = {}
     for k, v in spec.items():
+        k = "gpus" if k == LEGACY_GPUS_KEY else k  # a record written before the rename matches its new self
         v = canonical_setting(k, v)
         if k in ignored or (k in defaults and _canonical(v) == defaults[k]):
             continue
@@ -123,7 +124,8 @@ def _short(value: Any) -> str:
 def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """key → label; cells sharing `model strategy precision gN` get the spec keys that differ among them."""
     core = {
-        k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('world_size')}" for k, s in specs.items()
+        k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('gpus', s.get('world_size'))}"
+        for k, s in specs.items()
     }
     groups: dict[str, list[str]] = {}
     for k, name in core.items():

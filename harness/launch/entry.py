@@ -53,7 +53,7 @@ def submitit_entry(payload: dict[str, Any]) -> None:
         # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
         # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
         port = random.Random(job_env.job_id).randint(20000, 60000)
-    rank = dict(
+    rank: dict[str, Any] = dict(
         rank=job_env.global_rank,
         world_size=job_env.num_tasks,
         local_rank=job_env.local_rank,
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m harness.launch.entry PAYLOAD.json` under torchrun-style environment variables."""
     argv = sys.argv[1:] if argv is None else argv
     payload = json.loads(Path(argv[0]).read_text())
-    rank = dict(
+    rank: dict[str, Any] = dict(
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),

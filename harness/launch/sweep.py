@@ -23,6 +23,7 @@ from harness.launch.core.payload import make_payload, predict
 from harness.launch.local import prefork
 from harness.launch.local.launchers import launch_submitit, local_gpus
 from harness.launch.slurm.jobs import SlurmSweep, preflight, slurm_refusal
+from harness.results.schema import Record
 from harness.results.store import read_record, record_path, sweep_dir
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec, Scenario
@@ -31,14 +32,14 @@ from harness.worker.env import git_sha
 
 @dataclass
 class SweepResult:
-    records: list[dict]
+    records: list[Record]
     results_dir: Path
     wall_s: float
     in_flight: int = 0
     """cells left running on SLURM by a detached (--no-wait) sweep"""
 
     @property
-    def failed(self) -> list[dict]:
+    def failed(self) -> list[Record]:
         return [r for r in self.records if r["status"] in FAILED]
 
 
@@ -86,7 +87,7 @@ def run_sweep(
     )
     folder = sweep_dir(results, scenario.name) / ".submitit"
     locks = sweep_dir(results, scenario.name) / ".locks"
-    sweep = dict(
+    sweep: dict[str, Any] = dict(
         scenario=scenario,
         cluster=cluster,
         results=results,
@@ -97,11 +98,14 @@ def run_sweep(
         echo=echo,
     )
     if cluster.executor == "slurm":
-        records, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, pack=pack, **sweep)
+        on_slurm, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, pack=pack, **sweep)
         return SweepResult(
-            records=records, results_dir=sweep_dir(results, scenario.name), wall_s=time.time() - t0, in_flight=in_flight
+            records=on_slurm,
+            results_dir=sweep_dir(results, scenario.name),
+            wall_s=time.time() - t0,
+            in_flight=in_flight,
         )
-    records = []
+    records: list[Record] = []
     # ranks of local CPU cells fork from one warm interpreter instead of importing torch each
     # (harness.launch.local.prefork)
     with (
@@ -125,7 +129,7 @@ def run_sweep(
 
 def _record_of_other_sweep(
     spec: RunSpec, *, tag: str, locks: Path, results: Path, sweep: str, echo: Callable[[str], None]
-) -> dict | None:
+) -> Record | None:
     """Wait until the sweep that holds the cell's lock lets go; its record, or None when it left none."""
     echo(f"{tag}  running in another sweep; waiting for its record")
     with file_lock(locks / f"{spec.run_id}.lock"):
@@ -150,7 +154,7 @@ def _prepare_cell(
     manifest: Manifest,
     sha: str | None,
     echo: Callable[[str], None],
-) -> tuple[dict | None, dict | None]:
+) -> tuple[Record | None, dict | None]:
     """(record, None) for a cell that needs no run (an ok record exists, or it is skipped), else (None, payload)."""
     if not force and existing_ok(results, scenario.name, spec.run_id):
         echo(f"{tag}  ok (already recorded; --force reruns)")
@@ -162,10 +166,10 @@ def _prepare_cell(
         reason = slurm_refusal(spec)
     if reason is None and cluster.executor == "local" and cluster.device == "cuda":
         gpus = local_gpus()
-        if gpus is not None and spec.world_size > len(gpus):
+        if gpus is not None and spec.gpus > len(gpus):
             env = os.environ.get("CUDA_VISIBLE_DEVICES")
             reason = (
-                f"needs {spec.world_size} GPU{'s' * (spec.world_size != 1)} on this machine; {len(gpus)} "
+                f"needs {spec.gpus} GPU{'s' * (spec.gpus != 1)} on this machine; {len(gpus)} "
                 f"visible ({'CUDA_VISIBLE_DEVICES unset' if env is None else f'CUDA_VISIBLE_DEVICES={env!r}'})"
             )
     if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
@@ -193,7 +197,7 @@ def _run_cell(
     folder: Path,
     sha: str | None,
     echo: Callable[[str], None],
-) -> dict:
+) -> Record:
     rec, payload = _prepare_cell(
         spec,
         tag=tag,
@@ -208,6 +212,7 @@ def _run_cell(
     )
     if rec is not None:
         return rec
+    assert payload is not None  # _prepare_cell returns one of the two
     manifest.set(spec.run_id, state="running", status=None, attempt=payload["attempt"])
     c0 = time.time()
     try:
@@ -229,11 +234,11 @@ def _run_cell(
 
 def _run_on_slurm(
     specs: list[RunSpec], *, scenario: Scenario, results: Path, locks: Path, echo: Callable[[str], None], **sweep: Any
-) -> tuple[list[dict], int]:
+) -> tuple[list[Record], int]:
     """(records, cells left in flight): every cell through _slurm_round; a cell another sweep was handling is
     taken from its record, or, when that sweep let go without one (it detached), in a second round."""
     tags = {s.run_id: f"[{i}/{len(specs)}] {s.run_id}" for i, s in enumerate(specs, 1)}
-    records: dict[str, dict] = {}
+    records: dict[str, Record] = {}
     in_flight = 0
     todo = specs
     for _ in range(2):
@@ -261,7 +266,7 @@ def _slurm_round(
     specs: list[RunSpec],
     *,
     tags: dict[str, str],
-    records: dict[str, dict],
+    records: dict[str, Record],
     scenario: Scenario,
     cluster: Cluster,
     results: Path,
@@ -304,6 +309,7 @@ def _slurm_round(
             if rec is not None:
                 records[spec.run_id] = rec
             else:
+                assert payload is not None  # _prepare_cell returns one of the two
                 to_submit.append((payload, tag))
         try:
             records.update(flight.submit(to_submit, pack=pack))

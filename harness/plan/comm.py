@@ -132,7 +132,7 @@ class Groups:
 
 
 def groups_for(spec: RunSpec) -> Groups:
-    w, gpn = spec.world_size, spec.gpus_per_node
+    w, gpn = spec.gpus, spec.gpus_per_node
     world = group_kind(list(range(w)), gpn)
     if CATALOGUE[spec.strategy].mesh == HYBRID:
         nodes = w // gpn
@@ -395,7 +395,7 @@ def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> No
     prec = spec.precision
     dt = PRECISION_DTYPE[prec]  # the model dtype: parameters, gradients and communication
     eb = DTYPE_BYTES[dt]
-    w = spec.world_size
+    w = spec.gpus
     accum = spec.settings.grad_accum
     numel = sum(p.numel for p in params)
     align = DS_NCCL_START_ALIGNMENT * w
@@ -594,7 +594,7 @@ def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
     prec = spec.precision
     dt = PRECISION_DTYPE[prec]
     eb = DTYPE_BYTES[dt]
-    w = spec.world_size
+    w = spec.gpus
     accum = spec.settings.grad_accum
     padded = [-(-p.numel // w) * w for p in params]  # each parameter partitioned into ceil(numel / world)
     conf = ZERO3

@@ -318,8 +318,8 @@ def shard_degree(spec: RunSpec) -> int:
     if not entry.shards:
         return 1
     if entry.mesh == HYBRID:
-        return min(spec.gpus_per_node, spec.world_size)
-    return spec.world_size
+        return min(spec.gpus_per_node, spec.gpus)
+    return spec.gpus
 
 
 def memory(spec: RunSpec) -> Memory:
@@ -559,7 +559,7 @@ def _zero(spec: RunSpec) -> Memory:
     """
     cfg, s = spec.model_config, spec.settings
     stage = int(spec.strategy[-1])
-    nshard = spec.world_size
+    nshard = spec.gpus
     b = BYTES[spec.precision]
     off_opt = s.offload in ("optimizer", "optimizer+params")
     off_par = s.offload == "optimizer+params"

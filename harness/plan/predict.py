@@ -149,7 +149,7 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
     rows = []
     for c in cells:
         s = c["spec"]
-        name = f"{s['model']} {s['strategy']} {s['precision']} g{s['world_size']}"
+        name = f"{s['model']} {s['strategy']} {s['precision']} g{s['gpus']}"
         ac = s["activation_checkpointing"]
         opts = ",".join(
             o

@@ -181,7 +181,7 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
         "n_params": r.num("metrics.n_params", metrics.get("n_params")),
         "strategy": r.text(spec.get("strategy")),
         "precision": r.text(spec.get("precision")),
-        "gpus": r.num("spec.world_size", spec.get("world_size")),
+        "gpus": r.num("spec.gpus", spec.get("gpus")),
         "nodes": r.num("spec.nodes", spec.get("nodes")),
         "micro_batch": r.num("spec.micro_batch", spec.get("micro_batch")),
         "seq_len": r.num("spec.seq_len", spec.get("seq_len")),
@@ -281,7 +281,7 @@ def records_frame(records: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, l
         df = pd.concat([df, cdf], axis=1)
     missing = df[["model", "strategy", "precision", "gpus"]].isna().any(axis=1)
     for p in df.loc[missing, "path"]:
-        warnings.append(f"{p}: spec lacks model/strategy/precision/world_size; listed in table.csv only")
+        warnings.append(f"{p}: spec lacks model/strategy/precision/gpus; listed in table.csv only")
     return df, warnings
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.results.store import SCHEMA_VERSION, STATUSES
+from harness.results.store import check_record
 
 __all__ = ["record_files", "iter_records"]
 
@@ -76,17 +76,7 @@ def _parse(path: str) -> dict[str, Any]:
         rec = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None
-    if not isinstance(rec, dict):
-        raise ValueError("not a JSON object")
-    version = rec.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"unknown schema_version {version!r}; this harness reads version {SCHEMA_VERSION}")
-    missing = [k for k in ("run_id", "status", "spec") if k not in rec]
-    if missing:
-        raise ValueError(f"missing keys: {', '.join(missing)}")
-    if rec["status"] not in STATUSES:
-        raise ValueError(f"status {rec['status']!r} is not one of {', '.join(STATUSES)}")
-    return rec
+    return dict(check_record(rec))
 
 
 def iter_records(*dirs: str | Path, warnings: list[str]) -> Iterator[dict[str, Any]]:

@@ -59,10 +59,10 @@ class Spec(TypedDict):
     """parallelism family and variant, e.g. fsdp.full_shard (harness.scenario.schema.STRATEGIES)"""
     precision: str
     """fp32 | bf16 | fp16 (harness.scenario.schema.PRECISIONS)"""
-    world_size: int
-    """ranks = GPUs"""
+    gpus: int
+    """ranks = GPUs (records written before 2026-12 call it `world_size`; the loaders rename it)"""
     nodes: int
-    """nodes (ceil(world_size / gpus_per_node))"""
+    """nodes (ceil(gpus / gpus_per_node))"""
     gpus_per_node: int
     """ranks per node, from the cluster profile"""
     micro_batch: int
@@ -131,7 +131,7 @@ class Metrics(TypedDict):
     tokens_per_s: float
     """global throughput at the median step time (tokens/s)"""
     tokens_per_s_per_gpu: float
-    """tokens_per_s / world_size (tokens/s)"""
+    """tokens_per_s / gpus (tokens/s)"""
     tflops_per_gpu: float
     """model FLOPs per GPU per second / 1e12 (TFLOPS)"""
     mfu: float | None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from harness.results.schema import Record, Spec, Status
+from harness.scenario.schema import LEGACY_GPUS_KEY
 
 SCHEMA_VERSION: Final = 1
 STATUSES = ("ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped")
@@ -120,6 +121,12 @@ def read_record(path: str | Path) -> Record:
         raise ValueError(f"unreadable: {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None
+    return check_record(rec)
+
+
+def check_record(rec: Any) -> Record:
+    """A parsed document as a record (ValueError with the reason when it is not a readable v1 record), with
+    the spec's pre-2026-12 `world_size` renamed `gpus` (in place), so every reader sees one vocabulary."""
     if not isinstance(rec, dict):
         raise ValueError("not a JSON object")
     version = rec.get("schema_version")
@@ -130,6 +137,9 @@ def read_record(path: str | Path) -> Record:
         raise ValueError(f"missing keys: {', '.join(missing)}")
     if rec["status"] not in STATUSES:
         raise ValueError(f"status {rec['status']!r} is not one of {', '.join(STATUSES)}")
+    spec = rec["spec"]
+    if isinstance(spec, dict) and LEGACY_GPUS_KEY in spec and "gpus" not in spec:
+        spec["gpus"] = spec.pop(LEGACY_GPUS_KEY)
     return cast(Record, rec)  # NOTE: only the keys above are checked; the rest is trusted to be as Record says
 
 

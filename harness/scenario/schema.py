@@ -34,6 +34,8 @@ recompute the rest of each block: norms, RoPE, SiLU, products)"""
 FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception")
 INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step")
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
+LEGACY_GPUS_KEY = "world_size"
+"""what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -103,22 +105,22 @@ class RunSpec:
     """the model's dimensions (so a renamed or edited custom model changes run_id)"""
     strategy: str
     precision: str
-    world_size: int
-    """ranks = GPUs"""
+    gpus: int
+    """ranks = GPUs (the scenario's `gpus` axis; torch calls it the world size)"""
     nodes: int
-    """ceil(world_size / gpus_per_node)"""
+    """ceil(gpus / gpus_per_node)"""
     gpus_per_node: int
     """ranks per node, from the cluster profile; hybrids shard inside a node and replicate across nodes"""
     settings: Settings
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat JSON form: `spec.{model, strategy, precision, world_size, nodes, gpus_per_node, micro_batch, …}`."""
+        """Flat JSON form: `spec.{model, strategy, precision, gpus, nodes, gpus_per_node, micro_batch, …}`."""
         d: dict[str, Any] = {
             "model": self.model,
             "model_config": self.model_config.to_dict(),
             "strategy": self.strategy,
             "precision": self.precision,
-            "world_size": self.world_size,
+            "gpus": self.gpus,
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
         }
@@ -133,7 +135,7 @@ class RunSpec:
             model_config=ModelConfig(**d["model_config"]),
             strategy=d["strategy"],
             precision=d["precision"],
-            world_size=int(d["world_size"]),
+            gpus=int(d["gpus"] if "gpus" in d else d[LEGACY_GPUS_KEY]),
             nodes=int(d["nodes"]),
             gpus_per_node=int(d["gpus_per_node"]),
             settings=Settings(**known),
@@ -143,22 +145,25 @@ class RunSpec:
         """What makes two cells the same cell: the spec without settings left at their default.
 
         A setting added in a later version (at its default) thus keeps every existing run_id and match.
+        The GPU count is hashed under its old key, `world_size`, so renaming it to `gpus` kept every run_id.
         """
         defaults = {name: f.default for name, f in SETTING_FIELDS.items()}
-        return {k: v for k, v in self.to_dict().items() if not (k in defaults and v == defaults[k])}
+        out = {k: v for k, v in self.to_dict().items() if not (k in defaults and v == defaults[k])}
+        out[LEGACY_GPUS_KEY] = out.pop("gpus")
+        return out
 
     @property
     def run_id(self) -> str:
         """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
-        return f"{self.model}-{self.strategy}-{self.precision}-g{self.world_size}-{digest}"
+        return f"{self.model}-{self.strategy}-{self.precision}-g{self.gpus}-{digest}"
 
     @property
     def tokens_per_step(self) -> int:
         """Global tokens per optimizer step."""
         s = self.settings
-        return s.micro_batch * s.seq_len * s.grad_accum * self.world_size
+        return s.micro_batch * s.seq_len * s.grad_accum * self.gpus
 
     def unsupported_reason(self, device: str | None = None) -> str | None:
         """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
@@ -167,20 +172,19 @@ class RunSpec:
         for every strategy are here; what one strategy supports is its harness.core.catalogue entry.
         """
         s = self.settings
-        if s.inject is not None and s.inject.get("rank", 0) >= self.world_size:
-            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.world_size}"
+        if s.inject is not None and s.inject.get("rank", 0) >= self.gpus:
+            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.gpus}"
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
         if entry.mesh == catalogue.HYBRID:
-            if self.world_size % self.gpus_per_node:
+            if self.gpus % self.gpus_per_node:
                 return (
-                    f"{self.strategy} needs world_size divisible by gpus_per_node "
-                    f"({self.world_size} % {self.gpus_per_node} != 0)"
+                    f"{self.strategy} needs gpus divisible by gpus_per_node ({self.gpus} % {self.gpus_per_node} != 0)"
                 )
             if self.nodes < 2:
                 return (
-                    f"{self.strategy} shards inside a node and replicates across nodes; world {self.world_size} "
+                    f"{self.strategy} shards inside a node and replicates across nodes; world {self.gpus} "
                     f"with {self.gpus_per_node} GPUs per node is a single node"
                 )
         if self.precision not in entry.precisions:
@@ -224,7 +228,7 @@ class Scenario:
                 model_config=self.model_config(cell["model"]),
                 strategy=cell["strategy"],
                 precision=cell["precision"],
-                world_size=world,
+                gpus=world,
                 nodes=math.ceil(world / gpus_per_node),
                 gpus_per_node=min(gpus_per_node, world),
                 settings=Settings(**merged),

@@ -17,6 +17,7 @@ import os
 import resource
 import signal
 import time
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ class FaultInjector:
         self.armed = self.fault is not None and inject.get("rank", 0) == rank
         self.step = inject.get("step", 1)
         self.rank, self.device = rank, device
-        self._hook = None
+        self._hook: Any = None
 
     def before_step(self, step: int, model: torch.nn.Module) -> None:
         """Called with the 1-based global step (warmup included) before the step runs."""

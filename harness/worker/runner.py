@@ -15,10 +15,11 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.plan.memory import flops_per_step as model_flops_per_step
 from harness.plan.memory import hardware_flops_per_step
+from harness.results.schema import Record, Spec
 from harness.results.store import atomic_write_json, fragment_dir, new_record, sanitize, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
@@ -130,7 +131,7 @@ def run(
     master_addr: str,
     master_port: int,
     forked: bool = False,
-) -> dict | None:
+) -> Record | None:
     """Run one cell on this rank. Returns the record on rank 0 (also written to disk), else None.
 
     `forked`: this rank was forked from the sweep's warm interpreter (harness.launch.local.prefork) instead of
@@ -147,8 +148,8 @@ def run(
 
     spec = RunSpec.from_dict(payload["spec"])
     s = spec.settings
-    if spec.world_size != world_size:
-        raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.world_size} cell")
+    if spec.gpus != world_size:
+        raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
     record = _ok_record(payload, spec=spec, t_entry=t_entry)
 
     try:
@@ -201,10 +202,10 @@ def run(
 # the phases of run(), in order
 
 
-def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> dict:
+def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> Record:
     """The record this rank fills in if the cell ends ok (only rank 0's is written)."""
     record = new_record(
-        spec=spec.to_dict(),
+        spec=cast(Spec, spec.to_dict()),
         run_id=payload["run_id"],
         sweep=payload["sweep"],
         cluster=payload["cluster"]["name"],
@@ -405,7 +406,7 @@ def _aggregate_over_ranks(step_losses: list, *, timed: _Timed, world_size: int, 
 
 
 def _complete_record(
-    record: dict,
+    record: Record,
     *,
     payload: dict[str, Any],
     spec: RunSpec,
@@ -422,19 +423,24 @@ def _complete_record(
 ) -> None:
     """Rank 0: the record's env, metrics, comm and status (nan when a loss is not finite), from what the ranks
     measured."""
+    out = cast(dict[str, Any], record)  # filled field by field; tests check the result against the Record type
     import torch
 
     from harness.worker import env as envmod
     from harness.worker.meters.timing import summarize
 
     s = spec.settings
-    world_size = spec.world_size
+    world_size = spec.gpus
     mem, dynamo, peaks, per_rank_losses = timed.mem, timed.dynamo, ranks.peaks, ranks.per_rank_losses
     env = envmod.capture(device.type)
     env["prefork"] = forked  # forked from the sweep's warm interpreter, not started cold
     if getattr(trainer, "config", None) is not None:
         env["deepspeed_config"] = trainer.config
-    env.update(backend=backend, hostnames=sorted(set(ranks.hosts)), harness_git_sha=payload.get("git_sha"))
+    env.update(
+        backend=backend,
+        hostnames=sorted({h for h in ranks.hosts if h is not None}),
+        harness_git_sha=payload.get("git_sha"),
+    )
     if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
         env.update(slurm_job_id=payload["job_id"], slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
     samples = ranks.step_times.tolist()
@@ -458,7 +464,7 @@ def _complete_record(
     else:
         compile_s = None
         null_reasons["compile_s"] = "compile is off for this cell"
-    record["metrics"] = {
+    out["metrics"] = {
         "step_time_s": summary,
         "tokens_per_s": tokens / summary["median"],
         "tokens_per_s_per_gpu": tokens / summary["median"] / world_size,
@@ -482,7 +488,7 @@ def _complete_record(
         "null_reasons": null_reasons,
     }
     if peaks[2] > 0:
-        record["reason"] = (
+        out["reason"] = (
             f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
             "(recompilation): those steps' times include compile time; raise warmup_steps "
             "or look for the changing guard with TORCH_LOGS=recompiles"
@@ -492,18 +498,18 @@ def _complete_record(
     bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
     if bad:
         bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
-        record.update(
+        out.update(
             status="nan",
             failed_rank=bad_rank,
             reason=f"loss is not finite at step {first + 1} "
             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}",
         )
-    record["comm"] = comm_summary
-    predicted_comm = (record.get("predicted") or {}).get("comm_bytes_per_step")
+    out["comm"] = comm_summary
+    predicted_comm = (out.get("predicted") or {}).get("comm_bytes_per_step")
     if predicted_comm:
-        record["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
-    record["env"] = env
-    record["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        out["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
+    out["env"] = env
+    out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _write_failure(payload: dict[str, Any], rank: int, e: BaseException) -> None:
@@ -512,7 +518,7 @@ def _write_failure(payload: dict[str, Any], rank: int, e: BaseException) -> None
     import torch
 
     status = "oom" if _is_oom(e) else "timeout" if _is_slurm_time_limit(e) else "error"
-    extra = {"traceback": traceback.format_exc(limit=30)}
+    extra: dict[str, Any] = {"traceback": traceback.format_exc(limit=30)}
     if status == "oom":
         if torch.cuda.is_available():
             extra["memory_allocated_gib"] = torch.cuda.memory_allocated() / 2**30

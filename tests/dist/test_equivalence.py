@@ -29,7 +29,7 @@ def reference_losses(spec) -> list[float]:
     torch.manual_seed(s.seed)
     model = build_model(spec.model_config, seed=s.seed, device="cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, foreach=True)
-    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=0, micro_batch=s.micro_batch * spec.world_size,
+    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=0, micro_batch=s.micro_batch * spec.gpus,
                                seq_len=s.seq_len, micro_step=i) for i in range(s.grad_accum)]
     losses = []
     for _ in range(s.warmup_steps + s.measure_steps):

@@ -24,7 +24,7 @@ def test_every_smoke_cell_is_ok(smoke_sweep):
         assert rec["status"] == "ok", (rec["run_id"], rec["reason"])
         m = rec["metrics"]
         assert len(m["step_time_s"]["samples"]) == rec["spec"]["measure_steps"]
-        assert m["tokens_per_s"] == pytest.approx(m["tokens_per_s_per_gpu"] * rec["spec"]["world_size"])
+        assert m["tokens_per_s"] == pytest.approx(m["tokens_per_s_per_gpu"] * rec["spec"]["gpus"])
         assert m["mfu"] is None and "no dense peak" in m["null_reasons"]["mfu"]  # CPU: no invented MFU
         assert m["peak_memory_allocated_gib"] > 0
         assert rec["comm"]["bytes_per_step"] > 0 and rec["predicted"]["memory_gib"]["total"] > 0

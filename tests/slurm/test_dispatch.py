@@ -48,7 +48,7 @@ MAIN_SCENARIO = """\
 
 def cell_key(rec: dict) -> str:
     s = rec["spec"]
-    if s["world_size"] == 6:
+    if s["gpus"] == 6:
         return "refused"
     if s["strategy"] == "fsdp.hybrid_shard":
         return "hybrid"

@@ -147,9 +147,7 @@ def test_a_crash_and_a_hang_in_a_pack_are_recorded_and_the_pack_goes_on(sweeps):
     faults = sweeps["faults"]
     assert faults["code"] == 1, faults["output"]  # some cells failed
     by_fault = {
-        (r["spec"].get("inject") or {}).get("fault"): r
-        for r in faults["records"].values()
-        if r["spec"]["world_size"] == 2
+        (r["spec"].get("inject") or {}).get("fault"): r for r in faults["records"].values() if r["spec"]["gpus"] == 2
     }
     assert set(by_fault) == {"crash", "hang", None} and len(faults["records"]) == 4 and not faults["warnings"]
     assert len({r["env"]["slurm_job_id"] for r in by_fault.values()}) == 1  # one job
@@ -166,7 +164,7 @@ def test_a_crash_and_a_hang_in_a_pack_are_recorded_and_the_pack_goes_on(sweeps):
     ddp = next(r for r in sweeps["packed"]["records"].values() if r["spec"]["strategy"] == "ddp")
     assert ok["metrics"]["losses"] == ddp["metrics"]["losses"]
     assert ok["comm"]["bytes_per_step"] == ddp["comm"]["bytes_per_step"]
-    (refused,) = [r for r in faults["records"].values() if r["spec"]["world_size"] == 6]
+    (refused,) = [r for r in faults["records"].values() if r["spec"]["gpus"] == 6]
     assert refused["status"] == "error" and refused["env"]["slurm_job_id"] is None
     assert refused["reason"].startswith("sbatch refused the packed job (3 nodes x 2 tasks, 1 min): ")
     assert "sbatch: error:" in refused["reason"]

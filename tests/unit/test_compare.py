@@ -61,7 +61,7 @@ def make_record(
         model_config=ZOO["tiny"],
         strategy=strategy,
         precision=precision,
-        world_size=world_size,
+        gpus=world_size,
         nodes=1,
         gpus_per_node=world_size,
         settings=Settings(measure_steps=len(samples), **settings),

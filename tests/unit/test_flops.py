@@ -69,7 +69,7 @@ def spec_for(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ckpt: bool | s
         model_config=cfg,
         strategy="ddp",
         precision="fp32",
-        world_size=world,
+        gpus=world,
         nodes=1,
         gpus_per_node=world,
         settings=Settings(micro_batch=micro_batch, seq_len=seq_len, activation_checkpointing=ckpt),

@@ -43,9 +43,9 @@ def test_cells_needing_more_gpus_than_visible_are_skipped_unlaunched(tmp_path, m
     results = tmp_path / "results"
     assert main(["sweep", str(scenario), "--cluster", "local-gpu", "--results", str(results)]) == 0
     records = [json.loads(p.read_text()) for p in (results / "g").glob("tiny-*.json")]
-    assert sorted((r["spec"]["world_size"], r["status"]) for r in records) == [(2, "skipped"), (4, "skipped")]
+    assert sorted((r["spec"]["gpus"], r["status"]) for r in records) == [(2, "skipped"), (4, "skipped")]
     for r in records:
-        n = r["spec"]["world_size"]
+        n = r["spec"]["gpus"]
         assert r["reason"] == f"needs {n} GPUs on this machine; 1 visible (CUDA_VISIBLE_DEVICES='0')"
     assert not (results / "g" / ".submitit").exists()  # nothing was launched
 

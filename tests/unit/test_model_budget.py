@@ -46,7 +46,7 @@ def spec(
         model_config=cfg or ZOO[model],
         strategy=strategy,
         precision=precision,
-        world_size=world,
+        gpus=world,
         nodes=-(-world // gpus_per_node),
         gpus_per_node=gpn,
         settings=Settings(**settings),
@@ -386,6 +386,7 @@ _KEPT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess per case
 @pytest.mark.parametrize("precision, mode", [("fp32", "fp32"), ("bf16", "autocast")])
 @pytest.mark.parametrize("cfg", [SMALL, SMALL_GQA], ids=["small", "small-gqa"])
 def test_selective_keeps_matmul_and_attention_outputs(cfg, precision, mode):
@@ -471,6 +472,7 @@ def _run(script: str, *args: str) -> dict[str, int]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a subprocess per case under torch's MemTracker
 @pytest.mark.parametrize(
     "precision, ckpt, rel",
     [
@@ -496,6 +498,7 @@ def test_single_rank_step_peak_matches_memtracker(precision, ckpt, rel):
     assert mem.total == pytest.approx(got["Total"], rel=rel), (mem.total, got)
 
 
+@pytest.mark.slow  # a subprocess per case under torch's MemTracker
 @pytest.mark.parametrize(
     "world, precision, ckpt, rel",
     [

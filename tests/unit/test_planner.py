@@ -35,7 +35,7 @@ def by_name(cells: list[dict]) -> dict[tuple, dict]:
         (
             c["spec"]["model"],
             c["spec"]["strategy"],
-            c["spec"]["world_size"],
+            c["spec"]["gpus"],
             c["spec"]["offload"],
             c["spec"]["activation_checkpointing"],
         ): c
@@ -52,7 +52,7 @@ def test_plan_json_on_a100(capsys):
         assert set(c["memory_gib"]) == PARTS
         assert c["memory_gib"]["total"] == pytest.approx(sum(c["memory_gib"][k] for k in PARTS - {"total"}), abs=1e-3)
         assert c["device_memory_gib"] == 80
-        assert c["flops_per_step"] == pytest.approx(ZOO["7b"].flops_per_token(2048) * 2048 * c["spec"]["world_size"])
+        assert c["flops_per_step"] == pytest.approx(ZOO["7b"].flops_per_token(2048) * 2048 * c["spec"]["gpus"])
         assert "comm_bytes_per_step" in c
         assert c["unsupported"] is None
     cell = by_name(cells)
@@ -115,9 +115,7 @@ def test_plan_bad_input_exits_2(capsys, tmp_path):
 
 def test_predict_api_for_the_dispatcher():
     cluster = load_cluster("a100")
-    spec = next(
-        s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero1" and s.world_size == 1
-    )
+    spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero1" and s.gpus == 1)
     got = planner.predict(spec, cluster)
     assert {
         "memory_gib",
@@ -142,9 +140,7 @@ def test_predict_api_for_the_dispatcher():
 
 def test_fits_uses_the_reserve():
     base = load_cluster("a100")
-    spec = next(
-        s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero3" and s.world_size == 8
-    )
+    spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero3" and s.gpus == 8)
     total = planner.predict(spec, base)["memory_gib"]["total"]
     just_enough = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB + 0.01})
     too_small = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB / 2})

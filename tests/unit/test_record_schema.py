@@ -212,7 +212,7 @@ def test_every_stored_record_is_a_record():
             with pytest.raises(ValueError):
                 read_record(p)
             continue
-        assert validate(json.loads(p.read_text()), Record, p.name) == []
+        assert validate(read_record(p), Record, p.name) == []  # as read: spec.world_size renamed spec.gpus
         checked += 1
     assert checked == len(files) - len(NOT_RECORDS)
     records, _ = load_records(*STORED)  # with the `_path` load_records adds
@@ -275,3 +275,32 @@ def test_composed_and_skipped_records_are_records(cell):
         predicted=payload["predicted"],
     )
     assert rec["env"] == {} and validate(rec, Record) == []
+
+
+def test_gpus_is_one_word_from_scenario_to_record_and_old_records_still_read(tmp_path):
+    """`gpus` in scenarios, RunSpec, records and the report; a record written before the rename (spec.world_size)
+    loads as spec.gpus, matches its new self in compare, and run_ids did not change (the committed smoke
+    baseline's file names are the run_ids the scenario expands to today)."""
+    from harness.compare.match import spec_key
+    from harness.results.store import load_records
+    from harness.scenario.cluster import load_cluster
+    from harness.scenario.schema import RunSpec, load_scenario
+
+    baseline = ROOT / "baselines" / "smoke-local" / "smoke"
+    old = sorted(baseline.glob("*.json"))
+    assert old and all("world_size" in json.loads(p.read_text())["spec"] for p in old)  # written before the rename
+    cluster = load_cluster("local")
+    expanded = {
+        s.run_id for s in load_scenario(ROOT / "scenarios" / "smoke.yaml").expand(gpus_per_node=cluster.gpus_per_node)
+    }
+    assert {json.loads(p.read_text())["run_id"] for p in old} <= expanded
+
+    records, warnings = load_records(baseline)
+    assert not warnings and len(records) == len(old)
+    for rec in records:
+        spec = rec["spec"]
+        assert "world_size" not in spec and isinstance(spec["gpus"], int)
+        rebuilt = RunSpec.from_dict(dict(spec))
+        assert rebuilt.run_id == rec["run_id"] and rebuilt.to_dict()["gpus"] == spec["gpus"]
+        legacy = {("world_size" if k == "gpus" else k): v for k, v in spec.items()}
+        assert spec_key(legacy) == spec_key(spec)

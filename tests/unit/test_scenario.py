@@ -90,7 +90,7 @@ def test_issue_example_expands(tmp_path):
     specs = load_scenario(p).expand(gpus_per_node=2)
     assert len(specs) == 7 * 2 * 2 - 2 + 1
     hybrid4 = [s for s in specs if s.strategy == "fsdp.hybrid_shard"]
-    assert {s.world_size for s in hybrid4} == {4} and all(s.nodes == 2 for s in hybrid4)
+    assert {s.gpus for s in hybrid4} == {4} and all(s.nodes == 2 for s in hybrid4)
     assert specs[-1].strategy == "fsdp2.hybrid_shard" and specs[-1].precision == "bf16"
     assert load_scenario(p).models["my-7.5b"].n_params() > 6e9
 

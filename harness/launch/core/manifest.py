@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,6 @@ class Manifest:
         return json.loads(self.path.read_text())
 
 
-def cell_state(rec: dict) -> str:
+def cell_state(rec: Mapping[str, Any]) -> str:
     """The manifest state of a cell that has its record."""
     return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec["status"], "failed")

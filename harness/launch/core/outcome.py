@@ -9,8 +9,11 @@ way, so a failure reads the same whichever way the cell ran.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
+from harness.results.schema import ComposedEnv, Failure, Predicted, Record, Spec, Status
 from harness.results.store import fragment_dir, new_record, read_record, record_path, write_record
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
@@ -33,7 +36,7 @@ def read_fragments(payload: dict) -> list[dict]:
     return frags
 
 
-def _fresh_record(payload: dict) -> dict | None:
+def _fresh_record(payload: dict) -> Record | None:
     path = record_path(payload["results"], payload["sweep"], payload["run_id"])
     try:
         rec = read_record(path)
@@ -131,17 +134,17 @@ def finalize(
     exit_codes: list | None = None,
     ended: tuple[str, str] | None = None,
     job_errors: dict[int, str] | None = None,
-) -> dict:
+) -> Record:
     """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known
     (`ended`, `job_errors`: see classify)."""
-    rec = _fresh_record(payload)
-    if rec is not None:
-        return rec
+    fresh = _fresh_record(payload)
+    if fresh is not None:
+        return fresh
     spec = payload["spec"]
     frags = read_fragments(payload)
     status, reason, rank = classify(
         frags,
-        world_size=spec["world_size"],
+        world_size=spec["gpus"],
         elapsed_s=elapsed_s,
         time_limit_s=time_limit_s,
         cancelled=cancelled,
@@ -151,11 +154,11 @@ def finalize(
         job_errors=job_errors,
     )
     rec = new_record(
-        spec=spec,
+        spec=cast(Spec, spec),
         run_id=payload["run_id"],
         sweep=payload["sweep"],
         cluster=payload["cluster"]["name"],
-        status=status,
+        status=cast(Status, status),
         reason=reason,
         failed_rank=rank,
     )
@@ -164,19 +167,22 @@ def finalize(
         rec["predicted"] = payload["predicted"]
     if frags:
         rec["failures"] = [
-            {
-                k: f.get(k)
-                for k in (
-                    "rank",
-                    "status",
-                    "reason",
-                    "hostname",
-                    "traceback",
-                    "memory_allocated_gib",
-                    "memory_reserved_gib",
-                    "memory_rss_gib",
-                )
-            }
+            cast(
+                Failure,
+                {
+                    k: f.get(k)
+                    for k in (
+                        "rank",
+                        "status",
+                        "reason",
+                        "hostname",
+                        "traceback",
+                        "memory_allocated_gib",
+                        "memory_reserved_gib",
+                        "memory_rss_gib",
+                    )
+                },
+            )
             for f in frags
         ]
     elif job_errors:
@@ -186,19 +192,24 @@ def finalize(
         ]
     if log_tail:
         rec["log_tail"] = log_tail[-4000:]
-    rec["env"] = {"harness_git_sha": payload.get("git_sha"), "slurm_job_id": payload.get("job_id")}
+    rec["env"] = ComposedEnv(harness_git_sha=payload.get("git_sha"), slurm_job_id=payload.get("job_id"))
     write_record(payload["results"], rec)
     return rec
 
 
 def skipped_record(
     spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: dict | None
-) -> dict:
+) -> Record:
     rec = new_record(
-        spec=spec.to_dict(), run_id=spec.run_id, sweep=sweep, cluster=cluster.name, status="skipped", reason=reason
+        spec=cast(Spec, spec.to_dict()),
+        run_id=spec.run_id,
+        sweep=sweep,
+        cluster=cluster.name,
+        status="skipped",
+        reason=reason,
     )
     if predicted is not None:
-        rec["predicted"] = predicted
+        rec["predicted"] = cast(Predicted, predicted)
     write_record(results, rec)
     return rec
 
@@ -216,7 +227,7 @@ def job_log_tail(job, n_tasks: int) -> str:
     return "\n".join(tails)
 
 
-def describe(rec: dict) -> str:
+def describe(rec: Mapping[str, Any]) -> str:
     """One line for a terminal: status and the headline numbers."""
     if rec["status"] != "ok":
         reason = (rec.get("reason") or "").splitlines()[0][:160] if rec.get("reason") else ""

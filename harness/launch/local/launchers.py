@@ -24,15 +24,16 @@ from typing import Any
 
 from harness.launch.core.outcome import finalize, job_log_tail, read_fragments
 from harness.launch.core.payload import free_port
+from harness.results.schema import Record
 from harness.scenario.cluster import Cluster
 
 
-def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> dict:
+def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> Record:
     """Run a cell's ranks as child processes of this one (no scheduler), torchrun-style environment.
 
     All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
     """
-    world = payload["spec"]["world_size"]
+    world = payload["spec"]["gpus"]
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         ppath = Path(tmp) / "payload.json"
         ppath.write_text(json.dumps(payload))
@@ -184,14 +185,14 @@ def launch_submitit(
     folder: Path,
     time_limit_s: float,
     on_submit: Callable[[Any], None] | None = None,
-) -> dict:
+) -> Record:
     """Run one cell as a local submitit job with one task per rank and wait for it (SLURM cells:
     harness.launch.slurm.jobs)."""
     import submitit
 
     from harness.launch.entry import submitit_entry
 
-    world = payload["spec"]["world_size"]
+    world = payload["spec"]["gpus"]
     if cluster.executor != "local":
         raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
     executor = submitit.LocalExecutor(folder=folder)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
@@ -33,6 +33,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from harness.core.errors import InputError, Problem, did_you_mean
 from harness.launch.core.manifest import Manifest, cell_state
 from harness.launch.core.outcome import describe, finalize, is_secondary, job_log_tail, read_fragments
+from harness.results.schema import Record
 from harness.results.store import atomic_write_json, write_record
 from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
 from harness.scenario.schema import RunSpec
@@ -129,9 +130,9 @@ def preflight(cluster: Cluster) -> None:
 def slurm_refusal(spec: RunSpec) -> str | None:
     """Why a cell cannot be one SLURM job, or None (on top of RunSpec.unsupported_reason, which says why a cell
     cannot run at all on a device)."""
-    if spec.world_size % spec.gpus_per_node:
+    if spec.gpus % spec.gpus_per_node:
         return (
-            f"world_size {spec.world_size} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
+            f"gpus {spec.gpus} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
             "job runs the same number of tasks on each of its nodes"
         )
     return None
@@ -370,7 +371,7 @@ class InFlight:
 
     @property
     def world(self) -> int:
-        return self.payload["spec"]["world_size"]
+        return self.payload["spec"]["gpus"]
 
     @property
     def results_written(self) -> bool:
@@ -405,8 +406,8 @@ class SlurmSweep:
             return False
         if payload.get("attempt") != cell.get("attempt") or payload.get("job_id") != cell["job_id"]:
             return False
-        world = payload["spec"]["world_size"]
-        job = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
+        world = payload["spec"]["gpus"]
+        job: Any = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
         self._follow(payload, job, tag)
         place = f", cell {payload['pack']['position']} of its pack" if payload.get("pack") else ""
         self.echo(
@@ -415,7 +416,7 @@ class SlurmSweep:
         )
         return True
 
-    def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, dict]:
+    def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, Record]:
         """Submit (payload, tag) cells, one job array per group asking for the same nodes, tasks per node and
         time limit — or with `pack`, one job per pack (submit_packs). Returns the records of the cells sbatch
         refused (error, with sbatch's message)."""
@@ -426,7 +427,7 @@ class SlurmSweep:
             spec = payload["spec"]
             key = (spec["nodes"], spec["gpus_per_node"], job_minutes(spec["time_limit_s"], self.cluster.slurm))
             groups.setdefault(key, []).append((payload, tag))
-        refused: dict[str, dict] = {}
+        refused: dict[str, Record] = {}
         for (nodes, tasks, minutes), members in groups.items():
             shape = f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, {minutes} min"
             ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=minutes)
@@ -456,14 +457,14 @@ class SlurmSweep:
                 self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
         return refused
 
-    def submit_packs(self, items: list[tuple[dict, str]]) -> dict[str, dict]:
+    def submit_packs(self, items: list[tuple[dict, str]]) -> dict[str, Record]:
         """--pack: cells asking for the same nodes and tasks per node share one job and run in it one after another
         (SlurmPack); its --time is the sum of their job minutes, and a group whose sum exceeds the profile's
         time_limit_min is split into packs that each fit. Returns the records of the cells sbatch refused."""
         groups: dict[tuple[int, int], list[tuple[dict, str]]] = {}
         for payload, tag in items:
             groups.setdefault((payload["spec"]["nodes"], payload["spec"]["gpus_per_node"]), []).append((payload, tag))
-        refused: dict[str, dict] = {}
+        refused: dict[str, Record] = {}
         for (nodes, tasks), group in groups.items():
             minutes = [job_minutes(p["spec"]["time_limit_s"], self.cluster.slurm) for p, _ in group]
             for indices in split_packs(minutes, self.cluster.slurm.time_limit_min):
@@ -529,9 +530,9 @@ class SlurmSweep:
 
     # ---- following them
 
-    def wait(self) -> dict[str, dict]:
+    def wait(self) -> dict[str, Record]:
         """Follow every cell until its job ends; returns each one's record. Progress is echoed when it changes."""
-        records: dict[str, dict] = {}
+        records: dict[str, Record] = {}
         t0, last_poll, shown = time.time(), float("-inf"), ""
         while self.cells:
             now = time.time()
@@ -580,7 +581,7 @@ class SlurmSweep:
         state = flight_state(cell.state)
         return "submitted" if state == "running" and cell.pack and not cell.started else state
 
-    def _pack_progress(self, cell: InFlight) -> dict | None:
+    def _pack_progress(self, cell: InFlight) -> Record | None:
         """A packed cell's record as soon as task 0 has made it final (before its job ends), else None; marks the
         cell running when its turn has come."""
         from harness.launch.slurm.pack import cell_recorded, cell_started
@@ -621,9 +622,9 @@ class SlurmSweep:
         returned = running and cell.results_written
         cell.stuck_since = (cell.stuck_since or now) if failed else None
         cell.returned_since = (cell.returned_since or now) if returned else None
-        if failed and now - cell.stuck_since > STUCK_GRACE_S:
+        if cell.stuck_since is not None and now - cell.stuck_since > STUCK_GRACE_S:
             return f"a rank failed and the job still runs {STUCK_GRACE_S:g} s later"
-        if returned and now - cell.returned_since > JOB_END_GRACE_S:
+        if cell.returned_since is not None and now - cell.returned_since > JOB_END_GRACE_S:
             return f"every rank returned and the job still runs {JOB_END_GRACE_S:g} s later"
         return ""
 
@@ -631,7 +632,7 @@ class SlurmSweep:
         running = sum(self._cell_state(c) == "running" for c in self.cells.values())
         return f"{len(self.cells) - running} pending, {running} running, {ended} ended"
 
-    def _finalize(self, cell: InFlight) -> dict:
+    def _finalize(self, cell: InFlight) -> Record:
         if cell.pack:
             return self._finalize_packed(cell)
         frags = read_fragments(cell.payload)
@@ -646,7 +647,7 @@ class SlurmSweep:
         )
         return self._record(cell.payload, cell.tag, ended=ended, errors=errors, job=cell.job, since=cell.since)
 
-    def _finalize_packed(self, cell: InFlight) -> dict:
+    def _finalize_packed(self, cell: InFlight) -> Record:
         """A packed cell whose job ended: its record if task 0 made it, else one from how the job ended and whether
         the cell had begun (pack_verdict)."""
         from harness.launch.slurm.pack import cell_started, log_tail, this_attempts_record
@@ -655,6 +656,7 @@ class SlurmSweep:
             return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
         started = cell_started(cell.payload)
         frags = read_fragments(cell.payload) if started else []
+        assert cell.pack is not None, "only packed cells come here"
         ended = pack_verdict(
             cell.state,
             started=started,
@@ -678,12 +680,12 @@ class SlurmSweep:
         job: Any = None,
         since: float | None = None,
         log_tail: str | None = None,
-    ) -> dict:
+    ) -> Record:
         """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done.
         `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
         minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
         if log_tail is None:
-            log_tail = job_log_tail(job, payload["spec"]["world_size"]) if job is not None else ""
+            log_tail = job_log_tail(job, payload["spec"]["gpus"]) if job is not None else ""
         # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
         # wall-clock rule (for local cells) out of it
         rec = finalize(
@@ -695,7 +697,7 @@ class SlurmSweep:
             log_tail=log_tail,
         )
         if payload.get("pack") and payload.get("job_id") and "slurm_pack" not in rec.get("env", {}):
-            rec.setdefault("env", {})["slurm_pack"] = {
+            cast(dict, rec.setdefault("env", {}))["slurm_pack"] = {
                 "job_id": payload["job_id"],
                 "position": payload["pack"]["position"],
                 "of": payload["pack"]["of"],

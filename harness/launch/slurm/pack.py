@@ -36,9 +36,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.launch.core.outcome import finalize, read_fragments
+from harness.results.schema import Record
 from harness.results.store import atomic_write_json, fragment_dir, read_record, record_path, sweep_dir, write_record
 
 STUCK_GRACE_S = 15.0
@@ -77,7 +78,7 @@ def cell_started(payload: dict) -> bool:
     )
 
 
-def this_attempts_record(payload: dict) -> dict | None:
+def this_attempts_record(payload: dict) -> Record | None:
     """The cell's record when it belongs to this attempt (rank 0's, or task 0's composition), else None."""
     try:
         rec = read_record(record_path(payload["results"], payload["sweep"], payload["run_id"]))
@@ -86,7 +87,7 @@ def this_attempts_record(payload: dict) -> dict | None:
     return rec if rec.get("attempt") == payload["attempt"] else None
 
 
-def cell_recorded(payload: dict) -> dict | None:
+def cell_recorded(payload: dict) -> Record | None:
     """The cell's final record once task 0 says it is final (marker `recorded`), else None."""
     marker = read_marker(
         sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0, attempt=payload["attempt"]
@@ -334,7 +335,7 @@ class PackRun:
             exit_codes=[m["exit_code"] if m else None for m in markers],
             log_tail=log_tail(payload, self.world),
         )
-        rec.setdefault("env", {})["slurm_pack"] = {
+        cast(dict, rec.setdefault("env", {}))["slurm_pack"] = {
             "job_id": self.job_id,
             "position": position + 1,
             "of": len(self.cells),

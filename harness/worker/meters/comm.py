@@ -173,7 +173,7 @@ class CommMeter:
 
     def summary(self, *, steps: int, gpus_per_node: int) -> dict:
         """Per-step totals, by collective and by group kind (intra-node / inter-node / mixed)."""
-        by_coll: dict[str, dict] = {}
+        by_coll: dict[str, dict[str, Any]] = {}
         by_group: dict[str, dict] = {}
         groups: dict[str, dict] = {}
         total_calls = total_bytes = 0
@@ -200,9 +200,9 @@ class CommMeter:
             total_bytes += nbytes
         for name, c in by_coll.items():
             if name in timing and timing[name][0] > 0:
-                secs, nbytes, bus = timing[name]
+                secs, timed_bytes, bus = timing[name]
                 c["time_s"] = secs / steps
-                c["algbw_gbps"] = nbytes / secs / 1e9
+                c["algbw_gbps"] = timed_bytes / secs / 1e9
                 c["busbw_gbps"] = bus / secs / 1e9
             c["dtype"] = max(c["dtypes"], key=c["dtypes"].get) if c["dtypes"] else None
             for k in ("calls", "bytes"):

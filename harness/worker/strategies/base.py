@@ -85,7 +85,7 @@ class TorchTrainer:
         total = None
         for i, (x, y) in enumerate(micro_batches):
             sync = i == n - 1 or self._no_sync is None
-            with contextlib.nullcontext() if sync else self._no_sync():
+            with contextlib.nullcontext() if sync or self._no_sync is None else self._no_sync():
                 with self._autocast():
                     loss = loss_fn(self.model(x), y) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -96,6 +96,7 @@ class TorchTrainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        assert total is not None, "a step has at least one micro-batch"
         return total
 
 

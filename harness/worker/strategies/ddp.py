@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -27,7 +29,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
     # NOTE: compile the DDP-wrapped module (DDPOptimizer splits graphs at bucket boundaries, so the
     # reducer still overlaps communication with backward); no_sync stays on the DDP object.
-    model_for_step = torch.compile(ddp) if spec.settings.compile else ddp
+    model_for_step = cast(torch.nn.Module, torch.compile(ddp)) if spec.settings.compile else ddp
     return TorchTrainer(
         model_for_step, opt, autocast=lambda: prec.autocast(topo.device_type), scaler=scaler, no_sync=ddp.no_sync
     )

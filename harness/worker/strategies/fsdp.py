@@ -7,6 +7,8 @@ its own device by `param_init_fn`, so no rank ever holds the whole unsharded mod
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -70,5 +72,5 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         fsdp.parameters(), lr=spec.settings.lr, device=init_device if offload == "optimizer+params" else topo.device
     )
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
-    model_for_step = torch.compile(fsdp) if spec.settings.compile else fsdp
+    model_for_step = cast(torch.nn.Module, torch.compile(fsdp)) if spec.settings.compile else fsdp
     return TorchTrainer(model_for_step, opt, scaler=scaler, no_sync=fsdp.no_sync)

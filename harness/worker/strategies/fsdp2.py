@@ -43,7 +43,7 @@ def _init_sharded_(model: torch.nn.Module) -> None:
         try:
             init_module_(module)
         finally:
-            module._parameters["weight"] = w
+            module._parameters["weight"] = w  # type: ignore[assignment]  # a DTensor parameter, as fully_shard left it
         with torch.no_grad():
             w.copy_(distribute_tensor(plain.data, w.device_mesh, w.placements))
 

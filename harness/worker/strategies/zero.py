@@ -72,6 +72,7 @@ class DeepSpeedTrainer:
             self.engine.step()
             part = loss.detach() / n
             total = part if total is None else total + part
+        assert total is not None, "a step has at least one micro-batch"
         return total
 
 
@@ -87,7 +88,7 @@ def _skip_shm_comm_build() -> None:
     # that binds torch itself
     ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
     if hasattr(ds_comm_torch, "build_shm_op"):
-        ds_comm_torch.build_shm_op = lambda: None
+        ds_comm_torch.build_shm_op = lambda: None  # type: ignore[attr-defined]
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
