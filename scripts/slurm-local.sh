@@ -13,6 +13,10 @@
 # /etc/hosts (node names -> 127.0.0.1) and a symlink /etc/slurm/slurm.conf when none exists (so plain `sinfo`
 # and submitit find the cluster without SLURM_CONF); `down` removes both.
 #
+# Clusters with distinct state dirs and HARNESS_SLURM_PORT_BASEs run side by side: tests/slurm gives each test run
+# its own (and its own HARNESS_SLURM_FIRST_JOB_ID, so job ids differ too), and `down` stops only the processes,
+# /etc/hosts line and symlink of its own state dir.
+#
 # Exit codes: 0 ok; 1 a daemon did not come up (log tail printed); 2 usage; 3 prerequisites missing (not root,
 # no apt-get, package install failed) -- tests skip on 3.
 # Works without systemd or cgroups (proctrack/linuxproc, task/none). See docs/slurm.md.
@@ -20,6 +24,7 @@ set -euo pipefail
 
 STATE=${HARNESS_SLURM_DIR:-/tmp/harness-slurm}
 PORT_BASE=${HARNESS_SLURM_PORT_BASE:-16817}   # slurmctld; slurmdbd +1, node1 +2, node2 +3
+FIRST_JOB_ID=${HARNESS_SLURM_FIRST_JOB_ID:-1}  # FirstJobId: a fresh state dir's first job id
 CLUSTER_NAME=harness
 PARTITION=debug
 NODES=(node1 node2)
@@ -196,6 +201,9 @@ SlurmdParameters=config_overrides
 EnforcePartLimits=ALL
 ReturnToService=2
 SchedulerType=sched/backfill
+# job ids (and so submitit's and the harness's rendezvous ports, derived from them) differ between side-by-side
+# clusters given different first ids
+FirstJobId=$FIRST_JOB_ID
 # seconds between SIGTERM and SIGKILL on cancel/timeout (default 30); submitit ignores SIGTERM
 KillWait=5
 MailProg=/bin/true
@@ -232,17 +240,27 @@ EOF
 
 # --- /etc -------------------------------------------------------------------------------------------------------
 
+hosts_lines() {  # hosts_lines ours|others: /etc/hosts lines that end in this state dir's tag, or the rest
+  # NOTE: the tag ends the line: /tmp/hs-a's tag must not match /tmp/hs-ab's line
+  TAG=$HOSTS_TAG WANT=$1 awk 'BEGIN { tag = ENVIRON["TAG"]; n = length(tag) }
+    { mine = length($0) >= n && substr($0, length($0) - n + 1) == tag }
+    (ENVIRON["WANT"] == "ours") == mine' /etc/hosts
+}
+
 add_hosts_line() {
-  grep -qF "$HOSTS_TAG" /etc/hosts && return 0
+  [[ -n $(hosts_lines ours) ]] && return 0
   local names="${NODES[*]}" host; host=$(hostname)
-  # gloo resolves this machine's own hostname too
-  getent hosts "$host" >/dev/null || names+=" $host"
+  # gloo resolves this machine's own hostname too; NOTE: also when only another cluster's line names it (that
+  # line goes with that cluster's `down`)
+  if ! getent hosts "$host" >/dev/null || [[ -n $(grep -F "# harness-slurm " /etc/hosts | grep -wF -- "$host") ]]; then
+    names+=" $host"
+  fi
   printf '127.0.0.1 %s %s\n' "$names" "$HOSTS_TAG" >>/etc/hosts
 }
 
 remove_hosts_line() {
-  grep -qF "$HOSTS_TAG" /etc/hosts || return 0
-  local kept; kept=$(grep -vF "$HOSTS_TAG" /etc/hosts)
+  [[ -n $(hosts_lines ours) ]] || return 0
+  local kept; kept=$(hosts_lines others)
   # NOTE: rewrite in place; /etc/hosts is often a bind mount that cannot be replaced by a rename
   printf '%s\n' "$kept" >/etc/hosts
 }

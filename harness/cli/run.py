@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from harness.core.errors import InputError, Problem, one_of
-from harness.core.zoo import ZOO
+from harness.core.zoo import ZOO, ModelConfig
 from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
 from harness.scenario.schema import STRATEGIES, load_scenario
 
@@ -136,11 +136,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
 def list_(what: str, scenario: str | None, cluster_name: str) -> int:
     """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
     if what == "models":
-        for name, cfg in ZOO.items():
-            click.echo(
-                f"{name:6s} {cfg.n_params() / 1e9:7.3f} B params  d_model {cfg.d_model:5d}  layers "
-                f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  ffn {cfg.ffn:6d}  vocab {cfg.vocab}"
-            )
+        _list_models(scenario)
     elif what == "strategies":
         for s in STRATEGIES:
             click.echo(s)
@@ -157,6 +153,36 @@ def list_(what: str, scenario: str | None, cluster_name: str) -> int:
             reason = spec.unsupported_reason(cluster.device)
             click.echo(spec.run_id + (f"   (skipped: {reason})" if reason else ""))
     return 0
+
+
+def _list_models(scenario: str | None) -> None:
+    """One line per zoo model, then per model SCENARIO defines (marked with its file): the exact parameter count
+    with thousands separators, a rounded figure (K/M/B = 1e3/1e6/1e9), and the dimensions."""
+    rows: list[tuple[str, ModelConfig, str]] = [(name, cfg, "") for name, cfg in ZOO.items()]
+    if scenario:
+        sc = load_scenario(scenario)
+        rows += [(name, cfg, f"  (from {Path(scenario).name})") for name, cfg in sc.models.items()]
+    name_w = max(len(name) for name, _, _ in rows)
+    count_w = max(len(f"{cfg.n_params():,}") for _, cfg, _ in rows)
+    for name, cfg, origin in rows:
+        n = cfg.n_params()
+        rounded = f"({_rounded_count(n)})"
+        click.echo(
+            f"{name:{name_w}s} {n:>{count_w},} params {rounded:9s}  d_model {cfg.d_model:5d}  layers "
+            f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  kv_heads {cfg.kv_heads:3d}  ffn {cfg.ffn:6d}  "
+            f"vocab {cfg.vocab}{origin}"
+        )
+
+
+def _rounded_count(n: int) -> str:
+    """A count for reading at a glance: 166.2 K, 134.1 M, 6.74 B (decimal prefixes)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} K"
+    return str(n)
 
 
 @click.command()

@@ -18,6 +18,8 @@ UNCHANGED = "unchanged"
 NOT_SIGNIFICANT = "not significant"
 INSUFFICIENT = "insufficient samples"
 NA = "n/a"
+VERDICTS = (REGRESSION, INSUFFICIENT, NOT_SIGNIFICANT, IMPROVEMENT, UNCHANGED, NA)
+"""every verdict, the worst first: the order a cell's metrics are listed in and its counts are keyed"""
 
 # states of one cell
 MISSING = "missing"  # only in the baseline
@@ -99,10 +101,30 @@ class CellComparison:
         rec = self.baseline if side == "baseline" else self.candidate
         return str((rec or {}).get("reason") or "")
 
+    @property
+    def regressed(self) -> bool:
+        """A metric regressed or the cell newly fails: the cell counts once, however many of its metrics moved
+        (one slow cell moves step time and the three throughputs derived from it)."""
+        return self.state == NEWLY_FAILING or any(m.verdict == REGRESSION for m in self.metrics)
+
+    @property
+    def improved(self) -> bool:
+        """A metric improved or the cell is newly fixed (a cell can have improved and regressed metrics)."""
+        return self.state == NEWLY_FIXED or any(m.verdict == IMPROVEMENT for m in self.metrics)
+
+    def metric_counts(self) -> dict[str, int]:
+        """How many of this cell's metrics got each verdict: every verdict, in VERDICTS order, zeros included."""
+        counts = dict.fromkeys(VERDICTS, 0)
+        for m in self.metrics:
+            counts[m.verdict] += 1
+        return counts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
             "state": self.state,
+            "regressed": self.regressed,
+            "metric_counts": self.metric_counts(),
             "spec": self.spec,
             "baseline": _record_ref(self.baseline),
             "candidate": _record_ref(self.candidate),
@@ -137,6 +159,19 @@ class Comparison:
 
     def _cells(self, state: str) -> list[CellComparison]:
         return [c for c in self.cells if c.state == state]
+
+    def cells_with(self, verdict: str) -> list[CellComparison]:
+        """The cells with at least one metric of this verdict."""
+        return [c for c in self.cells if any(m.verdict == verdict for m in c.metrics)]
+
+    @property
+    def regressed_cells(self) -> list[CellComparison]:
+        """Cells with a regressed metric, and newly failing cells: what "N cells regressed" counts."""
+        return [c for c in self.cells if c.regressed]
+
+    @property
+    def improved_cells(self) -> list[CellComparison]:
+        return [c for c in self.cells if c.improved]
 
     @property
     def regressions(self) -> list[tuple[CellComparison, MetricComparison]]:
@@ -193,19 +228,24 @@ class Comparison:
         raise KeyError(label)
 
     def summary(self) -> dict[str, int]:
+        """Counts. `regressions` and `improvements` count cells (a cell with four regressed metrics is one
+        regression); `metric_*`, `insufficient_samples` and `not_significant` count metrics, and the `*_cells`
+        beside the last two count the cells those metrics are in."""
         return {
             "matched": len(self.matched),
             "added": len(self.added),
             "missing": len(self.missing),
-            "regressions": len(self.regressions) + len(self.newly_failing),
+            "regressions": len(self.regressed_cells),
             "metric_regressions": len(self.regressions),
             "newly_failing": len(self.newly_failing),
-            "improvements": len(self.improvements) + len(self.newly_fixed),
+            "improvements": len(self.improved_cells),
             "metric_improvements": len(self.improvements),
             "newly_fixed": len(self.newly_fixed),
             "still_failing": len(self.still_failing),
             "insufficient_samples": len(self.insufficient),
+            "insufficient_samples_cells": len(self.cells_with(INSUFFICIENT)),
             "not_significant": len(self.not_significant),
+            "not_significant_cells": len(self.cells_with(NOT_SIGNIFICANT)),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from harness.compare.comparison import (
     NOT_SIGNIFICANT,
     REGRESSION,
     UNCHANGED,
+    VERDICTS,
     CellComparison,
     Comparison,
     MetricComparison,
@@ -85,39 +86,94 @@ def _fmt_threshold(limits: Mapping[str, float]) -> str:
 
 
 NOTABLE = (REGRESSION, IMPROVEMENT, INSUFFICIENT, NOT_SIGNIFICANT)
-_ORDER = {REGRESSION: 0, INSUFFICIENT: 1, NOT_SIGNIFICANT: 2, IMPROVEMENT: 3, UNCHANGED: 4, NA: 5}
+_ORDER = {v: i for i, v in enumerate(VERDICTS)}  # the worst first
+CELL_VERDICTS = {
+    REGRESSION: "regressed",
+    INSUFFICIENT: "insufficient samples",
+    NOT_SIGNIFICANT: "not significant",
+    IMPROVEMENT: "improved",
+    UNCHANGED: "unchanged",
+    NA: "n/a",
+}
+"""how a cell's headline words each verdict of its metrics: `regressed (4 metrics), improved (1 metric)`"""
 
 
-def _metric_rows(cmp: Comparison, *, all_rows: bool) -> list[tuple[CellComparison, MetricComparison]]:
-    rows = [(c, m) for c in cmp.cells for m in c.metrics if all_rows or m.verdict in NOTABLE]
-    if not all_rows:
-        rows.sort(key=lambda cm: _ORDER[cm[1].verdict])  # stable: cell order within a verdict
-    return rows
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"
 
 
-def _row_cells(cell: CellComparison, m: MetricComparison) -> list[str]:
+def _count(n: int, word: str) -> str:
+    return f"{n} {_plural(n, word)}"
+
+
+def _cell_groups(cmp: Comparison, *, all_rows: bool) -> list[tuple[CellComparison, list[MetricComparison]]]:
+    """Each cell with the metrics listed under it: the notable ones (worst verdict first; the cells ordered by
+    their worst metric, stable), or with `all_rows` every metric of every cell, in cell and metric order."""
+    if all_rows:
+        return [(c, list(c.metrics)) for c in cmp.cells if c.metrics]
+    groups = []
+    for c in cmp.cells:
+        rows = sorted((m for m in c.metrics if m.verdict in NOTABLE), key=lambda m: _ORDER[m.verdict])
+        if rows:
+            groups.append((c, rows))
+    groups.sort(key=lambda g: _ORDER[g[1][0].verdict])
+    return groups
+
+
+def _cell_headline(rows: Sequence[MetricComparison]) -> str:
+    """`regressed (4 metrics)`, `regressed (1 metric), improved (1 metric)`: the verdicts of a cell's rows."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    for m in rows:
+        counts[m.verdict] += 1
+    return ", ".join(f"{CELL_VERDICTS[v]} ({_count(n, 'metric')})" for v, n in counts.items() if n)
+
+
+def _row_cells(m: MetricComparison) -> list[str]:
+    """A metric's row under its cell: metric, baseline, candidate, ratio, change, p, verdict (and note)."""
     b, c = _fmt_pair(m)
     ratio, change = _fmt_change(m)
-    return [cell.label, m.metric, b, c, ratio, change, _fmt_p(m), m.verdict + (f" ({m.note})" if m.note else "")]
+    return [m.metric, b, c, ratio, change, _fmt_p(m), m.verdict + (f" ({m.note})" if m.note else "")]
 
 
 HEADERS = ["cell", "metric", "baseline", "candidate", "ratio", "change", "p", "verdict"]
 
 
+def _md_rows(groups: list[tuple[CellComparison, list[MetricComparison]]]) -> list[list[str]]:
+    """Markdown table rows: a row naming each cell and its headline, its metrics' rows under it."""
+    out = []
+    for cell, rows in groups:
+        out.append([f"**{cell.label}**: {_cell_headline(rows)}"] + [""] * (len(HEADERS) - 1))
+        out += [["", *_row_cells(m)] for m in rows]
+    return out
+
+
+def _of(metrics: int, cells: int, word: str) -> str:
+    """` (5 metrics, 1 newly failing)`: what a count of cells is made of ('' when nothing)."""
+    parts = ([_count(metrics, "metric")] if metrics else []) + ([f"{cells} {word}"] if cells else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _verdict_line(cmp: Comparison, *, fail_on_missing: bool) -> str:
     s = cmp.summary()
     code = cmp.exit_code(fail_on_missing=fail_on_missing)
+    regressed = _of(s["metric_regressions"], s["newly_failing"], "newly failing")
+    improved = _of(s["metric_improvements"], s["newly_fixed"], "newly fixed")
     parts = [
-        f"{s['regressions']} regression(s) ({s['metric_regressions']} metric, {s['newly_failing']} newly "
-        f"failing cell(s))",
-        f"{s['improvements']} improvement(s)",
+        f"{_count(s['regressions'], 'cell')} regressed{regressed}",
+        f"{_count(s['improvements'], 'cell')} improved{improved}",
     ]
     if s["insufficient_samples"]:
-        parts.append(f"{s['insufficient_samples']} change(s) with insufficient samples")
+        parts.append(
+            f"{_count(s['insufficient_samples_cells'], 'cell')} with insufficient samples"
+            f"{_of(s['insufficient_samples'], 0, '')}"
+        )
     if s["not_significant"]:
-        parts.append(f"{s['not_significant']} change(s) not significant")
+        parts.append(
+            f"{_count(s['not_significant_cells'], 'cell')} with changes not significant"
+            f"{_of(s['not_significant'], 0, '')}"
+        )
     if fail_on_missing and s["missing"]:
-        parts.append(f"{s['missing']} missing cell(s) (--fail-on-missing)")
+        parts.append(f"{_count(s['missing'], 'missing cell')} (--fail-on-missing)")
     return "result: " + ", ".join(parts) + f" → exit {code}"
 
 
@@ -174,12 +230,21 @@ def render_table(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bo
         f"{s['missing']} missing",
         "",
     ]
-    rows = _metric_rows(cmp, all_rows=all_rows)
-    if rows:
-        table = [HEADERS] + [_row_cells(c, m) for c, m in rows]
-        widths = [max(len(r[i]) for r in table) for i in range(len(HEADERS) - 1)]
-        for r in table:
-            lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+    groups = _cell_groups(cmp, all_rows=all_rows)
+    if groups:
+        # each cell's line, then its metrics' rows indented under it, in columns shared by every cell
+        header = ["cell / metric", *HEADERS[2:]]
+        rows = [["  " + r[0], *r[1:]] for _, ms in groups for r in map(_row_cells, ms)]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+
+        def line(r: list[str]) -> str:
+            return "  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1]
+
+        lines.append(line(header))
+        rows_left = iter(rows)
+        for cell, ms in groups:
+            lines.append(f"{cell.label}: {_cell_headline(ms)}")
+            lines += [line(next(rows_left)) for _ in ms]
     else:
         lines.append("no metric changed beyond its threshold")
     for title, items in _cell_sections(cmp):
@@ -199,7 +264,7 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
     s = cmp.summary()
     code = cmp.exit_code(fail_on_missing=fail_on_missing)
     head = (
-        f"🔴 {s['regressions']} regression(s)"
+        f"🔴 {_count(s['regressions'], 'cell')} regressed"
         if cmp.has_regression
         else "🟠 missing cells"
         if code
@@ -214,13 +279,16 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
         f"p < {cmp.alpha:g} with >= {cmp.min_samples} samples per side; deterministic metrics compare exactly.",
         "",
         f"**{s['matched']}** matched · **{s['added']}** added · **{s['missing']}** missing · "
-        f"**{s['regressions']}** regressions · **{s['improvements']}** improvements · "
-        f"**{s['insufficient_samples']}** insufficient samples · **{s['not_significant']}** not significant",
+        f"**{s['regressions']}** {_plural(s['regressions'], 'cell')} regressed"
+        f"{_of(s['metric_regressions'], s['newly_failing'], 'newly failing')} · "
+        f"**{s['improvements']}** improved{_of(s['metric_improvements'], s['newly_fixed'], 'newly fixed')} · "
+        f"**{s['insufficient_samples_cells']}** with insufficient samples{_of(s['insufficient_samples'], 0, '')} · "
+        f"**{s['not_significant_cells']}** not significant{_of(s['not_significant'], 0, '')}",
         "",
     ]
-    notable = _metric_rows(cmp, all_rows=False)
+    notable = _cell_groups(cmp, all_rows=False)
     if notable:
-        lines += ["### Changes", "", md.table(HEADERS, [_row_cells(c, m) for c, m in notable]), ""]
+        lines += ["### Changes", "", md.table(HEADERS, _md_rows(notable)), ""]
     else:
         lines += ["No metric changed beyond its threshold.", ""]
     for title, items in _cell_sections(cmp):
@@ -229,13 +297,14 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
             lines += [f"- {md.escape(i)}" for i in items] + [""]
     if cmp.warnings:
         lines += ["### Warnings", ""] + [f"- {md.escape(w)}" for w in cmp.warnings] + [""]
-    every = _metric_rows(cmp, all_rows=True)
+    every = _cell_groups(cmp, all_rows=True)
     if every:
-        table = md.table(HEADERS, [_row_cells(c, m) for c, m in every])
+        table = md.table(HEADERS, _md_rows(every))
         if all_rows:
             lines += ["### All comparisons", "", table, ""]
         else:
-            lines += [f"<details><summary>All {len(every)} metric comparisons</summary>", "", table]
+            n = sum(len(ms) for _, ms in every)
+            lines += [f"<details><summary>All {n} metric comparisons</summary>", "", table]
             lines += ["", "</details>", ""]
     lines.append(f"_{_verdict_line(cmp, fail_on_missing=fail_on_missing)}_")
     return "\n".join(lines) + "\n"
@@ -346,7 +415,8 @@ def render_json(cmp: Comparison, *, fail_on_missing: bool = False) -> str:
 
 def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
     """github-action-benchmark `customSmallerIsBetter` (direction smaller) or `customBiggerIsBetter` (bigger)
-    entries: the candidate's measured values, one per ok cell and metric, named `<run_id> <metric>`."""
+    entries: the candidate's measured values, one per ok cell and metric, named `<run_id> <metric>`, a cell's
+    entries together; a cell with notable verdicts ends each of its entries' extra with its headline."""
     if direction not in BENCHMARK_METRICS:
         raise InputError([Problem("--direction", "", f"{direction!r} is not one of smaller, bigger")])
     entries = []
@@ -355,6 +425,8 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
         if rec is None or rec.get("status") != "ok":
             continue
         rows = {m.metric: m for m in cell.metrics}
+        notable = [m for m in cell.metrics if m.verdict in NOTABLE]
+        headline = f"; cell {_cell_headline(notable)}" if notable else ""
         times = step_samples(rec)
         for name in BENCHMARK_METRICS[direction]:
             metric = METRICS_BY_NAME[name]
@@ -377,7 +449,7 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
                     extra += f"; p={row.p_value:.2g}"
             else:
                 extra = f"{cell.label}; " + ("new cell" if cell.state == ADDED else "no baseline value")
-            entry["extra"] = extra
+            entry["extra"] = extra + headline
             entries.append(entry)
     return entries
 

@@ -36,3 +36,42 @@ def test_help_lists_the_unavailable_command(monkeypatch, capsys, argv):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "ghost" in out or "unavailable: No module named 'harness.no_such_module'" in out
+
+
+def test_list_models_prints_exact_parameter_counts(capsys):
+    """`harness list models` prints each zoo model's exact count with thousands separators, as the README promises.
+
+    Before the fix it printed billions to three decimals, so `tiny` read "0.000 B params".
+    """
+    from harness.core.zoo import ZOO
+
+    assert cli.main(["list", "models"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert set(ZOO) <= set(lines)
+    for name, cfg in ZOO.items():
+        assert f" {cfg.n_params():,} params" in lines[name], lines[name]
+    assert ZOO["tiny"].n_params() == 166_208
+    assert "166,208 params (166.2 K)" in lines["tiny"]
+    assert "(6.74 B)" in lines["7b"]
+
+
+def test_list_models_with_a_scenario_includes_its_custom_models(tmp_path, capsys):
+    """`harness list models SCENARIO` lists the scenario's own models beside the zoo, marked as the scenario's.
+
+    Before the fix the SCENARIO argument was ignored for `models`, so a custom model never showed.
+    """
+    from harness.core.zoo import ModelConfig
+
+    path = tmp_path / "custom.yaml"
+    path.write_text(
+        "name: custom\n"
+        "models:\n"
+        "  my-7.5b: {d_model: 4096, n_layers: 36, n_heads: 32, ffn: 11008, vocab: 32000}\n"
+        "matrix: {model: [my-7.5b], strategy: [ddp], precision: [fp32], gpus: [2]}\n"
+    )
+    assert cli.main(["list", "models", str(path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    expected = ModelConfig(d_model=4096, n_layers=36, n_heads=32, ffn=11008, vocab=32000).n_params()
+    assert "tiny" in lines
+    assert f" {expected:,} params" in lines["my-7.5b"], lines["my-7.5b"]
+    assert "custom.yaml" in lines["my-7.5b"] and "custom.yaml" not in lines["tiny"]
