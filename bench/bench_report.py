@@ -4,7 +4,9 @@ report, prints the wall time per stage. Prints figures; asserts nothing about sp
     .venv/bin/python bench/bench_report.py [--records 10000] [--repeat 3] [--keep]
 
 With --repeat N the report is built N times over the same records and the median of each stage is printed
-too. Peak RSS: of this process (records, frame, tables, HTML) and of the largest figure process (children).
+too. Peak RSS: of this process (records, frame, tables, HTML) and of the largest other process (children: the
+processes that read shares of the records, and those that draw the figures). --serial reads every record and
+draws every figure in this process (the paths a small report or a one-CPU machine takes), to compare with.
 
 The synthetic set (bench/records_gen.py) looks like several nightly runs of one big matrix: 8 model sizes × 11
 strategies × 3 precisions × 5 GPU counts × 3 micro-batch sizes, with OOMs, errors and skips, MFU null for fp32,
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from records_gen import write_records  # bench/records_gen.py: the synthetic records, shared with bench_compare.py
 
+import harness.report
 from harness.report import build_report
 
 
@@ -32,7 +35,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=1, help="build the report this many times (median printed)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and print its path")
+    parser.add_argument("--serial", action="store_true", help="no other processes: read and draw in this one")
     args = parser.parse_args()
+    if args.serial:
+        harness.report.PARALLEL_LOAD_MIN_FILES = harness.report.figures.PARALLEL_MIN_CELLS = 2**62
     root = Path(tempfile.mkdtemp(prefix="bench-report-"))
     try:
         t = time.perf_counter()
@@ -55,14 +61,14 @@ def main() -> None:
             print(
                 f"report over {len(result['frame'])} records ({len(result['cells'])} cells, "
                 f"{sum(f.png is not None for f in result['figures'])} figures): {wall:.2f} s wall ({per_stage}); "
-                f"CPU {cpu:.2f} s in this process + {cpu_kids:.2f} s in figure processes"
+                f"CPU {cpu:.2f} s in this process + {cpu_kids:.2f} s in other processes"
             )
         if args.repeat > 1:
             medians = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in stages.items() if k != "total")
             print(f"median of {args.repeat}: {statistics.median(walls):.2f} s wall ({medians})")
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # NOTE: KiB on Linux
         rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        print(f"peak RSS: {rss:.2f} GiB this process, {rss_child:.2f} GiB largest figure process")
+        print(f"peak RSS: {rss:.2f} GiB this process, {rss_child:.2f} GiB largest other process")
         print(f"machine load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(
             f"index.html {result['paths']['html'].stat().st_size / 2**20:.2f} MiB, "

@@ -2,31 +2,45 @@
 as a PNG: `build_report`, which `harness report DIR… [-o OUT]` (harness.cli.report) calls.
 
 Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → render
-(HTML/Markdown). Nothing here imports torch. Files that are not readable records are warnings, never a crash;
+(HTML/Markdown). With many records and more than one CPU the work is spread over forked processes: shares of
+the record files are read and flattened in parallel, and the figures draw in a pool from the moment the cell
+table exists, while this process builds the best-strategy table, the CSV/Parquet tables and the page text; the
+output is byte for byte the same as with one process (tests/unit/test_report_parallel.py). Nothing here imports
+torch. Files that are not readable records are warnings, never a crash;
 a null metric stays null ("n/a"), never 0.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import multiprocessing
 import os
+import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from harness.core.errors import InputError, Problem
-from harness.report.figures import Figure, start_figures
+from harness.report.figures import Figure, start_figures, usable_cpus
 from harness.report.frame import (
     FRACTIONAL_COLUMNS,
     SAMPLES_COLUMN,
+    FlatRecords,
     best_per_model_gpus,
     cell_table,
     figure_cells,
-    records_frame,
+    flatten_records,
+    frame_from_flat,
     report_name,
 )
-from harness.report.render import html_page, markdown
-from harness.results.fastload import iter_records
+from harness.report.render import prepare_html, prepare_markdown
+from harness.results.fastload import iter_records, record_files
+from harness.results.store import read_record
 
 __all__ = ["build_report", "output_problem"]
 
@@ -73,6 +87,80 @@ def _integers_as_int(df):
     return out
 
 
+PARALLEL_LOAD_MIN_FILES = 2000
+"""with at least this many record files (and Linux, and more than one CPU) other processes read and flatten
+consecutive shares of them while this one reads the first"""
+MAX_LOAD_PROCESSES = 4
+
+
+def _records_of(files: list[str], warnings: list[str]) -> Iterator[dict[str, Any]]:
+    """The records of `files` (a slice of fastload.record_files' list), one at a time, with the warnings
+    iter_records(*dirs) gives for those files. NOTE: iter_records walks a path that is not a file, so a folder
+    (or a dangling link) named like a record, which the walk lists as one, is read as store.read_record reads
+    it (fastload's messages are read_record's): it fails with the same warning."""
+    for path in files:
+        if os.path.isfile(path):
+            yield from iter_records(path, warnings=warnings)
+            continue
+        try:
+            rec = dict(read_record(path))
+        except ValueError as e:
+            warnings.append(f"{path}: {e}")
+            continue
+        rec.setdefault("_path", path)
+        yield rec
+
+
+def _read_share(files: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
+    """Read and flatten one share of the record files (in any process): (flattened records, warnings on files
+    that are not readable records, warnings on fields of the wrong type)."""
+    unreadable: list[str] = []
+    wrong: list[str] = []
+    return flatten_records(_records_of(files, unreadable), wrong), unreadable, wrong
+
+
+def _share_read(future: Future | None, share: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
+    """What another process read of `share`, or, when it could not (none started, or it died: killed, out of
+    memory), the share read here."""
+    if future is not None:
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            pass
+    return _read_share(share)
+
+
+def _load(dirs: list[Path]) -> tuple[pd.DataFrame, list[str], int]:
+    """(frame of every record under `dirs`, warnings, how many of them are on unreadable files, which come
+    first). Each record is parsed and flattened as it is read, never all held. With many files the shares are
+    read in parallel, forked processes flattening the later ones (the flattened fields are what comes back);
+    the frame and the warnings, in file order, are the same either way, and a share whose process fails is
+    read here."""
+    files = record_files(*dirs)
+    n = min(usable_cpus(), MAX_LOAD_PROCESSES) if sys.platform == "linux" else 1
+    if len(files) < PARALLEL_LOAD_MIN_FILES:
+        n = 1
+    bounds = [len(files) * i // n for i in range(n + 1)]
+    shares = [files[a:b] for a, b in zip(bounds, bounds[1:])]
+    pool = None
+    futures: list[Future | None] = [None] * (n - 1)
+    if n > 1:
+        try:
+            pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=multiprocessing.get_context("fork"))
+            futures = [pool.submit(_read_share, share) for share in shares[1:]]
+        except (OSError, ValueError, RuntimeError, ImportError):  # NOTE: BrokenProcessPool is a RuntimeError
+            pass  # no processes (no fork, no semaphores in a sandbox): every share is read here
+    try:
+        read = [_read_share(shares[0])]
+        read += [_share_read(future, share) for future, share in zip(futures, shares[1:])]
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    unreadable = [w for _, u, _ in read for w in u]
+    df, more = frame_from_flat([flat for flat, _, _ in read], [w for _, _, wrong in read for w in wrong])
+    return df, unreadable + more, len(unreadable)
+
+
 def _write_tables(df, out: Path, warnings: list[str]) -> dict[str, Path]:
     paths = {"csv": out / "table.csv"}
     df = _integers_as_int(df)
@@ -105,24 +193,22 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
-    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. Stages:
-    load = read + flatten; frame; tables = CSV/Parquet; figures = drawing, which with many cells runs in other
-    processes while the tables are written, so it includes "tables"; write = PNG files, Markdown, HTML.
+    per cell shown), "best": DataFrame, "figures": [Figure], "timings_s": {stage: seconds}}. Stages, in order:
+    load = read + flatten; frame = the cell table and the figure cells, after which the figures start drawing
+    (with many cells in other processes); best = the best-strategy table, tables = CSV/Parquet, render = the
+    HTML/Markdown text but the figures, all three while the figures draw; figures = from their start until the
+    last is drawn, so it includes best, tables and render; write = PNG files, Markdown, HTML.
     With no readable record nothing is written and "out" is None. InputError when a dir does not exist or
     `out` is a file.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    dirs = [Path(d) for d in dirs]
-    if not dirs:
+    paths_in = [Path(d) for d in dirs]
+    if not paths_in:
         raise InputError("no result directories given")
     out_path = Path(out) if out is not None else None
-    _check_inputs(dirs, out_path)
-    # NOTE: records are parsed and flattened one at a time (never all held), so "load" includes the flattening
-    warnings: list[str] = []
-    df, more = records_frame(iter_records(*dirs, warnings=warnings))
-    n_unreadable = len(warnings)
-    warnings += more
+    _check_inputs(paths_in, out_path)
+    df, warnings, n_unreadable = _load(paths_in)
     timings["load"] = time.perf_counter() - t0
     result: dict[str, Any] = {
         "out": None,
@@ -138,39 +224,46 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
     if df.empty:
         return result
     t1 = time.perf_counter()
-    cells, more = cell_table(df)
-    warnings += more
-    best = best_per_model_gpus(cells, df)
-    fc = figure_cells(cells)
-    timings["frame"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    collect_figures = start_figures(fc)  # NOTE: with many cells they draw in other processes while the tables
-    df = df.assign(in_tables=df.index.isin(cells.index))  # are written here
     if out_path is None:
         out_path = Path("reports") / result["name"]
         _check_inputs([], out_path)
+    cells, more = cell_table(df)
+    warnings += more
+    collect_figures = start_figures(figure_cells(cells))
+    # NOTE: with many cells the figures now draw in other processes; everything up to collect_figures() runs
+    # beside them and must not need them
+    t2 = time.perf_counter()
+    timings["frame"] = t2 - t1
+    best = best_per_model_gpus(cells, df)
+    timings["best"] = time.perf_counter() - t2
+    t1 = time.perf_counter()
+    df = df.assign(in_tables=df.index.isin(cells.index))
     out_path.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Any] = _write_tables(df, out_path, warnings)
     timings["tables"] = time.perf_counter() - t1
-    figures = collect_figures()
-    timings["figures"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    paths["figures"] = _write_figures(figures, out_path)
     ctx = {
         "name": result["name"],
-        "dirs": dirs,
+        "dirs": paths_in,
         "frame": df,
         "cells": cells,
         "best": best,
-        "figures": figures,
+        "figures": None,  # NOTE: not drawn yet; the text is written without them, and they join it below
         "warnings": warnings,
         "n_unreadable": n_unreadable,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+    finish_markdown, finish_html = prepare_markdown(ctx), prepare_html(ctx)
+    timings["render"] = time.perf_counter() - t1
+    figures = collect_figures()
+    timings["figures"] = time.perf_counter() - t2
+    t1 = time.perf_counter()
+    ctx["figures"] = figures
+    paths["figures"] = _write_figures(figures, out_path)
     paths["markdown"] = out_path / "report.md"
-    paths["markdown"].write_text(markdown(ctx))
+    paths["markdown"].write_text(finish_markdown(figures))
     paths["html"] = out_path / "index.html"
-    paths["html"].write_text(html_page(ctx))
+    paths["html"].write_text(finish_html(figures))
     timings["write"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     result.update(out=out_path, paths=paths, frame=df, cells=cells, best=best, figures=figures)

@@ -132,6 +132,8 @@ class _Reader:
         self.path, self.warnings = path, warnings
 
     def num(self, where: str, x: Any) -> float | None:
+        if type(x) is float and x - x == 0.0:  # NOTE: the common case first (x - x is nan for inf and nan)
+            return x
         if x is None:
             return None
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
@@ -162,11 +164,17 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
     env, comm, predicted = _dict(rec.get("env")), _dict(rec.get("comm")), _dict(rec.get("predicted"))
     step = _dict(metrics.get("step_time_s"))
     samples = step.get("samples")
-    samples = (
-        [float(s) for s in samples if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)]
-        if isinstance(samples, list)
-        else []
-    )
+    if isinstance(samples, list):
+        finite = [s for s in samples if type(s) is float and s - s == 0.0]  # NOTE: the common case: finite floats
+        if len(finite) < len(samples):
+            finite = [
+                float(s)
+                for s in samples
+                if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
+            ]
+        samples = finite
+    else:
+        samples = []
     null_reasons = _dict(metrics.get("null_reasons"))
     ac = spec.get("activation_checkpointing")
     alloc = r.num("metrics.peak_memory_allocated_gib", metrics.get("peak_memory_allocated_gib"))
@@ -260,6 +268,17 @@ def records_frame(records: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, l
     `records` may be a generator (harness.results.fastload.iter_records): each record is flattened into the
     columns as it comes and then dropped, so only the fields the report uses are ever held for all records."""
     warnings: list[str] = []
+    return frame_from_flat([flatten_records(records, warnings)], warnings)
+
+
+FlatRecords = tuple[dict[str, list[Any]], list[dict[str, float]]]
+"""records flattened (flatten_records): column → one value per record, and {collective: bytes per step} per
+record"""
+
+
+def flatten_records(records: Iterable[Mapping[str, Any]], warnings: list[str]) -> FlatRecords:
+    """The first half of records_frame, which can run in another process (the result pickles): each record's
+    fields into plain lists, one record at a time; a field of the wrong type appends a warning."""
     names = [*SCALAR_COLUMNS, SAMPLES_COLUMN]
     columns: dict[str, list[Any]] = {c: [] for c in names}
     comm = []
@@ -268,6 +287,20 @@ def records_frame(records: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, l
         for c in names:
             columns[c].append(row.get(c))
         comm.append(by_coll)
+    return columns, comm
+
+
+def frame_from_flat(parts: list[FlatRecords], warnings: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """The second half of records_frame: the frame of records flattened in consecutive parts (in order, e.g. by
+    several processes), + `warnings` (the parts' flattening warnings, in order) with the frame's own appended.
+    The parts are emptied as they are joined."""
+    names = [*SCALAR_COLUMNS, SAMPLES_COLUMN]
+    columns, comm = parts[0]
+    for more_columns, more_comm in parts[1:]:
+        for c in names:
+            columns[c] += more_columns.pop(c)
+        comm += more_comm
+        more_comm.clear()
     df = pd.DataFrame({c: pd.Series(columns.pop(c), dtype=object) for c in names}, columns=names)
     for col in NUMERIC_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
@@ -365,7 +398,12 @@ def _runs_by_cell(frame: pd.DataFrame | None) -> dict[tuple, list[float]] | None
         return None
     ok = frame[(frame["status"] == "ok") & frame["tokens_per_s_per_gpu"].notna()]
     ok = ok.dropna(subset=["model", "strategy", "precision", "gpus"])
-    return {key: g.astype(float).tolist() for key, g in ok.groupby(list(CELL_KEYS), sort=False)["tokens_per_s_per_gpu"]}
+    # NOTE: one pass over plain lists, not a groupby (a Series per cell: 0.4 s at 4,000 cells); same keys and order
+    runs: dict[tuple, list[float]] = {}
+    keys = zip(*(ok[k].tolist() for k in CELL_KEYS))
+    for key, tps in zip(keys, ok["tokens_per_s_per_gpu"].astype(float).tolist()):
+        runs.setdefault(key, []).append(tps)
+    return runs
 
 
 def _runs(runs: dict[tuple, list[float]] | None, row: pd.Series) -> list[float]:

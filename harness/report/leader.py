@@ -26,7 +26,7 @@ MIN_SAMPLES = 5
 """per-step samples needed on each side for the per-step test"""
 
 
-def mann_whitney_p(xs: Sequence[float], ys: Sequence[float]) -> float:
+def mann_whitney_p(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> float:
     """Two-sided Mann–Whitney U p-value; 1.0 when the test is undefined (every value equal)."""
     from scipy.stats import mannwhitneyu
 
