@@ -24,7 +24,7 @@ help:
 	@echo "make lint                                                             ruff check + format check + mypy"
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
 	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
-	@echo "make nightly CLUSTER=a100 BASELINE=dir [COMPARE_ARGS=--promote]       sweep + compare with a baseline"
+	@echo "make nightly CLUSTER=a100 BASELINE=dir HISTORY=db [LABEL=...]       sweep, judge (baseline: exact; history: timing), add"
 
 # `make setup` is idempotent: the stamp depends on pyproject.toml and this Makefile.
 setup: $(VENV)/.stamp
@@ -59,18 +59,35 @@ lint: setup
 	$(VENV)/bin/ruff format --check harness tests bench
 	$(VENV)/bin/mypy
 
-# nightly: fresh sweep of scenarios/nightly.yaml, then compare with BASELINE (exit 1 on a regression).
+# nightly: fresh sweep of scenarios/nightly.yaml; exact metrics (collective bytes, predicted memory) compared with
+# BASELINE; timing judged against the cell's own history in HISTORY (between-run noise, change points); then the
+# night is added to the history and reported. Exit 1 when either judge finds a regression, 2 on bad input.
 NIGHTLY_SCENARIO ?= scenarios/nightly.yaml
 BASELINE ?= baselines/$(CLUSTER)
+HISTORY ?= history/$(CLUSTER).sqlite
+LABEL ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 NIGHTLY_RESULTS ?= $(RESULTS)/nightly-$(CLUSTER)
 NIGHTLY_REPORT ?= $(REPORTS)/nightly-$(CLUSTER)
 COMPARE_ARGS ?=
 
 nightly: setup
 	rm -rf $(NIGHTLY_RESULTS) $(NIGHTLY_REPORT)
-	@# sweep exit 1 = some cells failed: still compare (newly failing cells are regressions there); 2 = bad input
+	mkdir -p $(NIGHTLY_REPORT) $(if $(filter postgresql://% postgres://%,$(HISTORY)),,$(dir $(HISTORY)))
+	@# sweep exit 1 = some cells failed: still judge (newly failing cells are regressions there); 2 = bad input
 	$(VENV)/bin/harness sweep $(NIGHTLY_SCENARIO) --cluster $(CLUSTER) --results $(NIGHTLY_RESULTS) || test $$? -eq 1
-	$(VENV)/bin/harness compare $(BASELINE) $(NIGHTLY_RESULTS) --output-dir $(NIGHTLY_REPORT) $(COMPARE_ARGS)
+	@set +e; \
+	$(VENV)/bin/harness compare $(BASELINE) $(NIGHTLY_RESULTS) --metric exact --output-dir $(NIGHTLY_REPORT) $(COMPARE_ARGS); \
+	exact=$$?; \
+	if [ -n "$(filter postgresql://% postgres://%,$(HISTORY))" ] || [ -e "$(HISTORY)" ]; then \
+	  $(VENV)/bin/harness history check --db $(HISTORY) $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/history.md --format md; \
+	  timing=$$?; \
+	else \
+	  echo "history $(HISTORY): first night, nothing to judge timing against yet"; timing=0; \
+	fi; \
+	if [ $$exact -eq 2 ] || [ $$timing -eq 2 ]; then exit 2; fi; \
+	$(VENV)/bin/harness history add --db $(HISTORY) $(NIGHTLY_RESULTS) --label "$(LABEL)" || exit 2; \
+	$(VENV)/bin/harness report $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/report || exit 2; \
+	if [ $$exact -ne 0 ] || [ $$timing -ne 0 ]; then exit 1; fi
 
 # baseline: re-sweep the smoke scenario and make it the committed baseline that CI compares exactly against
 # (collective bytes, predicted memory and bytes). Run it when a change alters those on purpose; commit it.

@@ -1,0 +1,101 @@
+"""`history show`: the stored series of the cells a filter picks, one series per cell and machine, with the change
+points E-Divisive finds in each metric."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.history.changepoint import e_divisive
+from harness.history.judge import Rules
+from harness.history.keys import HISTORY_METRICS, is_exact, iso
+from harness.history.store import Cell, HistoryStore, Run
+
+
+def cell_matches(cell: Cell, text: str | None) -> bool:
+    """Every whitespace-separated term of `text` (case-insensitive) occurs in the cell's label, run_id or spec."""
+    if not text:
+        return True
+    hay = f"{cell.label} {cell.run_id} {cell.key}".lower()
+    return all(term in hay for term in text.lower().split())
+
+
+def _machine_key(run: Run) -> tuple[Any, ...]:
+    m = run.machine
+    return (m.get("cluster"), m.get("device_type"), m.get("device_name"), m.get("device_count"), m.get("driver"))
+
+
+def _change_points(runs: Sequence[Run], *, rules: Rules) -> dict[str, list[dict[str, Any]]]:
+    """metric → its change points, as indices into `runs` with the levels on either side."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    memo: dict[bytes, list[Any]] = {}
+    for metric in HISTORY_METRICS:
+        if is_exact(metric):
+            continue
+        at = [i for i, r in enumerate(runs) if r.values.get(metric.name, 0) > 0]
+        if len(at) < 2 * 2:
+            continue
+        y = np.log([runs[i].values[metric.name] for i in at])
+        centred = np.round(y - y.mean(), 9)
+        # NOTE: throughput's log series is step time's negated and shifted: the same change points
+        key = ((centred if centred[np.flatnonzero(centred)[:1]].sum() >= 0 else -centred) + 0.0).tobytes()
+        if key not in memo:
+            memo[key] = e_divisive(y, alpha=rules.alpha, permutations=rules.permutations)
+        found = []
+        bounds = [0, *(c.index for c in memo[key]), len(y)]
+        for j, c in enumerate(memo[key]):
+            before = float(np.median(y[bounds[j] : c.index]))
+            after = float(np.median(y[c.index : bounds[j + 2]]))
+            run = runs[at[c.index]]
+            found.append(
+                {
+                    "index": at[c.index],
+                    "time": iso(run.time),
+                    "label": run.label,
+                    "p_value": c.p_value,
+                    "before": math.exp(before),
+                    "after": math.exp(after),
+                }
+            )
+        if found:
+            out[metric.name] = found
+    return out
+
+
+def show_series(
+    store: HistoryStore, *, cell_filter: str | None, last: int | None, rules: Rules | None = None
+) -> list[dict[str, Any]]:
+    """Every matching cell's series (per machine), oldest run first, the last `last` runs (all when None)."""
+    rules = rules or Rules()
+    out = []
+    for cell in store.cells():
+        if not cell_matches(cell, cell_filter):
+            continue
+        runs = store.runs_of(cell.id, limit=last)
+        groups: dict[tuple[Any, ...], list[Run]] = {}
+        for r in runs:
+            groups.setdefault(_machine_key(r), []).append(r)
+        for group in groups.values():
+            out.append(
+                {
+                    "key": cell.key,
+                    "label": cell.label,
+                    "run_id": cell.run_id,
+                    "machine": group[0].machine,
+                    "runs": [
+                        {
+                            "time": iso(r.time),
+                            "label": r.label,
+                            "status": r.status,
+                            "values": r.values,
+                            "software": r.software,
+                        }
+                        for r in group
+                    ],
+                    "change_points": _change_points(group, rules=rules),
+                }
+            )
+    return out
