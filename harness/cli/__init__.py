@@ -1,7 +1,8 @@
 """`harness` command line. Subcommands load their modules lazily so `harness --help` and `harness plan`
 never import torch, pandas or matplotlib.
 
-Exit codes: 0 success; 1 a sweep with failed cells, or a regression (compare); 2 bad input.
+Exit codes: 0 success; 1 a sweep with failed cells, or a regression (compare); 2 bad input (a results or output
+folder that cannot be written too); 130 interrupted (Ctrl-C, SIGTERM to a sweep).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "status": "harness.cli.run:status",
     "report": "harness.cli.report:report_command",
     "compare": "harness.cli.compare:compare_command",
+    "calibrate": "harness.cli.calibrate:calibrate_command",
+    "history": "harness.cli.history:history_group",
 }
 
 
@@ -33,6 +36,8 @@ SHORT_HELP: dict[str, str] = {
     "status": "Per-cell state of the sweeps in a results dir.",
     "report": "Tables and figures (HTML, Markdown, CSV) from result dirs.",
     "compare": "Regressions between a baseline and a candidate (exit 1).",
+    "calibrate": "Measure this machine's rates for the step-time model.",
+    "history": "A results history: add sweeps, show series, check a new sweep (exit 1).",
 }
 
 

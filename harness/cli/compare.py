@@ -33,7 +33,7 @@ from harness.compare.render import (
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES
 from harness.core.errors import InputError, Problem
-from harness.results.store import atomic_write_text
+from harness.results.store import atomic_write_text, unwritable_reason
 
 
 @contextlib.contextmanager
@@ -177,6 +177,7 @@ def compare_command(
         raise click.UsageError("--force only applies with --promote")
     if promote and len(base_paths) != 1:
         raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
+    check_outputs(output, output_dir)
 
     if promote and not force and not base_paths[0].exists():
         raise InputError(
@@ -257,6 +258,20 @@ def compare_command(
                 err=True,
             )
     return code
+
+
+def check_outputs(output: Path | None, output_dir: Path | None) -> None:
+    """InputError (exit 2, one line each) for an -o file or --output-dir that cannot be written, before anything is
+    loaded or compared: found after the work, it was a traceback."""
+    problems: list[Problem] = []
+    if output is not None:
+        why = "is a directory; -o names a file" if output.is_dir() else unwritable_reason(output.parent)
+        if why is not None:
+            problems.append(Problem(str(output), "-o", why))
+    if output_dir is not None and (why := unwritable_reason(output_dir)) is not None:
+        problems.append(Problem(str(output_dir), "--output-dir", why))
+    if problems:
+        raise InputError(problems)
 
 
 def _no_match_problem(cmp: Comparison, base_paths: Sequence[Path], cand_paths: Sequence[Path]) -> Problem:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from harness.report import build_report
+from harness.report import build_report, output_problem
+from harness.results.store import check_writable_dir
 
 
 @click.command("report")
@@ -20,6 +21,11 @@ from harness.report import build_report
 )
 def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
     """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively)."""
+    # NOTE: build_report checks the output folder by its permission bits before any work (and says what it finds);
+    # a folder they call writable may still refuse (root on /sys, a read-only mount): that is tried here, first
+    target = out if out is not None else Path("reports")
+    if output_problem(target) is None:
+        check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
     result = build_report(dirs, out)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)

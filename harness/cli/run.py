@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shlex
+import shutil
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -55,6 +60,7 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     to jobs still queued or running."""
     from harness.launch.slurm.jobs import SlurmUnavailable
     from harness.launch.sweep import run_sweep
+    from harness.results.store import check_writable_dir, sweep_dir
 
     def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
         raise KeyboardInterrupt
@@ -72,6 +78,7 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
                 for flag in local
             ]
         )
+    check_writable_dir(sweep_dir(results, sc.name), option="--results")  # (run_sweep checks too) before any line
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
     click.echo(
         f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
@@ -90,8 +97,35 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     if res.in_flight:
         summary = ", ".join(filter(None, [summary, f"{res.in_flight} still on SLURM"]))
     click.echo(f"done in {res.wall_s:.1f} s: {summary}")
-    click.echo(f"records: {res.results_dir}/  (harness report {results} | harness status {res.results_dir})")
+    me, folder = this_command(), shlex.quote(str(res.results_dir))
+    click.echo(f"records: {res.results_dir}/  ({me} report {shlex.quote(results)} | {me} status {folder})")
     return 1 if res.failed else 0
+
+
+def this_command() -> str:
+    """`harness` as this process was started, runnable as printed: `harness` when PATH finds this script; else
+    the script's path (`.venv/bin/harness` after `make sweep`, whose venv is not on PATH), relative to the working
+    directory when inside it; `python -m harness.cli` with this interpreter for a module run (or an in-process
+    call, as in tests)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is None or script.name == "__main__.py" or not script.is_file():
+        return f"{_shown_path(sys.executable, 'python')} -m harness.cli"
+    return _shown_path(script, "harness")
+
+
+def _shown_path(path: str | Path, name: str) -> str:
+    """`name` when PATH finds this very file under that name, else the path (relative to the working directory
+    when inside it; never resolved through symlinks: a venv's python is one), quoted for a shell."""
+    on_path = shutil.which(name)
+    try:
+        if on_path and os.path.samefile(on_path, path):
+            return name
+    except OSError:
+        pass
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full)
+    shown = full if rel.startswith("..") else rel if os.sep in rel else f".{os.sep}{rel}"
+    return shlex.quote(shown)
 
 
 @click.command()
@@ -104,7 +138,9 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
     """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
     from harness.launch.core.outcome import describe, skipped_record
     from harness.launch.core.payload import make_payload, predict
-    from harness.launch.local.launchers import launch_foreground
+    from harness.launch.local.launchers import launch_foreground, local_gpus
+    from harness.plan.placement import capacity, placement_refusal
+    from harness.results.store import check_writable_dir, sweep_dir
     from harness.worker.env import git_sha
 
     sc = load_scenario(scenario)
@@ -116,8 +152,12 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
         msg = "matches several cells: " + ", ".join(s.run_id for s in matches) if matches else one_of(cell, ids)
         raise InputError([Problem(scenario, "--cell", msg)])
     spec = matches[0]
+    check_writable_dir(sweep_dir(results, sc.name), option="--results")
     predicted = predict(spec, cluster)
-    reason = spec.unsupported_reason(cluster.device)
+    # NOTE: a cell this machine cannot host is refused before any rank starts (harness.plan.placement); the ranks
+    # are children of this process whatever the profile's executor, so the limit is always the local one
+    here = dataclasses.replace(cluster, executor="local")
+    reason = spec.unsupported_reason(cluster.device) or placement_refusal(spec, here, capacity(here, gpus=local_gpus))
     if reason:
         rec = skipped_record(spec, sweep=sc.name, cluster=cluster, results=results, reason=reason, predicted=predicted)
     else:

@@ -34,6 +34,9 @@ MIXED_MODES: tuple[str, ...] = ("autocast", "lowp")
 
 STRATEGY_MODULE_PREFIX = "harness.worker.strategies"
 
+_NO_TP = "{strategy} does not compose with tensor parallelism here (tp > 1 runs with fsdp2.*)"
+_NO_PP = "{strategy} does not compose with pipeline parallelism here (pp > 1 runs with ddp or fsdp2.*)"
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -67,6 +70,10 @@ class Strategy:
     """why compile together with activation checkpointing cannot run, or None when it can"""
     device_refusals: dict[tuple[str, str], str] = field(default_factory=dict, hash=False)
     """(device, precision) → why the backend cannot run that precision on that device (cpu | cuda)"""
+    tp_refusal: str | None = _NO_TP
+    """why it cannot run with tensor parallelism (tp > 1, harness.worker.strategies.layouts), or None when it can"""
+    pp_refusal: str | None = _NO_PP
+    """why it cannot run as the data parallelism of a pipeline (pp > 1), or None when it can"""
 
     @property
     def module(self) -> str:
@@ -91,6 +98,11 @@ class Strategy:
             return self.compile_with_checkpointing_refusal.format(strategy=self.name)
         return None
 
+    def layout_refusal(self, *, tp: int, pp: int) -> str | None:
+        """Why this strategy cannot run with `tp` tensor- and `pp` pipeline-parallel ranks, or None."""
+        reason = (self.tp_refusal if tp > 1 else None) or (self.pp_refusal if pp > 1 else None)
+        return None if reason is None else reason.format(strategy=self.name)
+
     def device_refusal(self, device: str | None, precision: str) -> str | None:
         """Why the backend cannot run `precision` on `device`, or None (also when the device is unknown)."""
         reason = self.device_refusals.get((device, precision)) if device is not None else None
@@ -104,6 +116,22 @@ _NO_OFFLOAD = "{strategy} has no CPU offload"
 _FSDP_OFFLOAD = "{strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
 _FSDP2_OFFLOAD = "{strategy}: CPU offload is not part of this harness's FSDP2 cells"
 _ZERO12_OFFLOAD = "{strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
+_DDP_TP = (
+    "{strategy} does not compose with tensor parallelism: DistributedDataParallel's reducer does not take DTensor "
+    "(tensor-parallel) parameters; run tp with fsdp2.full_shard or fsdp2.hybrid_shard"
+)
+_FSDP1_TP = (
+    "{strategy}: FSDP1 composes with tensor parallelism only through its FlatParameter 2-D device_mesh path, which "
+    "torch keeps for backward compatibility; run tp with fsdp2.full_shard or fsdp2.hybrid_shard"
+)
+_FSDP1_PP = (
+    "{strategy}: torch.distributed.pipelining drives the gradient sync of FSDP2 and DDP stages, not FSDP1's; run pp "
+    "with ddp, fsdp2.full_shard or fsdp2.hybrid_shard"
+)
+_ZERO_LAYOUT = (
+    "{strategy}: DeepSpeed's engine wraps the whole model and has its own pipeline engine; it does not compose with "
+    "torch's DTensor tensor parallelism or torch.distributed.pipelining"
+)
 _DS_CPU_FP16 = {("cpu", "fp16"): "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"}
 # NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's per-module
 # hooks, whose guards (sub_module.ds_id, pre_bwd_fn) fail on every module: each call recompiles until the
@@ -122,6 +150,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         shards=False,
         mixed="autocast",
         offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD},
+        tp_refusal=_DDP_TP,
+        pp_refusal=None,
     ),
     Strategy(
         "fsdp.full_shard",
@@ -129,6 +159,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         memory_model="fsdp1",
         comm_model="fsdp1",
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
+        tp_refusal=_FSDP1_TP,
+        pp_refusal=_FSDP1_PP,
     ),
     Strategy(
         "fsdp.shard_grad_op",
@@ -137,6 +169,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="fsdp1",
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
+        tp_refusal=_FSDP1_TP,
+        pp_refusal=_FSDP1_PP,
     ),
     Strategy(
         "fsdp.no_shard",
@@ -145,6 +179,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="fsdp1",
         shards=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
+        tp_refusal=_FSDP1_TP,
+        pp_refusal=_FSDP1_PP,
     ),
     Strategy(
         "fsdp.hybrid_shard",
@@ -153,6 +189,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="fsdp1",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
+        tp_refusal=_FSDP1_TP,
+        pp_refusal=_FSDP1_PP,
     ),
     Strategy(
         "fsdp.hybrid_shard_zero2",
@@ -162,6 +200,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         mesh=HYBRID,
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
+        tp_refusal=_FSDP1_TP,
+        pp_refusal=_FSDP1_PP,
     ),
     Strategy(
         "fsdp2.full_shard",
@@ -169,6 +209,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         memory_model="fsdp2",
         comm_model="fsdp2",
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
+        tp_refusal=None,
+        pp_refusal=None,
     ),
     Strategy(
         "fsdp2.hybrid_shard",
@@ -177,6 +219,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="fsdp2",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
+        tp_refusal=None,
+        pp_refusal=None,
     ),
     Strategy(
         "zero1",
@@ -185,6 +229,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="zero12",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
+        tp_refusal=_ZERO_LAYOUT,
+        pp_refusal=_ZERO_LAYOUT,
     ),
     Strategy(
         "zero2",
@@ -193,6 +239,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="zero12",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
+        tp_refusal=_ZERO_LAYOUT,
+        pp_refusal=_ZERO_LAYOUT,
     ),
     Strategy(
         "zero3",
@@ -201,6 +249,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="zero3",
         compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC,
         device_refusals=_DS_CPU_FP16,
+        tp_refusal=_ZERO_LAYOUT,
+        pp_refusal=_ZERO_LAYOUT,
     ),
 )
 

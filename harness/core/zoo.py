@@ -7,6 +7,7 @@ torch modules that realise these shapes live in `harness.worker.models`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _CONFIG_FIELDS}
 
     # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
 
@@ -74,6 +75,9 @@ class ModelConfig:
         return 6.0 * self.n_matmul_params() + 12.0 * self.n_layers * self.d_model * seq_len
 
 
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter tensor of harness.worker.models.Transformer, in registration (= forward-use) order."""
@@ -91,6 +95,12 @@ class Param:
 def parameters(cfg: ModelConfig) -> list[Param]:
     """Every parameter of `harness.worker.models.Transformer(cfg)` in `named_parameters()` order, with its shape
     (nn.Linear weights are (out_features, in_features); no biases, no buffers). `sum(numel) == n_params()`."""
+    return list(_parameters(cfg))
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(cfg: ModelConfig) -> tuple[Param, ...]:
+    # NOTE: cached per model: the planner asks for every cell (a 70B model has 723 parameters)
     d, hd = cfg.d_model, cfg.head_dim
     ps = [Param("tok_emb.weight", (cfg.vocab, d), "root")]
     for i in range(cfg.n_layers):
@@ -107,7 +117,7 @@ def parameters(cfg: ModelConfig) -> list[Param]:
             Param(f"{u}.mlp.w2.weight", (d, cfg.ffn), u),
         ]
     ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
-    return ps
+    return tuple(ps)
 
 
 ZOO: dict[str, ModelConfig] = {

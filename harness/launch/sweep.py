@@ -9,7 +9,6 @@ and know nothing of each other or of the sweep.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
@@ -22,9 +21,10 @@ from harness.launch.core.outcome import FAILED, describe, skipped_record
 from harness.launch.core.payload import make_payload, predict
 from harness.launch.local import prefork
 from harness.launch.local.launchers import launch_submitit, local_gpus
-from harness.launch.slurm.jobs import SlurmSweep, preflight, slurm_refusal
+from harness.launch.slurm.jobs import SlurmSweep, preflight
+from harness.plan.placement import Capacity, capacity, placement_refusal
 from harness.results.schema import Record
-from harness.results.store import read_record, record_path, sweep_dir
+from harness.results.store import check_writable_dir, read_record, record_path, sweep_dir
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec, Scenario
 from harness.worker.env import git_sha
@@ -70,6 +70,11 @@ def run_sweep(
     specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
     if only is not None:
         specs = [s for s in specs if s.run_id in only]
+    # NOTE: before anything is written or launched: an unwritable results dir is one line (InputError), not a
+    # traceback from the manifest's lock
+    check_writable_dir(sweep_dir(results, scenario.name), option="--results")
+    # what the cluster can place (harness.plan.placement): read once, before the first cell
+    cap = capacity(cluster, gpus=local_gpus)
     if cluster.executor == "slurm":
         preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
     elif no_wait or pack:
@@ -96,6 +101,7 @@ def run_sweep(
         manifest=manifest,
         sha=sha,
         echo=echo,
+        capacity=cap,
     )
     if cluster.executor == "slurm":
         on_slurm, in_flight = _run_on_slurm(specs, folder=folder, locks=locks, no_wait=no_wait, pack=pack, **sweep)
@@ -154,24 +160,18 @@ def _prepare_cell(
     manifest: Manifest,
     sha: str | None,
     echo: Callable[[str], None],
+    capacity: Capacity,
 ) -> tuple[Record | None, dict | None]:
-    """(record, None) for a cell that needs no run (an ok record exists, or it is skipped), else (None, payload)."""
+    """(record, None) for a cell that needs no run (an ok record exists, or it is skipped: unsupported, more than
+    the cluster can place, predicted not to fit), else (None, payload)."""
     if not force and existing_ok(results, scenario.name, spec.run_id):
         echo(f"{tag}  ok (already recorded; --force reruns)")
         manifest.set(spec.run_id, state="done", status="ok")
         return read_record(record_path(results, scenario.name, spec.run_id)), None
     predicted = predict(spec, cluster)
     reason = spec.unsupported_reason(cluster.device)
-    if reason is None and cluster.executor == "slurm":
-        reason = slurm_refusal(spec)
-    if reason is None and cluster.executor == "local" and cluster.device == "cuda":
-        gpus = local_gpus()
-        if gpus is not None and spec.gpus > len(gpus):
-            env = os.environ.get("CUDA_VISIBLE_DEVICES")
-            reason = (
-                f"needs {spec.gpus} GPU{'s' * (spec.gpus != 1)} on this machine; {len(gpus)} "
-                f"visible ({'CUDA_VISIBLE_DEVICES unset' if env is None else f'CUDA_VISIBLE_DEVICES={env!r}'})"
-            )
+    if reason is None:
+        reason = placement_refusal(spec, cluster, capacity)
     if reason is None and predicted is not None and predicted.get("fits") is False and not no_skip:
         reason = f"predicted not to fit: {predicted.get('reason')} (--no-skip runs it)"
     if reason is not None:
@@ -197,6 +197,7 @@ def _run_cell(
     folder: Path,
     sha: str | None,
     echo: Callable[[str], None],
+    capacity: Capacity,
 ) -> Record:
     rec, payload = _prepare_cell(
         spec,
@@ -209,6 +210,7 @@ def _run_cell(
         manifest=manifest,
         sha=sha,
         echo=echo,
+        capacity=capacity,
     )
     if rec is not None:
         return rec
@@ -279,6 +281,7 @@ def _slurm_round(
     locks: Path,
     sha: str | None,
     echo: Callable[[str], None],
+    capacity: Capacity,
 ) -> tuple[list[RunSpec], int]:
     """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
     (job arrays; with `pack`, one job per pack of same-shaped cells), then finalize each as it ends — unless
@@ -305,6 +308,7 @@ def _slurm_round(
                 manifest=manifest,
                 sha=sha,
                 echo=echo,
+                capacity=capacity,
             )
             if rec is not None:
                 records[spec.run_id] = rec

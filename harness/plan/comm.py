@@ -44,9 +44,11 @@ No torch import: the planner calls this for every cell.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple, cast
 
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.constants import (
@@ -60,7 +62,8 @@ from harness.core.constants import (
     DS_REDUCE_BUCKET_ELEMS,
     DS_SUB_GROUP_SIZE,
 )
-from harness.core.zoo import ModelConfig, Param, parameters
+from harness.core.zoo import ModelConfig, Param, _parameters, parameters
+from harness.plan import layouts
 from harness.scenario.schema import RunSpec
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
@@ -95,7 +98,21 @@ ZERO3 = Zero3Config()
 
 
 def units(params: list[Param]) -> dict[str, list[Param]]:
-    """FSDP units in wrapping order: one per Block, then the root (what no Block holds)."""
+    """FSDP units in wrapping order: one per Block, then the root (what no Block holds). Remembered for the model's
+    cached parameter tuple (harness.core.zoo), which the planner passes for every cell: read it, never change it."""
+    hit = _UNITS.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    out = _units(params)
+    if isinstance(params, tuple):
+        _UNITS[id(params)] = (params, out)
+    return out
+
+
+_UNITS: dict[int, tuple[object, dict[str, list[Param]]]] = {}
+
+
+def _units(params: list[Param]) -> dict[str, list[Param]]:
     out: dict[str, list[Param]] = {}
     for p in params:
         if p.unit != "root":
@@ -150,9 +167,9 @@ def groups_for(spec: RunSpec) -> Groups:
 # the ledger
 
 
-@dataclass(frozen=True)
-class Item:
-    """One kind of collective: `calls` calls per step of `bytes_per_call` bytes each."""
+class Item(NamedTuple):
+    """One kind of collective: `calls` calls per step of `bytes_per_call` bytes each. (A NamedTuple, not a frozen
+    dataclass: planning builds ~10^5 of them, and a frozen dataclass's __init__ is several times slower.)"""
 
     what: str
     collective: str
@@ -505,6 +522,18 @@ class Zero3Trace:
 
 
 def zero3_trace(cfg: ModelConfig, *, conf: Zero3Config | None = None, checkpointing: bool = False) -> Zero3Trace:
+    """The coordinator's gathers for `cfg` (`_zero3_trace`), cached per model, knobs and checkpointing: the trace
+    does not depend on the world size, and planning simulates it once per model instead of once per cell. Shared
+    between callers: read it, never change it."""
+    return _zero3_trace_cached(cfg, conf or ZERO3, checkpointing)
+
+
+@functools.lru_cache(maxsize=64)
+def _zero3_trace_cached(cfg: ModelConfig, conf: Zero3Config, checkpointing: bool) -> Zero3Trace:
+    return _zero3_trace(cfg, conf=conf, checkpointing=checkpointing)
+
+
+def _zero3_trace(cfg: ModelConfig, *, conf: Zero3Config | None = None, checkpointing: bool = False) -> Zero3Trace:
     """Simulate the coordinator's fetch / prefetch / release over the module trace (a complete trace: the
     measured steps come after >= 2 warmup steps, the first records the trace, the second completes it).
 
@@ -683,7 +712,7 @@ def no_comm_model_reason(spec: RunSpec) -> str | None:
         return "a hybrid with one rank per node has a one-rank shard group: FSDP's fallback there is not measured"
     if s.offload != "none" and entry.comm_model in OFFLOAD_NOT_MODELLED:
         return OFFLOAD_NOT_MODELLED[entry.comm_model]
-    return None
+    return layouts.no_model_reason(spec)  # tensor / pipeline parallelism: harness.plan.layouts
 
 
 def predict_comm(spec: RunSpec) -> dict | None:
@@ -695,8 +724,50 @@ def predict_comm(spec: RunSpec) -> dict | None:
     """
     if no_comm_model_reason(spec) is not None:
         return None
-    params = parameters(spec.model_config)
-    g = groups_for(spec)
-    led = Ledger()
-    COMM_MODELS[CATALOGUE[spec.strategy].comm_model](spec, params=params, g=g, led=led)
-    return led.summary()
+    return ledger(spec).summary()
+
+
+def ledger(spec: RunSpec) -> Ledger:
+    """The cell's ledger (for a cell `no_comm_model_reason` accepts), cached per everything it depends on: planning
+    thousands of cells builds each model × strategy × size once. Shared between callers: read it, never change it."""
+    return _ledger_entry(spec)[0]
+
+
+def ledger_bytes(spec: RunSpec) -> float | None:
+    """Collective bytes per step of the cell (predict_comm's `bytes_per_step`), None where no model applies."""
+    if no_comm_model_reason(spec) is not None:
+        return None
+    return _ledger_entry(spec)[1]
+
+
+def _ledger_entry(spec: RunSpec) -> tuple[Ledger, float]:
+    s = spec.settings
+    key = (
+        spec.model_config,
+        spec.strategy,
+        spec.precision,
+        spec.gpus,
+        spec.gpus_per_node,
+        s.grad_accum,
+        # only ZeRO-3's trace depends on checkpointing: the other models share one ledger for both
+        s.checkpointing if CATALOGUE[spec.strategy].comm_model == "zero3" or not spec.layout.is_default else None,
+        s.offload,
+        ZERO3,  # the coordinator's knobs (a test or a diagnosis may change them)
+        layouts.cache_key(spec),  # () without tensor/pipeline parallelism
+    )
+    hit = _LEDGERS.get(key)
+    if hit is None:
+        led = Ledger()
+        if not spec.layout.is_default:  # tensor / pipeline parallelism: harness.plan.layouts
+            led.items, led.notes = layouts.layout_ledger(spec, item=Item, ddp_buckets=ddp_buckets)
+        else:
+            # NOTE: the cached tuple itself (not a copy): `units` remembers its split per model
+            params = cast(list[Param], _parameters(spec.model_config))
+            COMM_MODELS[CATALOGUE[spec.strategy].comm_model](spec, params=params, g=groups_for(spec), led=led)
+        if len(_LEDGERS) > 65536:
+            _LEDGERS.clear()
+        hit = _LEDGERS[key] = (led, float(sum(it.bytes for it in led.items)))
+    return hit
+
+
+_LEDGERS: dict[tuple, tuple[Ledger, float]] = {}

@@ -30,6 +30,7 @@ quoted. FLOPs are per optimizer step over all ranks (global), counted as multipl
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ from harness.core.constants import (
     DS_SUB_GROUP_SIZE,
 )
 from harness.core.zoo import ModelConfig, parameters
+from harness.plan import layouts
 from harness.scenario.schema import RunSpec
 
 GIB = 2**30
@@ -75,6 +77,12 @@ beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes pe
 
 def unit_numels(cfg: ModelConfig) -> dict[str, int]:
     """Elements per FSDP unit: 'root' and 'blocks.0'…'blocks.<L-1>'."""
+    return dict(_unit_numels(cfg))
+
+
+@functools.lru_cache(maxsize=256)
+def _unit_numels(cfg: ModelConfig) -> dict[str, int]:
+    # NOTE: cached per model (the planner asks for every cell); unit_numels hands out copies
     units: dict[str, int] = {}
     for p in parameters(cfg):
         units[p.unit] = units.get(p.unit, 0) + p.numel
@@ -328,6 +336,8 @@ def memory(spec: RunSpec) -> Memory:
     entry = CATALOGUE.get(spec.strategy)
     if entry is None or entry.memory_model not in MEMORY_MODELS:
         raise ValueError(f"no memory model for strategy {spec.strategy!r}")
+    if not spec.layout.is_default:  # tensor / pipeline parallelism: harness.plan.layouts
+        return Memory(**layouts.layout_memory(spec))
     return MEMORY_MODELS[entry.memory_model](spec)
 
 
@@ -540,7 +550,7 @@ def _fsdp2(spec: RunSpec) -> Memory:
     # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
     return _fsdp_memory(
         spec,
-        sharded=sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg)),
+        sharded=_fsdp2_sharded(cfg, nshard),
         root_gathered_in_loss=True,
         gathered=(f"{FSDP_UNITS_IN_FLIGHT} block units gathered", BYTES[spec.precision] * FSDP_UNITS_IN_FLIGHT * block),
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
@@ -613,15 +623,12 @@ def _zero(spec: RunSpec) -> Memory:
 
     # ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
     # persistence threshold also stay gathered on every rank
-    shapes = parameters(cfg)
-    partitions = sum(_ceil_div(ps.numel, nshard) for ps in shapes)
-    persistent = sum(ps.numel for ps in shapes if ps.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
+    partitions, persistent, largest_module = _zero3_sizes(cfg, nshard)
     master = 0 if spec.precision == "fp32" else 4 * partitions
     moments = 8 * partitions
     params = b * (partitions + persistent)
     grads = b * partitions  # the flat gradient partition buffer, allocated once at initialisation
     # ZeRO-3 gathers per module (every module here holds one weight) and prefetches ahead of it
-    largest_module = max(ps.numel for ps in shapes)
     live = ("live gathered parameters", b * min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS))
     # the optimizer's fp32 gradient buffer (one sub-group) and the reduce bucket: allocated once, never freed
     fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(DS_SUB_GROUP_SIZE, partitions))
@@ -662,6 +669,21 @@ def _zero(spec: RunSpec) -> Memory:
         cpu=cpu,
         notes=notes,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _fsdp2_sharded(cfg: ModelConfig, nshard: int) -> int:
+    """Elements of one rank's FSDP2 shards: every parameter's dim 0 padded to a multiple of `nshard`."""
+    return sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg))
+
+
+@functools.lru_cache(maxsize=1024)
+def _zero3_sizes(cfg: ModelConfig, nshard: int) -> tuple[int, int, int]:
+    """(partition elements, persistent elements, largest parameter) of ZeRO-3 over `nshard` ranks."""
+    shapes = parameters(cfg)
+    partitions = sum(_ceil_div(ps.numel, nshard) for ps in shapes)
+    persistent = sum(ps.numel for ps in shapes if ps.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
+    return partitions, persistent, max(ps.numel for ps in shapes)
 
 
 MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}

@@ -8,10 +8,14 @@ No torch import on this path.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
 from harness.plan import memory as mb
+from harness.plan.calibration import Rates
+from harness.plan.placement import Capacity, capacity, placement_refusal
+from harness.plan.time import TIME_COLUMNS, time_columns, time_footer, time_prediction
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
@@ -22,10 +26,12 @@ def _comm_bytes_per_step(spec: RunSpec) -> float | None:
     """Predicted collective bytes per step from harness.plan.comm, or None where no accounting model exists
     (the module or its `predict_comm` missing, or it returning None for this cell)."""
     try:
-        from harness.plan.comm import predict_comm
+        comm = importlib.import_module("harness.plan.comm")
     except ImportError:
         return None
-    result = predict_comm(spec)
+    if hasattr(comm, "ledger_bytes"):  # predict_comm's bytes_per_step, from the cached ledger (no summary per cell)
+        return comm.ledger_bytes(spec)
+    result = comm.predict_comm(spec) if hasattr(comm, "predict_comm") else None
     if result is None:
         return None
     value = result.get("bytes_per_step") if isinstance(result, dict) else None
@@ -39,7 +45,7 @@ def usable_memory_gib(cluster: Cluster) -> float | None:
     return cluster.device_memory_gib - mb.DEVICE_RESERVE_GIB
 
 
-def predict(spec: RunSpec, cluster: Cluster) -> dict[str, Any]:
+def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> dict[str, Any]:
     """Predicted memory (GiB per rank), FLOPs per step (global) and whether the cell fits.
 
     `memory_gib` holds the five parts live at the rank's peak (they add up to `total`); `peak_at` names
@@ -48,6 +54,8 @@ def predict(spec: RunSpec, cluster: Cluster) -> dict[str, Any]:
     memory per rank for offload. `fits` is None when the cluster's device memory is unknown; `reason` is
     the one-line breakdown used in a `skipped` record when the cell does not fit, else None.
     `hardware_flops_per_step` adds activation checkpointing's recompute (HFU) to `flops_per_step` (MFU).
+    The step-time fields (`step_time_s`, `tokens_per_s_per_gpu`, `mfu`, `time_s`, `calibration`,
+    `time_null_reasons`) are harness.plan.time's, at `rates` (default: the cluster's calibration or profile).
     """
     mem = mb.memory(spec)
     gib = mem.gib()
@@ -73,15 +81,21 @@ def predict(spec: RunSpec, cluster: Cluster) -> dict[str, Any]:
         "comm_bytes_per_step": _comm_bytes_per_step(spec),
         "reason": reason,
         "notes": dict(mem.notes),
+        **time_prediction(spec, cluster, rates=rates),
     }
 
 
-def plan_cells(specs: list[RunSpec], cluster: Cluster) -> list[dict[str, Any]]:
+def plan_cells(
+    specs: list[RunSpec], cluster: Cluster, *, cap: Capacity | None = None, rates: Rates | None = None
+) -> list[dict[str, Any]]:
     """One JSON-able object per cell, in order. Unsupported cells carry `unsupported` (the reason) and no
-    prediction; the others carry predict()'s fields."""
+    prediction; the others carry predict()'s fields. `cannot_place` is why the cluster cannot place the cell (the
+    sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None."""
+    cap = capacity(cluster) if cap is None else cap
     cells = []
     for spec in specs:
         cell: dict[str, Any] = {"run_id": spec.run_id, "spec": spec.to_dict()}
+        cell["cannot_place"] = placement_refusal(spec, cluster, cap)
         why = spec.unsupported_reason()
         if why is not None:
             cell.update(
@@ -97,11 +111,12 @@ def plan_cells(specs: list[RunSpec], cluster: Cluster) -> list[dict[str, Any]]:
                     "hardware_flops_per_step": None,
                     "comm_bytes_per_step": None,
                     "reason": None,
+                    **time_prediction(spec, cluster, rates=rates),
                 }
             )
         else:
             cell["unsupported"] = None
-            cell.update(predict(spec, cluster))
+            cell.update(predict(spec, cluster, rates=rates))
         cells.append(cell)
     return cells
 
@@ -145,6 +160,7 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
         "cpu",
         "TFLOP/step",
         "comm GB",
+        *TIME_COLUMNS,
     ]
     rows = []
     for c in cells:
@@ -162,6 +178,9 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
         )
         if c["unsupported"]:
             rows.append([name, opts, f"unsupported: {c['unsupported']}"])
+            continue
+        if c["cannot_place"]:
+            rows.append([name, opts, f"CANNOT PLACE (skipped): {c['cannot_place']}"])
             continue
         m = c["memory_gib"]
         fits = {True: "yes", False: "NO", None: "?"}[c["fits"]]
@@ -181,6 +200,7 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
                 _fmt(c["cpu_memory_gib"]) if c["cpu_memory_gib"] else "-",
                 _fmt(c["flops_per_step"] / 1e12, ".3g"),
                 _fmt(None if comm is None else comm / 1e9, ".3g"),
+                *time_columns(c),
             ]
         )
     full = [r for r in rows if len(r) == len(cols)]
@@ -195,8 +215,12 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
         else:
             lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     n_no = sum(1 for c in cells if c["fits"] is False)
+    n_unsupported = sum(1 for c in cells if c["unsupported"])
+    n_unplaced = sum(1 for c in cells if c["cannot_place"] and not c["unsupported"])
     lines.append(
         f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
-        + (f", {sum(1 for c in cells if c['unsupported'])} unsupported" if any(c["unsupported"] for c in cells) else "")
+        + (f", {n_unsupported} unsupported" if n_unsupported else "")
+        + (f", {n_unplaced} more than cluster {cluster.name} can place (the sweep skips them)" if n_unplaced else "")
     )
+    lines.append(time_footer(cells))
     return "\n".join(lines)

@@ -89,6 +89,16 @@ class Spec(TypedDict):
     """wall-clock limit of the whole cell (s)"""
     inject: NotRequired[dict[str, Any] | None]
     """fault injection {fault, rank, step}; null: none (absent in older records)"""
+    tp: NotRequired[int]
+    """tensor-parallel ranks (absent in older records: 1)"""
+    pp: NotRequired[int]
+    """pipeline-parallel ranks (absent in older records: 1)"""
+    pp_schedule: NotRequired[str]
+    """gpipe | 1f1b | interleaved_1f1b (meaningful with pp > 1; absent in older records)"""
+    microbatches: NotRequired[int]
+    """pipeline microbatches per micro-step; 0: one per pipeline rank (absent in older records)"""
+    sequence_parallel: NotRequired[bool]
+    """tp > 1: the norms run on sequence shards (absent in older records: false)"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -340,6 +350,24 @@ class PredictedMemory(TypedDict):
     """their sum (GiB)"""
 
 
+class PredictedTime(TypedDict):
+    """The predicted step time's breakdown (s per optimizer step on one rank; harness.plan.time): compute +
+    recompute + optimizer + comm_exposed + other = step_time_s. Null: a rate the part needs is unknown."""
+
+    compute: float | None
+    """matmuls, attention and elementwise work of forward and backward (s)"""
+    recompute: float | None
+    """activation checkpointing's recomputed forward (s)"""
+    optimizer: float | None
+    """the optimizer step (s)"""
+    comm_exposed: float | None
+    """collective time not hidden behind compute (s)"""
+    comm_total: float | None
+    """every collective's time, hidden or not (s)"""
+    other: float | None
+    """per-op host overhead and the strategy's framework overhead (s)"""
+
+
 class Predicted(TypedDict):
     """What the planner predicted for the cell."""
 
@@ -367,6 +395,57 @@ class Predicted(TypedDict):
     """memory part → how it was counted"""
     comm_deviation: NotRequired[float]
     """measured / predicted collective bytes - 1 (fraction; 0.0: exact)"""
+    step_time_s: NotRequired[float | None]
+    """predicted time of one optimizer step (s); null: see time_null_reasons"""
+    tokens_per_s_per_gpu: NotRequired[float | None]
+    """predicted tokens per second per GPU (tokens/s)"""
+    mfu: NotRequired[float | None]
+    """predicted model FLOPs utilisation (fraction); null: peak unknown or step time unknown"""
+    time_s: NotRequired[PredictedTime]
+    """the step time's breakdown (s)"""
+    calibration: NotRequired[str]
+    """the rates' source: "calibrated <file> <date>" or "uncalibrated: profile figures (<sources>)" """
+    time_null_reasons: NotRequired[dict[str, str]]
+    """step time field or part → why it is null"""
+    step_time_deviation: NotRequired[float]
+    """measured median step time / predicted - 1 (fraction; 0.0: exact)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# layout: a tensor- or pipeline-parallel cell's mesh and stages (harness.worker.strategies.layouts)
+
+
+class LayoutInfo(TypedDict):
+    """How the cell's ranks split into data × tensor × pipeline parallel groups, and the model into stages."""
+
+    tp: int
+    """tensor-parallel ranks"""
+    pp: int
+    """pipeline-parallel ranks"""
+    dp: int
+    """data-parallel replicas: gpus / (tp × pp)"""
+    dp_shard: int
+    """ranks the data-parallel strategy shards over (the rest of a node beside tp for a hybrid)"""
+    dp_replicate: int
+    """replicas of the sharded state (1 unless hybrid)"""
+    mesh: dict[str, int]
+    """mesh dimension → size, outermost first (pp, dp, tp; pp, dp_replicate, dp_shard, tp for a hybrid)"""
+    pp_schedule: str | None
+    """the pipeline schedule; null without a pipeline"""
+    n_stages: int
+    """pipeline stages (pp × stages per rank; 1 without a pipeline)"""
+    microbatches: int | None
+    """pipeline microbatches per step; null without a pipeline"""
+    sequence_parallel: bool
+    """the norms ran on sequence shards"""
+    loss_parallel: bool
+    """cross-entropy ran on vocabulary-sharded logits"""
+    stages: list[int]
+    """blocks per stage, in stage order: the stage balance"""
+    stage_blocks: list[list[int]]
+    """the blocks of each stage"""
+    stage_params: list[int]
+    """parameters per stage (whole, before tensor- or data-parallel sharding)"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -432,6 +511,8 @@ class Record(TypedDict):
     """the planner's prediction; absent when no planner ran"""
     comm: NotRequired[Comm]
     """collectives of one counted step; absent when rank 0 wrote no record"""
+    layout: NotRequired[LayoutInfo]
+    """a tensor- or pipeline-parallel cell's mesh and stage balance; absent for every other cell"""
     failures: NotRequired[list[Failure]]
     """each failed rank's report (composed records)"""
     log_tail: NotRequired[str]

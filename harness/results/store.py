@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
+from harness.core.errors import InputError, Problem
 from harness.results.schema import Record, Spec, Status
 from harness.scenario.schema import LEGACY_GPUS_KEY
 
@@ -32,6 +33,36 @@ def sweep_dir(results: str | Path, sweep: str) -> Path:
 
 def record_path(results: str | Path, sweep: str, run_id: str) -> Path:
     return sweep_dir(results, sweep) / f"{run_id}.json"
+
+
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why files cannot be made in `folder` (which need not exist yet), or None.
+
+    Tried, not guessed from permission bits (os.access says yes to root on a chmod 555 folder, and to anyone on
+    /sys): a probe folder is made and removed in `folder`, or where `folder` would be created, its nearest existing
+    parent. Nothing is left behind."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == folder:
+            return "exists and is not a directory"
+        return f"cannot be created: {existing} is a file, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".harness-probe-", dir=existing))
+    except OSError as e:
+        where = "" if existing == folder else ", where it would be created"
+        return f"cannot write in {existing}{where}: {e.strerror or e}"
+    return None
+
+
+def check_writable_dir(folder: str | Path, *, option: str) -> None:
+    """InputError (`error: FOLDER: OPTION: cannot write: Read-only file system`, exit 2) unless files can be made
+    in `folder`: output folders are checked before any work, so a bad one costs a line, not a traceback after it."""
+    why = unwritable_reason(folder)
+    if why is not None:
+        raise InputError([Problem(str(folder), option, why)])
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

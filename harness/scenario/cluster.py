@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import InputError, Problem, one_of, unknown
+from harness.scenario.performance import Performance, parse_performance
 from harness.scenario.schema import NAME_RE, load_yaml
 
 CLUSTERS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "clusters"
@@ -107,6 +108,9 @@ class SlurmProfile:
     time_limit_min: int | None = None
     """the longest --time a cell's job may ask for (min), e.g. the partition's MaxTime; a cell asks for
     ceil(settings.time_limit_s / 60), at least min_job_minutes(signal_delay_s), at most this"""
+    max_nodes: int | None = None
+    """the most nodes a cell's job may ask for, e.g. the partition's node count: a cell needing more is `skipped`
+    before submission (harness.plan.placement); None leaves it to sbatch, which refuses what its partition lacks"""
     signal_delay_s: int = 90
     """submitit's USR2 warning comes this long before the limit (s), plus up to SLURM_CHECK_PERIOD_S"""
     setup: tuple[str, ...] = ()
@@ -123,6 +127,7 @@ SLURM_KEYS = (
     "cpus_per_task",
     "mem_per_node_gib",
     "time_limit_min",
+    "max_nodes",
     "signal_delay_s",
     "setup",
     "additional_parameters",
@@ -172,7 +177,7 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
         v = doc.get(k)
         if v is not None and (not isinstance(v, str) or not v.strip()):
             problems.append(Problem(file, f"slurm.{k}", f"{v!r} must be a non-empty string or null"))
-    for k in ("cpus_per_task", "time_limit_min"):
+    for k in ("cpus_per_task", "time_limit_min", "max_nodes"):
         v = doc.get(k)
         if v is not None and not _positive_int(v):
             problems.append(Problem(file, f"slurm.{k}", f"{v!r} is not a positive integer"))
@@ -225,6 +230,7 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
         cpus_per_task=doc.get("cpus_per_task"),
         mem_per_node_gib=doc.get("mem_per_node_gib"),
         time_limit_min=doc.get("time_limit_min"),
+        max_nodes=doc.get("max_nodes"),
         signal_delay_s=delay,
         setup=tuple(setup),
         additional_parameters=dict(extra),
@@ -247,11 +253,16 @@ class Cluster:
     """memory per device (GiB = 2**30); None = unknown"""
     pg_timeout_s: float = 300.0
     """process-group (collective watchdog) timeout, applied to every group (s)"""
+    max_local_ranks: int | None = None
+    """local profiles: the most ranks (processes) one cell may start on this machine; None derives it from the
+    machine's cores and available memory (CPU) or its visible GPUs (harness.plan.placement)"""
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
     """environment variables set in every rank (NCCL_* and friends)"""
     slurm: SlurmProfile = field(default_factory=SlurmProfile)
     """how cells' jobs are requested when executor is slurm (partition, account, time limits, ...)"""
+    performance: Performance = field(default_factory=Performance)
+    """achievable rates (with sources) the step-time model uses without a calibration file (harness.plan.time)"""
 
     @property
     def backend(self) -> str:
@@ -266,8 +277,10 @@ CLUSTER_KEYS = (
     "gpus_per_node",
     "device_memory_gib",
     "pg_timeout_s",
+    "max_local_ranks",
     "env",
     "slurm",
+    "performance",
 )
 
 
@@ -292,9 +305,21 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         v = doc.get(k)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
             problems.append(Problem(file, k, f"{v!r} is not a positive number"))
+    max_local = doc.get("max_local_ranks")
+    if max_local is not None and not _positive_int(max_local):
+        problems.append(Problem(file, "max_local_ranks", f"{max_local!r} is not a positive integer"))
+    elif max_local is not None and doc.get("executor", "local") == "slurm":
+        problems.append(
+            Problem(
+                file,
+                "max_local_ranks",
+                "only for executor: local (a SLURM profile limits a cell by slurm.max_nodes x gpus_per_node)",
+            )
+        )
     if doc.get("env") is not None and not isinstance(doc.get("env"), dict):
         problems.append(Problem(file, "env", "must be a mapping"))
     slurm = parse_slurm(doc.get("slurm"), file, problems)
+    performance = parse_performance(doc.get("performance"), file, problems)
     env = doc.get("env") or {}
     if isinstance(env, dict):
         for k, v in env.items():
@@ -310,9 +335,11 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         gpus_per_node=gpn,
         device_memory_gib=doc.get("device_memory_gib"),
         pg_timeout_s=float(doc.get("pg_timeout_s", 300.0)),
+        max_local_ranks=max_local,
         description=doc.get("description", "") or "",
         env={str(k): str(v) for k, v in env.items()},
         slurm=slurm,
+        performance=performance,
     )
 
 

@@ -7,6 +7,7 @@ Pure: no torch import, deterministic. Every problem in a file is collected and r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -20,6 +21,7 @@ import yaml
 
 from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
+from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
 from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 
 # NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
@@ -31,13 +33,19 @@ OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
 AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
 """activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
 recompute the rest of each block: norms, RoPE, SiLU, products)"""
-FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception")
-INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step")
+FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow")
+INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step", "factor")
+SLOW_FACTOR_MAX = 100.0
+"""the largest `slow` factor accepted (a step 100 times its own duration)"""
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
 LEGACY_GPUS_KEY = "world_size"
 """what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+SETTING_DEFAULTS: dict[str, Any] = {}
+"""setting → its default (filled once Settings is defined)"""
 
 
 def _setting(default: Any, doc: str, *, choices: tuple | None = None, minimum: float | None = None) -> Any:
@@ -68,7 +76,24 @@ class Settings:
     seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
     lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
     time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
-    inject: dict | None = _setting(None, "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}")
+    inject: dict | None = _setting(
+        None,
+        "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}, or a known slowdown "
+        "{fault: slow, factor: F, rank: N (omitted: every rank), step: K (from this step on)}",
+    )
+    tp: int = _setting(
+        1, "tensor-parallel ranks (inside a node); data-parallel degree = gpus / (tp x pp); with fsdp2.*", minimum=1
+    )
+    pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp or fsdp2.*", minimum=1)
+    pp_schedule: str = _setting(
+        "1f1b", "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (2 stages per rank)", choices=PP_SCHEDULES
+    )
+    microbatches: int = _setting(
+        0, "pipeline microbatches each rank's micro_batch is split into (pp > 1); 0 = one per pipeline rank", minimum=0
+    )
+    sequence_parallel: bool = _setting(
+        False, "tp > 1: shard the norms' activations over the sequence (all-gather / reduce-scatter for all-reduce)"
+    )
 
     def __post_init__(self) -> None:
         # NOTE: true/false were the only values before the policies existed; records and files keep them
@@ -77,6 +102,13 @@ class Settings:
             "activation_checkpointing",
             canonical_setting("activation_checkpointing", self.activation_checkpointing),
         )
+        # NOTE: the pipeline and sequence-parallel knobs mean nothing without pp / tp: back to their defaults, so a
+        # `pp: [1, 2]` axis with `pp_schedule: gpipe` keeps the pp 1 cell's run_id that of the cell without them
+        if self.pp == 1:
+            object.__setattr__(self, "pp_schedule", SETTING_DEFAULTS["pp_schedule"])
+            object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
+        if self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
 
     @property
     def checkpointing(self) -> bool:
@@ -85,6 +117,9 @@ class Settings:
 
 
 SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+SETTING_DEFAULTS.update({name: f.default for name, f in SETTING_FIELDS.items()})
+LAYOUT_SETTINGS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
+"""the settings of a cell's parallel layout (harness.core.layout)"""
 
 
 def canonical_setting(name: str, value: Any) -> Any:
@@ -124,7 +159,10 @@ class RunSpec:
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
         }
-        d.update(dataclasses.asdict(self.settings))
+        # NOTE: not dataclasses.asdict (a deepcopy per field): planning 10,000 cells calls this for every run_id
+        for k in SETTING_FIELDS:
+            v = getattr(self.settings, k)
+            d[k] = dict(v) if isinstance(v, dict) else v
         return d
 
     @classmethod
@@ -152,7 +190,7 @@ class RunSpec:
         out[LEGACY_GPUS_KEY] = out.pop("gpus")
         return out
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
         """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
@@ -160,10 +198,29 @@ class RunSpec:
         return f"{self.model}-{self.strategy}-{self.precision}-g{self.gpus}-{digest}"
 
     @property
-    def tokens_per_step(self) -> int:
-        """Global tokens per optimizer step."""
+    def layout(self) -> Layout:
+        """The cell's parallel layout: data × tensor × pipeline ranks (harness.core.layout)."""
         s = self.settings
-        return s.micro_batch * s.seq_len * s.grad_accum * self.gpus
+        return Layout(
+            gpus=self.gpus,
+            tp=s.tp,
+            pp=s.pp,
+            gpus_per_node=self.gpus_per_node,
+            hybrid=catalogue.is_hybrid(self.strategy),
+            schedule=s.pp_schedule,
+        )
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: gpus / (tp x pp), the replicas that each train on their own rows of the batch."""
+        return self.gpus // (self.settings.tp * self.settings.pp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Global tokens per optimizer step: every data-parallel replica's (tensor- and pipeline-parallel ranks of
+        one replica train on the same rows)."""
+        s = self.settings
+        return s.micro_batch * s.seq_len * s.grad_accum * self.dp
 
     def unsupported_reason(self, device: str | None = None) -> str | None:
         """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
@@ -177,6 +234,8 @@ class RunSpec:
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
+        if s.tp > 1 or s.pp > 1:
+            return self._layout_refusal(entry, device)
         if entry.mesh == catalogue.HYBRID:
             if self.gpus % self.gpus_per_node:
                 return (
@@ -197,6 +256,37 @@ class RunSpec:
             why = entry.compile_refusal(checkpointing=s.checkpointing)
             if why is not None:
                 return why
+        return entry.device_refusal(device, self.precision)
+
+    def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
+        """Why a tensor- or pipeline-parallel cell cannot run (its layout is valid: validation checked it)."""
+        s, lay = self.settings, self.layout
+        why = entry.layout_refusal(tp=s.tp, pp=s.pp)
+        if why is not None:
+            return why
+        if s.tp > 1 and self.gpus_per_node % s.tp:
+            return (
+                f"tp {s.tp} does not fit in a node of {self.gpus_per_node} GPUs (tensor parallelism stays inside a "
+                "node: its collectives are on every block's critical path)"
+            )
+        if entry.mesh == catalogue.HYBRID:
+            if self.gpus % self.gpus_per_node:
+                return f"{self.strategy} needs whole nodes: gpus {self.gpus} % gpus_per_node {self.gpus_per_node} != 0"
+            if lay.dp_replicate < 2 or lay.dp_shard * lay.dp_replicate != lay.dp:
+                return (
+                    f"{self.strategy} shards over the {lay.dp_shard} rank(s) of a node beside tp {s.tp} and replicates "
+                    f"across nodes; dp {lay.dp} (gpus {self.gpus} / (tp {s.tp} x pp {s.pp})) leaves "
+                    f"{lay.dp_replicate} replica(s), it needs at least 2 whole ones"
+                )
+        if self.precision not in entry.precisions:
+            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
+        if self.precision == "fp16":
+            return "fp16 loss scaling is not part of the tensor- and pipeline-parallel layouts here (run bf16 or fp32)"
+        if s.offload != "none":
+            why = entry.offload_refusal(s.offload) or f"{self.strategy}: CPU offload is not part of the tp/pp layouts"
+            return why
+        if s.compile:
+            return "torch.compile is not part of the tensor- and pipeline-parallel layouts here"
         return entry.device_refusal(device, self.precision)
 
 
@@ -300,6 +390,14 @@ def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) ->
         v = value.get(k, minimum)
         if not _type_ok(v, int) or v < minimum:
             problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not an integer >= {minimum}"))
+    if value.get("fault") == "slow":
+        factor = value.get("factor")
+        if "factor" not in value:
+            problems.append(Problem(file, f"{where}.factor", "missing; the slowdown, e.g. 1.3 (steps take 1.3x)"))
+        elif isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 < factor <= SLOW_FACTOR_MAX:
+            problems.append(Problem(file, f"{where}.factor", f"{factor!r} is not a number in (1, {SLOW_FACTOR_MAX:g}]"))
+    elif "factor" in value:
+        problems.append(Problem(file, f"{where}.factor", "only `fault: slow` takes a factor"))
 
 
 def _check_setting(name: str, value: Any, where: str, file: str, problems: list[Problem]) -> None:
@@ -525,11 +623,62 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
                 )
         if not cells and not problems:
             problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
+        if not problems:
+            _check_layouts(
+                cells, settings=settings, axes=axes, include=include, models=models, file=file, problems=problems
+            )
     if problems:
         raise InputError(problems)
     return Scenario(
         name=name, path=file, models=models, cells=tuple(cells), settings=settings, description=str(description)
     )
+
+
+def _source(key: str, cell: dict[str, Any], *, settings: dict, axes: dict, include: list[dict]) -> str:
+    """Where a cell's value of `key` was written: the last include entry that set it, its matrix axis, or
+    `settings`; the key alone for a default."""
+    for i in reversed(range(len(include))):
+        if key in include[i] and _matches(cell, include[i]):
+            return f"matrix.include[{i}].{key}"
+    if key in axes and key in cell and cell[key] in axes[key]:
+        return f"matrix.{key}[{axes[key].index(cell[key])}]"
+    return f"settings.{key}"  # set there, or left at its default
+
+
+def _check_layouts(
+    cells: list[dict[str, Any]],
+    *,
+    settings: dict[str, Any],
+    axes: dict[str, list[Any]],
+    include: list[dict[str, Any]],
+    models: dict[str, ModelConfig],
+    file: str,
+    problems: list[Problem],
+) -> None:
+    """Every cell's tensor/pipeline layout can be built (harness.core.layout.layout_problems); each problem once,
+    at the key that set the offending value."""
+    seen: set[tuple[str, str]] = set()
+    for cell in cells:
+        merged = {**SETTING_DEFAULTS, **settings, **{k: v for k, v in cell.items() if k in SETTING_FIELDS}}
+        if merged["tp"] == 1 and merged["pp"] == 1:
+            continue
+        cfg = models.get(cell["model"]) or ZOO[cell["model"]]
+        found = layout_problems(
+            gpus=int(cell["gpus"]),
+            tp=merged["tp"],
+            pp=merged["pp"],
+            cfg=cfg,
+            schedule=merged["pp_schedule"],
+            microbatches=merged["microbatches"],
+            micro_batch=merged["micro_batch"],
+            grad_accum=merged["grad_accum"],
+        )
+        what = f"cell {cell['model']} {cell['strategy']} {cell['precision']} gpus {cell['gpus']}"
+        for key, message in found:
+            where = _source(key, cell, settings=settings, axes=axes, include=include)
+            if (where, message) not in seen:
+                seen.add((where, message))
+                problems.append(Problem(file, where, f"{message} ({what})"))
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -170,7 +170,13 @@ def run(
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
         timed = _timed_steps(step, n=s.measure_steps, device=device)
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
-        ranks = _aggregate_over_ranks(warm_losses + timed.losses, timed=timed, world_size=world_size, device=device)
+        ranks = _aggregate_over_ranks(
+            warm_losses + timed.losses,
+            timed=timed,
+            world_size=world_size,
+            device=device,
+            loss_ranks=getattr(trainer, "loss_ranks", None),
+        )
         if rank != 0:
             return None
         _complete_record(
@@ -286,7 +292,9 @@ def _build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int
         synthetic_batch(
             spec.model_config,
             seed=s.seed,
-            rank=rank,
+            # NOTE: the rows of this rank's data-parallel replica: its tensor- and pipeline-parallel peers train on the
+            # same rows (the rank itself without a layout)
+            rank=spec.layout.dp_rank(rank),
             micro_batch=s.micro_batch,
             seq_len=s.seq_len,
             micro_step=i,
@@ -348,7 +356,8 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
     # NOTE: collectives are counted (and timed one by one) over one more step after the timed ones, as
     # steady as they were: the timed steps never run the meter. (Not the last warmup step: DDP broadcasts
     # its rebuilt bucket order in step 2.) Its loss is not among the recorded losses.
-    comm = CommMeter(timed=True, device=device).install()
+    # NOTE: tensor parallelism issues collectives inside DTensor's dispatch, which only the meter's dispatch mode sees
+    comm = CommMeter(timed=True, device=device, dtensor=s.tp > 1).install()
     with comm.measure():
         counted_times, _ = time_steps(step, n=1, device=device)
     comm.uninstall()
@@ -374,7 +383,11 @@ class _OverRanks:
     hosts: list[str | None]
 
 
-def _aggregate_over_ranks(step_losses: list, *, timed: _Timed, world_size: int, device: Any) -> _OverRanks:
+def _aggregate_over_ranks(
+    step_losses: list, *, timed: _Timed, world_size: int, device: Any, loss_ranks: list[int] | None = None
+) -> _OverRanks:
+    """`loss_ranks`: the ranks whose losses count (a pipeline's last stage; the others return a placeholder), every
+    rank when None."""
     import torch
     import torch.distributed as dist
 
@@ -382,7 +395,7 @@ def _aggregate_over_ranks(step_losses: list, *, timed: _Timed, world_size: int, 
     per_rank = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(per_rank, local)
     per_rank_losses = torch.stack(per_rank).cpu()  # (rank, step)
-    all_losses = per_rank_losses.double().mean(0).tolist()
+    all_losses = (per_rank_losses if loss_ranks is None else per_rank_losses[loss_ranks]).double().mean(0).tolist()
     step_times = torch.tensor(timed.times, dtype=torch.float64, device=device)
     dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
     # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
@@ -505,9 +518,14 @@ def _complete_record(
             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}",
         )
     out["comm"] = comm_summary
+    if getattr(trainer, "layout_info", None) is not None:  # a tensor- or pipeline-parallel layout
+        out["layout"] = trainer.layout_info
     predicted_comm = (out.get("predicted") or {}).get("comm_bytes_per_step")
     if predicted_comm:
         out["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
+    predicted_step = (out.get("predicted") or {}).get("step_time_s")
+    if predicted_step:
+        out["predicted"]["step_time_deviation"] = summary["median"] / predicted_step - 1.0
     out["env"] = env
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -540,6 +558,8 @@ def _step_fn(trainer, batches, injector):
         nonlocal count
         count += 1
         injector.before_step(count, trainer.model)
-        return trainer.step(batches)
+        loss = trainer.step(batches)
+        injector.after_step(count)
+        return loss
 
     return step

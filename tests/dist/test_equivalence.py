@@ -24,12 +24,13 @@ STEPS = dict(warmup_steps=2, measure_steps=2)  # 4 losses: the last one is after
 
 
 def reference_losses(spec) -> list[float]:
-    """One process, the whole global batch, plain AdamW: what every strategy must reproduce."""
+    """One process, the whole global batch (every data-parallel replica's rows), plain AdamW: what every strategy
+    and layout must reproduce."""
     s = spec.settings
     torch.manual_seed(s.seed)
     model = build_model(spec.model_config, seed=s.seed, device="cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, foreach=True)
-    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=0, micro_batch=s.micro_batch * spec.gpus,
+    batches = [synthetic_batch(spec.model_config, seed=s.seed, rank=0, micro_batch=s.micro_batch * spec.dp,
                                seq_len=s.seq_len, micro_step=i) for i in range(s.grad_accum)]
     losses = []
     for _ in range(s.warmup_steps + s.measure_steps):
@@ -46,7 +47,8 @@ def reference_losses(spec) -> list[float]:
 
 def smoke_record(smoke_sweep, strategy: str, precision: str) -> tuple[dict, RunSpec]:
     (rec,) = [r for r in smoke_sweep["records"].values()
-              if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)]
+              if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)
+              and r["spec"].get("tp", 1) == r["spec"].get("pp", 1) == 1]  # layout cells: tests/dist/test_layouts.py
     assert rec["status"] == "ok", rec.get("reason")
     return rec, RunSpec.from_dict(rec["spec"])
 

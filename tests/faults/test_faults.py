@@ -208,3 +208,88 @@ def test_a_gpu_profile_without_cuda_is_an_error_with_the_reason(tmp_path):
     assert rec["status"] == "error" and rec["failed_rank"] in (0, 1)  # both fail at once; the first to say so
     assert "cluster profile 'local-gpu' says cuda, but torch.cuda.is_available() is False" in rec["reason"]
     assert {f["rank"] for f in rec["failures"]} == {0, 1}
+
+
+def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
+    """A terminal's Ctrl-C goes to the whole foreground process group — the sweep, submitit's local job
+    controller and its tasks — not just to the sweep: everything it prints is the sweep's clean lines (no
+    KeyboardInterrupt traceback from the job's processes), it exits 130, and a re-run resumes."""
+    scenario = write(
+        tmp_path / "s.yaml",
+        """\
+        name: ctrlc
+        matrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2],
+                 include: [{model: tiny, strategy: fsdp.full_shard, precision: fp32, gpus: 2, measure_steps: 300}]}
+        settings: {warmup_steps: 2, measure_steps: 2}
+        """,
+    )
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    manifest = results / "ctrlc" / "manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until the second (long) cell is running
+        if manifest.exists():
+            states = [c.get("state") for c in json.loads(manifest.read_text())["cells"].values()]
+            if states == ["done", "running"]:
+                break
+        time.sleep(0.2)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the sweep never reached its second cell")
+    time.sleep(1.5)  # the job's controller and ranks are up
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "cancelled (interrupted; re-run the sweep to resume)" in out
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err
+    cells = json.loads(manifest.read_text())["cells"]
+    assert [c["state"] for c in cells.values()] == ["done", "cancelled"]
+    first = {r["spec"]["strategy"]: r for r in load_records(results)[0]}
+    assert first["fsdp.full_shard"]["status"] == "cancelled"
+
+    again = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "ok (already recorded; --force reruns)" in again.stdout  # the done cell is not rerun
+    records = {r["spec"]["strategy"]: r for r in load_records(results)[0]}
+    assert records["ddp"]["attempt"] == first["ddp"]["attempt"]
+    assert records["fsdp.full_shard"]["status"] == "ok"
+    assert [c["state"] for c in json.loads(manifest.read_text())["cells"].values()] == ["done", "done"]
+
+
+def test_a_cell_the_machine_cannot_host_is_skipped_and_the_rest_runs(tmp_path):
+    """`gpus: [2, 100000]` on the local profile: the 100000-rank cell is `skipped` with the reason before anything
+    launches (it used to start a process per rank), the 2-rank cell runs. tests/unit/test_placement.py has the
+    same refusal with the launcher replaced by a tripwire; this is the real sweep path."""
+    scenario = write(
+        tmp_path / "s.yaml",
+        """\
+        name: huge
+        matrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2, 100000]}
+        settings: {warmup_steps: 2, measure_steps: 2}
+        """,
+    )
+    results = tmp_path / "results"
+    proc = sweep_proc(scenario, results)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    records = {r["spec"]["gpus"]: r for r in load_records(results)[0]}
+    assert (records[2]["status"], records[100000]["status"]) == ("ok", "skipped"), out
+    assert records[100000]["reason"].startswith("needs 100000 ranks on this machine; it hosts at most ")
+    cells = json.loads((results / "huge" / "manifest.json").read_text())["cells"]
+    assert sorted(c["state"] for c in cells.values()) == ["done", "skipped"]
+    jobs = list((results / "huge" / ".submitit").glob("*_submitted.pkl"))
+    assert len(jobs) == 1  # one job: the 2-rank cell's
+    assert sorted(p.name.split("_")[1] for p in (results / "huge" / ".submitit").glob("*_log.out")) == ["0", "1"]

@@ -90,3 +90,61 @@ def test_cli_exits_0_or_2(tmp_path_factory, doc):
     except (yaml.YAMLError, ValueError):
         return
     assert main(["list", "cells", str(p)]) in (0, 2)
+
+
+# ---- plan on what validates: no traceback, and no runnable cell the cluster cannot place ---------------------
+
+# mostly valid documents, with GPU counts from 1 to far beyond any machine (issue 15: `gpus: [2, 100000]`)
+gpu_counts = st.one_of(st.integers(1, 9), st.sampled_from([12, 16, 24, 100000]), st.integers(10, 10**6))
+placeable_documents = st.fixed_dictionaries(
+    {
+        "name": st.just("fuzz"),
+        "matrix": st.fixed_dictionaries(
+            {
+                "model": st.lists(st.sampled_from(["tiny", "125m", "7b"]), min_size=1, max_size=2, unique=True),
+                "strategy": st.lists(st.sampled_from(list(STRATEGIES)), min_size=1, max_size=3, unique=True),
+                "precision": st.lists(st.sampled_from(list(PRECISIONS)), min_size=1, max_size=2, unique=True),
+                "gpus": st.lists(gpu_counts, min_size=1, max_size=3, unique=True),
+            },
+            optional={"include": st.lists(st.fixed_dictionaries({"gpus": gpu_counts}), max_size=1)},
+        ),
+    },
+    optional={"settings": st.dictionaries(st.sampled_from(["micro_batch", "seq_len"]), st.integers(2, 4096))},
+)
+CLUSTERS = {
+    "local": {"executor": "local", "device": "cpu", "gpus_per_node": 2},
+    "local-capped": {"executor": "local", "device": "cpu", "gpus_per_node": 2, "max_local_ranks": 3},
+    "local-gpu-capped": {"executor": "local", "device": "cuda", "gpus_per_node": 8, "max_local_ranks": 4},
+    "slurm-2-nodes": {"executor": "slurm", "device": "cuda", "gpus_per_node": 8, "slurm": {"max_nodes": 2}},
+    "slurm-unbounded": {"executor": "slurm", "device": "cuda", "gpus_per_node": 4, "device_memory_gib": 80},
+}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(placeable_documents, placeable_documents, documents), st.sampled_from(sorted(CLUSTERS)))
+def test_plan_either_plans_placeable_cells_or_raises_input_error(doc, cluster_name):
+    import json
+
+    from harness.plan.placement import capacity
+    from harness.plan.predict import format_table, plan_cells
+    from harness.scenario.cluster import parse_cluster
+
+    cluster = parse_cluster({"name": cluster_name, **CLUSTERS[cluster_name]}, f"{cluster_name}.yaml")
+    try:
+        scenario = parse_scenario(doc, "fuzz.yaml")
+    except InputError:
+        return
+    specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
+    # a fixed machine (2 cores, 4 GiB available: 8 ranks by cores, 13 by memory), so the limit is known here
+    cap = capacity(cluster, gpus=lambda: None, cores=lambda: 2, mem_gib=lambda: 4.0)
+    cells = plan_cells(specs, cluster, cap=cap)
+    json.dumps(cells, allow_nan=False)
+    format_table(cells, cluster)
+    limit = {"local": 8, "local-capped": 3, "local-gpu-capped": 4, "slurm-2-nodes": 16, "slurm-unbounded": None}
+    assert cap.ranks == limit[cluster_name]
+    for spec, cell in zip(specs, cells, strict=True):
+        beyond = cap.ranks is not None and spec.gpus > cap.ranks
+        uneven = cluster.executor == "slurm" and spec.gpus % spec.gpus_per_node != 0
+        assert bool(cell["cannot_place"]) == (beyond or uneven), (spec.gpus, cell["cannot_place"])
+        if cell["unsupported"] is None and cell["cannot_place"] is None:  # what the sweep would launch
+            assert not beyond and not uneven

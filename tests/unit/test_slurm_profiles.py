@@ -44,6 +44,7 @@ def test_gpu_profiles_are_placeholders_a_user_edits():
             "cpus_per_task",
             "mem_per_node_gib",
             "time_limit_min",
+            "max_nodes",
             "signal_delay_s",
             "setup",
             "additional_parameters",
@@ -66,7 +67,8 @@ def test_every_problem_in_a_slurm_block_is_reported_once():
     lines = [str(p) for p in raised.value.problems]
     assert lines == [
         "p.yaml: slurm.partiton: unknown key; allowed: partition, account, qos, constraint, cpus_per_task, "
-        "mem_per_node_gib, time_limit_min, signal_delay_s, setup, additional_parameters (did you mean 'partition'?)",
+        "mem_per_node_gib, time_limit_min, max_nodes, signal_delay_s, setup, additional_parameters (did you mean "
+        "'partition'?)",
         "p.yaml: slurm.cpus_per_task: 0 is not a positive integer",
         "p.yaml: slurm.mem_per_node_gib: -1 is not a positive number",
         "p.yaml: slurm.time_limit_min: 2 min leaves no time before submitit's USR2 (signal_delay_s 90 + up to 30 s "

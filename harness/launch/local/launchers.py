@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.launch.core.outcome import finalize, job_log_tail, read_fragments
 from harness.launch.core.payload import free_port
+from harness.plan.placement import parse_visible_devices
 from harness.results.schema import Record
 from harness.scenario.cluster import Cluster
 
@@ -152,8 +153,7 @@ def local_gpus() -> list[int] | None:
     torch sees; None when CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id (then nothing is checked)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        items = [x.strip() for x in env.split(",") if x.strip()]
-        return [int(x) for x in items] if all(x.isdigit() for x in items) else None
+        return parse_visible_devices(env)
     import torch
 
     return list(range(torch.cuda.device_count()))
@@ -198,11 +198,22 @@ def launch_submitit(
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(**local_executor_parameters(world, cluster=cluster, time_limit_s=time_limit_s))
     t0 = time.time()
-    job = executor.submit(submitit_entry, payload)
+    # NOTE: SIGINT is blocked while submitit starts the job's controller, which inherits the blocked signal (across
+    # exec, as do the tasks it starts): a terminal's Ctrl-C goes to the whole foreground process group, and without
+    # this the controller printed a KeyboardInterrupt traceback; this process kills the job's tree instead (below).
+    # A Ctrl-C meanwhile is not lost: it arrives when the mask is restored, inside the try. (submitit's
+    # LocalJob.cancel, a SIGINT to the controller, is not used: _kill_tree ends a job.)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        job = executor.submit(submitit_entry, payload)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if on_submit:
         on_submit(job)
     watch = FailureWatch(payload)
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         while not job.done():
             over = time.time() - t0 > time_limit_s + 15  # the controller's own kill is late or missing
             if over or watch.stuck():

@@ -158,7 +158,9 @@ def _fork_rank(conn: socket.socket, listener: socket.socket) -> int | None:
         os.dup2(err, 2)
         os.close(out)
         os.close(err)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # as a cold rank would: a local sweep's tasks never see a Ctrl-C (the sweep cancels them), other ranks get
+        # KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("ignore_sigint") else signal.default_int_handler)
         _watch_lifeline(lifeline)
         with contextlib.suppress(OSError):  # into the stub's group, so a launcher's killpg reaches the rank too
             os.setpgid(0, request["pgid"])
@@ -283,7 +285,16 @@ def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
     with sock:
         sys.stdout.flush()
         sys.stderr.flush()
-        request = {"payload": payload, "rank": rank, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgid(0)}
+        request = {
+            "payload": payload,
+            "rank": rank,
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "pgid": os.getpgid(0),
+            # a local sweep's job blocks SIGINT in its tasks (launchers.launch_submitit); the rank does as its stub
+            "ignore_sigint": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+        }
         try:
             _send(sock, request, [sys.stdout.fileno(), sys.stderr.fileno(), read_end])
         except OSError:

@@ -36,7 +36,6 @@ from harness.launch.core.outcome import describe, finalize, is_secondary, job_lo
 from harness.results.schema import Record
 from harness.results.store import atomic_write_json, write_record
 from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
-from harness.scenario.schema import RunSpec
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
 SINFO_TIMEOUT_S = 30
@@ -125,17 +124,6 @@ def preflight(cluster: Cluster) -> None:
                 )
             ]
         )
-
-
-def slurm_refusal(spec: RunSpec) -> str | None:
-    """Why a cell cannot be one SLURM job, or None (on top of RunSpec.unsupported_reason, which says why a cell
-    cannot run at all on a device)."""
-    if spec.gpus % spec.gpus_per_node:
-        return (
-            f"gpus {spec.gpus} is not a multiple of {spec.gpus_per_node} ranks per node: a SLURM "
-            "job runs the same number of tasks on each of its nodes"
-        )
-    return None
 
 
 def job_minutes(time_limit_s: float, slurm: SlurmProfile) -> int:

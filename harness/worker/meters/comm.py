@@ -14,18 +14,33 @@ Serialising the collectives changes no count: the same calls, in the same order.
 Bytes follow the nccl-tests convention, per rank: the buffer for all_reduce / broadcast / reduce, the
 (whole) output for all_gather, the (whole) input for reduce_scatter, the input for all_to_all, the tensor
 for send/recv; barrier counts a call and 0 bytes.
+
+The functional collectives (`_c10d_functional`: what DTensor's redistributions, tensor parallelism and loss parallel
+issue) call the process group without passing through the `c10d` ops, so they are hooked too, the same way; they name
+their group by its registered name. Point-to-point sends and receives (pipeline parallelism) are counted but not
+timed one by one: waiting on a send inside the hook, before the peer has posted its receive, would stall the pipeline
+(and gloo's send work cannot be waited on twice).
+
+DTensor (tensor parallelism) issues some functional collectives from inside its own dispatch — implicit
+redistributions, loss parallel's cross-entropy — where the dispatcher has already passed the Autograd key, so no
+kernel registered there sees them. For such cells (`dtensor=True`) the counting window also runs a dispatch mode that
+lets DTensor desugar its ops (returning NotImplemented for them, as torch's CommDebugMode does) and counts the
+functional collectives that reach it without having passed through the Autograd-key kernel (a thread-local flag says
+which did), so nothing is counted twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -66,6 +81,25 @@ _OPS: dict[str, tuple[str, Callable[[tuple], int], int]] = {
     "scatter_": ("scatter", lambda a: _sum_bytes(a[0]), 2),
     "barrier": ("barrier", lambda a: 0, 1),
 }
+
+
+# the functional collectives (torch.ops._c10d_functional), whose last positional argument names the group
+_FUNCTIONAL_OPS: dict[str, tuple[str, Callable[[tuple], int], int]] = {
+    "all_reduce": ("all_reduce", lambda a: _nbytes(a[0]), 2),
+    "all_reduce_": ("all_reduce", lambda a: _nbytes(a[0]), 2),
+    "all_reduce_coalesced": ("all_reduce", lambda a: _sum_bytes(a[0]), 2),
+    "all_gather_into_tensor": ("all_gather", lambda a: _nbytes(a[0]) * a[1], 2),
+    "all_gather_into_tensor_out": ("all_gather", lambda a: _nbytes(a[0]) * a[1], 2),
+    "all_gather_into_tensor_coalesced": ("all_gather", lambda a: _sum_bytes(a[0]) * a[1], 2),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a: _nbytes(a[0]), 3),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", lambda a: _sum_bytes(a[0]), 3),
+    "all_to_all_single": ("all_to_all", lambda a: _nbytes(a[0]), 3),
+    "broadcast": ("broadcast", lambda a: _nbytes(a[0]), 2),
+    "broadcast_": ("broadcast", lambda a: _nbytes(a[0]), 2),
+}
+_NAMESPACES = (("c10d", _OPS), ("_c10d_functional", _FUNCTIONAL_OPS))
+_P2P = frozenset({"send", "recv"})
+"""collectives the timed count does not wait on (see the module docstring)"""
 
 
 def _dtype_of(op: str, args: tuple) -> str:
@@ -109,65 +143,90 @@ def _wait(out: Any) -> None:
         work = torch._C._distributed_c10d.Work.unbox(work)
     if hasattr(work, "wait"):
         work.wait()
+        return
+    for t in out if isinstance(out, (tuple, list)) else [out]:  # a functional collective's pending result(s)
+        if isinstance(t, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor(t)
 
 
 class CommMeter:
     """Counts collectives while `active`. Install once per process; `measure()` opens a counting window.
     With `timed`, each collective is also timed in isolation (synchronously: for an untimed step only)."""
 
-    def __init__(self, *, timed: bool = False, device: torch.device | None = None) -> None:
+    def __init__(self, *, timed: bool = False, device: torch.device | None = None, dtensor: bool = False) -> None:
         self.events: list[tuple[str, str, int, Any, float | None]] = []
         self.timed, self.device = timed, device
         self.active = False
-        self._lib: torch.library.Library | None = None
+        self._libs: list[torch.library.Library] = []
         self._lock = threading.Lock()
+        self.dtensor = dtensor
+        """also count the collectives DTensor issues inside its dispatch (tensor-parallel cells)"""
+        self._in_kernel = threading.local()
 
     def install(self) -> CommMeter:
-        if self._lib is not None:
+        if self._libs:
             return self
-        lib = torch.library.Library("c10d", "IMPL")  # noqa: TOR901 - registering kernels for an existing namespace
-        for name, (coll, size_fn, pg_index) in _OPS.items():
-            packet = getattr(torch.ops.c10d, name, None)
-            if packet is None:
-                continue
-            lib.impl(name, self._kernel(name, packet.default, coll, size_fn, pg_index), "Autograd")
-        self._lib = lib
+        for namespace, ops in _NAMESPACES:
+            lib = torch.library.Library(namespace, "IMPL")  # noqa: TOR901 - registering kernels for an existing namespace
+            for name, (coll, size_fn, pg_index) in ops.items():
+                packet = getattr(getattr(torch.ops, namespace), name, None)
+                if packet is None:
+                    continue
+                lib.impl(name, self._kernel(name, packet.default, coll, size_fn, pg_index), "Autograd")
+            self._libs.append(lib)
         return self
 
     def uninstall(self) -> None:
-        if self._lib is not None:
-            self._lib._destroy()
-            self._lib = None
+        for lib in self._libs:
+            lib._destroy()
+        self._libs = []
 
     def _kernel(self, name: str, op, coll: str, size_fn, pg_index: int):
-        def kernel(*args, **kwargs):
-            if not self.active:
+        def below_autograd(*args, **kwargs):
+            self._in_kernel.depth = getattr(self._in_kernel, "depth", 0) + 1
+            try:
                 with torch._C._AutoDispatchBelowAutograd():
                     return op(*args, **kwargs)
-            what = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
-            if self.timed:
-                _sync(self.device)
-                t0 = time.perf_counter()
-            with torch._C._AutoDispatchBelowAutograd():
-                out = op(*args, **kwargs)
-            seconds = None
-            if self.timed:
-                _wait(out)
-                _sync(self.device)
-                seconds = time.perf_counter() - t0
-            with self._lock:
-                self.events.append((*what, seconds))
-            return out
+            finally:
+                self._in_kernel.depth -= 1
+
+        def kernel(*args, **kwargs):
+            if not self.active:
+                return below_autograd(*args, **kwargs)
+            return self._count(name, below_autograd, coll, size_fn, pg_index, args, kwargs)
 
         return kernel
+
+    def _count(self, name: str, call, coll: str, size_fn, pg_index: int, args: tuple, kwargs: dict):
+        """Issue one collective through `call`, recording (and, when timed, timing) it."""
+        what = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
+        timed = self.timed and coll not in _P2P
+        if timed:
+            _sync(self.device)
+            t0 = time.perf_counter()
+        out = call(*args, **kwargs)
+        seconds = None
+        if timed:
+            _wait(out)
+            _sync(self.device)
+            seconds = time.perf_counter() - t0
+        with self._lock:
+            self.events.append((*what, seconds))
+        return out
+
+    def in_kernel(self) -> bool:
+        """Whether this thread is inside one of the Autograd-key kernels (the collective is being counted there)."""
+        return getattr(self._in_kernel, "depth", 0) > 0
 
     @contextmanager
     def measure(self):
         with self._lock:
             self.events.clear()
         self.active = True
+        mode = _DTensorCollectives(self) if self.dtensor else contextlib.nullcontext()
         try:
-            yield self
+            with mode:
+                yield self
         finally:
             self.active = False
 
@@ -226,6 +285,8 @@ class CommMeter:
 def _group_info(pg: Any, gpus_per_node: int) -> tuple[list[int], str]:
     """Global ranks of a process group and whether they sit in one node (intra) or one per node (inter)."""
     try:
+        if isinstance(pg, str):  # a functional collective names its group
+            pg = dist.distributed_c10d._resolve_process_group(cast(Any, pg))
         if isinstance(pg, torch.ScriptObject):  # the op sees the boxed TorchScript form of the group
             pg = torch._C._distributed_c10d.ProcessGroup.unbox(pg)
         ranks = sorted(dist.get_process_group_ranks(pg))
@@ -239,3 +300,32 @@ def _group_info(pg: Any, gpus_per_node: int) -> tuple[list[int], str]:
     if len(nodes) == len(ranks):
         return ranks, "inter"
     return ranks, "mixed"
+
+
+_FUNCTIONAL_BY_OP = {
+    getattr(torch.ops._c10d_functional, name).default: (name, *spec)
+    for name, spec in _FUNCTIONAL_OPS.items()
+    if hasattr(torch.ops._c10d_functional, name)
+}
+
+
+class _DTensorCollectives(TorchDispatchMode):
+    """Counts the functional collectives DTensor issues inside its dispatch (see the module docstring)."""
+
+    def __init__(self, meter: CommMeter) -> None:
+        super().__init__()
+        self.meter = meter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor desugar into local ops and collectives, which come back here
+        entry = _FUNCTIONAL_BY_OP.get(func)
+        if entry is None or self.meter.in_kernel():
+            return func(*args, **kwargs)
+        name, coll, size_fn, pg_index = entry
+        return self.meter._count(name, func, coll, size_fn, pg_index, args, kwargs)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.core.constants import DDP_BUCKET_CAP_MB
 from harness.scenario.schema import RunSpec
-from harness.worker.models import apply_activation_checkpointing, build_model
+from harness.worker.models import Transformer, apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 
 
-def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
+def setup(spec: RunSpec, *, topo: Topology) -> Any:
+    if not spec.layout.is_default:
+        return _setup_pipeline(spec, topo=topo)
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device=topo.device)
     if spec.settings.checkpointing:
@@ -32,4 +34,48 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     model_for_step = cast(torch.nn.Module, torch.compile(ddp)) if spec.settings.compile else ddp
     return TorchTrainer(
         model_for_step, opt, autocast=lambda: prec.autocast(topo.device_type), scaler=scaler, no_sync=ddp.no_sync
+    )
+
+
+def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
+    """DDP as the data parallelism of a pipeline (harness.worker.strategies.layouts; the catalogue refuses DDP with
+    tensor parallelism): each stage materialised whole, checkpointed, under autocast for bf16, wrapped in DDP over the
+    data-parallel group. The pipeline stage keeps DDP from reducing until the last microbatch's backward."""
+    from harness.worker.strategies import layouts
+
+    s = spec.settings
+    prec = policy(spec.precision)
+    m = layouts.meshes(spec.layout, device_type=topo.device_type, rank=topo.rank)
+    stages = layouts.build_stages(spec, pp_rank=m.pp_rank)
+    modules: list[torch.nn.Module] = []
+    for stage in stages:
+        layouts.materialise_(stage, device=topo.device)
+        if s.checkpointing:
+            apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
+        inner = layouts.Autocast(stage, lambda: prec.autocast(topo.device_type)) if prec.mixed else stage
+        ddp = DDP(
+            inner,
+            process_group=m.dp.get_group(),
+            device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
+            bucket_cap_mb=DDP_BUCKET_CAP_MB,
+            gradient_as_bucket_view=True,
+        )
+        # NOTE: DDP records the order gradients become ready in its first backward and rebuilds its buckets in that
+        # order before the second forward; a pipeline runs one backward per microbatch, so it records every
+        # parameter once per microbatch and the rebuild fails (reducer.cpp: "rebuilt parameter indices size is not
+        # same as original model parameters size"). Rebuild now, in registration order, so nothing is recorded.
+        # (static_graph=True instead left the last stage's gradients unreduced.)
+        ddp.reducer._push_all_rebuilt_params()
+        ddp.reducer._rebuild_buckets()
+        modules.append(ddp)
+    opt = adamw([p for mod in modules for p in mod.parameters()], lr=s.lr, device=topo.device)
+    return layouts.PipelineTrainer(
+        modules,
+        stages,
+        opt,
+        spec=spec,
+        meshes=m,
+        device=topo.device,
+        loss_parallel=False,
+        layout_info=layouts.layout_info(spec, loss_parallel=False),
     )

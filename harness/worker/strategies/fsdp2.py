@@ -8,9 +8,10 @@ onto the mesh, so weights equal every other strategy's.
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -19,6 +20,7 @@ from harness.worker.models import (
     KeyedEmbedding,
     KeyedLinear,
     RMSNorm,
+    Transformer,
     apply_activation_checkpointing,
     build_model,
     init_module_,
@@ -49,6 +51,8 @@ def _init_sharded_(model: torch.nn.Module) -> None:
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
+    if not spec.layout.is_default:
+        return _setup_layout(spec, topo=topo)
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
     if spec.settings.checkpointing:
@@ -81,3 +85,60 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
             model.set_requires_gradient_sync(True)
 
     return TorchTrainer(model, opt, scaler=scaler, no_sync=no_sync)
+
+
+def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
+    """FSDP2 as the data parallelism of a tensor- and/or pipeline-parallel layout (harness.worker.strategies.layouts):
+    each stage (the whole model without a pipeline) built on the meta device, tensor-parallelised, checkpointed, then
+    fully_shard per block and per stage over the data-parallel mesh (2-D for HSDP), then materialised shard by shard."""
+    from harness.worker.strategies import layouts
+
+    lay, s = spec.layout, spec.settings
+    prec = policy(spec.precision)
+    m = layouts.meshes(lay, device_type=topo.device_type, rank=topo.rank)
+    mp = (
+        MixedPrecisionPolicy(param_dtype=prec.compute_dtype, reduce_dtype=torch.float32)
+        if prec.mixed
+        else MixedPrecisionPolicy()
+    )
+    loss_parallel = layouts.LOSS_PARALLEL and m.tp is not None
+    # NOTE: under a pipeline, a stage keeps its gathered parameters from its first microbatch's forward to the
+    # schedule's final gradient reduction (torchtitan's choice): resharding after each forward would gather them
+    # again for every microbatch
+    reshard = lay.pp == 1
+    stages = layouts.build_stages(spec, pp_rank=m.pp_rank)
+    for stage in stages:
+        if m.tp is not None:
+            layouts.apply_tensor_parallel(
+                stage, mesh=m.tp, sequence_parallel=s.sequence_parallel, loss_parallel=loss_parallel
+            )
+        if s.checkpointing:
+            apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
+        for block in stage.blocks:
+            fully_shard(block, mesh=m.dp, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(stage, mesh=m.dp, mp_policy=mp, reshard_after_forward=reshard)
+        layouts.materialise_(stage, device=topo.device)
+    opt = adamw([p for stage in stages for p in stage.parameters()], lr=s.lr, device=topo.device)
+    info = layouts.layout_info(spec, loss_parallel=loss_parallel)
+    if lay.pp > 1:
+        return layouts.PipelineTrainer(
+            list(stages),
+            stages,
+            opt,
+            spec=spec,
+            meshes=m,
+            device=topo.device,
+            loss_parallel=loss_parallel,
+            layout_info=info,
+        )
+    (model,) = stages
+
+    @contextlib.contextmanager
+    def no_sync():
+        cast(FSDPModule, model).set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            cast(FSDPModule, model).set_requires_gradient_sync(True)
+
+    return layouts.TensorParallelTrainer(model, opt, loss_parallel=loss_parallel, no_sync=no_sync, layout_info=info)

@@ -1,0 +1,136 @@
+"""Accuracy of the step-time model on this machine: calibrate, sweep held-out cells, compare predicted with measured.
+
+    .venv/bin/python bench/bench_time_model.py [--scenario scenarios/time-model-heldout.yaml] [--results DIR]
+                                               [--skip-calibrate] [--quick-calibrate] [--cluster local]
+
+1. `harness calibrate --cluster local` (unless --skip-calibrate and the cluster has a calibration);
+2. `harness sweep` of the held-out scenario (two custom models of >= 10M parameters that the calibration never ran,
+   every strategy family, fp32 and bf16, 1, 2 and 4 ranks, seq 128) into DIR (a fresh temp dir by default; an
+   existing DIR resumes: cells with an ok record are not rerun);
+3. per ok cell: the prediction its record carries (`predicted.step_time_s`, made before the cell ran) against the
+   measured median step time; then the mean absolute percentage error, Spearman's rank correlation, and both per
+   strategy family. The targets (issue 16): MAPE <= 15 %, Spearman >= 0.9. The machine's load average before and
+   after is printed too: step times on a shared machine move with it. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.core.catalogue import CATALOGUE
+from harness.plan.calibration import find_calibration
+from harness.plan.predict import predict
+from harness.results.store import load_records
+from harness.scenario.cluster import load_cluster
+from harness.scenario.schema import RunSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ranks(xs: list[float]) -> list[float]:
+    """1-based ranks, ties averaged."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def mape(pred: list[float], meas: list[float]) -> float:
+    return 100.0 * statistics.fmean(abs(p - m) / m for p, m in zip(pred, meas))
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
+
+
+def harness(*args: str) -> int:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args]).returncode
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "time-model-heldout.yaml"))
+    ap.add_argument("--cluster", default="local")
+    ap.add_argument("--results", default=None, help="results dir (default: a fresh temp dir)")
+    ap.add_argument("--skip-calibrate", action="store_true", help="use the existing calibration")
+    ap.add_argument("--quick-calibrate", action="store_true", help="harness calibrate --quick")
+    ap.add_argument(
+        "--recompute",
+        action="store_true",
+        help="compare today's model (harness.plan.predict with the current calibration) instead of the prediction "
+        "each record carries from before its cell ran",
+    )
+    args = ap.parse_args()
+    cluster = load_cluster(args.cluster)
+    print(f"start: {load()}", flush=True)
+    t0 = time.perf_counter()
+    if not (args.skip_calibrate and find_calibration(cluster) is not None):
+        rc = harness("calibrate", "--cluster", args.cluster, *(["--quick"] if args.quick_calibrate else []))
+        if rc:
+            sys.exit(f"harness calibrate failed (exit {rc})")
+    t_cal = time.perf_counter() - t0
+    results = Path(args.results or tempfile.mkdtemp(prefix="bench-time-model-"))
+    print(f"calibration {t_cal:.0f} s; sweeping into {results}; {load()}", flush=True)
+    t1 = time.perf_counter()
+    harness("sweep", args.scenario, "--cluster", args.cluster, "--results", str(results))
+    t_sweep = time.perf_counter() - t1
+    records, _ = load_records(results)
+    rows = []
+    for r in records:
+        if args.recompute and r["status"] == "ok":
+            r["predicted"] = predict(RunSpec.from_dict(r["spec"]), cluster)
+        pred = (r.get("predicted") or {}).get("step_time_s")
+        if r["status"] != "ok" or not pred:
+            why = "" if pred else f" no prediction: {(r.get('predicted') or {}).get('time_null_reasons')}"
+            print(f"  (not compared: {r['run_id']} {r['status']} {r.get('reason') or ''}{why})")
+            continue
+        meas = r["metrics"]["step_time_s"]["median"]
+        s = r["spec"]
+        rows.append((s["model"], s["strategy"], s["precision"], s["gpus"], pred, meas, r["predicted"]["time_s"]))
+    rows.sort(key=lambda x: (x[0], CATALOGUE[x[1]].family, x[1], x[2], x[3]))
+    print(
+        f"\n{'model':15} {'strategy':22} {'prec':4} {'gpus':>4} {'pred ms':>9} {'meas ms':>9} {'err':>7}  breakdown ms"
+    )
+    for model, strat, prec, gpus, pred, meas, t in rows:
+        parts = " ".join(f"{k[:4]} {t[k] * 1e3:.0f}" for k in ("compute", "optimizer", "comm_exposed", "other"))
+        err = 100 * (pred / meas - 1)
+        print(f"{model:15} {strat:22} {prec:4} {gpus:4d} {pred * 1e3:9.1f} {meas * 1e3:9.1f} {err:+6.1f}%  {parts}")
+    if not rows:
+        sys.exit("no comparable cells")
+    preds, meas_ = [x[4] for x in rows], [x[5] for x in rows]
+    print(f"\n{len(rows)} cells: MAPE {mape(preds, meas_):.1f} % (target <= 15), Spearman {spearman(preds, meas_):.3f} "
+          f"(target >= 0.9)")  # fmt: skip
+    for fam in dict.fromkeys(CATALOGUE[x[1]].family for x in rows):
+        sub = [x for x in rows if CATALOGUE[x[1]].family == fam]
+        print(f"  {fam:6} {len(sub):3d} cells: MAPE {mape([x[4] for x in sub], [x[5] for x in sub]):.1f} %")
+    for prec in ("fp32", "bf16"):
+        sub = [x for x in rows if x[2] == prec]
+        if sub:
+            print(f"  {prec:6} {len(sub):3d} cells: MAPE {mape([x[4] for x in sub], [x[5] for x in sub]):.1f} %")
+    print(f"calibration {t_cal:.0f} s, sweep {t_sweep:.0f} s; end: {load()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`harness calibrate [--cluster NAME] [--quick]`: measure the rates the step-time model uses on this machine.
+
+The command only; the measurements are harness.worker.calibrate's, the processes harness.launch.calibrate's, the
+file format harness.plan.calibration's (docs/time-model.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.plan.calibration import describe_fingerprint, read_file
+from harness.scenario.cluster import load_cluster
+
+
+@click.command("calibrate")
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default="local",
+    show_default=True,
+    help="cluster profile name (scenarios/clusters/NAME.yaml) or path",
+)
+@click.option("--quick", is_flag=True, help="a smaller grid and fewer message sizes (seconds, for tests)")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write here instead of next to the profile (or the user dir when that is read-only)",
+)
+def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
+    """Measure GEMM throughput per dtype and shape, elementwise bandwidth, attention, optimizer and per-op costs,
+    each strategy family's framework overhead, and collective latency and bus bandwidth at 1, 2 and 4 ranks; write
+    the cluster's calibration file with this machine's fingerprint. `harness plan` then predicts step times."""
+    from harness.launch.calibrate import calibrate
+
+    cluster = load_cluster(cluster_name)
+    path = calibrate(cluster, quick=quick, out=out)
+    data = read_file(path)
+    click.echo(
+        f"wrote {path} ({data['duration_s']:.0f} s) for cluster {cluster.name} on "
+        f"{describe_fingerprint(data['fingerprint'])}"
+    )
+    return 0

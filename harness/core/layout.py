@@ -1,0 +1,252 @@
+"""Parallel layouts: how a cell's GPUs split into data × tensor × pipeline parallel groups, and the model into stages.
+
+A cell runs on `gpus` ranks, numbered node-major (rank = node * gpus_per_node + local, as SLURM and torchrun number
+them), laid out as a row-major mesh `(pp, dp, tp)` — `(pp, dp_replicate, dp_shard, tp)` for a hybrid data-parallel
+strategy. TP is innermost, so a TP group is consecutive ranks inside one node; PP is outermost, so pipeline stages
+lie across nodes; data parallelism fills what is between (a hybrid shards over the rest of a node and replicates
+across nodes). torchtitan orders its mesh the same way (`pp, dp_replicate, dp_shard, cp, tp`).
+
+The pipeline cuts the model by blocks into `pp × STAGES_PER_RANK[schedule]` stages (interleaved 1F1B gives every rank
+two stages, `rank, rank + pp`, torch's "loop" order); the embedding is on the first stage, the final norm and the
+head on the last.
+
+Floor 0: no torch, no import from the rest of the harness but the zoo. The scenario validates with
+`layout_problems`, the planner's models read `Layout` and `stage_blocks`, the worker builds its meshes from them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.core.zoo import ModelConfig
+
+PP_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+"""torch.distributed.pipelining schedules: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B"""
+STAGES_PER_RANK: dict[str, int] = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
+"""pipeline stages each rank holds (virtual stages): interleaved 1F1B runs two per rank"""
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A cell's parallel layout: the rank mesh and the pipeline's stages (sizes are ranks)."""
+
+    gpus: int
+    """ranks in the cell (the world)"""
+    tp: int = 1
+    """tensor-parallel degree: ranks that split every block's matmuls (inside a node)"""
+    pp: int = 1
+    """pipeline-parallel degree: ranks that each hold consecutive blocks (across nodes)"""
+    gpus_per_node: int = 1
+    """ranks per node (the cluster profile)"""
+    hybrid: bool = False
+    """the data-parallel strategy shards inside a node and replicates across nodes"""
+    schedule: str = "1f1b"
+    """the pipeline schedule (one of PP_SCHEDULES; only with pp > 1)"""
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: gpus / (tp × pp)."""
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks a data-parallel strategy shards over: all of dp (flat), or the rest of a node beside TP (hybrid)."""
+        if not self.hybrid:
+            return self.dp
+        return max(1, min(self.dp, self.gpus_per_node // self.tp))
+
+    @property
+    def dp_replicate(self) -> int:
+        """Replicas of the sharded state: dp / dp_shard (1 unless hybrid)."""
+        return self.dp // self.dp_shard
+
+    @property
+    def is_default(self) -> bool:
+        """No tensor or pipeline parallelism: the layout every strategy ran before layouts existed."""
+        return self.tp == 1 and self.pp == 1
+
+    @property
+    def mesh_dims(self) -> tuple[tuple[str, int], ...]:
+        """(name, size) of each mesh dimension, outermost first."""
+        if self.hybrid:
+            return (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("tp", self.tp))
+        return (("pp", self.pp), ("dp", self.dp), ("tp", self.tp))
+
+    @property
+    def dp_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions data parallelism runs over (outermost first)."""
+        return ("dp_replicate", "dp_shard") if self.hybrid else ("dp",)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The rank's index along every mesh dimension."""
+        out: dict[str, int] = {}
+        rest = rank
+        for name, size in reversed(self.mesh_dims):
+            out[name] = rest % size
+            rest //= size
+        return dict(reversed(list(out.items())))
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        """The rank at `coords` (every dimension named)."""
+        rank = 0
+        for name, size in self.mesh_dims:
+            rank = rank * size + coords[name]
+        return rank
+
+    def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
+        """The ranks that share every coordinate of `rank` except along `dims` (its group over those dimensions)."""
+        c = self.coords(rank)
+        sizes = dict(self.mesh_dims)
+        ranks = [self.rank_of({**c, **dict(zip(dims, idx))}) for idx in _product([range(sizes[d]) for d in dims])]
+        return sorted(ranks)
+
+    def dp_rank(self, rank: int) -> int:
+        """The rank's index among the data-parallel replicas: which rows of the global batch it trains on."""
+        c = self.coords(rank)
+        if self.hybrid:
+            return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+        return c["dp"]
+
+    def pp_rank(self, rank: int) -> int:
+        return self.coords(rank)["pp"]
+
+    def tp_rank(self, rank: int) -> int:
+        return self.coords(rank)["tp"]
+
+    @property
+    def stages_per_rank(self) -> int:
+        return STAGES_PER_RANK[self.schedule] if self.pp > 1 else 1
+
+    @property
+    def n_stages(self) -> int:
+        """Pipeline stages in all: pp × stages per rank (1 without a pipeline)."""
+        return self.pp * self.stages_per_rank
+
+    def stages_of(self, pp_rank: int) -> list[int]:
+        """The stage indices a pipeline rank holds, in order: pp_rank, pp_rank + pp, … (torch's loop order)."""
+        return [pp_rank + k * self.pp for k in range(self.stages_per_rank)]
+
+    def to_dict(self) -> dict:
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "dp_shard": self.dp_shard,
+            "dp_replicate": self.dp_replicate,
+            "mesh": {name: size for name, size in self.mesh_dims},
+            "pp_schedule": self.schedule if self.pp > 1 else None,
+            "n_stages": self.n_stages,
+        }
+
+
+def _product(ranges: list[range]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for r in ranges:
+        out = [t + (i,) for t in out for i in r]
+    return out
+
+
+def stage_blocks(n_layers: int, n_stages: int) -> list[list[int]]:
+    """The blocks of each pipeline stage: consecutive, as even as possible, the earlier stages one more when they do
+    not divide (the last stage also holds the head, usually the largest matmul)."""
+    if not 1 <= n_stages <= n_layers:
+        raise ValueError(f"{n_stages} pipeline stages for {n_layers} blocks: every stage needs a block")
+    base, extra = divmod(n_layers, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        n = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def effective_microbatches(microbatches: int, pp: int) -> int:
+    """Pipeline microbatches per step: the setting, or one per pipeline rank when it is 0 (the default)."""
+    return microbatches or pp
+
+
+def layout_problems(
+    *,
+    gpus: int,
+    tp: int,
+    pp: int,
+    cfg: ModelConfig,
+    schedule: str,
+    microbatches: int,
+    micro_batch: int,
+    grad_accum: int,
+) -> list[tuple[str, str]]:
+    """What is wrong with a cell's layout, as (setting it is about, sentence) pairs; [] when it can be built.
+
+    These are input errors (exit 2), not `skipped` cells: no cluster or strategy can run them."""
+    out: list[tuple[str, str]] = []
+    if gpus % (tp * pp):
+        ok = [f"{d}" for d in divisors(gpus)]
+        out.append(
+            (
+                "tp" if tp > 1 else "pp",
+                f"tp {tp} x pp {pp} = {tp * pp} does not divide gpus {gpus} (data-parallel degree = gpus / (tp x pp)); "
+                f"allowed tp x pp: {', '.join(ok)}",
+            )
+        )
+    if tp > 1 and (cfg.n_heads % tp or cfg.kv_heads % tp):
+        ok = [f"{d}" for d in divisors(math.gcd(cfg.n_heads, cfg.kv_heads))]
+        out.append(
+            (
+                "tp",
+                f"tp {tp} does not divide the model's n_heads {cfg.n_heads} and n_kv_heads {cfg.kv_heads} "
+                f"(tensor parallelism splits whole heads); allowed tp: {', '.join(ok)}",
+            )
+        )
+    if pp > 1:
+        v = STAGES_PER_RANK[schedule]
+        if pp * v > cfg.n_layers:
+            out.append(
+                (
+                    "pp",
+                    f"pp {pp} x {v} stage(s) per rank ({schedule}) = {pp * v} pipeline stages > the model's "
+                    f"{cfg.n_layers} blocks (every stage holds at least one); allowed pp: 1..{cfg.n_layers // v}",
+                )
+            )
+        m = effective_microbatches(microbatches, pp)
+        if micro_batch % m:
+            out.append(
+                (
+                    "microbatches",
+                    f"micro_batch {micro_batch} does not split into {m} pipeline microbatches"
+                    f"{'' if microbatches else ' (0: one per pipeline rank, pp)'}; allowed microbatches: "
+                    + ", ".join(str(d) for d in divisors(micro_batch)),
+                )
+            )
+        elif schedule == "1f1b" and m < pp:
+            out.append(("microbatches", f"1f1b needs at least as many microbatches as stages ({pp}), got {m}"))
+        if grad_accum != 1:
+            out.append(
+                (
+                    "grad_accum",
+                    f"grad_accum {grad_accum} with pp {pp}: the pipeline's microbatches are its gradient accumulation "
+                    "(set microbatches; grad_accum must be 1)",
+                )
+            )
+    return out
+
+
+def stage_params(cfg: ModelConfig, n_stages: int) -> list[int]:
+    """Parameters each pipeline stage holds (whole, before any tensor- or data-parallel sharding): its blocks, the
+    embedding on the first, the final norm and the head on the last."""
+    out = []
+    split = stage_blocks(cfg.n_layers, n_stages)
+    for s, blocks in enumerate(split):
+        n = len(blocks) * cfg.block_params()
+        if s == 0:
+            n += cfg.embedding_params()
+        if s == n_stages - 1:
+            n += cfg.d_model + cfg.head_params()
+        out.append(n)
+    return out

@@ -1,0 +1,462 @@
+"""Analytic models of tensor- and pipeline-parallel cells (harness.core.layout): the collectives rank 0 issues per
+step, and its memory. Pure arithmetic, no torch; `harness.plan.comm` and `harness.plan.memory` call in here for a
+cell whose layout is not the default (tp = pp = 1), and wrap what comes back in their own ledger and Memory.
+
+What the worker (harness.worker.strategies.layouts) does, per micro-step (a microbatch under a pipeline), measured on
+gloo with torch 2.13 and modelled call for call:
+
+Tensor parallelism (torchtitan's Llama plan, loss parallel on), in the activation dtype (the compute dtype: FSDP2's
+16-bit parameters make the residual stream 16 bit), on the TP group:
+
+- without sequence parallelism, every TP region ends in an all_reduce of the (tokens, d_model) activation: forward,
+  the embedding (row-wise over the vocabulary) and each block's o and down projections (2 per block); backward, the
+  input gradient of every column-wise projection (q, k, v, gate, up: 5 per block) and of the head;
+- with sequence parallelism each all_reduce becomes an all_gather (into a TP region) or a reduce_scatter (out of
+  one) of the same whole (tokens, d_model) buffer: forward, the embedding's reduce_scatter, per block an all_gather
+  before attention and before the MLP and a reduce_scatter after each, the head's all_gather; backward the mirror
+  image; and once per step an all_reduce of each norm weight's gradient (its partial sums over the sequence shards);
+- loss parallel: cross-entropy over vocabulary-sharded logits all_reduces three fp32 values per token (the max, the
+  sum of exponentials, the target's logit).
+
+Pipeline parallelism: per microbatch and stage this rank holds, a send of the stage's output and a receive of the
+next stage's input gradient (not on the last stage), a receive of its input and a send of its input gradient (not
+on the first), each one (tokens of a microbatch, d_model) residual-stream tensor (its sequence shard under sequence
+parallelism), on the pipeline group.
+
+Data parallelism, per stage (the whole model without a pipeline) over this rank's TP shards:
+
+- FSDP2: one group per block and one per stage root (the embedding, the final norm and the head, where the stage
+  has them); each parameter's local TP shard with dim 0 padded to the shard degree. Without a pipeline as in the
+  plain model (all_gather in forward and in backward per micro-step, one reduce_scatter per step, plus HSDP's
+  all_reduce of the shard across replicas); under a pipeline the parameters stay gathered across microbatches
+  (reshard_after_forward=False): one all_gather and one reduce_scatter per group per step. A one-rank shard group
+  issues neither.
+- DDP (pipelines only): the stage's fp32 gradients in buckets (first 1 MiB, then 25 MiB) in registration order
+  (the worker rebuilds DDP's buckets that way up front), one all_reduce each per step.
+
+Rank 0 sits on the first pipeline stage: the embedding's collectives are its own, the head's and the loss's are
+not (unless it also holds the last stage).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.core.catalogue import CATALOGUE
+from harness.core.layout import Layout, effective_microbatches, stage_blocks
+from harness.core.zoo import ModelConfig, Param, parameters
+from harness.scenario.schema import RunSpec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
+"""projections sharded over their output features (dim 0 of the weight)"""
+ROWWISE = ("attn.wo", "mlp.w2")
+"""projections sharded over their input features (dim 1 of the weight)"""
+FSDP_UNITS_IN_FLIGHT = 2
+"""FSDP2 block units unsharded at once without a pipeline (harness.plan.memory's figure: one prefetched)"""
+LOSS_PARALLEL_VALUES_PER_TOKEN = 3
+"""fp32 values per token loss parallel's cross-entropy all_reduces: max, sum of exponentials, target logit"""
+
+
+def group_kind(ranks: list[int], gpus_per_node: int) -> str:
+    """ "self", "intra" (one node), "inter" (one rank per node) or "mixed": harness.worker.meters.comm's classes."""
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(ranks) == 1:
+        return "self"
+    if len(nodes) == 1:
+        return "intra"
+    if len(nodes) == len(ranks):
+        return "inter"
+    return "mixed"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kind of collective: the same fields as harness.plan.comm.Item."""
+
+    what: str
+    collective: str
+    dtype: str
+    bytes_per_call: int
+    calls: float
+    group: str
+
+
+def local_shape(p: Param, *, tp: int) -> tuple[int, ...]:
+    """Rank 0's tensor-parallel shard of a parameter (torch.chunk: rank 0 holds ceil(size / tp))."""
+    if tp == 1:
+        return p.shape
+    name = p.name.rsplit(".weight", 1)[0]
+    if name == "tok_emb" or name == "head" or any(name.endswith(c) for c in COLUMNWISE):
+        return (-(-p.shape[0] // tp), *p.shape[1:])
+    if any(name.endswith(r) for r in ROWWISE):
+        return (p.shape[0], -(-p.shape[1] // tp))
+    return p.shape  # the norms: replicated
+
+
+def stage_units(cfg: ModelConfig, layout: Layout, stage: int) -> dict[str, list[Param]]:
+    """The data-parallel groups of a pipeline stage, in wrapping order: each of its blocks, then its root (the
+    embedding on the first stage, the final norm and head on the last; possibly nothing)."""
+    split = stage_blocks(cfg.n_layers, layout.n_stages)
+    blocks = {f"blocks.{i}" for i in split[stage]}
+    out: dict[str, list[Param]] = {}
+    root: list[Param] = []
+    for p in parameters(cfg):
+        if p.unit in blocks:
+            out.setdefault(p.unit, []).append(p)
+        elif p.unit == "root":
+            first = p.name.startswith("tok_emb")
+            if (first and stage == 0) or (not first and stage == layout.n_stages - 1):
+                root.append(p)
+    out["root"] = root
+    return out
+
+
+def activation_dtype(spec: RunSpec) -> str:
+    """The residual stream's dtype: the compute dtype where the parameters are 16 bit (FSDP2), fp32 under
+    autocast (DDP: the embedding and the residual adds stay fp32)."""
+    if spec.precision == "fp32" or CATALOGUE[spec.strategy].mixed == "autocast":
+        return "float32"
+    return PRECISION_DTYPE[spec.precision]
+
+
+def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list[Item], list[str]]:
+    """(items, notes): every collective rank 0 issues per step in a tensor- or pipeline-parallel cell (see the module
+    docstring). `ddp_buckets` is harness.plan.comm's DDP bucket assignment (bytes per bucket from gradient bytes)."""
+    lay, s, cfg = spec.layout, spec.settings, spec.model_config
+    gpn = spec.gpus_per_node
+    items: list[Item] = []
+    notes: list[str] = []
+
+    def add(what: str, coll: str, dtype: str, nbytes: int, calls: float, group: str) -> None:
+        if calls:
+            items.append(Item(what, coll, dtype, int(nbytes), float(calls), group))
+
+    tp_g = group_kind(lay.group(0, ("tp",)), gpn)
+    pp_g = group_kind(lay.group(0, ("pp",)), gpn)
+    act = activation_dtype(spec)
+    ab = DTYPE_BYTES[act]
+    if lay.pp > 1:
+        m = effective_microbatches(s.microbatches, lay.pp)
+        forwards, tokens = m, s.micro_batch // m * s.seq_len
+    else:
+        forwards, tokens = s.grad_accum, s.micro_batch * s.seq_len
+    x = tokens * cfg.d_model * ab  # one (tokens, d_model) activation
+    sp = s.sequence_parallel
+    local_stages = lay.stages_of(0)
+    split = stage_blocks(cfg.n_layers, lay.n_stages)
+    for st in local_stages:
+        first, last, nb = st == 0, st == lay.n_stages - 1, len(split[st])
+        where = f"stage {st}" if lay.pp > 1 else "model"
+        if lay.tp > 1:
+            if sp:
+                gathers = 4 * nb + (1 if first else 0) + (1 if last else 0)
+                add(
+                    f"{where}: TP all_gather into attention/MLP/head (fwd+bwd)",
+                    "all_gather",
+                    act,
+                    x,
+                    gathers * forwards,
+                    tp_g,
+                )
+                add(
+                    f"{where}: TP reduce_scatter out of embedding/attention/MLP (fwd+bwd)",
+                    "reduce_scatter",
+                    act,
+                    x,
+                    gathers * forwards,
+                    tp_g,
+                )
+                norms = 2 * nb + (1 if last else 0)
+                add(
+                    f"{where}: sequence-parallel norm weight gradients",
+                    "all_reduce",
+                    PRECISION_DTYPE[spec.precision],
+                    cfg.d_model * DTYPE_BYTES[PRECISION_DTYPE[spec.precision]],
+                    norms,
+                    tp_g,
+                )
+            else:
+                reduces = 7 * nb + (1 if first else 0) + (1 if last else 0)
+                add(
+                    f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)",
+                    "all_reduce",
+                    act,
+                    x,
+                    reduces * forwards,
+                    tp_g,
+                )
+            if last:
+                add(
+                    f"{where}: loss parallel cross-entropy (max, sum exp, target logit)",
+                    "all_reduce",
+                    "float32",
+                    tokens * 4,
+                    LOSS_PARALLEL_VALUES_PER_TOKEN * forwards,
+                    tp_g,
+                )
+        if lay.pp > 1:
+            boundary = x // lay.tp if sp else x
+            if not first:
+                add(f"{where}: receive activations, send their gradients", "recv", act, boundary, forwards, pp_g)
+                add(f"{where}: send input gradients", "send", act, boundary, forwards, pp_g)
+            if not last:
+                add(f"{where}: send activations", "send", act, boundary, forwards, pp_g)
+                add(f"{where}: receive output gradients", "recv", act, boundary, forwards, pp_g)
+        _data_parallel(spec, stage=st, add=add, notes=notes, ddp_buckets=ddp_buckets)
+    what = []
+    if lay.tp > 1:
+        what.append(f"TP {lay.tp} ({'sequence parallel, ' if sp else ''}loss parallel) on a {tp_g} group")
+    if lay.pp > 1:
+        what.append(f"PP {lay.pp} ({lay.schedule}, {lay.n_stages} stages, {forwards} microbatches) on a {pp_g} group")
+    notes.append(f"layout: {', '.join(what)}; data parallel {lay.dp}; rank 0 holds stage(s) {local_stages}")
+    return items, notes
+
+
+def _data_parallel(spec: RunSpec, *, stage: int, add, notes: list[str], ddp_buckets) -> None:
+    lay, cfg = spec.layout, spec.model_config
+    gpn = spec.gpus_per_node
+    entry = CATALOGUE[spec.strategy]
+    units = stage_units(cfg, lay, stage)
+    if entry.family == "ddp":
+        # registration order: the embedding first, then the blocks, then the final norm and head
+        params = [p for p in units["root"] if p.name.startswith("tok_emb")]
+        params += [p for u, ps in units.items() if u != "root" for p in ps]
+        params += [p for p in units["root"] if not p.name.startswith("tok_emb")]
+        sizes = [4 * math.prod(local_shape(p, tp=lay.tp)) for p in params]
+        dp_g = group_kind(lay.group(0, ("dp",)), gpn)
+        for i, b in enumerate(ddp_buckets(sizes)):
+            add(f"stage {stage}: DDP gradient bucket {i} (fp32)", "all_reduce", "float32", b, 1, dp_g)
+        return
+    # FSDP2 over the data-parallel mesh
+    pdt = PRECISION_DTYPE[spec.precision]
+    pb = DTYPE_BYTES[pdt]
+    shard, rep = lay.dp_shard, lay.dp_replicate
+    shard_g = group_kind(lay.group(0, ("dp_shard",) if lay.hybrid else ("dp",)), gpn)
+    rep_g = group_kind(lay.group(0, ("dp_replicate",)), gpn) if lay.hybrid else None
+    per_micro = lay.pp == 1
+    gathers = 2 * spec.settings.grad_accum if per_micro else 1
+    for name, unit in units.items():
+        if not unit:
+            continue
+        numel = 0
+        for p in unit:
+            shape = local_shape(p, tp=lay.tp)
+            numel += -(-shape[0] // shard) * shard * math.prod(shape[1:])
+        label = f"stage {stage} group {name} ({numel} elements)" if lay.pp > 1 else f"group {name} ({numel} elements)"
+        if shard > 1:
+            add(f"FSDP2 all_gather {label}", "all_gather", pdt, numel * pb, gathers, shard_g)
+            add(f"FSDP2 reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", numel * 4, 1, shard_g)
+        if rep_g is not None and rep > 1:
+            add(f"HSDP all_reduce gradient shard {label}", "all_reduce", "float32", numel // shard * 4, 1, rep_g)
+    if shard == 1 and rep > 1:
+        notes.append("HSDP, one-rank shard group beside tp: no all_gather or reduce_scatter, the replicas' all_reduce")
+
+
+def no_model_reason(spec: RunSpec) -> str | None:
+    """Why the collective model cannot account for this layout cell, or None (also for a cell without a layout)."""
+    if spec.settings.tp > 1 and spec.settings.checkpointing:
+        return (
+            "activation checkpointing under tensor parallelism: the recompute re-issues part of each block's forward "
+            "TP collectives (the checkpoint stops early, before the last one); not modelled"
+        )
+    return None
+
+
+def cache_key(spec: RunSpec) -> tuple:
+    """What a layout cell's collectives depend on beyond the plain models' cache key (harness.plan.comm): () for a
+    cell without tensor or pipeline parallelism."""
+    if spec.layout.is_default:
+        return ()
+    s = spec.settings
+    return (s.tp, s.pp, s.pp_schedule, s.microbatches, s.sequence_parallel, s.micro_batch, s.seq_len)
+
+
+def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list, list]:
+    """(items, notes) for harness.plan.comm's Ledger: `layout_collectives`, each item built with `item` (its Item)."""
+    items, notes = layout_collectives(spec, ddp_buckets=ddp_buckets)
+    return [item(i.what, i.collective, i.dtype, i.bytes_per_call, i.calls, i.group) for i in items], notes
+
+
+# --------------------------------------------------------------------------------------------------
+# memory: rank 0's parameters, gradients, optimizer state and in-flight activations
+
+
+def in_flight(layout: Layout, microbatches: int) -> list[int]:
+    """The local stages of pipeline rank 0's microbatch forwards whose activations are all alive at its peak, one
+    entry per forward: GPipe runs every forward before any backward; 1F1B (stage 0) warms up min(microbatches, pp)
+    forwards, then alternates a backward and a forward; interleaved 1F1B warms up (v - 1) × microbatches per round +
+    2 (pp - 1) forwards (torch's `_get_warmup_ops`, capped at all of them) in round order, then one more forward
+    before its first backward."""
+    if layout.pp == 1:
+        return [0]
+    if layout.schedule == "gpipe":
+        return [0] * microbatches
+    if layout.schedule == "1f1b":
+        return [0] * min(microbatches, layout.pp)
+    v, pp = layout.stages_per_rank, layout.pp
+    rounds = max(1, microbatches // pp)
+    per_round = microbatches // rounds
+    total = microbatches * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1), total)
+    n = min(warmup + 1, total)
+    return [((op // per_round) % v) * pp for op in range(n)]
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Bytes one forward of a stage keeps for its backward on rank 0 (a microbatch, or a micro-step without a
+    pipeline), by part: the zoo's ActivationModel (harness.plan.memory) split by tensor parallelism.
+
+    Per token, with a = bytes of the compute dtype: each RMSNorm saves its fp32 input, rsqrt and the normalised
+    value (8d + 4 in fp32; 4d + 4 + a·d in 16 bit) — over a sequence shard (÷ tp) with sequence parallelism, whole
+    otherwise; the q/k/v and gate/up projections save their (whole, gathered) input once each group (a·d each); the
+    attention core (rotated q, k, v, SDPA output and the copy reshaped for o: 5·a·d, fp32 logsumexp 4·n_heads) and
+    the MLP (w1 and w3 outputs, silu, product: 4·a·ffn) only this rank's heads and ffn columns (÷ tp). Outside the
+    blocks: the token ids (8) on the first stage; on the last, the final norm, the head's input (whole), loss
+    parallel's fp32 log-probabilities over this rank's vocabulary shard (4·vocab ÷ tp) and the targets (8). Checked
+    against the bytes rank 0 saves for backward on CPU in tests/dist/test_layout_memory.py.
+
+    Under activation checkpointing a block keeps its input (the residual stream, its sequence shard with sequence
+    parallelism) and, `selective`, its matmul and attention outputs (q, k, v, SDPA, w1, w3 ÷ tp; o and down whole:
+    a row-wise projection's output is a whole partial sum); one block's forward is recomputed in backward
+    (`recompute`). NOTE: the checkpointed figures are derived, not measured."""
+
+    blocks: int
+    outside: int
+    recompute: int = 0
+    """what one recomputed block adds in backward (checkpointing)"""
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.outside
+
+
+def stage_activations(spec: RunSpec, *, stage: int, tokens: int) -> StageActivations:
+    """What one forward of `stage` over `tokens` tokens keeps for backward on rank 0 (see StageActivations)."""
+    lay, cfg, s = spec.layout, spec.model_config, spec.settings
+    tp, d = lay.tp, cfg.d_model
+    a = DTYPE_BYTES[activation_dtype(spec)]
+    norm = 4 * d + 4 + (4 * d if a == 4 else a * d)
+    norm_share = norm / tp if s.sequence_parallel else norm
+    per_block = 2 * norm_share + 2 * a * d + (5 * a * d + 4 * cfg.n_heads + 4 * a * cfg.ffn) / tp
+    kept, recompute = per_block, 0.0
+    if s.checkpointing:
+        kept = a * d / (tp if s.sequence_parallel else 1)
+        if s.activation_checkpointing == "selective":
+            kv = cfg.kv_heads * cfg.head_dim
+            kept += a * 2 * d + (a * (2 * d + 2 * kv + 2 * cfg.ffn) + 4 * cfg.n_heads) / tp
+        recompute = per_block
+    blocks = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])
+    outside = 0.0
+    if stage == 0:
+        outside += 8
+    if stage == lay.n_stages - 1:
+        outside += norm_share + a * d + 4 * cfg.vocab / tp + 8
+    return StageActivations(
+        blocks=int(tokens * blocks * kept), outside=int(tokens * outside), recompute=int(tokens * recompute)
+    )
+
+
+def local_stage_params(spec: RunSpec, *, stage: int) -> dict[str, int]:
+    """Rank 0's elements per data-parallel group of a stage: its tensor-parallel shard ('unsharded', what FSDP2
+    gathers), and its FSDP2 shard ('sharded', padded dim 0 / shard degree; the whole TP shard for DDP)."""
+    lay = spec.layout
+    fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
+    unsharded = sharded = largest_block = root = 0
+    for name, unit in stage_units(spec.model_config, lay, stage).items():
+        local = padded = 0
+        for p in unit:
+            shape = local_shape(p, tp=lay.tp)
+            local += math.prod(shape)
+            padded += -(-shape[0] // lay.dp_shard) * lay.dp_shard * math.prod(shape[1:])
+        unsharded += local
+        sharded += padded // lay.dp_shard if fsdp2 else local
+        if name != "root":
+            largest_block = max(largest_block, local)
+        else:
+            root = local
+    return {"unsharded": unsharded, "sharded": sharded, "largest_block": largest_block, "root": root}
+
+
+def layout_memory(spec: RunSpec) -> dict:
+    """Rank 0's memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter, gradient and AdamW
+    state of its tensor- (and FSDP2-) sharded stage(s); the activations of the forwards in flight at the pipeline's
+    peak (`in_flight`); buffers: FSDP2's gathered parameters (every unit of a pipeline stage stays gathered across
+    microbatches; two blocks and the root without a pipeline), the pipeline's receive buffers (one input and one
+    gradient per microbatch), the loss's logits and their gradient (vocabulary-sharded under loss parallel). The
+    peak is the larger of the forward end (activations, no FSDP2 gradients yet) and the backward end (gradients
+    complete, fp32 unsharded gradients beside the reduced shards)."""
+    lay, cfg, s = spec.layout, spec.model_config, spec.settings
+    fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
+    pb = DTYPE_BYTES[PRECISION_DTYPE[spec.precision]]
+    ab = DTYPE_BYTES[activation_dtype(spec)]
+    m = effective_microbatches(s.microbatches, lay.pp) if lay.pp > 1 else 1
+    tokens = (s.micro_batch // m if lay.pp > 1 else s.micro_batch) * s.seq_len
+    local = lay.stages_of(0)
+    sizes = {st: local_stage_params(spec, stage=st) for st in local}
+    sharded = sum(v["sharded"] for v in sizes.values())
+    unsharded = sum(v["unsharded"] for v in sizes.values())
+    per_stage = {st: stage_activations(spec, stage=st, tokens=tokens) for st in local}
+    acts = {st: a.total for st, a in per_stage.items()}
+    recompute = max(a.recompute for a in per_stage.values())
+    flight = in_flight(lay, m)
+    activations = sum(acts[st] for st in flight)
+    gathering = fsdp2 and (lay.dp_shard > 1 or pb != 4)
+    if not gathering:
+        gathered = 0
+    elif lay.pp > 1:
+        gathered = pb * unsharded
+    else:  # FULL_SHARD without a pipeline: two blocks in flight and the root
+        (only,) = sizes.values()
+        gathered = pb * (FSDP_UNITS_IN_FLIGHT * only["largest_block"] + only["root"])
+    boundary = tokens * cfg.d_model * ab // (lay.tp if s.sequence_parallel else 1)
+    recv = (
+        sum((m if st > 0 else 0) + (m if st < lay.n_stages - 1 else 0) for st in local) * boundary if lay.pp > 1 else 0
+    )
+    last = lay.n_stages - 1 in local
+    logits = tokens * cfg.vocab // lay.tp * (pb + (4 if pb != 4 else 0) + 8) if last else 0
+    ddp_grads = 0 if fsdp2 else 4 * sharded  # DDP's buckets are the gradients, allocated once
+    if lay.pp > 1 and fsdp2:
+        # NOTE: a pipeline stage defers FSDP2's reduction to the schedule's end: every unit's unsharded gradient
+        # accumulates in fp32 from the first microbatch's backward on, beside the forwards still in flight
+        accumulated = 4 * unsharded
+    else:
+        root = sum(v["root"] for v in sizes.values())
+        accumulated = 4 * root if fsdp2 else 0  # the root's unsharded gradient, the last to be reduced
+    in_backward = (activations if lay.pp > 1 else 0) + recompute
+    gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
+    # (window, grads, activations, buffers: [(what, bytes)])
+    windows = [
+        ("forward end", ddp_grads, activations, [*gathered_recv, ("logits and their gradient", logits)]),
+        ("block backward", ddp_grads, in_backward, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
+        ("backward end", 4 * sharded, 0, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
+    ]
+    window, grads, acts_at_peak, buffers = max(windows, key=lambda w: w[1] + w[2] + sum(b for _, b in w[3]))
+    notes = {
+        "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of rank 0's stage(s) {local} "
+        f"({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements)",
+        "grads": "fp32 gradient shards, complete at the backward end"
+        if fsdp2
+        else "fp32 gradients in DDP's buckets, allocated once",
+        "optimizer": "AdamW moments (8 B/param) on the same shards",
+        "activations": f"{len(flight)} microbatch forward(s) in flight at rank 0's peak ({lay.schedule}); "
+        f"per forward {', '.join(f'stage {st}: {acts[st]} B' for st in local)}"
+        if lay.pp > 1
+        else f"one micro-step's forward, {acts[local[0]]} B (tensor-parallel: heads and ffn / {lay.tp})",
+        "buffers": f"peak at the {window}: " + "; ".join(f"{w} {b} B" for w, b in buffers if b),
+    }
+    return {
+        "params": 4 * sharded,
+        "grads": grads,
+        "optimizer": 8 * sharded,
+        "activations": acts_at_peak,
+        "buffers": sum(b for _, b in buffers),
+        "grads_after_backward": 4 * sharded,
+        "window": window,
+        "notes": notes,
+    }

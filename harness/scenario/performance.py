@@ -1,0 +1,98 @@
+"""A cluster profile's `performance:` block: achievable rates the step-time model uses when the cluster has no
+calibration file (harness/plan/time.py, docs/time-model.md). Each figure carries its source, like the peak-FLOPS
+table; a figure left null is unknown, and predictions that need it are null with the reason. Achievable means
+measured on the hardware (maximum-achievable matmul FLOPS, nccl-tests bus bandwidth), never the datasheet peak.
+
+Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.core.errors import Problem, unknown
+
+PERFORMANCE_KEYS = ("matmul_tflops", "memory_gbps", "intra_node", "inter_node", "sources")
+MATMUL_KEYS = ("fp32", "tf32", "bf16", "fp16")
+LINK_KEYS = ("busbw_gbps", "latency_us")
+
+
+@dataclass(frozen=True)
+class LinkFigures:
+    """One link's collective figures: nccl-tests bus bandwidth at large messages and the small-message latency."""
+
+    busbw_gbps: float | None = None
+    """bus bandwidth (GB/s, 1e9 B/s; nccl-tests convention), None = unknown"""
+    latency_us: float | None = None
+    """time of a tiny collective (us), None = unknown"""
+
+
+@dataclass(frozen=True)
+class Performance:
+    """Achievable rates of one device and its links, with a source per figure."""
+
+    matmul_tflops: dict[str, float | None] = field(default_factory=dict, hash=False)
+    """precision (fp32 | tf32 | bf16 | fp16) → achievable dense matmul TFLOPS; missing or None = unknown"""
+    memory_gbps: float | None = None
+    """achievable memory bandwidth for elementwise and normalisation work (GB/s, 1e9 B/s)"""
+    intra_node: LinkFigures = LinkFigures()
+    """collectives among the GPUs of one node"""
+    inter_node: LinkFigures = LinkFigures()
+    """collectives across nodes (per GPU)"""
+    sources: dict[str, str] = field(default_factory=dict, hash=False)
+    """figure name → where it comes from"""
+
+
+def _number_or_null(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+
+
+def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performance:
+    """The `performance:` block (absent: every figure unknown); problems are appended, the caller raises once."""
+    if doc is None:
+        return Performance()
+    if not isinstance(doc, dict):
+        problems.append(Problem(file, "performance", "must be a mapping"))
+        return Performance()
+    n0 = len(problems)
+    for k in doc:
+        if k not in PERFORMANCE_KEYS:
+            problems.append(unknown(file, f"performance.{k}", k, PERFORMANCE_KEYS))
+    matmul = doc.get("matmul_tflops") or {}
+    if not isinstance(matmul, dict):
+        problems.append(Problem(file, "performance.matmul_tflops", "must be a mapping of precision → TFLOPS"))
+        matmul = {}
+    for k, v in matmul.items():
+        if k not in MATMUL_KEYS:
+            problems.append(unknown(file, f"performance.matmul_tflops.{k}", k, MATMUL_KEYS))
+        elif not _number_or_null(v):
+            problems.append(Problem(file, f"performance.matmul_tflops.{k}", f"{v!r} is not a positive number or null"))
+    if not _number_or_null(doc.get("memory_gbps")):
+        bad = doc.get("memory_gbps")
+        problems.append(Problem(file, "performance.memory_gbps", f"{bad!r} is not a positive number or null"))
+    links = {}
+    for name in ("intra_node", "inter_node"):
+        raw = doc.get(name) or {}
+        if not isinstance(raw, dict):
+            problems.append(Problem(file, f"performance.{name}", "must be a mapping (busbw_gbps, latency_us)"))
+            raw = {}
+        for k, v in raw.items():
+            if k not in LINK_KEYS:
+                problems.append(unknown(file, f"performance.{name}.{k}", k, LINK_KEYS))
+            elif not _number_or_null(v):
+                problems.append(Problem(file, f"performance.{name}.{k}", f"{v!r} is not a positive number or null"))
+        links[name] = LinkFigures(busbw_gbps=raw.get("busbw_gbps"), latency_us=raw.get("latency_us"))
+    sources = doc.get("sources") or {}
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        problems.append(Problem(file, "performance.sources", "must map figure names to source strings"))
+        sources = {}
+    if len(problems) > n0:
+        return Performance()
+    return Performance(
+        matmul_tflops={k: (None if v is None else float(v)) for k, v in matmul.items()},
+        memory_gbps=None if doc.get("memory_gbps") is None else float(doc["memory_gbps"]),
+        intra_node=links["intra_node"],
+        inter_node=links["inter_node"],
+        sources={str(k): v for k, v in sources.items()},
+    )

@@ -1,0 +1,42 @@
+"""`harness calibrate` for real: the measuring processes (one device process, a 2-rank gloo group) write a
+calibration file that the planner reads back and prices a held-out cell with. `--quick` grid; about a minute."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.launch.calibrate import calibrate
+from harness.plan import calibration as cal
+from harness.plan.time import predict_time
+from harness.scenario.cluster import load_cluster
+from tests.conftest import make_spec
+
+pytestmark = pytest.mark.dist
+
+
+def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch):
+    monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
+    cluster = load_cluster("local")
+    path = calibrate(cluster, quick=True, worlds=(2,))
+    assert path == tmp_path / f"local{cal.SUFFIX}"
+    data = json.loads(path.read_text())
+    assert data["format"] == cal.FORMAT and data["cluster"] == "local" and data["created_at"]
+    here = cal.host_fingerprint()
+    assert all(data["fingerprint"][k] == here[k] for k in cal.MATCH_KEYS)
+    c = data["compute"]
+    assert {p["dtype"] for p in c["gemm"]} == {"float32", "bfloat16"}
+    assert {p["layout"] for p in c["gemm"]} == {"nt", "nn", "tn"}
+    assert all(p["s"] > 0 for p in c["gemm"]) and c["dispatch"]["forward_s"] > 0
+    assert {"ddp/fp32", "fsdp.full_shard/bf16", "fsdp2.full_shard/fp32", "zero3/bf16"} <= set(c["framework"])
+    curves = {(e["link"], e["collective"], e["dtype"], e["ranks"]) for e in data["comm"]}
+    for coll in cal.BUS_FACTORS:
+        assert ("self", coll, "float32", 1) in curves and ("intra", coll, "float32", 2) in curves
+    for e in data["comm"]:  # busbw at each size is algbw × the nccl-tests factor
+        for nbytes, t, bus in zip(e["sizes"], e["times"], e["busbw_at_sizes_gbps"]):
+            assert bus == pytest.approx(cal.busbw_gbps(e["collective"], e["ranks"], nbytes, t))
+    rates = cal.rates_for(cluster)
+    assert rates.source.startswith(f"calibrated {path}")
+    pred = predict_time(make_spec(strategy="fsdp.full_shard", gpus=2, model="125m", seq_len=128), cluster, rates)
+    assert pred["step_time_s"] > 0 and pred["time_s"]["comm_total"] > 0

@@ -1,0 +1,123 @@
+"""Tensor and pipeline parallelism train the same model, and issue exactly the modelled collectives.
+
+Real processes, real gloo groups (local profile: 2 ranks per node, so TP stays inside a node and PP / DP of a 4-rank
+cell run across the two nodes). Each cell runs 2 warmup + 2 measured steps; its 4 losses equal the single-process
+reference's (relative 1e-4: tests/dist/test_equivalence.py's reference, on every data-parallel replica's rows), and
+the collectives its counted step issued equal harness.plan.comm's prediction (harness.plan.layouts) call for call:
+bytes and calls per collective, dtype and group kind. The record says how the model was cut into stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.plan.comm import predict_comm
+from harness.scenario.schema import RunSpec, parse_scenario
+from tests.conftest import run_cell
+from tests.dist.test_equivalence import reference_losses
+
+pytestmark = pytest.mark.dist
+
+STEPS = {"warmup_steps": 2, "measure_steps": 2}
+FOUR_BLOCKS = {"d_model": 64, "n_layers": 4, "n_heads": 4, "ffn": 176, "vocab": 512}
+"""the tiny model with four blocks: interleaved 1F1B on 2 ranks runs 4 stages"""
+
+
+def layout_spec(strategy: str, gpus: int, *, precision: str = "fp32", model: str = "tiny", **settings) -> RunSpec:
+    doc = {
+        "name": "t",
+        "models": {"tiny4": FOUR_BLOCKS},
+        "matrix": {"model": [model], "strategy": [strategy], "precision": [precision], "gpus": [gpus]},
+        "settings": {**STEPS, **settings},
+    }
+    (spec,) = parse_scenario(doc, "test").expand(gpus_per_node=2)
+    return spec
+
+
+CELLS = {
+    "tp2": layout_spec("fsdp2.full_shard", 2, tp=2),
+    "tp2-sp": layout_spec("fsdp2.full_shard", 2, tp=2, sequence_parallel=True),
+    "fsdp2x2-tp2": layout_spec("fsdp2.full_shard", 4, tp=2),
+    "pp2-gpipe": layout_spec("fsdp2.full_shard", 2, pp=2, pp_schedule="gpipe"),
+    "pp2-1f1b": layout_spec("fsdp2.full_shard", 2, pp=2, pp_schedule="1f1b"),
+    "pp2-interleaved": layout_spec(
+        "fsdp2.full_shard", 2, model="tiny4", pp=2, pp_schedule="interleaved_1f1b", micro_batch=4, microbatches=4
+    ),
+    "ddp-pp2": layout_spec("ddp", 2, pp=2),
+    "fsdp2x2-pp2": layout_spec("fsdp2.full_shard", 4, pp=2),
+    "hsdp2-tp2": layout_spec("fsdp2.hybrid_shard", 4, tp=2),  # TP fills a node: replicas all_reduce, no sharding
+    "tp2-pp2-sp": layout_spec("fsdp2.full_shard", 4, tp=2, pp=2, sequence_parallel=True),
+    "hsdp2x2-pp2": layout_spec("fsdp2.hybrid_shard", 8, pp=2),  # 3-D: pp x dp_replicate x dp_shard
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> dict[str, dict]:
+    """Every cell of CELLS run once for this module."""
+    results = tmp_path_factory.mktemp("layouts") / "results"
+    return {name: run_cell(spec, results) for name, spec in CELLS.items()}
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_fp32_losses_match_the_single_process_reference(name, records):
+    rec, spec = records[name], CELLS[name]
+    assert rec["status"] == "ok", rec.get("reason")
+    got, ref = rec["metrics"]["losses"], reference_losses(spec)
+    assert len(got) == len(ref) == 4
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert g == pytest.approx(r, rel=1e-4), f"{name} step {i + 1}: {g} vs reference {r}"
+    assert got[-1] < got[0]
+    # tokens per step count each data-parallel replica once (its tensor- and pipeline-parallel ranks share rows)
+    assert rec["metrics"]["tokens_per_step"] == spec.settings.micro_batch * spec.settings.seq_len * spec.dp
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_measured_collectives_equal_the_layout_model(name, records):
+    rec, spec = records[name], CELLS[name]
+    assert rec["status"] == "ok", rec.get("reason")
+    pred = predict_comm(spec)
+    assert pred is not None
+    got = rec["comm"]
+    ledger = "\n".join(
+        f"  {i['calls']:g} x {i['bytes_per_call']} B {i['collective']} {i['dtype']} {i['group']}: {i['what']}"
+        for i in pred["items"]
+    )
+    why = f"\nmeasured {got['by_collective']} {got['by_group']}\npredicted ledger:\n{ledger}"
+    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
+    assert set(got["by_collective"]) == set(pred["by_collective"]), why
+    for coll, m in got["by_collective"].items():
+        p = pred["by_collective"][coll]
+        assert (m["calls"], m["bytes"], m["dtypes"]) == (p["calls"], p["bytes"], p["dtypes"]), f"{coll}{why}"
+    assert {k: (v["calls"], v["bytes"]) for k, v in got["by_group"].items()} == {
+        k: (v["calls"], v["bytes"]) for k, v in pred["by_group"].items()
+    }, why
+    lay = spec.layout
+    if lay.tp > 1:  # TP's collectives stay inside a node
+        tp_colls = ("all_gather", "reduce_scatter") if spec.settings.sequence_parallel else ("all_reduce",)
+        assert all(got["by_collective"][c]["calls"] > 0 for c in tp_colls)
+        assert got["by_group"]["intra"]["bytes"] > 0
+    if lay.pp > 1:  # the pipeline's sends and receives: counted, not timed one by one
+        assert got["by_collective"]["send"]["calls"] == got["by_collective"]["recv"]["calls"] > 0
+        assert "time_s" not in got["by_collective"]["send"]
+    if lay.gpus >= 4 and lay.tp * lay.dp_shard < lay.gpus:  # PP and DP of a multi-node cell cross nodes
+        assert got["by_group"]["inter"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_the_record_says_the_layout_and_stage_balance(name, records):
+    rec, spec = records[name], CELLS[name]
+    lay, cfg = spec.layout, spec.model_config
+    layout = rec["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"]) == (lay.tp, lay.pp, lay.dp)
+    assert layout["n_stages"] == lay.n_stages == len(layout["stages"])
+    assert sum(layout["stages"]) == cfg.n_layers and min(layout["stages"]) >= 1
+    assert sum(layout["stage_params"]) == cfg.n_params()
+    assert layout["loss_parallel"] is (lay.tp > 1)
+    if lay.pp > 1:
+        assert layout["pp_schedule"] == spec.settings.pp_schedule and layout["microbatches"] >= 1
+
+
+def test_interleaved_1f1b_holds_two_stages_per_rank(records):
+    layout = records["pp2-interleaved"]["layout"]
+    assert layout["n_stages"] == 4 and layout["stage_blocks"] == [[0], [1], [2], [3]]
+    # rank 0 holds stages 0 and 2: per microbatch it sends 3 times (0→1, 2→3 activations; 2→1 a gradient)
+    assert records["pp2-interleaved"]["comm"]["by_collective"]["send"]["calls"] == 3 * 4

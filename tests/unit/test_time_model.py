@@ -1,0 +1,361 @@
+"""harness.plan.time and harness.plan.calibration: the step-time model, its calibration files, and `harness plan`'s
+step-time columns. Every test reads calibrations from a temp dir (HARNESS_CALIBRATION_DIR), never this machine's."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.core.zoo import ModelConfig
+from harness.plan import calibration as cal
+from harness.plan import time as tm
+from harness.plan.comm import predict_comm
+from harness.scenario.cluster import load_cluster
+from tests.conftest import make_spec
+
+REPO = Path(__file__).resolve().parents[2]
+HELDOUT = str(REPO / "scenarios" / "time-model-heldout.yaml")
+
+
+@pytest.fixture
+def cal_dir(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "calibration"
+    d.mkdir()
+    monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(d))
+    return d
+
+
+def write_cal(cal_dir: Path, cluster: str = "local", **kw) -> Path:
+    path = cal_dir / f"{cluster}{cal.SUFFIX}"
+    path.write_text(json.dumps(cal.example_calibration(cluster, **kw)))
+    return path
+
+
+# ---- bus bandwidth
+
+
+def test_busbw_follows_the_nccl_tests_factors():
+    from harness.worker.meters.comm import BUS_FACTORS as METER_FACTORS
+
+    for n in (2, 4, 8, 16):
+        assert cal.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+        assert cal.bus_factor("all_gather", n) == pytest.approx((n - 1) / n)
+        assert cal.bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
+        assert cal.bus_factor("broadcast", n) == 1.0
+        for c in cal.BUS_FACTORS:  # the plan's copy and the worker meter's agree
+            assert cal.bus_factor(c, n) == pytest.approx(METER_FACTORS[c](n))
+    # 1 GB all_reduce in 1 s on 4 ranks: algbw 1 GB/s, busbw 1.5 GB/s
+    assert cal.algbw_gbps(1e9, 1.0) == pytest.approx(1.0)
+    assert cal.busbw_gbps("all_reduce", 4, 1e9, 1.0) == pytest.approx(1.5)
+    assert cal.busbw_gbps("all_gather", 4, 1e9, 2.0) == pytest.approx(0.375)
+    assert cal.bus_factor("all_reduce", 1) == 0.0  # one rank: nothing crosses a link
+
+
+def test_a_collective_curve_times_large_messages_by_busbw():
+    data = cal.example_calibration("local")
+    rates = cal.CalibratedRates(cal.Found(Path("x.json"), data, None))
+    # example: 100 us + bytes * factor / 1 GB/s, exact at the measured points, linear beyond
+    for n, coll in ((2, "all_reduce"), (4, "all_gather"), (4, "reduce_scatter")):
+        t = rates.collective_s(coll, link="intra", ranks=n, nbytes=2**30, dtype="float32")
+        assert t == pytest.approx(1e-4 + 2**30 * cal.bus_factor(coll, n) / 1e9)
+        t2 = rates.collective_s(coll, link="intra", ranks=n, nbytes=2**31, dtype="float32")
+        assert t2 == pytest.approx(1e-4 + 2**31 * cal.bus_factor(coll, n) / 1e9)
+    # 16 ranks, measured up to 8: busbw carries over, the latency grows with the ring (15/7 steps)
+    t16 = rates.collective_s("all_reduce", link="intra", ranks=16, nbytes=2**30, dtype="float32")
+    assert t16 == pytest.approx(1e-4 * 15 / 7 + 2**30 * cal.bus_factor("all_reduce", 16) / 1e9)
+
+
+# ---- the model
+
+
+def test_overlap_switched_off_is_the_sum_of_the_parts(cal_dir):
+    write_cal(cal_dir, device="cuda")  # a GPU calibration: collectives may overlap compute
+    cluster = load_cluster("local-gpu")
+    write_cal(cal_dir, cluster="local-gpu", device="cuda")
+    rates = cal.rates_for(cluster)
+    for strategy in ("ddp", "fsdp.full_shard", "fsdp.shard_grad_op", "fsdp2.full_shard", "zero2", "zero3"):
+        spec = make_spec(strategy=strategy, model="125m", gpus=4, precision="bf16", gpus_per_node=8, seq_len=512)
+        off = tm.predict_time(spec, cluster, rates, overlap=False)
+        on = tm.predict_time(spec, cluster, rates, overlap=True)
+        t = off["time_s"]
+        assert t["comm_exposed"] == t["comm_total"] > 0
+        parts = t["compute"] + t["recompute"] + t["optimizer"] + t["comm_total"] + t["other"]
+        assert off["step_time_s"] == pytest.approx(parts, rel=1e-12), strategy
+        u = on["time_s"]
+        assert on["step_time_s"] == pytest.approx(
+            u["compute"] + u["recompute"] + u["optimizer"] + u["comm_exposed"] + u["other"], rel=1e-12
+        )
+        assert u["comm_total"] == pytest.approx(t["comm_total"]) and 0 <= u["comm_exposed"] <= u["comm_total"]
+        if strategy != "zero2":
+            assert u["comm_exposed"] < u["comm_total"], strategy  # these hide some of it behind compute
+        else:
+            assert u["comm_exposed"] == pytest.approx(u["comm_total"]), strategy  # ZeRO-2: overlap_comm off
+
+
+def test_simulate_hides_what_fits_behind_compute():
+    # two 1 s segments; a 0.5 s collective issued at the start and needed at the end: hidden
+    assert tm.simulate([1.0, 1.0], [(0.5, 0, 2)]) == pytest.approx(2.0)
+    # needed before the first segment: exposed in full
+    assert tm.simulate([1.0, 1.0], [(0.5, 0, 0)]) == pytest.approx(2.5)
+    # issued after the last segment: the reduce tail
+    assert tm.simulate([1.0, 1.0], [(0.5, 2, 2)]) == pytest.approx(2.5)
+    # one stream: two collectives queue (0.8 + 0.8 from t=0, the second one ends at 1.6, within the 2 s)
+    assert tm.simulate([1.0, 1.0], [(0.8, 0, 2), (0.8, 0, 2)]) == pytest.approx(2.0)
+    assert tm.simulate([1.0, 1.0], [(1.5, 0, 2), (1.5, 0, 2)]) == pytest.approx(3.0)
+
+
+def test_no_collectives_at_one_rank_means_no_comm_time(cal_dir):
+    write_cal(cal_dir)
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+    spec = make_spec(strategy="fsdp2.full_shard", gpus=1)
+    assert predict_comm(spec)["calls_per_step"] == 0  # FSDP2 issues nothing on one rank
+    pred = tm.predict_time(spec, cluster, rates)
+    assert pred["time_s"]["comm_total"] == 0.0 and pred["time_s"]["comm_exposed"] == 0.0
+    assert pred["step_time_s"] > 0
+    # DDP at one rank still reduces on its one-rank group: timed on the "self" link, not zero
+    ddp = tm.predict_time(make_spec(strategy="ddp", gpus=1), cluster, rates)
+    assert ddp["time_s"]["comm_total"] > 0
+
+
+def test_the_parts_follow_the_settings(cal_dir):
+    write_cal(cal_dir)
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+
+    def pred(**kw):
+        return tm.predict_time(make_spec(strategy="ddp", gpus=2, model="125m", seq_len=128, **kw), cluster, rates)
+
+    base, full, sel = pred(), pred(activation_checkpointing="full"), pred(activation_checkpointing="selective")
+    assert base["time_s"]["recompute"] == 0 < sel["time_s"]["recompute"] < full["time_s"]["recompute"]
+    assert full["time_s"]["compute"] == pytest.approx(base["time_s"]["compute"])
+    two = pred(grad_accum=2)
+    assert two["time_s"]["compute"] == pytest.approx(2 * base["time_s"]["compute"])
+    assert two["time_s"]["optimizer"] == pytest.approx(base["time_s"]["optimizer"])  # one step per accumulation
+    assert two["tokens_per_s_per_gpu"] == pytest.approx(
+        2 * 2 * 128 / two["step_time_s"]  # micro_batch 2 (default) x seq 128 x 2 micro-steps
+    )
+    # four ranks on two cores (the example calibration records this host's cores) share them
+    cores = cal.usable_cores()
+    four = tm.predict_time(make_spec(strategy="ddp", gpus=4, model="125m", seq_len=128), cluster, rates)
+    assert four["time_s"]["compute"] == pytest.approx(base["time_s"]["compute"] * max(1, 4 / cores) / max(1, 2 / cores))
+
+
+def test_unmodelled_cells_are_null_with_the_reason(cal_dir):
+    write_cal(cal_dir)
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+    compiled = tm.predict_time(make_spec(strategy="ddp", compile=True), cluster, rates)
+    assert compiled["step_time_s"] is None and "compile" in compiled["time_null_reasons"]["step_time_s"]
+    offload = tm.predict_time(make_spec(strategy="zero2", offload="optimizer"), cluster, rates)
+    assert offload["step_time_s"] is None and "offload" in offload["time_null_reasons"]["step_time_s"]
+    cpu_mfu = tm.predict_time(make_spec(strategy="ddp"), cluster, rates)
+    assert cpu_mfu["mfu"] is None and "CPU" in cpu_mfu["time_null_reasons"]["mfu"]
+
+
+def test_mfu_on_a_known_gpu(cal_dir):
+    cluster = load_cluster("a100")
+    write_cal(cal_dir, cluster="a100", device="cuda", fingerprint={"device_name": "NVIDIA A100-SXM4-80GB"})
+    rates = cal.rates_for(cluster)
+    spec = make_spec(strategy="fsdp.full_shard", model="1.3b", gpus=8, precision="bf16", gpus_per_node=8)
+    p = tm.predict_time(spec, cluster, rates)
+    from harness.plan.memory import flops_per_step
+
+    assert p["mfu"] == pytest.approx(flops_per_step(spec) / 8 / p["step_time_s"] / 312e12)
+
+
+# ---- calibration files
+
+
+def test_a_calibration_round_trips(cal_dir):
+    path = write_cal(cal_dir)
+    cluster = load_cluster("local")
+    found = cal.find_calibration(cluster)
+    assert found is not None and found.path == path and found.forced is None
+    assert found.data == json.loads(path.read_text())
+    rates = cal.rates_for(cluster)
+    assert isinstance(rates, cal.CalibratedRates)
+    assert rates.source.startswith(f"calibrated {path} ") and rates.source.endswith(found.data["created_at"][:10])
+    p = found.data["compute"]["gemm"][7]  # a grid point is read back exactly
+    assert rates.gemm_s(p["dtype"], p["m"], p["n"], p["k"], p["layout"]) == pytest.approx(p["s"])
+    assert rates.dispatch_s() == (1e-5, 1e-5)
+    assert cal.write_path(cluster) == path
+
+
+def test_another_machines_calibration_is_refused(cal_dir, capsys):
+    write_cal(cal_dir, fingerprint={"hostname": "elsewhere", "cpu_model": "Some Other CPU"})
+    cluster = load_cluster("local")
+    with pytest.raises(cal.CalibrationMismatch) as e:
+        cal.rates_for(cluster)
+    msg = str(e.value)
+    assert "measured on host elsewhere (Some Other CPU" in msg and "hostname, cpu_model differ" in msg
+    assert "harness calibrate --cluster local" in msg and "--force" in msg
+    # `harness plan` stops with that error (exit 2); forced, it plans with the file and says so
+    assert main(["plan", HELDOUT]) == 2
+    assert "this calibration does not apply here" in capsys.readouterr().err
+    assert main(["plan", HELDOUT, "--format", "json", "--force-calibration"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert all("(forced: it was measured on host elsewhere" in c["calibration"] for c in cells)
+    # the sweep's path (predict without rates) does not stop: null with the reason
+    from harness.plan.predict import predict
+
+    pred = predict(make_spec(strategy="ddp"), cluster)
+    assert pred["step_time_s"] is None and "does not apply here" in pred["time_null_reasons"]["step_time_s"]
+
+
+def test_a_calibration_of_another_cluster_is_refused(cal_dir):
+    path = cal_dir / f"local{cal.SUFFIX}"
+    path.write_text(json.dumps(cal.example_calibration("h100")))
+    with pytest.raises(cal.CalibrationMismatch, match="it calibrates cluster 'h100', not 'local'"):
+        cal.rates_for(load_cluster("local"))
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(cal.InputError, match="is not 'harness-calibration/1'"):
+        cal.rates_for(load_cluster("local"))
+
+
+# ---- harness plan
+
+
+def test_plan_json_has_the_time_fields(cal_dir, capsys):
+    write_cal(cal_dir)
+    assert main(["plan", HELDOUT, "--format", "json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert len(cells) > 30
+    for c in cells:
+        assert set(c["time_s"]) == set(tm.PARTS)
+        assert c["step_time_s"] > 0 and c["tokens_per_s_per_gpu"] > 0
+        assert c["mfu"] is None and "CPU" in c["time_null_reasons"]["mfu"]
+        assert c["calibration"].startswith("calibrated ")
+        t = c["time_s"]
+        assert c["step_time_s"] == pytest.approx(
+            t["compute"] + t["recompute"] + t["optimizer"] + t["comm_exposed"] + t["other"]
+        )
+    assert main(["plan", HELDOUT]) == 0
+    table = capsys.readouterr().out
+    assert "ms/step  tok/s/gpu  MFU" in table and "step time: calibrated " in table
+
+
+def test_uncalibrated_local_is_null_with_the_reason(cal_dir, capsys):
+    assert main(["plan", HELDOUT, "--format", "json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    for c in cells:
+        assert c["step_time_s"] is None and c["tokens_per_s_per_gpu"] is None and c["mfu"] is None
+        assert "run `harness calibrate --cluster local`" in c["time_null_reasons"]["step_time_s"]
+        assert c["calibration"].startswith("uncalibrated: profile figures")
+    # a GPU profile cites its figures; what it lacks is null with the same advice
+    assert main(["plan", HELDOUT, "--format", "json", "--cluster", "h100"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert all("MAMF" in c["calibration"] for c in cells)
+    bf16 = [c for c in cells if c["spec"]["precision"] == "bf16" and not c["unsupported"]]
+    assert bf16 and all("memory_gbps" in c["time_null_reasons"]["step_time_s"] for c in bf16)
+
+
+# ---- the traced inventory the model prices
+
+
+def test_the_traced_inventory_matches_the_torch_model():
+    """Re-trace forward + backward of the zoo Transformer (one and two blocks) with a TorchDispatchMode: op counts
+    equal OPS, matmul shapes equal the GEMMs priced, elementwise bytes within 1% of BLOCK_BYTES and ROOT_BYTES."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from harness.worker.models import build_model, loss_fn
+
+    view = {"view", "_unsafe_view", "t", "transpose", "slice", "expand", "detach", "alias", "unsqueeze", "squeeze"}
+    view |= {"permute", "split", "select", "_reshape_alias", "lift_fresh", "unbind", "as_strided"}
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops, self.bytes, self.mm = 0, 0, collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.ops += 1
+            if name == "mm":
+                a, b = args[0], args[1]
+                layout = ("t" if a.stride()[0] == 1 and a.shape[0] > 1 else "n") + (
+                    "t" if b.stride()[0] == 1 and b.shape[0] > 1 else "n"
+                )
+                self.mm[(a.shape[0], b.shape[1], a.shape[1], layout)] += 1
+            elif name not in view and "scaled_dot_product" not in name:
+                flat = tree_flatten((args, kwargs))[0] + tree_flatten(out)[0]
+                self.bytes += sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+            return out
+
+    d, ffn, nh, vocab, b, s = 96, 256, 4, 768, 2, 24
+    runs = {}
+    for layers in (1, 2):
+        cfg = ModelConfig(d_model=d, n_layers=layers, n_heads=nh, ffn=ffn, vocab=vocab)
+        m = build_model(cfg, seed=0, device="cpu")
+        x, y = torch.randint(0, vocab, (b, s)), torch.randint(0, vocab, (b, s))
+        loss_fn(m(x), y).backward()  # fills the RoPE cache, as the warmup steps do
+        m.zero_grad(set_to_none=True)
+        with Count() as f:
+            loss = loss_fn(m(x), y)
+        with Count() as bw:
+            loss.backward()
+        runs[layers] = (f, bw)
+    (f1, b1), (f2, b2) = runs[1], runs[2]
+    assert (f2.ops - f1.ops, b2.ops - b1.ops) == tm.OPS["fp32"]["block"]
+    assert (2 * f1.ops - f2.ops, 2 * b1.ops - b2.ops) == tm.OPS["fp32"]["root"]
+    T, hd = b * s, d // nh
+    cfg = ModelConfig(d_model=d, n_layers=1, n_heads=nh, ffn=ffn, vocab=vocab)
+    p_block = sum(o * i for _, o, i in tm.block_linears(cfg))
+    xs = (T * d, T * ffn, T * nh, s * hd, d, p_block)
+    bf, bb = tm.BLOCK_BYTES["fp32"]
+    assert f2.bytes - f1.bytes == pytest.approx(tm._dot(bf, xs), rel=0.01)
+    assert b2.bytes - b1.bytes == pytest.approx(tm._dot(bb, xs), rel=0.01)
+    rx = (T * d, T * vocab, vocab * d, d, T)
+    rf, rb = tm.ROOT_BYTES["fp32"]
+    # forward: the trace counts the whole embedding table as the gather's input; the model prices the rows read
+    assert 2 * f1.bytes - f2.bytes - 4 * vocab * d == pytest.approx(tm._dot(rf, rx), rel=0.01)
+    assert 2 * b1.bytes - b2.bytes == pytest.approx(tm._dot(rb, rx), rel=0.01)
+    # the matmuls of one block, as (m, n, k, layout), equal the GEMMs the model prices
+    block_mm = (f2.mm + b2.mm) - (f1.mm + b1.mm)
+    priced: collections.Counter = collections.Counter()
+    for _, out_f, in_f in tm.block_linears(cfg):
+        fwd, bwd = tm.linear_gemms(T, out_f, in_f)
+        for g in fwd + bwd:
+            priced[(g.m, g.n, g.k, g.layout)] += 1
+    assert block_mm == priced
+
+
+# ---- harness calibrate
+
+
+def test_calibrate_is_a_command_and_refuses_slurm_profiles(cal_dir, capsys):
+    from harness.cli import COMMANDS, SHORT_HELP
+
+    assert COMMANDS["calibrate"] == "harness.cli.calibrate:calibrate_command" and "calibrate" in SHORT_HELP
+    assert main(["calibrate", "--cluster", "a100"]) == 2  # jobs on one and two nodes: not implemented yet
+    err = capsys.readouterr().err
+    assert "calibrating a SLURM profile (jobs on one and two nodes) is not implemented yet" in err
+    assert list(cal_dir.iterdir()) == []  # nothing written
+
+
+def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
+    data = cal.example_calibration("local")
+    data["fingerprint"]["cpu_count"] = 2
+    data["sharing"] = [
+        {"ranks": 1, "gemm_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+        {"ranks": 2, "gemm_s": 1.2, "elementwise_s": 2.0, "optimizer_s": 1.8},
+        {"ranks": 4, "gemm_s": 2.4, "elementwise_s": 4.0, "optimizer_s": 3.6},
+    ]
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+    assert rates.share("compute", ranks=1) == 1.0 and rates.share("compute", ranks=2) == pytest.approx(1.2)
+    assert rates.share("memory", ranks=3) == pytest.approx(3.0)  # linear between measured counts
+    assert rates.share("optimizer", ranks=8) == pytest.approx(7.2)  # beyond: proportional to the ranks
+    one = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=1), cluster, rates)
+    four = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=4), cluster, rates)
+    comp = tm.micro_step_compute(make_spec(strategy="fsdp2.full_shard", gpus=4), rates)
+    assert four["time_s"]["compute"] == pytest.approx(2.4 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
+    assert one["time_s"]["compute"] == pytest.approx(comp.total)
