@@ -270,7 +270,7 @@ def measure_sharing(device: torch.device) -> dict:
     for p in params:
         p.grad = torch.randn_like(p)
     opt = adamw(params, lr=1e-3, device=device)
-    probes = {
+    probes: dict[str, Callable[[], Any]] = {
         "gemm_s": functools.partial(torch.mm, a, b.t()),
         "elementwise_s": functools.partial(torch.mul, x, y),
         "optimizer_s": opt.step,
