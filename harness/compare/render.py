@@ -39,7 +39,8 @@ BENCHMARK_FILES = {"smaller": "benchmark-smaller.json", "bigger": "benchmark-big
 FORMAT_FILES = {"table": "compare.txt", "md": "compare.md", "json": "compare.json"}
 
 
-def _fmt_value(unit: str, v: float | None, digits: int = 4) -> str:
+def fmt_value(unit: str, v: float | None, digits: int = 4) -> str:
+    """A metric value in its unit, for people (compare's and the history's renderers)."""
     if v is None:
         return "null"
     if unit == "s":
@@ -56,7 +57,7 @@ def _fmt_value(unit: str, v: float | None, digits: int = 4) -> str:
 def _fmt_pair(row: MetricComparison) -> tuple[str, str]:
     """Baseline and candidate formatted with enough digits that different values never print the same."""
     for digits in (4, 6, 9, 12, 17):
-        b, c = _fmt_value(row.unit, row.baseline, digits), _fmt_value(row.unit, row.candidate, digits)
+        b, c = fmt_value(row.unit, row.baseline, digits), fmt_value(row.unit, row.candidate, digits)
         if b != c or row.baseline == row.candidate:
             return b, c
     return b, c

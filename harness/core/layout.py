@@ -250,3 +250,16 @@ def stage_params(cfg: ModelConfig, n_stages: int) -> list[int]:
             n += cfg.d_model + cfg.head_params()
         out.append(n)
     return out
+
+
+def group_kind(ranks: list[int], gpus_per_node: int) -> str:
+    """ "self" (one rank), "intra" (one node), "inter" (one rank per node) or "mixed": the classes of
+    harness.worker.meters.comm, which the analytic models (harness.plan.comm, harness.plan.layouts) share."""
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(ranks) == 1:
+        return "self"
+    if len(nodes) == 1:
+        return "intra"
+    if len(nodes) == len(ranks):
+        return "inter"
+    return "mixed"

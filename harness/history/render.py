@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from harness.compare.render import BENCHMARK_METRICS, dumps_json
+from harness.compare.render import BENCHMARK_METRICS, dumps_json, fmt_value
 from harness.core import markdown as md
 from harness.core.errors import InputError, Problem
 from harness.history.judge import (
@@ -34,20 +34,6 @@ from harness.history.keys import HISTORY_METRICS_BY_NAME, iso
 
 NOTABLE = (REGRESSION, IMPROVEMENT)
 _ORDER = {REGRESSION: 0, IMPROVEMENT: 1}
-
-
-def fmt_value(unit: str, v: float | None, digits: int = 4) -> str:
-    if v is None:
-        return "null"
-    if unit == "s":
-        return f"{v * 1e3:.{digits}g} ms" if abs(v) < 1 else f"{v:.{digits}g} s"
-    if unit == "bytes":
-        return f"{int(v):,} B" if float(v).is_integer() else f"{v:.{digits}g} B"
-    if unit == "fraction":
-        return f"{v * 100:.{max(digits - 2, 1)}f}%"
-    if unit.startswith("tokens"):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}"
-    return f"{v:.{digits}g} {unit}"
 
 
 def _pct(v: float | None, *, signed: bool = False) -> str:

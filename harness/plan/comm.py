@@ -62,6 +62,7 @@ from harness.core.constants import (
     DS_REDUCE_BUCKET_ELEMS,
     DS_SUB_GROUP_SIZE,
 )
+from harness.core.layout import group_kind
 from harness.core.zoo import ModelConfig, Param, _parameters, parameters
 from harness.plan import layouts
 from harness.scenario.schema import RunSpec
@@ -123,18 +124,6 @@ def _units(params: list[Param]) -> dict[str, list[Param]]:
 
 # --------------------------------------------------------------------------------------------------
 # process groups (classified as harness.worker.meters.comm does, from rank 0's point of view)
-
-
-def group_kind(ranks: list[int], gpus_per_node: int) -> str:
-    """ "self" (one rank), "intra" (one node), "inter" (one rank per node) or "mixed"."""
-    nodes = {r // gpus_per_node for r in ranks}
-    if len(ranks) == 1:
-        return "self"
-    if len(nodes) == 1:
-        return "intra"
-    if len(nodes) == len(ranks):
-        return "inter"
-    return "mixed"
 
 
 @dataclass(frozen=True)

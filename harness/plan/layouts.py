@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.core.catalogue import CATALOGUE
-from harness.core.layout import Layout, effective_microbatches, stage_blocks
+from harness.core.layout import Layout, effective_microbatches, group_kind, stage_blocks
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.scenario.schema import RunSpec
 
@@ -60,18 +60,6 @@ FSDP_UNITS_IN_FLIGHT = 2
 """FSDP2 block units unsharded at once without a pipeline (harness.plan.memory's figure: one prefetched)"""
 LOSS_PARALLEL_VALUES_PER_TOKEN = 3
 """fp32 values per token loss parallel's cross-entropy all_reduces: max, sum of exponentials, target logit"""
-
-
-def group_kind(ranks: list[int], gpus_per_node: int) -> str:
-    """ "self", "intra" (one node), "inter" (one rank per node) or "mixed": harness.worker.meters.comm's classes."""
-    nodes = {r // gpus_per_node for r in ranks}
-    if len(ranks) == 1:
-        return "self"
-    if len(nodes) == 1:
-        return "intra"
-    if len(nodes) == len(ranks):
-        return "inter"
-    return "mixed"
 
 
 @dataclass(frozen=True)
