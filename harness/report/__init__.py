@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from harness.core.errors import InputError, Problem
-from harness.report.figures import Figure, start_figures, usable_cpus
+from harness.report.figures import Figure, close_pool, start_figures, usable_cpus
 from harness.report.frame import (
     FRACTIONAL_COLUMNS,
     SAMPLES_COLUMN,
@@ -119,14 +119,16 @@ def _read_share(files: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
     return flatten_records(_records_of(files, unreadable), wrong), unreadable, wrong
 
 
-def _share_read(future: Future | None, share: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
+def _share_read(
+    future: Future | None, share: list[str], broken: list[bool]
+) -> tuple[FlatRecords, list[str], list[str]]:
     """What another process read of `share`, or, when it could not (none started, or it died: killed, out of
-    memory), the share read here."""
+    memory; `broken` then says so), the share read here."""
     if future is not None:
         try:
             return future.result()
         except BrokenProcessPool:
-            pass
+            broken[0] = True
     return _read_share(share)
 
 
@@ -150,12 +152,13 @@ def _load(dirs: list[Path]) -> tuple[pd.DataFrame, list[str], int]:
             futures = [pool.submit(_read_share, share) for share in shares[1:]]
         except (OSError, ValueError, RuntimeError, ImportError):  # NOTE: BrokenProcessPool is a RuntimeError
             pass  # no processes (no fork, no semaphores in a sandbox): every share is read here
+    broken = [False]
     try:
         read = [_read_share(shares[0])]
-        read += [_share_read(future, share) for future, share in zip(futures, shares[1:])]
+        read += [_share_read(future, share, broken) for future, share in zip(futures, shares[1:])]
     finally:
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            close_pool(pool, broken=broken[0])
     unreadable = [w for _, u, _ in read for w in u]
     df, more = frame_from_flat([flat for flat, _, _ in read], [w for _, _, wrong in read for w in wrong])
     return df, unreadable + more, len(unreadable)

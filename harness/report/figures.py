@@ -825,6 +825,17 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def close_pool(pool: ProcessPoolExecutor, *, broken: bool) -> None:
+    """Shut a pool down; after a worker died, first SIGKILL the others. A broken pool's surviving worker may be
+    blocked writing its result into a pipe nobody reads any more, and a SIGTERM does not end it when it inherited
+    a Python handler for SIGTERM (a sweep run earlier in the same process installs one): waiting for it would
+    hang the report forever."""
+    if broken:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+    pool.shutdown(wait=not broken, cancel_futures=True)
+
+
 def _draw_here(fc: pd.DataFrame) -> Callable[[], list[Figure]]:
     return lambda: [make(fc) for make in FIGURE_MAKERS]
 
@@ -850,19 +861,21 @@ def start_figures(fc: pd.DataFrame, *, workers: int | None = None) -> Callable[[
         futures = {make: pool.submit(make, fc) for make in _HEAVIEST_FIRST}
     except (OSError, ValueError, RuntimeError, ImportError):  # NOTE: BrokenProcessPool is a RuntimeError
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            close_pool(pool, broken=True)
         return _draw_here(fc)
 
     def collect() -> list[Figure]:
         figures = []
+        broken = False
         try:
             for make in FIGURE_MAKERS:
                 try:
                     figures.append(futures[make].result())
                 except BrokenProcessPool:  # a worker died (killed, out of memory): draw it here (same bytes)
+                    broken = True
                     figures.append(make(fc))
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            close_pool(pool, broken=broken)
         return figures
 
     return collect
