@@ -14,26 +14,17 @@ The leader is "distinguishable" only when every test that could be made says so;
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from harness.compare.stats import mann_whitney_p
+
 ALPHA = 0.05
 """two-sided significance level of both tests"""
 MIN_SAMPLES = 5
 """per-step samples needed on each side for the per-step test"""
-
-
-def mann_whitney_p(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> float:
-    """Two-sided Mann–Whitney U p-value; 1.0 when the test is undefined (every value equal)."""
-    from scipy.stats import mannwhitneyu
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        p = float(mannwhitneyu(xs, ys, alternative="two-sided").pvalue)
-    return p if math.isfinite(p) else 1.0
 
 
 def per_step_throughput(tokens_per_s_per_gpu: float, samples_s: Sequence[float]) -> np.ndarray:
@@ -80,7 +71,7 @@ def leader_verdict(
 ) -> Verdict:
     """Test the leader against the runner-up; `*_runs` are the tokens/s/GPU of every ok record of each cell."""
     a, b = per_step_throughput(leader_tps, leader_samples), per_step_throughput(runner_tps, runner_samples)
-    p_steps = mann_whitney_p(a, b) if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES else None
+    p_steps = mann_whitney_p(a.tolist(), b.tolist()) if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES else None
     p_runs = (
         mann_whitney_p(leader_runs, runner_runs)
         if max(len(leader_runs), len(runner_runs)) >= 2 and min(len(leader_runs), len(runner_runs)) >= 1
