@@ -32,11 +32,19 @@ from harness.scenario.cluster import load_cluster
 def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
     """Measure GEMM throughput per dtype and shape, elementwise bandwidth, attention, optimizer and per-op costs,
     each strategy family's framework overhead, and collective latency and bus bandwidth at 1, 2 and 4 ranks; write
-    the cluster's calibration file with this machine's fingerprint. `harness plan` then predicts step times."""
-    from harness.launch.calibrate import calibrate
+    the cluster's calibration file with this machine's fingerprint. On a SLURM profile the parts run as jobs on
+    one node and on two (the inter-node curves). `harness plan` then predicts step times."""
+    from harness.launch.calibrate import CalibrationFailed, calibrate
+    from harness.launch.slurm.jobs import SlurmUnavailable
 
     cluster = load_cluster(cluster_name)
-    path = calibrate(cluster, quick=quick, out=out)
+    try:
+        path = calibrate(cluster, quick=quick, out=out)
+    except SlurmUnavailable as e:
+        raise click.ClickException(f"{e} (nothing was submitted or written)") from None
+    except CalibrationFailed as e:
+        click.echo(f"error: {e}; no calibration file was written", err=True)
+        return 1
     data = read_file(path)
     click.echo(
         f"wrote {path} ({data['duration_s']:.0f} s) for cluster {cluster.name} on "

@@ -7,20 +7,30 @@ its hybrids' cross-"node" groups use these curves too. Every process gets the pr
 OMP_NUM_THREADS=1), as the ranks of a sweep do. The merged calibration is written atomically, with the environment
 fingerprint and the date, to `harness.plan.calibration.write_path(cluster)`.
 
-SLURM profiles would run the same processes as jobs on one and two nodes; not implemented yet: the command says so.
+On a SLURM profile the same processes run as jobs, one after another so that no part disturbs another: the
+device part on one node (one task), the collectives of groups inside one node (a job of that many tasks on one
+node, link "intra"), then across nodes (two nodes with one task each, and two full nodes: link "inter", the curves
+the step-time model prices a hybrid's cross-node groups with). Ranks and rendezvous come from submitit's job
+environment, as a sweep's cells do. The parts write into a folder next to the calibration file (a cluster's
+profiles folder is on the shared file system that the nodes see); it is removed when the file is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
+import random
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from harness.core.errors import InputError, Problem
 from harness.plan.calibration import write_path
@@ -44,10 +54,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class CalibrationFailed(RuntimeError):
+    """A measuring process or job failed; its output (or SLURM log) says why."""
+
+
 def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
     rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
-        raise RuntimeError(f"calibration {what} failed (exit {rc}); its output is above")
+        raise CalibrationFailed(f"calibration {what} failed (exit {rc}); its output is above")
 
 
 def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: dict[str, str]) -> None:
@@ -61,34 +75,133 @@ def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: d
         procs.append(subprocess.Popen(cmd, env=e, stdout=None if rank == 0 else subprocess.DEVNULL))
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise RuntimeError(f"calibration of collectives on {world} ranks failed (exit codes {codes})")
+        raise CalibrationFailed(f"calibration of collectives on {world} ranks failed (exit codes {codes})")
 
 
 def check_calibratable(cluster: Cluster) -> None:
-    """InputError (exit 2) for profiles this command cannot calibrate here."""
-    if cluster.executor != "local":
-        raise InputError(
-            [
-                Problem(
-                    cluster.path,
-                    "executor",
-                    "calibrating a SLURM profile (jobs on one and two nodes) is not implemented yet; run `harness "
-                    "calibrate` with a local profile on a compute node of the cluster, or use the profile's "
-                    "`performance:` figures",
-                )
-            ]
+    """InputError (exit 2) for a profile this command cannot calibrate; a SLURM profile whose controller does not
+    answer raises the sweep's SlurmUnavailable (also exit 2)."""
+    if cluster.executor == "local":
+        return
+    if cluster.executor != "slurm":
+        raise InputError([Problem(cluster.path, "executor", f"{cluster.executor!r} cannot be calibrated")])
+    from harness.launch.slurm.jobs import preflight
+
+    preflight(cluster)
+
+
+# --------------------------------------------------------------------------------------------------
+# SLURM: the parts as jobs
+
+
+class CalibrationTask:
+    """What every task of a calibration job runs: one role of harness.worker.calibrate, with RANK, WORLD_SIZE,
+    LOCAL_RANK and the rendezvous (the job's first node, a port derived from the job id) from submitit."""
+
+    def __call__(self, argv: list[str], env: dict[str, str]) -> None:
+        import submitit
+
+        job = submitit.JobEnvironment()
+        for k, v in env.items():  # the profile's env (threads per rank), as a sweep's ranks get it
+            os.environ.setdefault(k, v)
+        from harness.worker.calibrate import main  # NOTE: after the env: torch reads OMP_NUM_THREADS on import
+
+        os.environ.update(
+            RANK=str(job.global_rank),
+            WORLD_SIZE=str(job.num_tasks),
+            LOCAL_RANK=str(job.local_rank),
+            MASTER_ADDR=job.hostnames[0],
+            MASTER_PORT=str(random.Random(job.job_id).randint(20000, 60000)),
         )
+        main(argv)
+
+
+def slurm_parts(cluster: Cluster, worlds: tuple[int, ...]) -> list[tuple[str, int, int, str]]:
+    """(what, nodes, tasks per node, link) of each collectives job on a SLURM profile: every group size of
+    `worlds` that fits one node, inside one node; then one and all of a node's ranks on each of two nodes."""
+    per_node = cluster.gpus_per_node
+    parts = [(f"collectives on {w} ranks of one node", 1, w, "intra") for w in worlds if 1 < w <= per_node]
+    parts.append(("collectives on 2 nodes, one rank each", 2, 1, "inter"))
+    if per_node > 1:
+        parts.append((f"collectives on 2 nodes, {per_node} ranks each", 2, per_node, "inter"))
+    return parts
+
+
+@contextlib.contextmanager
+def _work_dir(target: Path) -> Iterator[Path]:
+    """A fresh folder beside the calibration file, on the file system the nodes share; removed afterwards."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=target.parent))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_job(executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: list[str], what: str) -> None:
+    from harness.launch.slurm.jobs import executor_parameters
+
+    cap = cluster.slurm.time_limit_min
+    minutes = JOB_MINUTES if cap is None else min(JOB_MINUTES, cap)
+    executor.update_parameters(
+        name=f"harness-calibrate-{cluster.name}",
+        **executor_parameters(cluster, nodes=nodes, tasks_per_node=tasks, timeout_min=minutes),
+    )
+    job = executor.submit(CalibrationTask(), argv, dict(cluster.env))
+    print(f"calibrate: {what}: SLURM job {job.job_id} ({nodes} node(s) x {tasks} task(s))", flush=True)
+    try:
+        job.results()
+    except Exception as e:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError: one line, the log path
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        why = lines[-1] if lines else type(e).__name__
+        raise CalibrationFailed(
+            f"calibration {what} failed in SLURM job {job.job_id}: {why} (logs: {job.paths.folder})"
+        ) from None
+
+
+JOB_MINUTES = 30
+"""the --time of each calibration job (min); the profile's time_limit_min caps it"""
+
+
+def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path) -> dict[str, Any]:
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=work / "submitit", cluster="slurm", slurm_max_num_timeout=0)
+    flags = ["--cluster", cluster.path] + (["--quick"] if quick else [])
+    compute = work / "compute.json"
+    _run_job(
+        executor,
+        cluster=cluster,
+        nodes=1,
+        tasks=1,
+        argv=["compute", "--out", str(compute), *flags],
+        what="device, one-rank collectives and framework overheads",
+    )
+    data: dict[str, Any] = json.loads(compute.read_text())
+    for i, (what, nodes, tasks, link) in enumerate(slurm_parts(cluster, worlds)):
+        part = work / f"comm{i}.json"
+        argv = ["collectives", "--out", str(part), "--link", link, *flags]
+        _run_job(executor, cluster=cluster, nodes=nodes, tasks=tasks, argv=argv, what=what)
+        measured = json.loads(part.read_text())
+        data["comm"] += measured["comm"]
+        data.setdefault("sharing", []).extend(measured.get("sharing", []))
+    return data
 
 
 def calibrate(
     cluster: Cluster, *, quick: bool = False, out: Path | None = None, worlds: tuple[int, ...] = WORLDS
 ) -> Path:
-    """Measure `cluster`'s rates on this machine and write its calibration file; returns the path."""
+    """Measure `cluster`'s rates (on this machine, or as jobs on a SLURM profile's nodes) and write its calibration
+    file; returns the path."""
     check_calibratable(cluster)
-    env = _env(cluster)
     target = out or write_path(cluster)
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
+    if cluster.executor == "slurm":
+        with _work_dir(target) as work:
+            data = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work)
+        return _write_calibration(data, target, started=started, t0=t0, quick=quick)
+    env = _env(cluster)
     with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
         compute = Path(tmp) / "compute.json"
         print(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads", flush=True)
@@ -102,6 +215,12 @@ def calibrate(
             measured = json.loads(part.read_text())
             data["comm"] += measured["comm"]
             data.setdefault("sharing", []).extend(measured.get("sharing", []))
+    return _write_calibration(data, target, started=started, t0=t0, quick=quick)
+
+
+def _write_calibration(
+    data: dict[str, Any], target: Path, *, started: datetime.datetime, t0: float, quick: bool
+) -> Path:
     data["created_at"] = started.isoformat(timespec="seconds")
     data["duration_s"] = round(time.perf_counter() - t0, 1)
     data["quick"] = quick

@@ -1,0 +1,76 @@
+"""`harness calibrate --cluster local-slurm` for real: the parts run as SLURM jobs on the localhost cluster's nodes
+(the device part on one node, collectives across two), the file is written and a hybrid cell's cross-node groups
+are priced with the inter-node curves it measured. `--quick` grid, one intra-node group size (worlds=(2,)): four
+jobs, about two minutes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.launch.calibrate import calibrate, slurm_parts
+from harness.plan import calibration as cal
+from harness.plan.time import predict_time
+from harness.scenario.cluster import load_cluster
+from tests.conftest import make_spec
+
+pytestmark = pytest.mark.slurm
+
+
+def test_parts_of_a_slurm_profile():
+    cluster = load_cluster("local-slurm")  # 2 ranks per node
+    assert slurm_parts(cluster, (2, 4)) == [
+        ("collectives on 2 ranks of one node", 1, 2, "intra"),
+        ("collectives on 2 nodes, one rank each", 2, 1, "inter"),
+        ("collectives on 2 nodes, 2 ranks each", 2, 2, "inter"),
+    ]
+
+
+def _scaled_inter(path, factor: float) -> None:
+    data = json.loads(path.read_text())
+    for e in data["comm"]:
+        if e["link"] == "inter":
+            e["times"] = [t * factor for t in e["times"]]
+            e["latency_s"] *= factor
+            e["busbw_gbps"] /= factor
+    path.write_text(json.dumps(data))
+
+
+def test_calibrate_on_slurm_measures_across_nodes(slurm_cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
+    cluster = load_cluster("local-slurm")
+    path = calibrate(cluster, quick=True, worlds=(2,))
+    out = capsys.readouterr().out
+    assert out.count("SLURM job") == 4, out
+    assert path == tmp_path / f"local-slurm{cal.SUFFIX}"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the jobs' work folder is gone
+    data = json.loads(path.read_text())
+    assert data["cluster"] == "local-slurm" and data["fingerprint"]["hostname"]
+    curves = {(e["link"], e["collective"], e["ranks"]) for e in data["comm"]}
+    for coll in cal.BUS_FACTORS:
+        assert {("self", coll, 1), ("intra", coll, 2), ("inter", coll, 2), ("inter", coll, 4)} <= curves
+    for e in data["comm"]:  # busbw at each size is algbw × the nccl-tests factor
+        for nbytes, t, bus in zip(e["sizes"], e["times"], e["busbw_at_sizes_gbps"]):
+            assert bus == pytest.approx(cal.busbw_gbps(e["collective"], e["ranks"], nbytes, t))
+
+    # a hybrid cell's replicate groups span the two nodes: slower inter-node curves make its comm slower; a cell
+    # inside one node does not change
+    hybrid = make_spec(strategy="fsdp.hybrid_shard", gpus=4, model="tiny", seq_len=64)
+    inside = make_spec(strategy="ddp", gpus=2, model="tiny", seq_len=64)
+    before = [predict_time(s, cluster, cal.rates_for(cluster))["time_s"]["comm_total"] for s in (hybrid, inside)]
+    assert None not in before, predict_time(hybrid, cluster, cal.rates_for(cluster))["time_null_reasons"]
+    _scaled_inter(path, 10.0)
+    after = [predict_time(s, cluster, cal.rates_for(cluster))["time_s"]["comm_total"] for s in (hybrid, inside)]
+    assert after[0] > 2 * before[0] > 0
+    assert after[1] == pytest.approx(before[1])
+
+
+def test_calibrate_with_the_controller_down_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    assert main(["calibrate", "--cluster", "local-slurm", "--quick"]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "nothing was submitted or written" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
