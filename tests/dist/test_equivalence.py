@@ -13,14 +13,24 @@ import math
 import pytest
 import torch
 
+from harness.launch.local import prefork
 from harness.plan.comm import predict_comm
-from harness.worker.models import build_model, loss_fn, synthetic_batch
+from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import STRATEGIES, RunSpec
+from harness.worker.models import build_model, loss_fn, synthetic_batch
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist
 
 STEPS = dict(warmup_steps=2, measure_steps=2)  # 4 losses: the last one is after 3 optimizer steps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_ranks():
+    """The cells of this module fork their ranks from one warm zygote, as a local sweep's are (forked ranks
+    measure what cold ones do: tests/dist/test_prefork.py); no torch import per rank."""
+    with prefork.zygote(load_cluster("local").env, label="test_equivalence"):
+        yield
 
 
 def reference_losses(spec) -> list[float]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.launch.local import prefork
 from harness.plan.comm import predict_comm
+from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import RunSpec, parse_scenario
 from tests.conftest import run_cell
 from tests.dist.test_equivalence import reference_losses
@@ -52,9 +54,12 @@ CELLS = {
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> dict[str, dict]:
-    """Every cell of CELLS run once for this module."""
+    """Every cell of CELLS run once for this module, their ranks forked from one warm zygote as a local sweep's
+    are (tests/dist/test_prefork.py shows forked ranks measure what cold ones do): 36 ranks without a torch
+    import each."""
     results = tmp_path_factory.mktemp("layouts") / "results"
-    return {name: run_cell(spec, results) for name, spec in CELLS.items()}
+    with prefork.zygote(load_cluster("local").env, label="test_layouts"):
+        return {name: run_cell(spec, results) for name, spec in CELLS.items()}
 
 
 @pytest.mark.parametrize("name", list(CELLS))
