@@ -60,8 +60,10 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # nightly: fresh sweep of scenarios/nightly.yaml; exact metrics (collective bytes, predicted memory) compared with
-# BASELINE; timing judged against the cell's own history in HISTORY (between-run noise, change points); then the
-# night is added to the history and reported. Exit 1 when either judge finds a regression, 2 on bad input.
+# BASELINE; timing judged against the cell's own history in HISTORY (between-run noise, change points), a flagged
+# cell re-run CONFIRM times and judged again on those runs (only a regression that persists fails); then the
+# night (re-runs included) is added to the history and reported. Exit 1 when either judge finds a regression, 2 on
+# bad input.
 NIGHTLY_SCENARIO ?= scenarios/nightly.yaml
 BASELINE ?= baselines/$(CLUSTER)
 HISTORY ?= history/$(CLUSTER).sqlite
@@ -69,6 +71,8 @@ LABEL ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 NIGHTLY_RESULTS ?= $(RESULTS)/nightly-$(CLUSTER)
 NIGHTLY_REPORT ?= $(REPORTS)/nightly-$(CLUSTER)
 COMPARE_ARGS ?=
+# flagged cells are re-run this many times and judged again before the night fails (0: judge the first run alone)
+CONFIRM ?= 3
 
 nightly: setup
 	rm -rf $(NIGHTLY_RESULTS) $(NIGHTLY_REPORT)
@@ -79,7 +83,8 @@ nightly: setup
 	$(VENV)/bin/harness compare $(BASELINE) $(NIGHTLY_RESULTS) --metric exact --output-dir $(NIGHTLY_REPORT) $(COMPARE_ARGS); \
 	exact=$$?; \
 	if [ -n "$(filter postgresql://% postgres://%,$(HISTORY))" ] || [ -e "$(HISTORY)" ]; then \
-	  $(VENV)/bin/harness history check --db $(HISTORY) $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/history.md --format md; \
+	  $(VENV)/bin/harness history check --db $(HISTORY) $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/history.md --format md \
+	    --confirm $(CONFIRM); \
 	  timing=$$?; \
 	else \
 	  echo "history $(HISTORY): first night, nothing to judge timing against yet"; timing=0; \

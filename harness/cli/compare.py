@@ -31,7 +31,7 @@ from harness.compare.render import (
     render_markdown,
     render_table,
 )
-from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES
+from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES
 from harness.core.errors import InputError, Problem
 from harness.results.store import atomic_write_text, unwritable_reason
 
@@ -83,14 +83,23 @@ def gc_paused() -> Iterator[None]:
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=DEFAULT_ALPHA,
     show_default=True,
-    help="Mann–Whitney U significance level for sampled metrics.",
+    help="Significance level of the test on timing metrics (Welch t on the log run-level values, Holm-adjusted "
+    "over the cells: the chance of any false alarm in the comparison).",
+)
+@click.option(
+    "--min-runs",
+    type=click.IntRange(min=2),
+    default=DEFAULT_MIN_RUNS,
+    show_default=True,
+    help="Runs of a cell (ok records: `harness sweep --repeat K`, or several dirs per side) needed on each side "
+    "before a timing change can fail; with fewer it is reported, not judged.",
 )
 @click.option(
     "--min-samples",
     type=click.IntRange(min=1),
     default=DEFAULT_MIN_SAMPLES,
     show_default=True,
-    help="Per-step samples needed on each side to call a sampled metric a regression.",
+    help="Accepted for old scripts; unused: timing is judged on runs (--min-runs), not on one run's steps.",
 )
 @click.option(
     "--format",
@@ -142,6 +151,7 @@ def compare_command(
     more_candidate: tuple[Path, ...],
     threshold_args: tuple[str, ...],
     alpha: float,
+    min_runs: int,
     min_samples: int,
     fmt: str,
     direction: str | None,
@@ -156,8 +166,10 @@ def compare_command(
 ) -> int:
     """Compare CANDIDATE results against BASELINE results, cell by cell (matched by spec).
 
-    Exit 0 without regressions, 1 with any (a metric beyond its threshold and, for sampled metrics,
-    significant; or a cell ok in BASELINE that fails in CANDIDATE), 2 for bad input.
+    Exit 0 without regressions, 1 with any (a metric beyond its threshold and, for timing metrics, significant
+    over at least --min-runs runs a side; a changed deterministic metric; or a cell ok in BASELINE that fails in
+    CANDIDATE), 2 for bad input. Several records of one cell on a side are its runs (`harness sweep --repeat K`):
+    timing is judged on their values, one per run; with fewer than --min-runs a side it is reported, not judged.
     """
     if (baseline is None) != (candidate is None):
         raise click.UsageError("give both BASELINE and CANDIDATE (or neither, with -B/-C)")
@@ -213,6 +225,7 @@ def compare_command(
         baseline_sources=[str(p) for p in base_paths],
         candidate_sources=[str(p) for p in cand_paths],
         metrics=metric_names or None,
+        min_runs=min_runs,
     )
     cmp.warnings[:0] = notes
     if not cmp.matched and not (promote and force):
@@ -245,10 +258,17 @@ def compare_command(
     code = cmp.exit_code(fail_on_missing=fail_on_missing)
     if promote:
         if code == 0 or force:
-            chosen = [c.candidate for c in cmp.cells if c.candidate is not None]
+            # NOTE: every ok run of a cell (its repeats), so the baseline keeps what timing is judged on
+            chosen = [
+                run
+                for c in cmp.cells
+                if c.candidate is not None
+                for run in (cand.run_files.get(c.key) if c.candidate.get("status") == "ok" else None) or [c.candidate]
+            ]
             dest = promote_baseline(chosen, base_paths[0], sources=[str(p) for p in cand_paths])
             click.echo(
-                f"promoted {len(chosen)} candidate record(s) to baseline {dest}" + (" (forced)" if code else ""),
+                f"promoted {len(chosen)} candidate record(s) of {sum(c.candidate is not None for c in cmp.cells)} "
+                f"cell(s) to baseline {dest}" + (" (forced)" if code else ""),
                 err=True,
             )
         else:

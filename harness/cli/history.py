@@ -2,10 +2,12 @@
 
     harness history add   --db DB RESULTS_DIR [--label TEXT]
     harness history show  --db DB [--cell FILTER] [--format table|json]
-    harness history check --db DB RESULTS_DIR [--format table|md|json|github-benchmark]
+    harness history check --db DB RESULTS_DIR [--format table|md|json|github-benchmark] [--confirm K]
 
 DB is a SQLite file (created by the first `add`) or a postgresql:// URL (harness.history.store). `check` exits 0
-without a regression, 1 with one (each named with its evidence), 2 for bad input.
+without a regression, 1 with one (each named with its evidence), 2 for bad input. With `--confirm K` the cells it
+flags are re-run K times (the sweep's scenario and cluster, from the results dir's manifest; the runs written into
+that results dir) and judged again on those runs: only a regression that persists fails.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,7 +24,7 @@ from harness.compare.load import iter_side
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
 from harness.compare.render import BENCHMARK_FILES
 from harness.core.errors import InputError, Problem
-from harness.history.judge import Rules, check_entries
+from harness.history.judge import CellVerdict, HistoryCheck, Rules, check_entries
 from harness.history.keys import Entry, entry_of
 from harness.history.render import (
     render_benchmark,
@@ -32,8 +35,12 @@ from harness.history.render import (
     render_table,
 )
 from harness.history.show import show_series
-from harness.history.store import open_store
-from harness.results.store import atomic_write_text
+from harness.history.store import HistoryStore, open_store
+from harness.results.store import atomic_write_text, record_path, repeat_of
+
+if TYPE_CHECKING:
+    from harness.scenario.cluster import Cluster
+    from harness.scenario.schema import Scenario
 
 DB_HELP = "The history: a SQLite file, or a postgresql://user@host:port/dbname URL."
 
@@ -159,6 +166,16 @@ def show_command(db: str, cell_filter: str | None, fmt: str, last: int) -> int:
     "--recent", type=int, default=Rules.recent, show_default=True, help="Runs in which a change point still fails."
 )
 @click.option("--all", "all_rows", is_flag=True, help="List unchanged and n/a values too.")
+@click.option(
+    "--confirm",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="When cells regress, re-run only those cells K times (scenario and cluster from the results dir's "
+    "manifest; the runs land in that results dir, as `harness sweep --repeat` would write them) and judge again "
+    "on the re-runs: only a regression that persists fails. 0: off.",
+)
 def check_command(
     db: str,
     results_dirs: tuple[Path, ...],
@@ -171,6 +188,7 @@ def check_command(
     window: int,
     recent: int,
     all_rows: bool,
+    confirm: int,
 ) -> int:
     """Judge the sweep in RESULTS_DIR against the history DB (DB is not changed: `history add` it afterwards).
 
@@ -184,10 +202,16 @@ def check_command(
     rules = Rules(
         k=sigmas, min_history=min_history, window=window, recent=recent, thresholds=parse_thresholds(threshold_args)
     ).checked()
+    if confirm != 0:
+        from harness.launch.sweep import check_repeat
+
+        check_repeat(confirm, option="--confirm")
     entries, records, notes = _entries(results_dirs)
     with _database_errors(db):
         with open_store(db) as store:
             check = check_entries(store, entries, rules=rules, sources=[str(p) for p in results_dirs], records=records)
+            if confirm and check.has_regression:
+                check = _confirm(store, check, times=confirm, rules=rules)
     check.warnings[:0] = notes
     if direction is not None:
         text = render_benchmark(check, direction)
@@ -201,3 +225,121 @@ def check_command(
     for w in check.warnings:
         click.echo(f"warning: {w}", err=True)
     return check.exit_code()
+
+
+# --------------------------------------------------------------------------------------------------
+# --confirm K
+
+
+def _sweep_of(cell: CellVerdict) -> Path:
+    """The manifest of the sweep whose record flagged `cell`: beside the record, as `harness sweep` lays it out."""
+    origin = Path(cell.entry.origin) if cell.entry is not None else None
+    manifest = origin.parent / "manifest.json" if origin is not None else None
+    if manifest is None or not manifest.is_file():
+        raise InputError(
+            [
+                Problem(
+                    str(origin or cell.label),
+                    "--confirm",
+                    f"no sweep manifest beside this record ({manifest}): --confirm re-runs cells of a results dir "
+                    "written by `harness sweep`",
+                )
+            ]
+        )
+    return manifest
+
+
+def _what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster, Path]:
+    """(scenario, cluster, results root) of the sweep whose manifest this is; InputError naming what is missing
+    or no longer matches (an edited scenario file, a renamed profile)."""
+    import json
+
+    from harness.scenario.cluster import load_cluster
+    from harness.scenario.schema import load_scenario
+
+    try:
+        header = json.loads(manifest.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError([Problem(str(manifest), "--confirm", f"unreadable manifest: {e}")]) from None
+    where = str(manifest)
+    scenario_file = header.get("scenario_file") or header.get("scenario")
+    cluster_ref = header.get("cluster_file") or header.get("cluster")
+    problems = []
+    if not scenario_file or not Path(scenario_file).is_file():
+        problems.append(
+            Problem(where, "scenario", f"the sweep's scenario file {scenario_file!r} is not there to re-run it from")
+        )
+    if not cluster_ref:
+        problems.append(Problem(where, "cluster", "names no cluster profile to re-run on"))
+    if problems:
+        raise InputError(problems)
+    scenario = load_scenario(scenario_file)
+    cluster = load_cluster(cluster_ref)
+    if scenario.name != header.get("sweep"):
+        raise InputError(
+            [Problem(where, "scenario", f"{scenario_file} is now sweep {scenario.name!r}, not {header.get('sweep')!r}")]
+        )
+    known = {s.run_id for s in scenario.expand(gpus_per_node=cluster.gpus_per_node)}
+    gone = sorted(run_ids - known)
+    if gone:
+        raise InputError(
+            [
+                Problem(
+                    where,
+                    "scenario",
+                    f"cell(s) {', '.join(gone)} are not in {scenario_file} any more (edited since the sweep?)",
+                )
+            ]
+        )
+    return scenario, cluster, manifest.parent.parent
+
+
+def _confirm(store: HistoryStore, check: HistoryCheck, *, times: int, rules: Rules) -> HistoryCheck:
+    """Re-run each flagged cell `times` times and judge it again on those runs alone; a cell whose re-runs are
+    not a regression any more is not failing (its first run was a one-off). The other cells are as judged."""
+    from harness.launch.sweep import run_sweep
+
+    flagged = [c for c in check.cells if c.regressed]
+    by_sweep: dict[Path, list[CellVerdict]] = {}
+    for c in flagged:
+        by_sweep.setdefault(_sweep_of(c), []).append(c)
+    plans = [(cs, _what_to_rerun(m, {c.run_id for c in cs})) for m, cs in by_sweep.items()]  # all checked first
+    new: list[Entry] = []
+    for cells, (scenario, cluster, root) in plans:
+        click.echo(
+            f"--confirm: re-running {len(cells)} flagged cell(s) {times} time(s): {', '.join(c.label for c in cells)}",
+            err=True,
+        )
+        result = run_sweep(
+            scenario,
+            cluster,
+            results=root,
+            only={c.run_id for c in cells},
+            repeat=times,
+            append=True,
+            echo=lambda line: click.echo(line, err=True),
+        )
+        for rec in result.records:
+            try:
+                path = record_path(root, rec["sweep"], rec["run_id"], repeat=repeat_of(rec))
+                new.append(entry_of({**rec, "_path": str(path)}))
+            except ValueError as e:
+                check.warnings.append(f"--confirm: a re-run's record is unusable: {e}")
+    again = check_entries(store, new, rules=rules, sources=check.sources, records=len(new))
+    redone = {c.key: c for c in again.cells}
+    cells = []
+    for c in check.cells:
+        if not c.regressed:
+            cells.append(c)
+            continue
+        r = redone.get(c.key)
+        if r is None:  # NOTE: no re-run came back (skipped now?): the first verdict stands
+            c.notes.append("--confirm: no re-run of this cell came back; the first run's verdict stands")
+            cells.append(c)
+            continue
+        first = [m.metric for m in c.regressions] or ["newly failing"]
+        r.confirm = {"runs": times, "first": first, "persisted": r.regressed}
+        r.notes.append(f"--confirm: judged on {times} re-run(s) (their median), not on the first run")
+        cells.append(r)
+    check.cells = cells
+    return check

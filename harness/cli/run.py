@@ -52,15 +52,37 @@ def _cluster_option(f):
     help="SLURM: cells asking for the same nodes and tasks share one job and run in it one after another, "
     "each in fresh processes (one queue wait per pack instead of per cell)",
 )
-def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: bool, no_wait: bool, pack: bool) -> int:
-    """Run every cell of SCENARIO; each cell ends in one JSON record. Exit 1 if any cell failed.
+@click.option(
+    "--repeat",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="run every cell K times, in rounds (run 1 of every cell, then run 2, …), each run its own record "
+    "(the k-th: RESULTS/<scenario name>/<run_id>.r<k>.json); `harness compare` judges timing on the runs",
+)
+def sweep(
+    scenario: str,
+    cluster_name: str,
+    results: str,
+    force: bool,
+    no_skip: bool,
+    no_wait: bool,
+    pack: bool,
+    repeat: int,
+) -> int:
+    """Run every cell of SCENARIO; each cell ends in one JSON record (with --repeat K, K records). Exit 1 if any
+    run failed.
 
     On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
     one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
-    to jobs still queued or running."""
+    to jobs still queued or running. With --repeat the rounds are submitted in order. A re-run runs only what has
+    no ok record yet."""
     from harness.launch.slurm.jobs import SlurmUnavailable
-    from harness.launch.sweep import run_sweep
+    from harness.launch.sweep import check_repeat, run_sweep
     from harness.results.store import check_writable_dir, sweep_dir
+
+    repeat = check_repeat(repeat)
 
     def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
         raise KeyboardInterrupt
@@ -82,11 +104,20 @@ def sweep(scenario: str, cluster_name: str, results: str, force: bool, no_skip: 
     n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
     click.echo(
         f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
+        + (f", {repeat} runs each" if repeat > 1 else "")
         + (", packed" if pack else "")
     )
     try:
         res = run_sweep(
-            sc, cluster, results=results, force=force, no_skip=no_skip, no_wait=no_wait, pack=pack, echo=click.echo
+            sc,
+            cluster,
+            results=results,
+            force=force,
+            no_skip=no_skip,
+            no_wait=no_wait,
+            pack=pack,
+            echo=click.echo,
+            repeat=repeat,
         )
     except SlurmUnavailable as e:
         raise click.ClickException(f"{e} (nothing was submitted or written)") from None
@@ -230,6 +261,8 @@ def _rounded_count(n: int) -> str:
 def status(results_dir: str) -> int:
     """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records). Cells still
     queued or running on SLURM show SLURM's live state (one sacct call per sweep)."""
+    from harness.launch.core.manifest import cell_runs
+
     root = Path(results_dir)
     manifests = [root / "manifest.json"] if (root / "manifest.json").exists() else sorted(root.glob("*/manifest.json"))
     if not manifests:
@@ -239,27 +272,41 @@ def status(results_dir: str) -> int:
         cells = data.get("cells", {})
         live, unavailable = _live_slurm_states(data)
         counts: dict[str, int] = {}
-        click.echo(f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells")
-        for run_id, c in cells.items():
-            state, note = c.get("state", "?"), ""
-            if run_id in live:
-                state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[run_id])
-            elif unavailable and c.get("state") in ("submitted", "running"):
-                note = f"  (live SLURM state unavailable: {unavailable})"
-            counts[state] = counts.get(state, 0) + 1
-            pack = f" (pack {c['pack']['position']}/{c['pack']['of']})" if c.get("pack") else ""
-            click.echo(f"  {state:9s} {c.get('status') or '-':9s} {run_id}  job {c.get('job_id', '-')}{pack}{note}")
+        runs = {run_id: cell_runs(c) for run_id, c in cells.items()}
+        n_runs = sum(len(r) for r in runs.values())
+        repeated = n_runs > len(cells)
+        click.echo(
+            f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells"
+            + (f", {n_runs} runs (--repeat {data.get('repeat', '?')}; counts below are of runs)" if repeated else "")
+        )
+        for run_id, by_repeat in runs.items():
+            for k, c in by_repeat.items():
+                state, note = c.get("state", "?"), ""
+                if (run_id, k) in live:
+                    state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[(run_id, k)], repeat=k)
+                elif unavailable and c.get("state") in ("submitted", "running"):
+                    note = f"  (live SLURM state unavailable: {unavailable})"
+                counts[state] = counts.get(state, 0) + 1
+                pack = f" (pack {c['pack']['position']}/{c['pack']['of']})" if c.get("pack") else ""
+                which = f" run {k}" if repeated else ""
+                click.echo(
+                    f"  {state:9s} {c.get('status') or '-':9s} {run_id}{which}  job {c.get('job_id', '-')}{pack}{note}"
+                )
         click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0
 
 
-def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]:
-    """({run_id: (sacct state, nodes)} of a SLURM sweep's cells still in flight, why it is unavailable or '')."""
+def _live_slurm_states(manifest: dict) -> tuple[dict[tuple[str, int], tuple[str, str]], str]:
+    """({(run_id, repeat): (sacct state, nodes)} of a SLURM sweep's runs still in flight, why it is unavailable
+    or '')."""
+    from harness.launch.core.manifest import cell_runs
+
     if manifest.get("executor") != "slurm":
         return {}, ""
     in_flight = {
-        run_id: c["job_id"]
-        for run_id, c in manifest.get("cells", {}).items()
+        (run_id, k): c["job_id"]
+        for run_id, cell in manifest.get("cells", {}).items()
+        for k, c in cell_runs(cell).items()
         if c.get("state") in ("submitted", "running") and c.get("job_id")
     }
     if not in_flight:
@@ -270,32 +317,40 @@ def _live_slurm_states(manifest: dict) -> tuple[dict[str, tuple[str, str]], str]
         states = live_states(list(in_flight.values()))
     except SlurmUnavailable as e:
         return {}, str(e)
-    return {run_id: states[job_id] for run_id, job_id in in_flight.items()}, ""
+    return {key: states[job_id] for key, job_id in in_flight.items()}, ""
 
 
-def _shown_slurm_state(sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str) -> tuple[str, str]:
+def _shown_slurm_state(
+    sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str, *, repeat: int = 1
+) -> tuple[str, str]:
     """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
     rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
     done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
     from harness.launch.slurm.jobs import flight_state
     from harness.launch.slurm.pack import read_marker
-    from harness.results.store import read_record
+    from harness.launch.sweep import staging_root
+    from harness.results.store import read_record, record_name
 
     state = flight_state(slurm_state)
     note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
     packed = bool(cell.get("pack"))
     if state != "ended" and not packed:
         return ("pending" if state == "submitted" else "running"), note
-    try:
-        rec = read_record(sweep_dir / f"{run_id}.json")
-    except ValueError:
-        rec = None
+    rec = None
+    # NOTE: a run k >= 2 is written under its own root first (harness.launch.sweep), then filed beside run 1
+    staged = staging_root(sweep_dir.parent, sweep_dir.name, repeat) / sweep_dir.name
+    for path in (sweep_dir / record_name(run_id, repeat), staged / f"{run_id}.json"):
+        try:
+            rec = read_record(path)
+            break
+        except ValueError:
+            continue
     if rec is not None and rec.get("attempt") == cell.get("attempt"):
         return ("done" if rec["status"] == "ok" else "failed"), note
     if state == "submitted":
         return "pending", note
     if state == "running":
-        if read_marker(sweep_dir, run_id, 0, attempt=cell.get("attempt")) is None:
+        if read_marker(staged if repeat > 1 else sweep_dir, run_id, 0, attempt=cell.get("attempt")) is None:
             return "pending", note + "; waiting for its turn in the pack"
         return "running", note
     return "ended", note + "; re-run the sweep to collect its record"

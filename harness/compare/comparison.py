@@ -16,9 +16,10 @@ REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 UNCHANGED = "unchanged"
 NOT_SIGNIFICANT = "not significant"
-INSUFFICIENT = "insufficient samples"
+NOT_JUDGED = "not judged"
+"""a timing change beyond the threshold with fewer than `min_runs` runs on a side: reported, never a regression"""
 NA = "n/a"
-VERDICTS = (REGRESSION, INSUFFICIENT, NOT_SIGNIFICANT, IMPROVEMENT, UNCHANGED, NA)
+VERDICTS = (REGRESSION, NOT_JUDGED, NOT_SIGNIFICANT, IMPROVEMENT, UNCHANGED, NA)
 """every verdict, the worst first: the order a cell's metrics are listed in and its counts are keyed"""
 
 # states of one cell
@@ -50,9 +51,10 @@ class MetricComparison:
     threshold: float | None = None
     """fraction; None for exact metrics"""
     p_value: float | None = None
-    """two-sided Mann–Whitney U on the per-step samples (sampled metrics with enough samples)"""
+    """two-sided Welch t-test on the log run-level values (timing metrics with `min_runs` runs per side),
+    Holm-adjusted over the cells tested (the raw p is in `note`)"""
     n_baseline: int | None = None
-    """per-step samples in the baseline (sampled metrics)"""
+    """runs (ok records) the baseline value is the median of (timing and memory metrics)"""
     n_candidate: int | None = None
     note: str = ""
 
@@ -88,6 +90,10 @@ class CellComparison:
     candidate: dict[str, Any] | None = None
     metrics: list[MetricComparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    runs: tuple[int, int] | None = None
+    """ok runs of the cell on each side (baseline, candidate): what its timing is judged on"""
+    basis: str = ""
+    """how its timing was judged, for people: `run-level: 3 vs 3 runs`, `one run: reported, not judged`"""
 
     @property
     def baseline_status(self) -> str | None:
@@ -124,6 +130,8 @@ class CellComparison:
             "label": self.label,
             "state": self.state,
             "regressed": self.regressed,
+            "basis": self.basis,
+            "runs": None if self.runs is None else {"baseline": self.runs[0], "candidate": self.runs[1]},
             "metric_counts": self.metric_counts(),
             "spec": self.spec,
             "baseline": _record_ref(self.baseline),
@@ -148,11 +156,14 @@ class Comparison:
     """"default" plus per-metric overrides (fractions)"""
     alpha: float
     min_samples: int
+    """kept for the API and `--min-samples`; timing is judged on runs (`min_runs`), not on step samples"""
     baseline_sources: list[str] = field(default_factory=list)
     candidate_sources: list[str] = field(default_factory=list)
     baseline_records: int = 0
     candidate_records: int = 0
     warnings: list[str] = field(default_factory=list)
+    min_runs: int = 3
+    """runs per side below which a timing change is reported, never a regression"""
 
     def _rows(self, verdict: str) -> list[tuple[CellComparison, MetricComparison]]:
         return [(c, m) for c in self.cells for m in c.metrics if m.verdict == verdict]
@@ -182,8 +193,8 @@ class Comparison:
         return self._rows(IMPROVEMENT)
 
     @property
-    def insufficient(self) -> list[tuple[CellComparison, MetricComparison]]:
-        return self._rows(INSUFFICIENT)
+    def not_judged(self) -> list[tuple[CellComparison, MetricComparison]]:
+        return self._rows(NOT_JUDGED)
 
     @property
     def not_significant(self) -> list[tuple[CellComparison, MetricComparison]]:
@@ -229,8 +240,9 @@ class Comparison:
 
     def summary(self) -> dict[str, int]:
         """Counts. `regressions` and `improvements` count cells (a cell with four regressed metrics is one
-        regression); `metric_*`, `insufficient_samples` and `not_significant` count metrics, and the `*_cells`
-        beside the last two count the cells those metrics are in."""
+        regression); `metric_*`, `not_judged` and `not_significant` count metrics, and the `*_cells` beside the
+        last two count the cells those metrics are in; `few_runs_cells` counts matched ok cells whose timing was
+        not judged (fewer than `min_runs` runs on a side)."""
         return {
             "matched": len(self.matched),
             "added": len(self.added),
@@ -242,8 +254,11 @@ class Comparison:
             "metric_improvements": len(self.improvements),
             "newly_fixed": len(self.newly_fixed),
             "still_failing": len(self.still_failing),
-            "insufficient_samples": len(self.insufficient),
-            "insufficient_samples_cells": len(self.cells_with(INSUFFICIENT)),
+            "not_judged": len(self.not_judged),
+            "not_judged_cells": len(self.cells_with(NOT_JUDGED)),
+            "few_runs_cells": sum(
+                c.runs is not None and min(c.runs) < self.min_runs for c in self.cells if c.state == BOTH_OK
+            ),
             "not_significant": len(self.not_significant),
             "not_significant_cells": len(self.cells_with(NOT_SIGNIFICANT)),
         }
@@ -254,7 +269,14 @@ class Comparison:
             "version": 1,
             "baseline": {"sources": self.baseline_sources, "records": self.baseline_records},
             "candidate": {"sources": self.candidate_sources, "records": self.candidate_records},
-            "settings": {"thresholds": self.thresholds, "alpha": self.alpha, "min_samples": self.min_samples},
+            "settings": {
+                "thresholds": self.thresholds,
+                "alpha": self.alpha,
+                "min_runs": self.min_runs,
+                "timing_test": "two-sided Welch t-test on the log of each run's value (its median step time, the "
+                "throughput at it), min_runs runs per side, p Holm-adjusted over the cells tested",
+                "min_samples": self.min_samples,
+            },
             "regression": self.has_regression,
             "summary": self.summary(),
             "warnings": self.warnings,

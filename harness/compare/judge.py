@@ -1,19 +1,26 @@
 """Judging two record sets: `compare(baseline, candidate)` matches their cells by spec (match.py) and judges
 each matched cell's state and each metric of it (its kind comes from metrics.py) into a `Comparison`.
 
-For each matched cell and metric the candidate/baseline ratio is judged in the metric's direction:
+A side may hold several runs of a cell (`harness sweep --repeat K`, sweeps in several dirs): every ok record is a
+run, and each run contributes one value per metric (its median step time, the throughput at it, its peak memory).
+For each matched cell and metric the candidate/baseline ratio of the medians of those values is judged in the
+metric's direction:
 
-- sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): a regression only when the
-  change is beyond the metric's threshold (default 5%) AND a two-sided Mann–Whitney U test on the per-step
-  samples gives p < alpha (default 0.05), as asv does; with fewer than `min_samples` samples on a side a change
-  beyond the threshold is "insufficient samples", not a regression;
-- measured peak memory (one value per run): thresholded, no test;
-- deterministic metrics (collective bytes per step, predicted memory and collective bytes): exact; any change
-  is a regression in the bad direction and an improvement in the good one;
+- timing metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): judged on the *run-level* values,
+  so that the noise between runs (another job on the node, clocks, placement) is what a change must stand out
+  from — not the spread of one run's steps, which two runs of the same commit routinely leave by 30%. A
+  regression needs the change beyond the metric's threshold (default 5%) AND a two-sided Welch t-test on the
+  log values with p < alpha (default 0.05) after Holm's adjustment over the cells tested (so that the chance of
+  any false alarm in a whole comparison stays below alpha), with at least `min_runs` (3) runs per side; with
+  fewer, a change beyond the threshold is "not judged": reported, never a regression;
+- measured peak memory: the median of the runs' values, thresholded, no test (one run is enough);
+- deterministic metrics (collective bytes per step, predicted memory and collective bytes): exact, from the
+  cell's latest record; any change is a regression in the bad direction and an improvement in the good one;
 - a null metric on either side is "n/a", never a regression.
 
-A cell that is ok in the baseline and not ok in the candidate is a regression ("newly failing"); the reverse is
-an improvement ("newly fixed"). Cells only in one set are listed as added / missing.
+A cell's state comes from its latest record on each side: ok in the baseline and not ok in the candidate is a
+regression ("newly failing"); the reverse is an improvement ("newly fixed"). Cells only in one set are listed as
+added / missing.
 
 Thresholds are symmetric in log space: with threshold t a metric regresses when it got worse by more than a
 factor 1+t (step time x1.05, or tokens/s /1.05), so step time and the throughput derived from it agree.
@@ -30,11 +37,11 @@ from harness.compare.comparison import (
     ADDED,
     BOTH_OK,
     IMPROVEMENT,
-    INSUFFICIENT,
     MISSING,
     NA,
     NEWLY_FAILING,
     NEWLY_FIXED,
+    NOT_JUDGED,
     NOT_SIGNIFICANT,
     REGRESSION,
     STILL_FAILING,
@@ -43,21 +50,21 @@ from harness.compare.comparison import (
     Comparison,
     MetricComparison,
 )
-from harness.compare.match import SideIndex, cell_labels, spec_differences
+from harness.compare.match import RunValues, SideIndex, cell_labels, spec_differences
 from harness.compare.metrics import (
     EXACT,
     SAMPLED,
     THRESHOLDED,
     Metric,
     check_thresholds,
-    metric_samples,
     metric_value,
     select_metrics,
-    step_samples,
     value_at,
 )
-from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, mann_whitney_p, mann_whitney_ps
+from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES, run_level_p
 from harness.core.errors import InputError, Problem
+
+_ALL: tuple[Metric, ...] = select_metrics(None)
 
 ENV_KEYS = ("device_name", "torch", "cuda", "nccl", "deepspeed")
 """environment fields whose change is noted beside a matched cell (it often explains a regression)"""
@@ -82,82 +89,23 @@ def _null_note(rec: Mapping[str, Any], metric: Metric, side: str) -> str:
     return f"null in {side}" + (f" ({why})" if why else "")
 
 
-def _measure(
-    metric: Metric,
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
-    *,
-    threshold: float,
-    min_samples: int,
-    times: tuple[list[float], list[float]] | None = None,
-) -> tuple[MetricComparison, float | None, tuple[list[float], list[float]] | None]:
-    """First half of judging one metric: (row, worse factor, samples to test). The factor is None when the
-    row is already judged (a null side, an exact metric); samples are None when no test runs."""
-    b, c = metric_value(baseline, metric), metric_value(candidate, metric)
-    row = MetricComparison(
-        metric=metric.name,
-        unit=metric.unit,
-        better=metric.better,
-        kind=metric.kind,
-        baseline=b,
-        candidate=c,
-        verdict=NA,
-        threshold=None if metric.kind == EXACT else threshold,
-    )
-    if b is None or c is None:
-        notes = [
-            _null_note(rec, metric, side)
-            for rec, side, v in ((baseline, "baseline", b), (candidate, "candidate", c))
-            if v is None
-        ]
-        if len(notes) == 2 and notes[0].removeprefix("null in baseline") == notes[1].removeprefix("null in candidate"):
-            notes = ["null on both sides" + notes[0].removeprefix("null in baseline")]
-        row.note = "; ".join(notes)
-        return row, None, None
-    row.ratio = c / b if b != 0 else (1.0 if c == 0 else None)
-    factor = _worse_factor(metric, b, c)
-    if metric.kind == EXACT:
-        row.verdict = UNCHANGED if b == c else (REGRESSION if factor > 1 else IMPROVEMENT)
-        return row, None, None
-    samples = None
-    if metric.kind == SAMPLED:
-        bt, ct = times if times is not None else (None, None)
-        xs, ys = metric_samples(baseline, metric, times=bt), metric_samples(candidate, metric, times=ct)
-        row.n_baseline, row.n_candidate = len(xs), len(ys)
-        if len(xs) >= min_samples and len(ys) >= min_samples:
-            samples = (xs, ys)
-    return row, factor, samples
+def _median(values: Sequence[float]) -> float:
+    v = sorted(values)
+    k = len(v)
+    return v[k // 2] if k % 2 else (v[k // 2 - 1] + v[k // 2]) / 2
 
 
-def _settle(
-    row: MetricComparison,
-    metric: Metric,
-    factor: float,
-    *,
-    p_value: float | None,
-    threshold: float,
-    alpha: float,
-    min_samples: int,
-) -> MetricComparison:
-    """Second half: the verdict of a thresholded or sampled metric, given the test's p-value (None: no test)."""
-    row.p_value = p_value
-    worse, better = factor > 1 + threshold, factor < 1 / (1 + threshold)
-    if not (worse or better):
-        row.verdict = UNCHANGED
-    elif metric.kind == THRESHOLDED:
-        row.verdict = REGRESSION if worse else IMPROVEMENT
-    elif row.p_value is None:
-        row.verdict = INSUFFICIENT
-        row.note = (
-            f"{row.n_baseline} baseline / {row.n_candidate} candidate samples; "
-            f"{min_samples} per side needed for the test"
-        )
-    elif row.p_value < alpha:
-        row.verdict = REGRESSION if worse else IMPROVEMENT
-    else:
-        row.verdict = NOT_SIGNIFICANT
-        row.note = f"p={row.p_value:.3g} >= alpha {alpha:g}: the samples overlap"
-    return row
+def _run_values(runs: Sequence[RunValues], metric: Metric) -> list[float]:
+    return [r[metric.name] for r in runs if metric.name in r]
+
+
+def basis_of(n_baseline: int, n_candidate: int, *, min_runs: int) -> str:
+    """How a cell's timing is judged, for people."""
+    if n_baseline >= min_runs and n_candidate >= min_runs:
+        return f"run-level: {n_baseline} vs {n_candidate} runs"
+    if n_baseline == n_candidate == 1:
+        return "one run: reported, not judged"
+    return f"{n_baseline} vs {n_candidate} runs: reported, not judged ({min_runs} per side needed)"
 
 
 def compare_metric(
@@ -167,21 +115,110 @@ def compare_metric(
     *,
     threshold: float,
     alpha: float,
-    min_samples: int,
+    min_runs: int = DEFAULT_MIN_RUNS,
+    baseline_runs: Sequence[RunValues] | None = None,
+    candidate_runs: Sequence[RunValues] | None = None,
 ) -> MetricComparison:
-    """Judge one metric of one matched, both-ok cell."""
-    row, factor, samples = _measure(metric, baseline, candidate, threshold=threshold, min_samples=min_samples)
-    if factor is None:
-        return row
-    return _settle(
-        row,
-        metric,
-        factor,
-        p_value=None if samples is None else mann_whitney_p(*samples),
-        threshold=threshold,
-        alpha=alpha,
-        min_samples=min_samples,
+    """Judge one metric of one matched, both-ok cell: its latest `baseline` and `candidate` records and the
+    values of every ok run on each side (default: the latest record alone)."""
+    b_runs = [{m: v for m, v in _values(baseline).items()}] if baseline_runs is None else baseline_runs
+    c_runs = [{m: v for m, v in _values(candidate).items()}] if candidate_runs is None else candidate_runs
+    row = MetricComparison(
+        metric=metric.name,
+        unit=metric.unit,
+        better=metric.better,
+        kind=metric.kind,
+        baseline=None,
+        candidate=None,
+        verdict=NA,
+        threshold=None if metric.kind == EXACT else threshold,
     )
+    if metric.kind == EXACT:
+        b, c = metric_value(baseline, metric), metric_value(candidate, metric)
+    else:
+        xs, ys = _run_values(b_runs, metric), _run_values(c_runs, metric)
+        b, c = (_median(xs) if xs else None), (_median(ys) if ys else None)
+        row.n_baseline, row.n_candidate = len(xs), len(ys)
+    row.baseline, row.candidate = b, c
+    if b is None or c is None:
+        notes = [
+            _null_note(rec, metric, side)
+            for rec, side, v in ((baseline, "baseline", b), (candidate, "candidate", c))
+            if v is None
+        ]
+        if len(notes) == 2 and notes[0].removeprefix("null in baseline") == notes[1].removeprefix("null in candidate"):
+            notes = ["null on both sides" + notes[0].removeprefix("null in baseline")]
+        row.note = "; ".join(notes)
+        return row
+    row.ratio = c / b if b != 0 else (1.0 if c == 0 else None)
+    factor = _worse_factor(metric, b, c)
+    if metric.kind == EXACT:
+        row.verdict = UNCHANGED if b == c else (REGRESSION if factor > 1 else IMPROVEMENT)
+        return row
+    worse, better = factor > 1 + threshold, factor < 1 / (1 + threshold)
+    if metric.kind == SAMPLED and min(len(xs), len(ys)) >= min_runs and min(xs + ys) > 0:
+        row.p_value = run_level_p(xs, ys)
+    if not (worse or better):
+        row.verdict = UNCHANGED
+    elif metric.kind == THRESHOLDED:
+        row.verdict = REGRESSION if worse else IMPROVEMENT
+    elif min(len(xs), len(ys)) < min_runs:
+        row.verdict = NOT_JUDGED
+        row.note = f"{len(xs)} vs {len(ys)} runs; {min_runs} a side needed"
+    elif row.p_value is None:
+        row.verdict = NOT_JUDGED
+        row.note = "a run value is not positive: no test"
+    else:
+        _timing_verdict(row, worse=worse, alpha=alpha)
+    return row
+
+
+def _timing_verdict(
+    row: MetricComparison, *, worse: bool, alpha: float, raw: float | None = None, cells: int = 1
+) -> None:
+    """The verdict of a timing change beyond its threshold, from its p-value (`raw`: the Welch p before Holm's
+    adjustment over `cells` cells)."""
+    assert row.p_value is not None  # called for tested rows only
+    how = f"Holm-adjusted over {cells} cells; Welch p={raw:.3g}" if raw is not None and cells > 1 else ""
+    if row.p_value < alpha:
+        row.verdict = REGRESSION if worse else IMPROVEMENT
+        row.note = how
+    else:
+        row.verdict = NOT_SIGNIFICANT
+        row.note = f"p={row.p_value:.3g}{f' ({how})' if how else ''} >= alpha {alpha:g}: the runs overlap"
+
+
+def _holm(cells: Sequence[CellComparison], *, alpha: float) -> None:
+    """Holm's step-down adjustment of the timing p-values over the cells tested: the chance that *any* cell of an
+    unchanged pair is called changed stays below alpha, however many cells there are (a 6-cell compare at 0.05 per
+    cell would fail about 1 trial in 7 on identical code). One test per cell: step time and the throughputs derived
+    from it are the same runs, so they share one p-value. The rows' p becomes the adjusted one."""
+    raw = {}
+    for c in cells:
+        ps = [m.p_value for m in c.metrics if m.kind == SAMPLED and m.p_value is not None]
+        if ps:
+            raw[c.key] = min(ps)
+    m = len(raw)
+    if m < 2:
+        return
+    adjusted: dict[str, float] = {}
+    running = 0.0
+    for i, (key, p) in enumerate(sorted(raw.items(), key=lambda kp: kp[1])):
+        running = max(running, min(1.0, (m - i) * p))
+        adjusted[key] = running
+    for c in cells:
+        for row in c.metrics:
+            if row.kind != SAMPLED or row.p_value is None:
+                continue
+            p = row.p_value
+            row.p_value = adjusted[c.key]
+            if row.verdict in (REGRESSION, IMPROVEMENT, NOT_SIGNIFICANT):
+                worse = (row.ratio or 1.0) > 1 if row.better == "lower" else (row.ratio or 1.0) < 1
+                _timing_verdict(row, worse=worse, alpha=alpha, raw=p, cells=m)
+
+
+def _values(rec: Mapping[str, Any]) -> RunValues:
+    return {m.name: v for m in _ALL if (v := metric_value(rec, m)) is not None} if rec.get("status") == "ok" else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,13 +226,20 @@ def compare_metric(
 
 
 def _settings(
-    *, thresholds: Mapping[str, float] | None, alpha: float, min_samples: int, metrics: Iterable[str] | None
+    *,
+    thresholds: Mapping[str, float] | None,
+    alpha: float,
+    min_samples: int,
+    min_runs: int,
+    metrics: Iterable[str] | None,
 ) -> tuple[dict[str, float], tuple[Metric, ...]]:
-    """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, threshold or metric name."""
+    """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, min_runs, threshold or metric."""
     if not 0 < alpha < 1:
         raise InputError([Problem("--alpha", "", f"{alpha!r} is not in (0, 1)")])
     if min_samples < 1:
         raise InputError([Problem("--min-samples", "", f"{min_samples!r} is below 1")])
+    if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 2:
+        raise InputError([Problem("--min-runs", "", f"{min_runs!r} is not a whole number >= 2 (a test needs 2)")])
     return check_thresholds(thresholds), select_metrics(metrics)
 
 
@@ -210,6 +254,7 @@ def compare(
     baseline_sources: Sequence[str] = (),
     candidate_sources: Sequence[str] = (),
     metrics: Iterable[str] | None = None,
+    min_runs: int = DEFAULT_MIN_RUNS,
 ) -> Comparison:
     """Match two record sets by spec and judge every metric of every cell (or only `metrics`, by name).
 
@@ -217,7 +262,7 @@ def compare(
     `ignore_spec_keys` are top-level spec keys left out of matching (e.g. time_limit_s after raising it).
     """
     metrics = None if metrics is None else tuple(metrics)
-    _settings(thresholds=thresholds, alpha=alpha, min_samples=min_samples, metrics=metrics)
+    _settings(thresholds=thresholds, alpha=alpha, min_samples=min_samples, min_runs=min_runs, metrics=metrics)
     ignore = tuple(ignore_spec_keys)
     base = SideIndex(side="baseline", ignore=ignore).add_all(baseline_records)
     cand = SideIndex(side="candidate", ignore=ignore).add_all(candidate_records)
@@ -230,6 +275,7 @@ def compare(
         baseline_sources=baseline_sources,
         candidate_sources=candidate_sources,
         metrics=metrics,
+        min_runs=min_runs,
     )
 
 
@@ -243,17 +289,19 @@ def compare_indexed(
     baseline_sources: Sequence[str] = (),
     candidate_sources: Sequence[str] = (),
     metrics: Iterable[str] | None = None,
+    min_runs: int = DEFAULT_MIN_RUNS,
 ) -> Comparison:
     """`compare` of two sides already indexed by spec (harness compare indexes each record as it loads it)."""
-    limits, judged = _settings(thresholds=thresholds, alpha=alpha, min_samples=min_samples, metrics=metrics)
+    limits, judged = _settings(
+        thresholds=thresholds, alpha=alpha, min_samples=min_samples, min_runs=min_runs, metrics=metrics
+    )
     notes = base.warnings() + cand.warnings()
     specs = {k: r["spec"] for k, r in base.chosen.items()}
     specs.update({k: r["spec"] for k, r in cand.chosen.items()})
     labels = cell_labels(specs)
-    sampled = any(m.kind == SAMPLED for m in judged)
+    timing = any(m.kind == SAMPLED for m in judged)
 
     cells = []
-    pending = []  # (row, metric, factor, threshold, samples) of the metrics judged once every p-value is known
     for key in sorted(specs, key=lambda k: labels[k]):
         b, c = base.chosen.get(key), cand.chosen.get(key)
         cell = CellComparison(key=key, label=labels[key], spec=specs[key], state=BOTH_OK, baseline=b, candidate=c)
@@ -271,27 +319,27 @@ def compare_indexed(
             }[(b_ok, c_ok)]
             cell.notes.extend(_env_notes(b, c))
             if cell.state == BOTH_OK:
-                times = (step_samples(b), step_samples(c)) if sampled else None
+                b_runs, c_runs = base.runs.get(key, []), cand.runs.get(key, [])
+                cell.runs = (len(b_runs), len(c_runs))
+                if timing:
+                    cell.basis = basis_of(len(b_runs), len(c_runs), min_runs=min_runs)
+                cell.notes.extend(_failed_runs_notes(base, cand, key))
                 for m in judged:
                     threshold = limits.get(m.name, limits["default"])
-                    row, factor, samples = _measure(m, b, c, threshold=threshold, min_samples=min_samples, times=times)
-                    cell.metrics.append(row)
-                    if factor is not None:
-                        pending.append((row, m, factor, threshold, samples))
+                    cell.metrics.append(
+                        compare_metric(
+                            m,
+                            b,
+                            c,
+                            threshold=threshold,
+                            alpha=alpha,
+                            min_runs=min_runs,
+                            baseline_runs=b_runs,
+                            candidate_runs=c_runs,
+                        )
+                    )
         cells.append(cell)
-    # NOTE: one batched test over every cell's samples, then the verdicts that wait on it
-    tested = [samples for *_, samples in pending if samples is not None]
-    p_values = iter(mann_whitney_ps(tested) if tested else [])
-    for row, m, factor, threshold, samples in pending:
-        _settle(
-            row,
-            m,
-            factor,
-            p_value=None if samples is None else next(p_values),
-            threshold=threshold,
-            alpha=alpha,
-            min_samples=min_samples,
-        )
+    _holm(cells, alpha=alpha)
     _note_near_misses(cells)
     return Comparison(
         cells=cells,
@@ -303,7 +351,19 @@ def compare_indexed(
         baseline_records=base.records,
         candidate_records=cand.records,
         warnings=notes,
+        min_runs=min_runs,
     )
+
+
+def _failed_runs_notes(base: SideIndex, cand: SideIndex, key: str) -> list[str]:
+    """A cell ok in its latest record on both sides, with runs that were not: said beside it."""
+    out = []
+    for side in (base, cand):
+        failed = side.failed_runs.get(key, [])
+        if failed:
+            total = len(failed) + len(side.runs.get(key, []))
+            out.append(f"{side.side}: {len(failed)} of {total} runs not ok ({', '.join(sorted(set(failed)))})")
+    return out
 
 
 def _env_notes(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[str]:

@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from harness.compare.metrics import METRICS, metric_value
+
 _PLAIN = frozenset({str, int, bool, type(None)})
 
 
@@ -58,10 +60,17 @@ def record_origin(rec: Mapping[str, Any]) -> str:
     return str(rec.get("_path") or rec.get("run_id") or "<record>")
 
 
+RunValues = dict[str, float]
+"""one ok run's value per metric (its median step time, the throughput at it, its peak memory, …)"""
+
+
 class SideIndex:
-    """One side's records by match key, fed one record at a time: of several records with one spec the one
-    finished last wins (a rerun). Only that record is kept (with the finish time and origin of the others, for
-    the warning), so memory grows with the cells, not with the records of every rerun."""
+    """One side's records by match key, fed one record at a time. Of several records with one spec (the runs of
+    `harness sweep --repeat`, sweeps in several dirs, a rerun) the one finished last is the cell's record (its
+    status, exact metrics, environment), and every ok one is a run: its metric values are kept (`runs`), which
+    is what timing is judged on. Only the chosen record is kept whole, so memory grows with the cells and runs,
+    not with the records. A record seen twice (the same launch `attempt`, e.g. a copy in another dir) is one
+    run, with a warning."""
 
     def __init__(self, *, side: str, ignore: Iterable[str] = ()) -> None:
         self.side = side
@@ -69,9 +78,16 @@ class SideIndex:
         self.records = 0
         """records added, including skipped ones"""
         self.chosen: dict[str, dict[str, Any]] = {}
-        self._seen: dict[str, list[tuple[str, str]]] = {}  # key → (finished_at, origin) of each, in order
         self._latest: dict[str, str] = {}  # key → finished_at of the chosen record
         self._skipped: list[str] = []
+        self.runs: dict[str, list[RunValues]] = {}
+        """key → the values of each ok run of the cell"""
+        self.failed_runs: dict[str, list[str]] = {}
+        """key → the status of each run that was not ok (and not skipped)"""
+        self.run_files: dict[str, list[dict[str, Any]]] = {}
+        """key → where each ok run came from (`_path`, sweep, run_id, repeat): what --promote copies"""
+        self._attempts: set[tuple[str, str, Any]] = set()
+        self._copies: list[str] = []
 
     def add(self, rec: Mapping[str, Any]) -> None:
         self.records += 1
@@ -80,12 +96,28 @@ class SideIndex:
             self._skipped.append(f"{record_origin(rec)}: {self.side}: 'spec' is not a mapping; record skipped")
             return
         key = spec_key(spec, ignore=self.ignore)
+        attempt = rec.get("attempt")
+        if attempt:
+            ident = (key, str(attempt), rec.get("repeat"))
+            if ident in self._attempts:
+                self._copies.append(f"{self.side}: {record_origin(rec)} is a copy of a run already read; counted once")
+                return
+            self._attempts.add(ident)
+        status = rec.get("status")
+        if status == "ok":
+            self.runs.setdefault(key, []).append(
+                {m.name: v for m in METRICS if (v := metric_value(rec, m)) is not None}
+            )
+            self.run_files.setdefault(key, []).append(
+                {k: rec.get(k) for k in ("_path", "sweep", "run_id", "repeat", "spec")}
+            )
+        elif status != "skipped":
+            self.failed_runs.setdefault(key, []).append(str(status))
         finished = str(rec.get("finished_at") or "")
         # NOTE: >= as a stable sort by finish time would have it: of equal finish times the last one added wins
         if key not in self._latest or finished >= self._latest[key]:
             self.chosen[key] = dict(rec)
             self._latest[key] = finished
-        self._seen.setdefault(key, []).append((finished, record_origin(rec)))
 
     def add_all(self, records: Iterable[Mapping[str, Any]]) -> SideIndex:
         for rec in records:
@@ -93,17 +125,9 @@ class SideIndex:
         return self
 
     def warnings(self) -> list[str]:
-        """Skipped records, then one line per spec with several records (the ones ignored, by finish time)."""
-        out = list(self._skipped)
-        for seen in self._seen.values():
-            if len(seen) > 1:
-                order = sorted(seen, key=lambda fo: fo[0])
-                others = ", ".join(origin for _, origin in order[:-1])
-                out.append(
-                    f"{self.side}: {len(seen)} records for one spec; using the one finished last "
-                    f"({order[-1][1]}), ignoring {others}"
-                )
-        return out
+        """Skipped records and copies of one run. Several runs of one spec are no warning: they are what timing
+        is judged on (each cell says how many it had)."""
+        return list(self._skipped) + list(self._copies)
 
 
 def index_by_spec(

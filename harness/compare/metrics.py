@@ -4,8 +4,8 @@ and how each is judged (sampled, thresholded or exact), plus the thresholds that
 It exists so that every other part of compare (judging, rendering, the github-benchmark entries) reads a metric
 from a record the same way: `metric_value` and `metric_samples` are the only readers of a record's metrics.
 
-- sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): threshold + Mann–Whitney U on
-  the per-step samples;
+- sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): timing, one value per run;
+  threshold + a test on the runs' values (harness.compare.judge), never on one run's per-step samples;
 - thresholded (measured peak memory, one value per run): threshold only;
 - exact (collective bytes per step, predicted memory and collective bytes: deterministic): any change counts.
 """
@@ -36,7 +36,8 @@ class Metric:
     unit: str
     lower_is_better: bool
     kind: str
-    """sampled (threshold + Mann–Whitney U), thresholded (threshold only) or exact (any change counts)"""
+    """sampled (timing: threshold + a test on run-level values), thresholded (threshold only) or exact (any change
+    counts)"""
 
     @property
     def better(self) -> str:

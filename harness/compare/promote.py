@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.compare.match import record_origin, spec_key
+from harness.compare.match import spec_key
 from harness.compare.metrics import value_at
 from harness.core.errors import InputError, Problem
-from harness.results.store import atomic_write_json, iter_record_files, utc_now
+from harness.results.store import atomic_write_json, iter_record_files, record_name, repeat_of, utc_now
 
 PROMOTED_FILE = ".promoted.json"
 """provenance written into a promoted baseline (hidden, so record loading skips it)"""
@@ -94,7 +94,9 @@ def promote_baseline(
     records: Sequence[Mapping[str, Any]], baseline_dir: str | Path, *, sources: Sequence[str] = ()
 ) -> Path:
     """Make `records` the baseline: write them (original bytes when a record has `_path`) into a staging dir
-    beside `baseline_dir` as `<sweep>/<run_id>.json`, carry over non-record files, then swap the staging dir in
+    beside `baseline_dir` as `<sweep>/<run_id>.json` (a repeat k >= 2: `<run_id>.r<k>.json`; several runs of one
+    cell under one name, from several dirs: the next free `.r<k>` name), carry over non-record files, then swap
+    the staging dir in
     (atomic exchange where the filesystem allows; else two renames, during which the path is briefly absent but
     never holds a mix of old and new records). Returns the baseline dir."""
     baseline_dir = Path(baseline_dir).absolute()
@@ -108,11 +110,13 @@ def promote_baseline(
         written = set()
         for rec in records:
             digest = hashlib.sha256(spec_key(rec.get("spec") or {}).encode()).hexdigest()[:10]
-            rel = Path(
-                _safe_name(rec.get("sweep"), "records"), _safe_name(rec.get("run_id"), f"cell-{digest}") + ".json"
-            )
-            if rel in written:
-                raise InputError([Problem(record_origin(rec), "run_id", f"promote: two records would both be {rel}")])
+            sweep = _safe_name(rec.get("sweep"), "records")
+            stem = _safe_name(rec.get("run_id"), f"cell-{digest}")
+            k = repeat_of(rec)
+            rel = Path(sweep, record_name(stem, k))
+            while rel in written:  # NOTE: runs of one cell from several dirs: each keeps its bytes, a name of its own
+                k += 1
+                rel = Path(sweep, record_name(stem, k))
             written.add(rel)
             src = rec.get("_path")
             if src and Path(src).is_file():

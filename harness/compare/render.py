@@ -15,8 +15,8 @@ from harness.compare.comparison import (
     ADDED,
     BOTH_OK,
     IMPROVEMENT,
-    INSUFFICIENT,
     NA,
+    NOT_JUDGED,
     NOT_SIGNIFICANT,
     REGRESSION,
     UNCHANGED,
@@ -86,11 +86,11 @@ def _fmt_threshold(limits: Mapping[str, float]) -> str:
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
-NOTABLE = (REGRESSION, IMPROVEMENT, INSUFFICIENT, NOT_SIGNIFICANT)
+NOTABLE = (REGRESSION, IMPROVEMENT, NOT_JUDGED, NOT_SIGNIFICANT)
 _ORDER = {v: i for i, v in enumerate(VERDICTS)}  # the worst first
 CELL_VERDICTS = {
     REGRESSION: "regressed",
-    INSUFFICIENT: "insufficient samples",
+    NOT_JUDGED: "reported, not judged",
     NOT_SIGNIFICANT: "not significant",
     IMPROVEMENT: "improved",
     UNCHANGED: "unchanged",
@@ -129,6 +129,11 @@ def _cell_headline(rows: Sequence[MetricComparison]) -> str:
     return ", ".join(f"{CELL_VERDICTS[v]} ({_count(n, 'metric')})" for v, n in counts.items() if n)
 
 
+def _basis(cell: CellComparison) -> str:
+    """` [run-level: 3 vs 3 runs]` after a cell's headline: what its timing was judged on ('' when nothing)."""
+    return f" [{cell.basis}]" if cell.basis else ""
+
+
 def _row_cells(m: MetricComparison) -> list[str]:
     """A metric's row under its cell: metric, baseline, candidate, ratio, change, p, verdict (and note)."""
     b, c = _fmt_pair(m)
@@ -143,7 +148,7 @@ def _md_rows(groups: list[tuple[CellComparison, list[MetricComparison]]]) -> lis
     """Markdown table rows: a row naming each cell and its headline, its metrics' rows under it."""
     out = []
     for cell, rows in groups:
-        out.append([f"**{cell.label}**: {_cell_headline(rows)}"] + [""] * (len(HEADERS) - 1))
+        out.append([f"**{cell.label}**: {_cell_headline(rows)}{_basis(cell)}"] + [""] * (len(HEADERS) - 1))
         out += [["", *_row_cells(m)] for m in rows]
     return out
 
@@ -163,10 +168,10 @@ def _verdict_line(cmp: Comparison, *, fail_on_missing: bool) -> str:
         f"{_count(s['regressions'], 'cell')} regressed{regressed}",
         f"{_count(s['improvements'], 'cell')} improved{improved}",
     ]
-    if s["insufficient_samples"]:
+    if s["not_judged"]:
         parts.append(
-            f"{_count(s['insufficient_samples_cells'], 'cell')} with insufficient samples"
-            f"{_of(s['insufficient_samples'], 0, '')}"
+            f"{_count(s['not_judged_cells'], 'cell')} with timing changes reported, not judged (fewer than "
+            f"{cmp.min_runs} runs a side){_of(s['not_judged'], 0, '')}"
         )
     if s["not_significant"]:
         parts.append(
@@ -220,17 +225,41 @@ def _sources(paths: Sequence[str]) -> str:
     return ", ".join(paths) if paths else "<records>"
 
 
+def _timing_rule(cmp: Comparison) -> str:
+    """How timing was judged ('; '-led), or '' when no timing metric was (`--metric exact`)."""
+    if not any(m.kind == SAMPLED for c in cmp.cells for m in c.metrics):
+        return ""
+    return (
+        f"; timing judged on run-level values (each run's median): two-sided Welch t-test on their logs, "
+        f"Holm-adjusted over the cells, p < {cmp.alpha:g}, >= {cmp.min_runs} runs per side (fewer: reported, not "
+        "judged)"
+    )
+
+
+def _runs_line(cmp: Comparison) -> str:
+    """How many matched ok cells had how many runs a side: `runs per cell: 6 cells 3 vs 3`."""
+    counts: dict[tuple[int, int], int] = {}
+    for c in cmp.cells:
+        if c.runs is not None:
+            counts[c.runs] = counts.get(c.runs, 0) + 1
+    if not counts:
+        return ""
+    return "runs per cell (baseline vs candidate): " + ", ".join(
+        f"{_count(n, 'cell')} {b} vs {k}" for (b, k), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
 def render_table(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bool = False) -> str:
     """Plain-text report for a terminal."""
     s = cmp.summary()
     lines = [
         f"baseline:  {_sources(cmp.baseline_sources)} ({cmp.baseline_records} records)",
         f"candidate: {_sources(cmp.candidate_sources)} ({cmp.candidate_records} records)",
-        f"threshold {_fmt_threshold(cmp.thresholds)}; Mann–Whitney U alpha {cmp.alpha:g}, "
-        f">= {cmp.min_samples} samples per side; {s['matched']} matched, {s['added']} added, "
-        f"{s['missing']} missing",
-        "",
+        f"threshold {_fmt_threshold(cmp.thresholds)}{_timing_rule(cmp)}; {s['matched']} matched, "
+        f"{s['added']} added, {s['missing']} missing",
     ]
+    runs = _runs_line(cmp)
+    lines += [runs, ""] if runs else [""]
     groups = _cell_groups(cmp, all_rows=all_rows)
     if groups:
         # each cell's line, then its metrics' rows indented under it, in columns shared by every cell
@@ -244,7 +273,7 @@ def render_table(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bo
         lines.append(line(header))
         rows_left = iter(rows)
         for cell, ms in groups:
-            lines.append(f"{cell.label}: {_cell_headline(ms)}")
+            lines.append(f"{cell.label}: {_cell_headline(ms)}{_basis(cell)}")
             lines += [line(next(rows_left)) for _ in ms]
     else:
         lines.append("no metric changed beyond its threshold")
@@ -276,14 +305,14 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
         "",
         f"Baseline `{_sources(cmp.baseline_sources)}` ({cmp.baseline_records} records) vs candidate "
         f"`{_sources(cmp.candidate_sources)}` ({cmp.candidate_records} records). "
-        f"Threshold {_fmt_threshold(cmp.thresholds)}; sampled metrics also need a two-sided Mann–Whitney U "
-        f"p < {cmp.alpha:g} with >= {cmp.min_samples} samples per side; deterministic metrics compare exactly.",
+        f"Threshold {_fmt_threshold(cmp.thresholds)}{_timing_rule(cmp)}; deterministic metrics compare "
+        "exactly." + (f" {_runs_line(cmp)}." if _runs_line(cmp) else ""),
         "",
         f"**{s['matched']}** matched · **{s['added']}** added · **{s['missing']}** missing · "
         f"**{s['regressions']}** {_plural(s['regressions'], 'cell')} regressed"
         f"{_of(s['metric_regressions'], s['newly_failing'], 'newly failing')} · "
         f"**{s['improvements']}** improved{_of(s['metric_improvements'], s['newly_fixed'], 'newly fixed')} · "
-        f"**{s['insufficient_samples_cells']}** with insufficient samples{_of(s['insufficient_samples'], 0, '')} · "
+        f"**{s['not_judged_cells']}** reported, not judged{_of(s['not_judged'], 0, '')} · "
         f"**{s['not_significant_cells']}** not significant{_of(s['not_significant'], 0, '')}",
         "",
     ]
@@ -427,11 +456,13 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
             continue
         rows = {m.metric: m for m in cell.metrics}
         notable = [m for m in cell.metrics if m.verdict in NOTABLE]
-        headline = f"; cell {_cell_headline(notable)}" if notable else ""
+        headline = (f"; cell {_cell_headline(notable)}" if notable else "") + (f"; {cell.basis}" if cell.basis else "")
         times = step_samples(rec)
         for name in BENCHMARK_METRICS[direction]:
             metric = METRICS_BY_NAME[name]
-            value = metric_value(rec, metric)
+            row = rows.get(name)
+            # NOTE: the median of the cell's runs where it was compared (one run: its value)
+            value = row.candidate if row is not None and row.candidate is not None else metric_value(rec, metric)
             if value is None:
                 continue
             entry: dict[str, Any] = {
@@ -442,7 +473,6 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
             spread = half_spread(metric_samples(rec, metric, times=times)) if metric.kind == SAMPLED else None
             if spread is not None:
                 entry["range"] = f"± {spread:.4g}"
-            row = rows.get(name)
             if row is not None and row.baseline is not None:
                 ratio = _fmt_change(row)[0]
                 extra = f"{cell.label}; baseline {row.baseline:.6g}; ratio {ratio}; {row.verdict}"

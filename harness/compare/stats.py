@@ -1,9 +1,15 @@
-"""The statistics behind `harness compare`: the significance test on per-step samples and the spread shown
-beside a github-action-benchmark value.
+"""The statistics behind `harness compare`: the significance test on run-level values (`run_level_p`), the
+Mann–Whitney U test on per-step samples (`mann_whitney_p`, `mann_whitney_ps`: the report's leader test) and the
+spread shown beside a github-action-benchmark value.
+
+Why a t-test on runs and not Mann–Whitney: timing is judged on one value per run (its median), K per side, and
+with 3 runs a side the smallest two-sided Mann–Whitney p is 0.1 — it could never reach 0.05. Welch's t-test on
+the log of the values (a factor is a distance, so step time and the throughput derived from it agree) can.
 
 Kept apart so the one place that imports numpy and scipy is here, inside the functions that need them: `import
-harness.compare...` and the exact-only comparison (`--metric exact`) never load them. `harness compare` tests
-every cell at once (`mann_whitney_ps`): one scipy call per metric and cell took most of its time.
+harness.compare...` and the exact-only comparison (`--metric exact`) never load them. `mann_whitney_ps` (every
+pair at once, bit for bit scipy's) judged per-step samples before timing moved to runs; it stays for callers that
+test many sample pairs.
 """
 
 from __future__ import annotations
@@ -17,7 +23,29 @@ from typing import Any
 DEFAULT_ALPHA = 0.05
 """two-sided Mann–Whitney U significance level for sampled metrics"""
 DEFAULT_MIN_SAMPLES = 5
-"""per-step samples needed on each side before a sampled metric can be called a regression"""
+"""kept for `--min-samples` and the Python API; no verdict rests on per-step samples any more"""
+DEFAULT_MIN_RUNS = 3
+"""runs (ok records of one cell) needed on each side before a timing change can be a regression"""
+
+
+def run_level_p(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Two-sided Welch t-test p-value on log(xs) vs log(ys): positive run-level values, at least 2 per side.
+    Both sides without spread: 0.0 when they differ, 1.0 when equal (a t of ±inf or 0/0)."""
+    from scipy.special import stdtr
+
+    lx, ly = [math.log(v) for v in xs], [math.log(v) for v in ys]
+    nx, ny = len(lx), len(ly)
+    if nx < 2 or ny < 2:
+        return 1.0
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    vx, vy = statistics.variance(lx, mx) / nx, statistics.variance(ly, my) / ny
+    se2 = vx + vy
+    if se2 <= 0:
+        return 0.0 if mx != my else 1.0
+    t = (my - mx) / math.sqrt(se2)
+    df = se2**2 / ((vx**2 / (nx - 1) if vx else 0.0) + (vy**2 / (ny - 1) if vy else 0.0))
+    p = 2 * float(stdtr(df, -abs(t)))
+    return min(1.0, p) if math.isfinite(p) else 1.0
 
 
 def mann_whitney_p(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -31,7 +31,9 @@ distance and step time and throughput agree), oriented so that worse is up:
 - deterministic metrics (collective bytes, predicted memory and bytes): any change from the previous run is a
   regression in the bad direction (an improvement in the good one), attributed to the run where it changed while
   that run is among the last `recent`;
-- a cell whose last run in the history was ok and that is not ok tonight is a regression (newly failing).
+- a cell whose last run in the history was ok and that is not ok tonight is a regression (newly failing);
+- several runs of a cell tonight (`harness sweep --repeat K`, or `history check --confirm K`'s re-runs): the
+  median of their values is tonight's value (the latest run decides the cell's status).
 
 Calibration (tests/history/test_replay.py: lognormal run-to-run noise of σ 3–8%, 0.5% outlier nights): 0.67% of
 step-free cell-nights flagged (most of them the outliers), a 3σ step caught within 3 nights in 94% of replays,
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -176,10 +178,20 @@ class CellVerdict:
     """status of the cell's latest run in the history"""
     notes: list[str] = field(default_factory=list)
     entry: Entry | None = None
+    runs: int = 1
+    """tonight's ok runs of the cell whose median was judged (1: one run)"""
+    confirm: dict[str, Any] | None = None
+    """`--confirm K`: {"runs": K re-runs judged, "first": the metrics (or "newly failing") flagged at first,
+    "persisted": whether the re-runs still regressed}"""
 
     @property
     def regressions(self) -> list[MetricVerdict]:
         return [m for m in self.metrics if m.verdict == REGRESSION]
+
+    @property
+    def regressed(self) -> bool:
+        """A metric regressed or the cell newly fails: the cell counts once, however many metrics moved."""
+        return self.state == NEWLY_FAILING or bool(self.regressions)
 
 
 @dataclass
@@ -202,6 +214,11 @@ class HistoryCheck:
         return [c for c in self.cells if c.state == NEWLY_FAILING]
 
     @property
+    def regressed_cells(self) -> list[CellVerdict]:
+        """What "N cell(s) regressed" counts (as `harness compare` counts cells)."""
+        return [c for c in self.cells if c.regressed]
+
+    @property
     def has_regression(self) -> bool:
         return bool(self.regressions or self.newly_failing)
 
@@ -209,15 +226,20 @@ class HistoryCheck:
         return 1 if self.has_regression else 0
 
     def summary(self) -> dict[str, int]:
+        """Counts: `regressions` counts cells (a slow cell moves step time and the throughputs derived from it:
+        one regression, as `harness compare` counts), `metric_regressions` the metrics behind them."""
         verdicts = [m.verdict for c in self.cells for m in c.metrics]
+        confirmed = [c.confirm for c in self.cells if c.confirm is not None]
         return {
             "cells": len(self.cells),
-            "regressions": len(self.regressions) + len(self.newly_failing),
+            "regressions": len(self.regressed_cells),
             "metric_regressions": len(self.regressions),
             "newly_failing": len(self.newly_failing),
             "improvements": verdicts.count(IMPROVEMENT),
             "insufficient_history": verdicts.count(INSUFFICIENT),
             "new_cells": sum(c.state == NEW_CELL for c in self.cells),
+            "confirmed": sum(bool(c["persisted"]) for c in confirmed),
+            "not_confirmed": sum(not c["persisted"] for c in confirmed),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -239,6 +261,8 @@ class HistoryCheck:
                     "state": c.state,
                     "history_runs": c.history_runs,
                     "last_status": c.last_status,
+                    "runs": c.runs,
+                    "confirm": c.confirm,
                     "notes": c.notes,
                     "metrics": [_metric_dict(m) for m in c.metrics],
                 }
@@ -678,21 +702,32 @@ def judge_cell(entry: Entry, runs: Sequence[Run], *, rules: Rules) -> CellVerdic
     return cell
 
 
+def _tonight(entries: Sequence[Entry]) -> Entry:
+    """One cell's runs tonight as the one entry judged: the latest run (its status, time, software), valued at
+    the median of the ok runs' values when there are several."""
+    latest = max(entries, key=lambda e: e.time)
+    ok = [e for e in entries if e.status == "ok"]
+    if len(ok) < 2 or latest.status != "ok":
+        return latest
+    names = {name for e in ok for name in e.values}
+    values = {}
+    for name in names:
+        vs = [e.values[name] for e in ok if name in e.values]
+        values[name] = float(np.median(vs))
+    return replace(latest, values=values)
+
+
 def check_entries(
     store: HistoryStore, entries: Iterable[Entry], *, rules: Rules, sources: Sequence[str], records: int
 ) -> HistoryCheck:
-    """Judge tonight's entries (one per cell: the latest of several) against the history in `store`."""
+    """Judge tonight's entries against the history in `store`: each cell once, on the median of its ok runs
+    tonight (one run: its values), its status the latest run's."""
     rules = rules.checked()
-    chosen: dict[str, Entry] = {}
-    warnings: list[str] = []
+    groups: dict[str, list[Entry]] = {}
     for e in entries:
-        other = chosen.get(e.cell)
-        if other is not None:
-            keep, drop = (e, other) if e.time >= other.time else (other, e)
-            warnings.append(f"two records for {e.label}: using {keep.origin}, ignoring {drop.origin}")
-            chosen[e.cell] = keep
-        else:
-            chosen[e.cell] = e
+        groups.setdefault(e.cell, []).append(e)
+    chosen = {key: _tonight(group) for key, group in groups.items()}
+    warnings: list[str] = []
     ids = store.cell_ids(chosen)
     cells = []
     # NOTE: a run per history value and a few more for failed runs among them (a cell failing often has fewer
@@ -700,13 +735,18 @@ def check_entries(
     limit = rules.window + 2 * rules.recent
     for key in sorted(chosen, key=lambda k: (chosen[k].label, k)):
         entry = chosen[key]
+        mine = {e.uid for e in groups[key]}
         runs = []
         if key in ids:
             # NOTE: the runs before tonight's: a sweep already added (or an old one checked again) is judged
             # against what came before it, never against itself or later nights
             stored = store.runs_of(ids[key], cluster=entry.machine["cluster"], limit=limit, until=entry.time)
-            runs = [r for r in stored if r.uid != entry.uid]
-        cells.append(judge_cell(entry, runs, rules=rules))
+            runs = [r for r in stored if r.uid not in mine]
+        cell = judge_cell(entry, runs, rules=rules)
+        cell.runs = max(1, sum(e.status == "ok" for e in groups[key])) if entry.status == "ok" else 1
+        if cell.runs > 1:
+            cell.notes.append(f"tonight: the median of {cell.runs} runs")
+        cells.append(cell)
     return HistoryCheck(
         cells=cells, rules=rules, db=store.where, sources=list(sources), records=records, warnings=warnings
     )

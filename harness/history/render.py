@@ -127,17 +127,31 @@ def _cell_sections(check: HistoryCheck) -> list[tuple[str, list[str]]]:
         ("still failing", [failing(c) for c in check.cells if c.state == STILL_FAILING]),
         ("new cells (no history: judged from tomorrow)", [c.label for c in check.cells if c.state == NEW_CELL]),
         ("failing, no history", [f"{c.label}: {c.status}" for c in check.cells if c.state == FAILING]),
+        ("re-run to confirm (--confirm)", [_confirmed(c) for c in check.cells if c.confirm is not None]),
         ("notes", [f"{c.label}: {n}" for c in check.cells for n in c.notes]),
     ]
+
+
+def _confirmed(c: CellVerdict) -> str:
+    k = c.confirm or {}
+    first = ", ".join(k.get("first") or [])
+    if k.get("persisted"):
+        return f"{c.label}: flagged ({first}); still regressed over {k.get('runs')} re-run(s): a regression"
+    return f"{c.label}: flagged ({first}); not over {k.get('runs')} re-run(s): a one-off, not failing"
 
 
 def _verdict_line(check: HistoryCheck) -> str:
     s = check.summary()
     parts = [
-        f"{s['regressions']} regression(s) ({s['metric_regressions']} metric, {s['newly_failing']} newly failing "
-        "cell(s))",
+        f"{s['regressions']} cell(s) regressed ({s['metric_regressions']} metric(s), {s['newly_failing']} newly "
+        "failing)",
         f"{s['improvements']} improvement(s)",
     ]
+    if s["confirmed"] or s["not_confirmed"]:
+        parts.append(
+            f"--confirm: {s['confirmed']} cell(s) still regressed on re-running, {s['not_confirmed']} not "
+            "(one-off: not failing)"
+        )
     if s["insufficient_history"]:
         parts.append(f"{s['insufficient_history']} value(s) with too little history (reported, never failing)")
     return "result: " + ", ".join(parts) + f" → exit {check.exit_code()}"
@@ -171,7 +185,7 @@ def render_table(check: HistoryCheck, *, all_rows: bool = False) -> str:
 
 def render_markdown(check: HistoryCheck, *, all_rows: bool = False) -> str:
     s = check.summary()
-    head = f"🔴 {s['regressions']} regression(s)" if check.has_regression else "🟢 no regressions"
+    head = f"🔴 {s['regressions']} cell(s) regressed" if check.has_regression else "🟢 no regressions"
     lines = [
         f"## Benchmark history check: {head}",
         "",

@@ -507,6 +507,8 @@ class Record(TypedDict):
     attempt: NotRequired[str | None]
     """the launch's id (12 hex digits): tells this launch's record and fragments from an earlier one's; null: a
     payload without one (written by hand for `python -m harness.worker.runner`)"""
+    repeat: NotRequired[int]
+    """which run of its cell (`harness sweep --repeat K`, k >= 2); absent: the first"""
     predicted: NotRequired[Predicted]
     """the planner's prediction; absent when no planner ran"""
     comm: NotRequired[Comm]

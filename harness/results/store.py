@@ -31,8 +31,21 @@ def sweep_dir(results: str | Path, sweep: str) -> Path:
     return Path(results) / sweep
 
 
-def record_path(results: str | Path, sweep: str, run_id: str) -> Path:
-    return sweep_dir(results, sweep) / f"{run_id}.json"
+def record_name(run_id: str, repeat: int | None = 1) -> str:
+    """A record's file name: `<run_id>.json` for a cell's first run (every record written before repeats existed
+    is one), `<run_id>.r<k>.json` for its k-th run (`harness sweep --repeat K`, k >= 2)."""
+    k = 1 if repeat is None else int(repeat)
+    return f"{run_id}.json" if k <= 1 else f"{run_id}.r{k}.json"
+
+
+def record_path(results: str | Path, sweep: str, run_id: str, *, repeat: int | None = 1) -> Path:
+    return sweep_dir(results, sweep) / record_name(run_id, repeat)
+
+
+def repeat_of(record: Mapping[str, Any]) -> int:
+    """Which run of its cell a record is: its `repeat` field, 1 when absent (a sweep without --repeat)."""
+    k = record.get("repeat")
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
 
 
 def unwritable_reason(folder: str | Path) -> str | None:
@@ -137,8 +150,9 @@ def sanitize(obj: Any) -> Any:
 
 
 def write_record(results: str | Path, record: Mapping[str, Any]) -> Path:
-    """Write a record (harness.results.schema.Record) atomically to its path under `results`; NaN/inf → null."""
-    path = record_path(results, record["sweep"], record["run_id"])
+    """Write a record (harness.results.schema.Record) atomically to its path under `results` (a repeat's own name
+    when it has `repeat` >= 2); NaN/inf → null."""
+    path = record_path(results, record["sweep"], record["run_id"], repeat=repeat_of(record))
     atomic_write_json(path, sanitize(record))
     return path
 

@@ -200,7 +200,7 @@ def test_markdown_names_the_regression(history, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == 1
-    assert out.startswith("## Benchmark history check: 🔴 4 regression(s)")
+    assert out.startswith("## Benchmark history check: 🔴 1 cell(s) regressed")  # one cell, 4 metrics
     assert "### Evidence" in out and "- tiny ddp fp32 g2 step_time_s: " in out
 
 

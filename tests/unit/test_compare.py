@@ -12,14 +12,15 @@ import random
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from harness.cli import main
 from harness.compare.comparison import (
     IMPROVEMENT,
-    INSUFFICIENT,
     NA,
+    NOT_JUDGED,
     NOT_SIGNIFICANT,
     REGRESSION,
     UNCHANGED,
@@ -116,6 +117,29 @@ def cells(**overrides) -> dict[str, dict]:
     return out
 
 
+KEYS = tuple(cells())
+JITTER = (0.99, 1.0, 1.01)
+"""run-to-run factors of the step times of runs 1, 2, 3 (the median run is the record's own samples)"""
+
+
+def runs(k: int = 3, **overrides) -> list[dict]:
+    """k runs of every cell of `cells` (as `harness sweep --repeat k` leaves them): run i's step samples times
+    JITTER[i], each run its own launch (`attempt`) and, from the second on, `repeat: i`."""
+    out = []
+    for i in range(k):
+        jitter = JITTER[i % 3] * (1 + 0.001 * (i // 3))
+        per = {
+            key: {**overrides.get(key, {}), "samples": scaled(jitter, overrides.get(key, {}).get("samples", TIGHT))}
+            for key in KEYS
+        }
+        for rec in cells(**per).values():
+            rec["attempt"] = f"{i:04x}{rec['run_id'][-8:]}"
+            if i:
+                rec["repeat"] = i + 1
+            out.append(rec)
+    return out
+
+
 def write_set(root: Path, records) -> Path:
     for rec in records:
         write_record(root, rec)
@@ -126,9 +150,10 @@ def run_cli(*args) -> int:
     return main(["compare", *map(str, args)])
 
 
-def run_pair(tmp_path: Path, base: dict, cand: dict, *args, capsys=None):
-    b = write_set(tmp_path / "base", base.values())
-    c = write_set(tmp_path / "cand", cand.values())
+def run_pair(tmp_path: Path, base, cand, *args, capsys=None):
+    """`harness compare` of two sets (dicts of `cells`, or lists of records such as `runs`)."""
+    b = write_set(tmp_path / "base", base.values() if isinstance(base, dict) else base)
+    c = write_set(tmp_path / "cand", cand.values() if isinstance(cand, dict) else cand)
     return run_cli(b, c, *args)
 
 
@@ -157,24 +182,58 @@ def test_identical_sets_exit_0_and_every_metric_unchanged(tmp_path, capsys):
         assert all(v == UNCHANGED for v in verdicts.values()), verdicts
         assert all(m.ratio == 1.0 for m in cell.metrics)
         st = row(cmp, cell.label, "step_time_s")
-        assert st.n_baseline == st.n_candidate == 7 and st.p_value == 1.0
+        assert st.n_baseline == st.n_candidate == 1 and st.p_value is None
+        assert cell.runs == (1, 1) and cell.basis == "one run: reported, not judged"
 
 
-def test_20_percent_slower_with_tight_samples_is_a_regression(tmp_path, capsys):
-    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}})
-    assert run_pair(tmp_path, cells(), cand) == 1
+def test_one_run_a_side_never_fails_on_timing_but_fails_on_one_byte_more(tmp_path, capsys):
+    """Issue 20: one run per side says nothing about the noise between runs, so a timing change is reported,
+    never a regression — however tight that run's steps; a deterministic metric still fails on any change."""
+    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.3)}})
+    assert run_pair(tmp_path, cells(), cand) == 0
+    out = capsys.readouterr().out
+    assert "tiny fsdp.full_shard bf16 g2: reported, not judged (4 metrics) [one run: reported, not judged]" in out
+    assert "runs per cell (baseline vs candidate): 6 cells 1 vs 1" in out
+    assert out.splitlines()[-1] == (
+        "result: 0 cells regressed, 0 cells improved, 1 cell with timing changes reported, not judged (fewer than "
+        "3 runs a side) (4 metrics) → exit 0"
+    )
+    cmp = compare(cells().values(), cand.values())
+    st = row(cmp, "tiny fsdp.full_shard bf16 g2", "step_time_s")
+    assert st.verdict == NOT_JUDGED and st.ratio == pytest.approx(1.3) and st.p_value is None
+    assert st.note == "1 vs 1 runs; 3 a side needed"
+    both = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.3), "comm_bytes": 1_182_209}})
+    assert run_pair(tmp_path / "bytes", cells(), both) == 1
+    cmp = compare(cells().values(), both.values())
+    assert [(c.label, m.metric) for c, m in cmp.regressions] == [
+        ("tiny fsdp.full_shard bf16 g2", "comm.bytes_per_step")
+    ]
+
+
+def test_20_percent_slower_over_3_runs_a_side_is_a_regression(tmp_path, capsys):
+    cand = runs(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, runs(), cand) == 1
     lines = capsys.readouterr().out.splitlines()
-    line = lines[lines.index("tiny fsdp.full_shard bf16 g2: regressed (4 metrics)") + 1]
+    line = lines[lines.index("tiny fsdp.full_shard bf16 g2: regressed (4 metrics) [run-level: 3 vs 3 runs]") + 1]
     assert line.split()[0] == "step_time_s" and "regression" in line and "1.200x" in line
     assert "+20.0%" in line
 
-    cmp = compare(cells().values(), cand.values())
+    cmp = compare(runs(), cand)
     st = row(cmp, "tiny fsdp.full_shard bf16 g2", "step_time_s")
-    assert st.verdict == REGRESSION and st.ratio == pytest.approx(1.2)
-    # 7 vs 7 fully separated samples: the exact two-sided p is 2 / C(14, 7)
-    assert st.p_value == pytest.approx(2 / 3432)
+    assert st.verdict == REGRESSION and st.ratio == pytest.approx(1.2) and (st.n_baseline, st.n_candidate) == (3, 3)
+    # Welch on the logs: both sides' spread is exactly that of log(0.99, 1, 1.01), the means log(1.2) apart
+    sd = statistics.stdev([math.log(j) for j in JITTER])
+    t = math.log(1.2) / math.sqrt(2 * sd**2 / 3)
+    from scipy.stats import t as student
+
+    raw = 2 * student.sf(t, 4)
+    # Holm over the 6 cells tested: this cell's p is the smallest (the other 5 have p = 1), times 6
+    assert st.p_value == pytest.approx(6 * raw, rel=1e-9)
+    assert st.note == f"Holm-adjusted over 6 cells; Welch p={raw:.3g}"
     tps = row(cmp, "tiny fsdp.full_shard bf16 g2", "tokens_per_s")
-    assert tps.verdict == REGRESSION and tps.ratio == pytest.approx(1 / 1.2) and tps.p_value == pytest.approx(2 / 3432)
+    assert (
+        tps.verdict == REGRESSION and tps.ratio == pytest.approx(1 / 1.2) and tps.p_value == pytest.approx(st.p_value)
+    )
     assert row(cmp, "tiny fsdp.full_shard bf16 g2", "mfu").ratio == pytest.approx(1 / 1.2)
     assert row(cmp, "tiny fsdp.full_shard bf16 g2", "peak_memory_allocated_gib").verdict == UNCHANGED
     assert {(c.label, m.metric) for c, m in cmp.regressions} == {
@@ -184,53 +243,67 @@ def test_20_percent_slower_with_tight_samples_is_a_regression(tmp_path, capsys):
 
 
 def test_20_percent_faster_is_an_improvement_not_a_failure(tmp_path):
-    cand = cells(**{"ddp/fp32": {"samples": scaled(1 / 1.2)}})
-    assert run_pair(tmp_path, cells(), cand) == 0
-    cmp = compare(cells().values(), cand.values())
+    cand = runs(**{"ddp/fp32": {"samples": scaled(1 / 1.2)}})
+    assert run_pair(tmp_path, runs(), cand) == 0
+    cmp = compare(runs(), cand)
     st = row(cmp, "tiny ddp fp32 g2", "step_time_s")
     assert st.verdict == IMPROVEMENT and st.ratio == pytest.approx(1 / 1.2)
     assert len(cmp.improvements) == 4 and cmp.exit_code() == 0
 
 
-def test_slower_median_with_overlapping_noisy_samples_is_not_flagged(tmp_path, capsys):
-    noisy_base = [0.05, 0.08, 0.10, 0.12, 0.15]
-    noisy_cand = [0.06, 0.09, 0.12, 0.14, 0.16]  # median 0.12 vs 0.10: +20%, but the samples interleave
-    base = cells(**{"zero2/bf16": {"samples": noisy_base}})
-    cand = cells(**{"zero2/bf16": {"samples": noisy_cand}})
-    assert run_pair(tmp_path, base, cand) == 0
+def test_slower_median_with_overlapping_runs_is_not_flagged(tmp_path, capsys):
+    """Runs that spread as much as the change: +20% in the median run, but the run values interleave."""
+    base = [0.8, 1.0, 1.25]
+    cand = [1.0, 1.2, 1.45]
+    b = [r for i, f in enumerate(base) for r in runs(1, **{"zero2/bf16": {"samples": scaled(f)}}) if _as_run(r, i)]
+    c = [r for i, f in enumerate(cand) for r in runs(1, **{"zero2/bf16": {"samples": scaled(f)}}) if _as_run(r, i)]
+    assert run_pair(tmp_path, b, c) == 0
     assert "not significant" in capsys.readouterr().out
-    cmp = compare(base.values(), cand.values())
+    cmp = compare(b, c)
     st = row(cmp, "tiny zero2 bf16 g2", "step_time_s")
     assert st.verdict == NOT_SIGNIFICANT and st.ratio == pytest.approx(1.2)
-    assert 0.5 < st.p_value < 0.7  # U = 9.5 of 25
+    assert "Welch p=0.334" in st.note and st.p_value == 1.0  # Holm over 6 cells: 0.334 x 6, capped at 1
     assert not cmp.has_regression
 
 
-def test_too_few_samples_is_insufficient_not_a_regression(tmp_path):
-    base = cells(**{"ddp/bf16": {"samples": TIGHT[:3]}})
-    cand = cells(**{"ddp/bf16": {"samples": scaled(1.3, TIGHT[:3])}})
+def _as_run(rec: dict, i: int) -> bool:
+    """Make `rec` run i+1 of its cell (its own attempt and repeat index); True, for use in a filter."""
+    rec["attempt"] = f"{i:04x}{rec['run_id'][-8:]}"
+    rec.pop("repeat", None)
+    if i:
+        rec["repeat"] = i + 1
+    return True
+
+
+def test_two_runs_a_side_are_reported_not_judged_and_min_runs_2_judges_them(tmp_path, capsys):
+    base = runs(2)
+    cand = runs(2, **{"ddp/bf16": {"samples": scaled(1.3)}})
     assert run_pair(tmp_path, base, cand) == 0
-    cmp = compare(base.values(), cand.values())
-    st = row(cmp, "tiny ddp bf16 g2", "step_time_s")
-    assert st.verdict == INSUFFICIENT and st.p_value is None and (st.n_baseline, st.n_candidate) == (3, 3)
-    # with --min-samples 3 the test runs: 3 vs 3 separated gives p = 0.1 > 0.05, still not a regression
-    cmp3 = compare(base.values(), cand.values(), min_samples=3)
-    assert row(cmp3, "tiny ddp bf16 g2", "step_time_s").p_value == pytest.approx(0.1)
-    assert row(cmp3, "tiny ddp bf16 g2", "step_time_s").verdict == NOT_SIGNIFICANT
+    assert "[2 vs 2 runs: reported, not judged (3 per side needed)]" in capsys.readouterr().out
+    st = row(compare(base, cand), "tiny ddp bf16 g2", "step_time_s")
+    assert st.verdict == NOT_JUDGED and st.p_value is None and (st.n_baseline, st.n_candidate) == (2, 2)
+    st2 = row(compare(base, cand, min_runs=2), "tiny ddp bf16 g2", "step_time_s")
+    assert st2.verdict == REGRESSION and st2.p_value < 0.05
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--min-runs", "2") == 1
+    assert run_cli(tmp_path / "base", tmp_path / "cand", "--min-runs", "1") == 2
 
 
 def test_change_within_threshold_is_unchanged_even_when_significant():
-    cand = cells(**{"ddp/fp32": {"samples": scaled(1.04)}})
-    cmp = compare(cells().values(), cand.values())
+    cand = runs(**{"ddp/fp32": {"samples": scaled(1.04)}})
+    cmp = compare(runs(), cand)
     st = row(cmp, "tiny ddp fp32 g2", "step_time_s")
-    assert st.p_value < 0.01 and st.verdict == UNCHANGED
+    from harness.compare.stats import run_level_p
+
+    xs = [0.1 * j for j in JITTER]
+    assert run_level_p(xs, [x * 1.04 for x in xs]) < 0.01  # 3 vs 3 runs 1% apart: +4% is significant ...
+    assert st.verdict == UNCHANGED and st.p_value is not None  # ... and inside the 5% threshold
 
 
 def test_peak_memory_plus_10_percent_is_flagged_without_a_test(tmp_path, capsys):
     cand = cells(**{"zero2/fp32": {"peak_alloc": 1.10}})
     assert run_pair(tmp_path, cells(), cand) == 1
     lines = capsys.readouterr().out.splitlines()
-    line = lines[lines.index("tiny zero2 fp32 g2: regressed (1 metric)") + 1]
+    line = lines[lines.index("tiny zero2 fp32 g2: regressed (1 metric) [one run: reported, not judged]") + 1]
     assert line.split()[0] == "peak_memory_allocated_gib" and "regression" in line
     cmp = compare(cells().values(), cand.values())
     pm = row(cmp, "tiny zero2 fp32 g2", "peak_memory_allocated_gib")
@@ -245,8 +318,8 @@ def test_peak_memory_plus_10_percent_is_flagged_without_a_test(tmp_path, capsys)
 
 
 def test_default_threshold_option_raises_the_bar(tmp_path):
-    cand = cells(**{"ddp/fp32": {"samples": scaled(1.2)}})
-    assert run_pair(tmp_path, cells(), cand, "--threshold", "0.25") == 0
+    cand = runs(**{"ddp/fp32": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, runs(), cand, "--threshold", "0.25") == 0
     assert run_cli(tmp_path / "base", tmp_path / "cand", "--threshold", "0.25", "--threshold", "step_time_s=0.1") == 1
 
 
@@ -254,7 +327,7 @@ def test_collective_bytes_one_byte_more_is_flagged_and_less_is_an_improvement(tm
     cand = cells(**{"fsdp.full_shard/fp32": {"comm_bytes": 1_182_209}, "ddp/fp32": {"comm_bytes": 1_182_207}})
     assert run_pair(tmp_path, cells(), cand) == 1
     lines = capsys.readouterr().out.splitlines()
-    line = lines[lines.index("tiny fsdp.full_shard fp32 g2: regressed (1 metric)") + 1]
+    line = lines[lines.index("tiny fsdp.full_shard fp32 g2: regressed (1 metric) [one run: reported, not judged]") + 1]
     assert line.split()[0] == "comm.bytes_per_step" and "+1 B" in line and "regression" in line
     assert "1,182,208 B" in line and "1,182,209 B" in line
     cmp = compare(cells().values(), cand.values())
@@ -339,12 +412,20 @@ def test_an_ok_candidate_with_a_note_is_listed_with_it(tmp_path, capsys):
     assert "with a note" not in capsys.readouterr().out
 
 
-def test_duplicate_spec_on_one_side_uses_the_latest_record(tmp_path):
-    old = make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00")
-    new = make_record(finished_at="2026-11-30T01:00:00+00:00")
-    cmp = compare([make_record()], [new, old])
-    assert row(cmp, "tiny ddp fp32 g2", "step_time_s").ratio == pytest.approx(1.0)
-    assert any("2 records for one spec" in w for w in cmp.warnings)
+def test_several_records_of_a_spec_are_its_runs_and_the_latest_is_its_record(tmp_path):
+    old = {**make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00"), "attempt": "a1"}
+    new = {**make_record(finished_at="2026-11-30T01:00:00+00:00", comm_bytes=7), "attempt": "a2"}
+    crashed = {**make_record(status="crashed", finished_at="2026-11-28T01:00:00+00:00"), "attempt": "a0"}
+    cmp = compare([make_record()], [new, old, crashed])
+    cell = cmp.cell("tiny ddp fp32 g2")
+    assert cell.runs == (1, 2) and cell.candidate["attempt"] == "a2"  # ok runs; the record: the latest
+    assert row(cmp, "tiny ddp fp32 g2", "step_time_s").candidate == pytest.approx(0.1 * 1.25)  # median of 2 runs
+    assert row(cmp, "tiny ddp fp32 g2", "comm.bytes_per_step").candidate == 7  # exact: the latest record
+    assert "candidate: 1 of 3 runs not ok (crashed)" in cell.notes and cmp.warnings == []
+    copy = {**new, "_path": "elsewhere/copy.json"}
+    again = compare([make_record()], [new, copy])
+    assert again.cell("tiny ddp fp32 g2").runs == (1, 1)
+    assert again.warnings == ["candidate: elsewhere/copy.json is a copy of a run already read; counted once"]
 
 
 def test_no_matching_cell_is_an_input_error_with_the_differing_key(tmp_path, capsys):
@@ -420,8 +501,8 @@ def test_bad_options_exit_2(tmp_path, capsys):
 
 
 def test_github_benchmark_shape(tmp_path, capsys):
-    cand = cells(**{"ddp/fp32": {"samples": scaled(1.2)}})
-    assert run_pair(tmp_path, cells(), cand, "--format", "github-benchmark", "--direction", "smaller") == 1
+    cand = runs(**{"ddp/fp32": {"samples": scaled(1.2)}})
+    assert run_pair(tmp_path, runs(), cand, "--format", "github-benchmark", "--direction", "smaller") == 1
     smaller = json.loads(capsys.readouterr().out)
     assert isinstance(smaller, list) and len(smaller) == 6 * 4  # step time, 2 memories, comm bytes per cell
     for e in smaller:
@@ -431,6 +512,7 @@ def test_github_benchmark_shape(tmp_path, capsys):
     step = next(e for e in smaller if e["name"] == f"{ddp['run_id']} step_time_s")
     assert step["unit"] == "s" and step["value"] == pytest.approx(0.1 * 1.2)
     assert step["range"].startswith("± ") and "regression" in step["extra"] and "ratio 1.200x" in step["extra"]
+    assert step["extra"].endswith("; cell regressed (4 metrics); run-level: 3 vs 3 runs")
     assert {e["unit"] for e in smaller} == {"s", "GiB", "bytes"}
 
     assert run_cli(tmp_path / "base", tmp_path / "cand", "--format", "github-benchmark", "--direction", "bigger") == 1
@@ -471,19 +553,22 @@ def test_output_dir_writes_every_format_and_o_writes_the_stdout_format(tmp_path,
 
 
 def test_markdown_contains_a_table(tmp_path, capsys):
-    cand = cells(
+    cand = runs(
         **{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "timeout", "reason": "900 s"}}
     )
-    assert run_pair(tmp_path, cells(), cand, "--format", "md") == 1
+    assert run_pair(tmp_path, runs(), cand, "--format", "md") == 1
     md = capsys.readouterr().out
     lines = md.splitlines()
     assert lines[0] == "## Benchmark comparison: 🔴 2 cells regressed"  # 4 metrics of one cell, 1 newly failing
     header = lines.index("| cell | metric | baseline | candidate | ratio | change | p | verdict |")
     assert lines[header + 1] == "|---|---|---|---|---|---|---|---|"
-    assert lines[header + 2].startswith("| **tiny fsdp.full_shard bf16 g2**: regressed (4 metrics) |")
+    assert lines[header + 2].startswith(
+        "| **tiny fsdp.full_shard bf16 g2**: regressed (4 metrics) [run-level: 3 vs 3 runs] |"
+    )
     first = lines[header + 3]
     assert first.startswith("|  | step_time_s | 100 ms | 120 ms | 1.200x | +20.0% |")
-    assert "| 0.00058 | regression |" in first
+    # Welch p of 3 vs 3 runs 1% apart, 20% between the sides, Holm-adjusted over the 5 ok cells
+    assert "| 0.00012 | regression (Holm-adjusted over 5 cells; Welch p=2.38e-05) |" in first
     assert "### Newly failing (regression) (1)" in md and "- tiny zero2 fp32 g2: ok → timeout (900 s)" in md
     assert "<details><summary>All 45 metric comparisons</summary>" in md  # 5 ok cells x 9 metrics
 
@@ -504,7 +589,15 @@ def test_json_format_round_trips(tmp_path, capsys):
     assert run_pair(tmp_path, cells(), cells(), "--format", "json") == 0
     d = json.loads(capsys.readouterr().out)
     assert d["regression"] is False and d["exit_code"] == 0
-    assert d["settings"] == {"thresholds": {"default": 0.05}, "alpha": 0.05, "min_samples": 5}
+    assert {k: v for k, v in d["settings"].items() if k != "timing_test"} == {
+        "thresholds": {"default": 0.05},
+        "alpha": 0.05,
+        "min_runs": 3,
+        "min_samples": 5,
+    }
+    assert d["settings"]["timing_test"].startswith("two-sided Welch t-test on the log of each run's value")
+    assert d["cells"][0]["basis"] == "one run: reported, not judged"
+    assert d["cells"][0]["runs"] == {"baseline": 1, "candidate": 1}
     assert len(d["cells"]) == 6 and all(len(c["metrics"]) == 9 for c in d["cells"])
 
 
@@ -513,29 +606,30 @@ def test_json_format_round_trips(tmp_path, capsys):
 # metrics under it, not four regressions (issue 15). Before the fix every renderer counted metrics.
 
 
-def slow_and_fat() -> dict[str, dict]:
-    """fsdp.full_shard bf16 20% slower (4 metrics regress) and zero2 fp32 10% more memory (1 metric)."""
-    return cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"peak_alloc": 1.10}})
+def slow_and_fat() -> list[dict]:
+    """3 runs of each cell: fsdp.full_shard bf16 20% slower (4 metrics regress) and zero2 fp32 10% more memory (1
+    metric)."""
+    return runs(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"peak_alloc": 1.10}})
 
 
 def test_one_slow_cell_is_one_regressed_cell_with_its_metrics_under_it(tmp_path, capsys):
-    assert run_pair(tmp_path, cells(), slow_and_fat()) == 1
+    assert run_pair(tmp_path, runs(), slow_and_fat()) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "result: 2 cells regressed (5 metrics), 0 cells improved → exit 1"
-    head = lines.index("tiny fsdp.full_shard bf16 g2: regressed (4 metrics)")
+    head = lines.index("tiny fsdp.full_shard bf16 g2: regressed (4 metrics) [run-level: 3 vs 3 runs]")
     under = [ln.split()[0] for ln in lines[head + 1 : head + 5]]
     assert under == ["step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu"]
-    assert all(ln.startswith("  ") and ln.rstrip().endswith("regression") for ln in lines[head + 1 : head + 5])
-    fat = lines.index("tiny zero2 fp32 g2: regressed (1 metric)")
+    assert all(ln.startswith("  ") and "  regression (Holm-adjusted" in ln for ln in lines[head + 1 : head + 5])
+    fat = lines.index("tiny zero2 fp32 g2: regressed (1 metric) [run-level: 3 vs 3 runs]")
     assert lines[fat + 1].split()[0] == "peak_memory_allocated_gib"
 
-    s = compare(cells().values(), slow_and_fat().values()).summary()
+    s = compare(runs(), slow_and_fat()).summary()
     assert (s["regressions"], s["metric_regressions"], s["newly_failing"]) == (2, 5, 0)
 
 
 def test_a_newly_failing_cell_counts_once_beside_the_metric_regressions(tmp_path, capsys):
-    cand = cells(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "oom", "reason": "x"}})
-    assert run_pair(tmp_path, cells(), cand, "--format", "md") == 1
+    cand = runs(**{"fsdp.full_shard/bf16": {"samples": scaled(1.2)}, "zero2/fp32": {"status": "oom", "reason": "x"}})
+    assert run_pair(tmp_path, runs(), cand, "--format", "md") == 1
     md = capsys.readouterr().out
     assert md.splitlines()[0] == "## Benchmark comparison: 🔴 2 cells regressed"
     assert md.splitlines()[-1] == "_result: 2 cells regressed (4 metrics, 1 newly failing), 0 cells improved → exit 1_"
@@ -543,10 +637,12 @@ def test_a_newly_failing_cell_counts_once_beside_the_metric_regressions(tmp_path
 
 
 def test_markdown_groups_the_changes_by_cell(tmp_path, capsys):
-    assert run_pair(tmp_path, cells(), slow_and_fat(), "--format", "md") == 1
+    assert run_pair(tmp_path, runs(), slow_and_fat(), "--format", "md") == 1
     lines = capsys.readouterr().out.splitlines()
     header = lines.index("| cell | metric | baseline | candidate | ratio | change | p | verdict |")
-    assert lines[header + 2] == "| **tiny fsdp.full_shard bf16 g2**: regressed (4 metrics) |  |  |  |  |  |  |  |"
+    assert lines[header + 2] == (
+        "| **tiny fsdp.full_shard bf16 g2**: regressed (4 metrics) [run-level: 3 vs 3 runs] |  |  |  |  |  |  |  |"
+    )
     assert [ln.split(" | ")[1] for ln in lines[header + 3 : header + 7]] == [
         "step_time_s",
         "tokens_per_s",
@@ -554,11 +650,14 @@ def test_markdown_groups_the_changes_by_cell(tmp_path, capsys):
         "mfu",
     ]
     assert lines[header + 3].startswith("|  | step_time_s | 100 ms | 120 ms | 1.200x | +20.0% |")
-    assert lines[header + 7] == "| **tiny zero2 fp32 g2**: regressed (1 metric) |  |  |  |  |  |  |  |"
+    assert (
+        lines[header + 7]
+        == "| **tiny zero2 fp32 g2**: regressed (1 metric) [run-level: 3 vs 3 runs] |  |  |  |  |  |  |  |"
+    )
 
 
 def test_json_keeps_every_metric_and_counts_per_cell(tmp_path, capsys):
-    assert run_pair(tmp_path, cells(), slow_and_fat(), "--format", "json") == 1
+    assert run_pair(tmp_path, runs(), slow_and_fat(), "--format", "json") == 1
     d = json.loads(capsys.readouterr().out)
     assert d["summary"]["regressions"] == 2 and d["summary"]["metric_regressions"] == 5
     by_label = {c["label"]: c for c in d["cells"]}
@@ -566,7 +665,7 @@ def test_json_keeps_every_metric_and_counts_per_cell(tmp_path, capsys):
     assert slow["regressed"] is True and len(slow["metrics"]) == 9
     assert slow["metric_counts"] == {
         "regression": 4,
-        "insufficient samples": 0,
+        "not judged": 0,
         "not significant": 0,
         "improvement": 0,
         "unchanged": 5,
@@ -578,16 +677,29 @@ def test_json_keeps_every_metric_and_counts_per_cell(tmp_path, capsys):
 
 
 def test_github_benchmark_entries_carry_their_cells_summary(tmp_path, capsys):
-    assert run_pair(tmp_path, cells(), slow_and_fat(), "--format", "github-benchmark", "--direction", "bigger") == 1
+    assert run_pair(tmp_path, runs(), slow_and_fat(), "--format", "github-benchmark", "--direction", "bigger") == 1
     entries = json.loads(capsys.readouterr().out)
     slow = [e for e in entries if e["extra"].startswith("tiny fsdp.full_shard bf16 g2;")]
     assert [e["name"].rsplit(" ", 1)[1] for e in slow] == ["tokens_per_s", "tokens_per_s_per_gpu", "mfu"]
-    assert all(e["extra"].endswith("; cell regressed (4 metrics)") for e in slow)
+    assert all(e["extra"].endswith("; cell regressed (4 metrics); run-level: 3 vs 3 runs") for e in slow)
     # a cell's entries stay together, and an unchanged cell's carry no cell summary
     labels = [e["extra"].split(";")[0] for e in entries]
-    runs = [lb for i, lb in enumerate(labels) if i == 0 or lb != labels[i - 1]]
-    assert len(runs) == len(set(runs)) == 6
-    assert not any("cell " in e["extra"] for e in entries if e["extra"].startswith("tiny ddp fp32 g2;"))
+    spans = [lb for i, lb in enumerate(labels) if i == 0 or lb != labels[i - 1]]
+    assert len(spans) == len(set(spans)) == 6
+    assert not any("; cell " in e["extra"] for e in entries if e["extra"].startswith("tiny ddp fp32 g2;"))
+
+
+def test_run_level_p_is_welch_on_logs_and_defined_without_spread():
+    from scipy.stats import ttest_ind
+
+    from harness.compare.stats import run_level_p
+
+    xs, ys = [0.100, 0.104, 0.097, 0.101], [0.121, 0.118, 0.125]
+    expected = ttest_ind(np.log(xs), np.log(ys), equal_var=False).pvalue
+    assert run_level_p(xs, ys) == pytest.approx(expected, rel=1e-12)
+    assert run_level_p([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == 1.0  # no spread, no difference
+    assert run_level_p([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]) == 0.0  # no spread, a difference: certain
+    assert run_level_p([1.0], [1.0, 2.0, 3.0]) == 1.0  # one run: no test
 
 
 def test_mann_whitney_p_handles_all_equal_samples():
@@ -609,20 +721,20 @@ def test_promote_replaces_the_baseline_only_without_regressions(tmp_path, capsys
     (tmp_path / "base" / "README.md").write_text("nightly baseline for a100\n")
     (tmp_path / "base" / "nightly" / ".fragments" / "x").mkdir(parents=True)
     (tmp_path / "base" / "nightly" / ".fragments" / "x" / "rank0.json").write_text("{}")
-    faster = cells(**{"ddp/fp32": {"samples": scaled(0.8)}})
-    write_set(tmp_path / "cand", faster.values())
+    faster = runs(**{"ddp/fp32": {"samples": scaled(0.8)}})
+    write_set(tmp_path / "cand", faster)
 
     assert run_cli(tmp_path / "base", tmp_path / "cand", "--promote") == 0
-    assert "promoted 6 candidate record(s)" in capsys.readouterr().err
+    assert "promoted 18 candidate record(s) of 6 cell(s)" in capsys.readouterr().err  # every run of each cell
     assert _record_files(tmp_path / "base") == _record_files(tmp_path / "cand")  # byte-identical, old cell gone
     assert (tmp_path / "base" / "README.md").read_text() == "nightly baseline for a100\n"
     assert not (tmp_path / "base" / "nightly" / ".fragments").exists()
     prov = json.loads((tmp_path / "base" / ".promoted.json").read_text())
-    assert prov["records"] == 6 and prov["sources"] == [str(tmp_path / "cand")]
+    assert prov["records"] == 18 and prov["sources"] == [str(tmp_path / "cand")]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".base")]  # staging cleaned up
 
-    slower = cells(**{"ddp/fp32": {"samples": scaled(1.5)}})
-    write_set(tmp_path / "cand2", slower.values())
+    slower = runs(**{"ddp/fp32": {"samples": scaled(1.5)}})
+    write_set(tmp_path / "cand2", slower)
     before = _record_files(tmp_path / "base")
     assert run_cli(tmp_path / "base", tmp_path / "cand2", "--promote") == 1
     assert "not promoted" in capsys.readouterr().err
@@ -651,6 +763,15 @@ def test_promote_without_atomic_exchange_falls_back_to_renames(tmp_path, monkeyp
     names = sorted(p.name for p in (tmp_path / "base" / "nightly").iterdir())
     assert names == sorted(f"{r['run_id']}.json" for r in recs)
     assert [p.name for p in tmp_path.iterdir()] == ["base"]
+    # runs of one cell: each its own name; two first runs (from two dirs) do not overwrite each other
+    two = [make_record(), {**make_record(), "repeat": 2}, make_record()]
+    promote_baseline(two, tmp_path / "base")
+    rid = two[0]["run_id"]
+    assert sorted(p.name for p in (tmp_path / "base" / "nightly").iterdir()) == [
+        f"{rid}.json",
+        f"{rid}.r2.json",
+        f"{rid}.r3.json",
+    ]
 
 
 def test_promote_refuses_overlapping_dirs(tmp_path, capsys):
@@ -699,7 +820,7 @@ def test_metric_selection_exact_only(tmp_path):
     base = make_record(samples=[1.0] * 8, comm_bytes=1000)
     slow = make_record(samples=[1.5] * 8, comm_bytes=1000)
     assert not compare([base], [slow], metrics=["exact"]).regressions
-    assert compare([base], [slow]).regressions
+    assert compare([base], [slow]).not_judged and not compare([base], [slow]).regressions  # one run a side
     more = make_record(samples=[1.0] * 8, comm_bytes=1001)
     assert [r.metric for _, r in compare([base], [more], metrics=["exact"]).regressions] == ["comm.bytes_per_step"]
     with pytest.raises(InputError, match="'bytes' is not one of"):
@@ -784,22 +905,22 @@ PINNED_RUNS = {
     "exact": ("--metric", "exact"),
     "missing": ("--fail-on-missing", "--min-samples", "3", "--threshold", "0.2", "--threshold", "mfu=0.01"),
 }
-PINNED = {  # see pinned_outputs; re-pinned by issue 15 (below)
-    "table": "6d4d078ba78b18ba",
-    "md": "928e18e51140269f",
-    "json": "530c4a8907dc6834",
-    "all": "d5342a21698954e0",
-    "all-md": "9f18ee45de379945",
-    "smaller": "8a5ba5ace48e7671",
-    "bigger": "b3a1461ec08fa491",
-    "exact": "04558e67a8844ed6",
-    "missing": "b05810de4a8998a9",
-    "od": "6d4d078ba78b18ba",
-    "od/benchmark-bigger.json": "1ef3ed268c7bd44a",
-    "od/benchmark-smaller.json": "ab781d59556f652d",
-    "od/compare.json": "c2167c01099504ef",
-    "od/compare.md": "f9e23baa83086063",
-    "od/compare.txt": "12a8a6a5e9f49275",
+PINNED = {  # see pinned_outputs; re-pinned by issue 15 and issue 20 (below)
+    "table": "f00a45ad105ae2bb",
+    "md": "ebaaf90fdcd3790c",
+    "json": "0a38f32a7365452c",
+    "all": "4fe8c5cf92daf3ac",
+    "all-md": "fedfe3bcc980d2fd",
+    "smaller": "574a02aac23ef494",
+    "bigger": "ded8d9f27bfea8bd",
+    "exact": "9868b0eef267e39e",
+    "missing": "27648c9fa82c25b4",
+    "od": "f00a45ad105ae2bb",
+    "od/benchmark-bigger.json": "18eb57bfb78288a9",
+    "od/benchmark-smaller.json": "fba622aae56737f8",
+    "od/compare.json": "ae11271ad7eaf325",
+    "od/compare.md": "f368191cc218c818",
+    "od/compare.txt": "bd0564c0e538be83",
 }
 """First computed by the code before issue 21's work. Issue 15 changed the outputs on purpose: counts per cell
 ("5 cells regressed (10 metrics, 1 newly failing)"), each cell's metrics grouped under it, per-cell counts in
@@ -807,7 +928,12 @@ compare.json and the cell's headline at the end of a github-benchmark entry's ex
 checking that every metric row (cell, metric, values, ratio, change, p, verdict), every JSON value but the
 changed counts, and every exit code stayed as they were. Issue 18 re-pinned the two JSON digests: the test's
 records are made from a RunSpec, whose spec now also lists the layout settings (tp, pp, pp_schedule,
-microbatches, sequence_parallel, at their defaults); nothing else in them changed."""
+microbatches, sequence_parallel, at their defaults); nothing else in them changed. Issue 20 changed the timing
+judgement on purpose: every ok record of a cell is a run, timing is judged on one value per run (Welch t-test, 3
+runs a side), and with fewer runs a timing change is "not judged" (never a regression): the timing rows of this
+one-run pair became "not judged" (the rerun cell's candidate value the median of its 3 runs), the cells say their
+basis, the header the rule, and the reruns warning went; exact, memory and cell-state verdicts and the exit codes
+stayed as they were (checked by reading the new table and JSON)."""
 
 
 def pinned_outputs(root: Path) -> dict[str, str]:
@@ -906,7 +1032,7 @@ def test_json_writer_is_json_dumps_indent_2():
             dumps_json(bad)
 
 
-def test_side_index_keeps_only_the_chosen_record_and_words_reruns_as_before():
+def test_side_index_keeps_the_chosen_record_whole_and_every_runs_values():
     from harness.compare.match import SideIndex, index_by_spec
 
     first = make_record(finished_at="2026-11-29T01:00:00+00:00")
@@ -917,10 +1043,10 @@ def test_side_index_keeps_only_the_chosen_record_and_words_reruns_as_before():
     assert index.records == 4 and len(index.chosen) == 1
     (chosen,) = index.chosen.values()
     assert chosen["_path"] == "b.json"  # of equal finish times, the last one read
-    assert index.warnings() == [
-        "d.json: candidate: 'spec' is not a mapping; record skipped",
-        f"candidate: 3 records for one spec; using the one finished last (b.json), ignoring c.json, {first['run_id']}",
-    ]
+    (key,) = index.runs
+    assert [r["step_time_s"] for r in index.runs[key]] == pytest.approx([0.1, 0.15, 0.2])
+    assert [f["_path"] for f in index.run_files[key]] == [None, "b.json", "c.json"]
+    assert index.warnings() == ["d.json: candidate: 'spec' is not a mapping; record skipped"]
     notes: list[str] = []
     assert index_by_spec([first, same_second, older, odd], side="candidate", ignore=(), warnings_out=notes) == {
         next(iter(index.chosen)): chosen

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +43,18 @@ class Manifest:
     """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled, and
     submitted: queued on SLURM), status, job id and attempt (SLURM cells also slurm_state and nodes). Every
     update re-reads the file under a lock, so concurrent sweeps into the same dir interleave their updates
-    instead of overwriting each other's."""
+    instead of overwriting each other's.
+
+    Repeats (`harness sweep --repeat K`): a cell's first run is the cell's own entry, as without repeats; its
+    k-th run (k >= 2) is `cells[run_id].repeats["k"]`, with the same fields. `for_repeat(k)` is a view whose
+    `set` and `data` address the k-th runs by run_id, so a backend that knows nothing of repeats (SLURM's) follows
+    one round of them unchanged. The header also names the scenario and cluster files (absolute paths), so that
+    `harness history check --confirm` can re-run a cell of this sweep."""
 
     path: Path
     header: dict[str, Any] = field(default_factory=dict)
+    repeat: int = 1
+    """the run of each cell this view addresses (1: the cell's own entry)"""
 
     @classmethod
     def open(
@@ -58,15 +66,33 @@ class Manifest:
         cluster: str,
         executor: str = "local",
         run_ids: list[str] | None = None,
+        scenario_file: str | None = None,
+        cluster_file: str | None = None,
+        repeats: Sequence[int] = (1,),
     ) -> Manifest:
-        m = cls(
-            sweep_dir(results, sweep) / "manifest.json",
-            {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor},
-        )
+        """The sweep's manifest, created or updated: each of `run_ids` gets an entry for each run in `repeats`
+        (pending until it is run), and `repeat` records the highest run any sweep into this folder asked for."""
+        header: dict[str, Any] = {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor}
+        if scenario_file is not None:
+            header["scenario_file"] = scenario_file
+        if cluster_file is not None:
+            header["cluster_file"] = cluster_file
+        m = cls(sweep_dir(results, sweep) / "manifest.json", header)
         with m._locked() as data:
+            # NOTE: the most runs per cell any sweep into this dir asked for (a later sweep without --repeat does
+            # not make the earlier repeats look missing)
+            data["repeat"] = max(int(data.get("repeat") or 1), *repeats)
             for run_id in run_ids or []:
-                data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
+                cell = data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
+                for k in repeats:
+                    if k >= 2:
+                        runs = cell.setdefault("repeats", {})
+                        runs.setdefault(str(k), {"state": "pending", "updated_at": utc_now()})
         return m
+
+    def for_repeat(self, repeat: int) -> Manifest:
+        """This manifest as seen by the k-th run of every cell (see the class docstring)."""
+        return Manifest(self.path, self.header, repeat)
 
     @contextmanager
     def _locked(self):
@@ -85,11 +111,26 @@ class Manifest:
     def set(self, run_id: str, **fields: Any) -> None:
         with self._locked() as data:
             cell = data["cells"].setdefault(run_id, {})
+            if self.repeat > 1:
+                cell = cell.setdefault("repeats", {}).setdefault(str(self.repeat), {})
             cell.update(fields, updated_at=utc_now())
 
     @property
     def data(self) -> dict[str, Any]:
-        return json.loads(self.path.read_text())
+        data = json.loads(self.path.read_text())
+        if self.repeat > 1:
+            runs = {k: (c.get("repeats") or {}).get(str(self.repeat)) for k, c in data.get("cells", {}).items()}
+            data["cells"] = {k: c for k, c in runs.items() if c is not None}
+        return data
+
+
+def cell_runs(cell: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """A manifest cell's runs by repeat index: 1 is the cell's own entry, k >= 2 its `repeats` (`harness status`)."""
+    runs: dict[int, dict[str, Any]] = {1: cell}
+    for k, c in (cell.get("repeats") or {}).items():
+        if str(k).isdigit() and isinstance(c, dict):
+            runs[int(k)] = c
+    return dict(sorted(runs.items()))
 
 
 def cell_state(rec: Mapping[str, Any]) -> str:

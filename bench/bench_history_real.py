@@ -1,0 +1,185 @@
+"""The results history on real runs of this machine (issue 20): N sweeps of this commit are added to a history
+(`harness history add`), then two more are checked (`harness history check`: no cell should be flagged), then two
+sweeps with a real slowdown injected into one named cell (`inject: {fault: slow, factor: F}`, through a scenario
+override written beside the history: an include entry that merges into exactly that cell; the scenario file itself
+is not edited) are checked: that cell, and only it, should be flagged. Each checked night is added after its check,
+as `make nightly` does. Prints each check's exit code and flagged cells, the slowed cell's values against its
+history, wall times and the machine's load; asserts nothing.
+
+    python bench/bench_history_real.py                                   # smoke.yaml, 10 nights (long)
+    python bench/bench_history_real.py --scenario S.yaml --nights 5      # a small one, to see that it works
+    python bench/bench_history_real.py --cell "ddp fp32" --factor 1.3 --keep /tmp/hist
+
+`--cell` picks the slowed cell: a run_id, or words that its label (`tiny ddp fp32 g2`) contains; default the
+scenario's first cell. `--rank 0` slows one rank only (a slowdown on every rank takes in the ranks' waits for each
+other's extra work, so factors well above 1.3 grow step by step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.scenario.cluster import load_cluster  # noqa: E402
+from harness.scenario.schema import Scenario, load_scenario  # noqa: E402
+
+HARNESS = [sys.executable, "-m", "harness.cli"]
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HARNESS, *args], cwd=REPO, capture_output=True, text=True)
+
+
+def sweep(scenario: Path, results: Path, cluster: str) -> float:
+    t0 = time.time()
+    proc = harness("sweep", str(scenario), "--cluster", cluster, "--results", str(results))
+    if proc.returncode not in (0, 1):
+        sys.exit(f"sweep failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return time.time() - t0
+
+
+def add(db: str, results: Path, label: str) -> None:
+    proc = harness("history", "add", "--db", db, str(results), "--label", label)
+    if proc.returncode:
+        sys.exit(f"history add failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def check(db: str, results: Path) -> tuple[int, dict, float]:
+    t0 = time.time()
+    proc = harness("history", "check", "--db", db, str(results), "--format", "json")
+    wall = time.time() - t0
+    try:
+        return proc.returncode, json.loads(proc.stdout), wall
+    except json.JSONDecodeError:
+        sys.exit(f"history check gave no JSON (exit {proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def pick_cell(scenario: Scenario, gpus_per_node: int, wanted: str | None) -> tuple[dict, str, str]:
+    """(matrix combination, run_id, label) of the cell to slow."""
+    found = []
+    for combo in scenario.cells:
+        (spec,) = dataclasses.replace(scenario, cells=(combo,)).expand(gpus_per_node=gpus_per_node)
+        label = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
+        if wanted is None or spec.run_id == wanted or all(w in label.split() for w in wanted.split()):
+            found.append((combo, spec.run_id, label))
+    if not found:
+        sys.exit(f"--cell {wanted!r}: no cell of {scenario.path} matches")
+    return found[0]
+
+
+def slowed_scenario(path: Path, out: Path, combo: dict, inject: dict, gpus_per_node: int) -> tuple[Path, str]:
+    """`path` with one more include entry that merges `inject` into exactly the cell `combo` (written to `out`);
+    (the new file, the slowed cell's run_id). Exits when the override would add or change any other cell."""
+    doc = yaml.safe_load(path.read_text())
+    doc["matrix"].setdefault("include", []).append({**combo, "inject": inject})
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = {s.run_id for s in load_scenario(path).expand(gpus_per_node=gpus_per_node)}
+    after = load_scenario(out).expand(gpus_per_node=gpus_per_node)
+    slowed = [s for s in after if s.settings.inject == inject]
+    others = {s.run_id for s in after if s.settings.inject != inject}
+    if len(slowed) != 1 or len(after) != len(before) or not others <= before:
+        sys.exit(f"the override of {path} does not slow exactly one existing cell (pick a cell of the base matrix)")
+    return out, slowed[0].run_id
+
+
+def flagged(doc: dict) -> list[str]:
+    return [c["label"] for c in doc["cells"] if any(m["verdict"] == "regression" for m in c["metrics"])]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "smoke.yaml")
+    ap.add_argument("--cluster", default="local")
+    ap.add_argument("--nights", type=int, default=10, help="sweeps added to the history before the checked ones")
+    ap.add_argument("--cell", help="the cell to slow: a run_id or words of its label (default: the first cell)")
+    ap.add_argument("--factor", type=float, default=1.3, help="the injected slowdown")
+    ap.add_argument("--rank", type=int, help="slow only this rank (default: every rank)")
+    ap.add_argument("--keep", type=Path, help="keep the history and sweeps here instead of a temporary folder")
+    args = ap.parse_args()
+    cluster = load_cluster(args.cluster)
+    scenario = load_scenario(args.scenario)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-history-real-"))
+    root.mkdir(parents=True, exist_ok=True)
+    db = str(root / "history.sqlite")
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    label = sha.strip() or "this-commit"
+    combo, _, cell_label = pick_cell(scenario, cluster.gpus_per_node, args.cell)
+    inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
+    slow_file, slow_id = slowed_scenario(args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node)
+    n_cells = len(scenario.expand(gpus_per_node=cluster.gpus_per_node))
+    print(
+        f"{args.scenario} ({n_cells} cells) on {cluster.name}; history {db}; slowed cell: {cell_label} x{args.factor}"
+    )
+    t_start = time.time()
+    walls, loads = [], []
+    try:
+        for n in range(1, args.nights + 1):
+            results = root / f"night{n:02d}"
+            walls.append(sweep(args.scenario, results, args.cluster))
+            loads.append(os.getloadavg()[0])
+            add(db, results, label)
+            print(f"night {n:2d}: swept in {walls[-1]:.0f} s, added (load {loads[-1]:.1f})", flush=True)
+        checks = []
+        for n, (what, file) in enumerate(
+            [("same commit", args.scenario)] * 2 + [(f"slow x{args.factor} in {cell_label}", slow_file)] * 2,
+            start=args.nights + 1,
+        ):
+            results = root / f"night{n:02d}"
+            walls.append(sweep(file, results, args.cluster))
+            loads.append(os.getloadavg()[0])
+            code, doc, wall = check(db, results)
+            add(db, results, label + ("-slow" if file == slow_file else ""))
+            checks.append((n, what, code, doc))
+            names = flagged(doc)
+            print(
+                f"night {n:2d} ({what}): history check exit {code} in {wall:.1f} s; flagged {len(names)} of "
+                f"{len(doc['cells'])} cells: {', '.join(names) or '-'} (load {loads[-1]:.1f})",
+                flush=True,
+            )
+            for c in doc["cells"]:
+                if c["run_id"] == slow_id or c["label"] in names:
+                    st = next((m for m in c["metrics"] if m["metric"] == "step_time_s"), None)
+                    if st and st["value"] is not None and st["reference"] is not None:
+                        sig = "-" if st["sigmas"] is None else f"{st['sigmas']:+.1f}σ"
+                        print(
+                            f"    {c['label']}: step time {st['value'] * 1e3:.2f} ms vs history median "
+                            f"{st['reference'] * 1e3:.2f} ms ({(st['change'] or 0) * 100:+.1f}%), noise σ "
+                            f"{(st['noise'] or 0) * 100:.1f}% over {st['n_history']} runs, {sig}, margin "
+                            f"{(st['margin'] or 0) * 100:.1f}%: {st['verdict']}"
+                            + (f" ({st['cause']})" if st["cause"] else "")
+                        )
+        print()
+        same = [names for n, what, code, doc in checks[:2] for names in [flagged(doc)]]
+        slow = [flagged(doc) for *_, doc in checks[2:]]
+        print(f"same commit: {sum(len(f) for f in same)} cell(s) flagged over 2 checks (expected 0)")
+        hit = [cell_label in " ".join(f) for f in slow]
+        others = sum(len([x for x in f if not x.startswith(cell_label)]) for f in slow)
+        print(
+            f"slowed x{args.factor}: {cell_label} flagged on {sum(hit)} of 2 nights; other cells flagged: {others} "
+            "(expected: the slowed cell, and only it)"
+        )
+        print(
+            f"sweeps: median {statistics.median(walls):.0f} s; load average (1 min) median "
+            f"{statistics.median(loads):.1f}; wall {time.time() - t_start:.0f} s"
+        )
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
