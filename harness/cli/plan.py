@@ -1,18 +1,26 @@
-"""`harness plan SCENARIO [--cluster NAME] [--format table|json]`: the planner's predictions for every cell.
+"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--project GPUS]`: the planner's predictions for
+every cell, or with `--project`, every cell's step time projected at other GPU counts.
 
-The command only; the predictions are harness.plan.predict's. No torch import on this path.
+The command only; the predictions are harness.plan.predict's and harness.plan.projection's. No torch import on this
+path.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 
 import click
 
+from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import format_table, plan_cells
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
+
+_FREEZE_AT_EXIT: list = []
+"""the exit handler that freezes the collector's objects, once registered"""
 
 
 @click.command("plan")
@@ -26,15 +34,43 @@ from harness.scenario.schema import load_scenario
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--force-calibration", is_flag=True, help="use the cluster's calibration even if another machine made it")
-def plan_command(scenario: str, cluster_name: str, fmt: str, force_calibration: bool) -> int:
+@click.option(
+    "--project",
+    "project_gpus",
+    default=None,
+    metavar="GPUS",
+    help="project every cell (model, strategy, layout, settings) to these GPU counts instead: 8,16,64 or 8..4096 "
+    "(powers of two); predicted ms/step and tokens/s per GPU from the cluster's rates (docs/time-model.md)",
+)
+def plan_command(scenario: str, cluster_name: str, fmt: str, force_calibration: bool, project_gpus: str | None) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
-    FLOPs and communication per step, for every cell of SCENARIO. Launches nothing."""
-    cluster = load_cluster(cluster_name)
-    specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
-    rates = rates_for(cluster, force=force_calibration)  # a calibration of another machine: exit 2, with the reason
-    cells = plan_cells(specs, cluster, rates=rates)
-    if fmt == "json":
-        click.echo(json.dumps(cells, indent=2, allow_nan=False))
-    else:
-        click.echo(format_table(cells, cluster))
+    FLOPs, communication and step time per step, for every cell of SCENARIO. Launches nothing."""
+    # NOTE: a plan holds about a hundred objects per cell until it is printed and frees almost nothing before; the
+    # cyclic collector's passes over them cost a quarter of a 10,000-cell plan (bench/bench_plan.py) and find nothing.
+    # At exit, the interpreter's last collection would pass over all of them once more (0.3 s): an exit handler
+    # freezes them first (a process that goes on after this command, a test session, is not affected until it exits)
+    collecting = gc.isenabled()
+    gc.disable()
+    if not _FREEZE_AT_EXIT:
+        _FREEZE_AT_EXIT.append(atexit.register(gc.freeze))
+    try:
+        gpus = pj.parse_gpus(project_gpus) if project_gpus is not None else None  # bad input: before any work
+        cluster = load_cluster(cluster_name)
+        specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
+        rates = rates_for(cluster, force=force_calibration)  # another machine's calibration: exit 2, with the reason
+        if gpus is not None:
+            rows = pj.project(specs, cluster, gpus, rates=rates)
+            if fmt == "json":
+                click.echo(json.dumps(pj.projection_document(rows, cluster, gpus, rates), indent=2, allow_nan=False))
+            else:
+                click.echo(pj.format_projection(rows, cluster, gpus, rates))
+            return 0
+        cells = plan_cells(specs, cluster, rates=rates)
+        if fmt == "json":
+            click.echo(json.dumps(cells, indent=2, allow_nan=False))
+        else:
+            click.echo(format_table(cells, cluster))
+    finally:
+        if collecting:
+            gc.enable()
     return 0

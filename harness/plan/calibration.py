@@ -23,7 +23,6 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +120,8 @@ def usable_cores() -> int:
 
 
 def torch_version() -> str | None:
+    from importlib import metadata  # NOTE: here, not at the top: 30 ms of `harness plan`'s start for a SLURM profile
+
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -317,6 +318,12 @@ class Rates:
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         raise NotImplementedError
+
+    def p2p_s(self, *, link: str, nbytes: float, dtype: str) -> float:
+        """One point-to-point transfer (a pipeline's send or recv of `nbytes`) on `link`: priced as a broadcast
+        between two ranks, whose bus factor is 1 (nccl-tests' sendrecv and broadcast both have busbw = algbw): the
+        link's latency plus the bytes at its bus bandwidth."""
+        return self.collective_s("broadcast", link=link, ranks=2, nbytes=nbytes, dtype=dtype)
 
     def share(self, kind: str, *, ranks: int) -> float:
         """How much slower one rank's `kind` of work (compute | memory | optimizer) runs while `ranks` ranks share

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
@@ -113,7 +114,20 @@ def units(params: list[Param]) -> dict[str, list[Param]]:
 _UNITS: dict[int, tuple[object, dict[str, list[Param]]]] = {}
 
 
-def _units(params: list[Param]) -> dict[str, list[Param]]:
+@functools.lru_cache(maxsize=256)
+def _unit_numels(cfg: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(unit name, its parameters' numels in order) per FSDP unit of the model, in wrapping order (cached: planning
+    asks per cell, and a 70B model has 723 parameters)."""
+    return tuple((name, tuple(p.numel for p in unit)) for name, unit in _units(_parameters(cfg)).items())
+
+
+@functools.lru_cache(maxsize=256)
+def _numels(cfg: ModelConfig) -> tuple[int, ...]:
+    """Every parameter's numel in registration order (cached per model)."""
+    return tuple(p.numel for p in _parameters(cfg))
+
+
+def _units(params: Sequence[Param]) -> dict[str, list[Param]]:
     out: dict[str, list[Param]] = {}
     for p in params:
         if p.unit != "root":
@@ -166,10 +180,15 @@ class Item(NamedTuple):
     bytes_per_call: int
     calls: float
     group: str
+    ranks: int = 0
+    """the group's size where its kind does not say it (a layout cell's tp, pp and dp groups); 0: from the kind"""
 
     @property
     def bytes(self) -> float:
         return self.bytes_per_call * self.calls
+
+
+_new = tuple.__new__
 
 
 @dataclass
@@ -180,8 +199,8 @@ class Ledger:
     notes: list[str] = field(default_factory=list)
 
     def add(self, what: str, collective: str, dtype: str, bytes_per_call: int, calls: float = 1, *, group: str) -> None:
-        if calls:
-            self.items.append(Item(what, collective, dtype, int(bytes_per_call), float(calls), group))
+        if calls:  # NOTE: tuple.__new__, not Item(...): ~10^5 items per plan, and the NamedTuple's __new__ is Python
+            self.items.append(_new(Item, (what, collective, dtype, int(bytes_per_call), float(calls), group, 0)))
 
     def summary(self) -> dict:
         by_coll: dict[str, dict] = {}
@@ -238,11 +257,17 @@ def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
     return buckets
 
 
+@functools.lru_cache(maxsize=256)
+def _ddp_sizes(cfg: ModelConfig) -> tuple[list[int], list[int]]:
+    """(fp32 gradient bytes in ready order, bytes per bucket) of DDP over the model (cached; read, never change)."""
+    sizes = [n * 4 for n in reversed(_numels(cfg))]
+    return sizes, ddp_buckets(sizes)
+
+
 def _ddp(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     # gradients become ready in reverse registration order (head first, embedding last); DDP rebuilds its
     # buckets in that order after the first step, so measured steps see these buckets
-    sizes = [p.numel * 4 for p in reversed(params)]
-    buckets = ddp_buckets(sizes)
+    sizes, buckets = _ddp_sizes(spec.model_config)
     for i, b in enumerate(buckets):
         led.add(f"gradient bucket {i} (fp32)", "all_reduce", "float32", b, group=g.world)
     led.notes.append(
@@ -259,12 +284,18 @@ def fsdp1_flat_numel(unit: list[Param], *, shard_size: int, param_dtype_bytes: i
     """Numel of a unit's padded FlatParameter: with use_orig_params every parameter starts at a 16-byte
     boundary of the forward dtype (padding inserted before it), then the total is padded to a multiple of
     the shard-group size (FlatParamHandle._init_flat_param_and_metadata)."""
+    return _flat_numel(tuple(p.numel for p in unit), shard_size, param_dtype_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat_numel(numels: tuple[int, ...], shard_size: int, param_dtype_bytes: int) -> int:
+    # NOTE: cached per numel sequence: every block of a model has the same one
     aligned = FSDP_ALIGNMENT_BYTES // param_dtype_bytes
     total = 0
-    for p in unit:
+    for n in numels:
         if total % aligned:
             total += aligned - total % aligned
-        total += p.numel
+        total += n
     if total % shard_size:
         total += shard_size - total % shard_size
     return total
@@ -283,9 +314,9 @@ def _fsdp1(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
         led.notes.append(f"FSDP1 {s} at world 1 runs as NO_SHARD")
         s, sharded = "no_shard", False
     reshard_after_forward = entry.reshard_after_forward
-    for name, unit in units(params).items():
-        flat = fsdp1_flat_numel(unit, shard_size=g.shard_size, param_dtype_bytes=pbytes)
-        pad = flat - sum(p.numel for p in unit)
+    for name, numels in _unit_numels(spec.model_config):
+        flat = _flat_numel(numels, g.shard_size, pbytes)
+        pad = flat - sum(numels)
         label = f"unit {name} ({flat} elements, {pad} padding)"
         if sharded:
             if reshard_after_forward:
@@ -341,6 +372,16 @@ def fsdp2_padded_numel(p: Param, *, shard_size: int) -> int:
     return d0 * math.prod(p.shape[1:])
 
 
+@functools.lru_cache(maxsize=1024)
+def _fsdp2_units(cfg: ModelConfig, shard_size: int) -> tuple[tuple[str, int, int], ...]:
+    """(group, padded elements, padding) per FSDP2 group of the model over `shard_size` ranks (cached)."""
+    out = []
+    for name, unit in _units(_parameters(cfg)).items():
+        numel = sum(fsdp2_padded_numel(p, shard_size=shard_size) for p in unit)
+        out.append((name, numel, numel - sum(p.numel for p in unit)))
+    return tuple(out)
+
+
 def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     prec = spec.precision
     pdt = PRECISION_DTYPE[prec]  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
@@ -349,9 +390,7 @@ def _fsdp2(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
     if g.shard_size == 1 and g.replicate is None:
         led.notes.append("FSDP2 at world 1 issues no collective (all_gather and reduce_scatter are skipped)")
         return
-    for name, unit in units(params).items():
-        numel = sum(fsdp2_padded_numel(p, shard_size=g.shard_size) for p in unit)
-        pad = numel - sum(p.numel for p in unit)
+    for name, numel, pad in _fsdp2_units(spec.model_config, g.shard_size):
         label = f"group {name} ({numel} elements, {pad} padding)"
         # NOTE: reshard_after_forward=True is passed explicitly, which turns off FSDP2's "root is not
         # resharded after forward" default: the root is gathered in backward again like every Block
@@ -396,6 +435,15 @@ def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_ELEMS) -> l
     return buckets
 
 
+@functools.lru_cache(maxsize=256)
+def _zero12_buckets(cfg: ModelConfig, stage: int) -> list[int]:
+    """Elements per ZeRO-1/2 gradient bucket (cached per model and stage; read, never change)."""
+    # ZeRO-1 reduces at the accumulation boundary, walking the parameter group in order; ZeRO-2 reduces
+    # from gradient hooks (reverse registration order) on every micro-step
+    order = list(_numels(cfg)) if stage == 1 else list(reversed(_numels(cfg)))
+    return [sum(order[i] for i in b) for b in ds_ipg_buckets(order)]
+
+
 def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     stage = int(spec.strategy[-1])
     prec = spec.precision
@@ -403,13 +451,10 @@ def _zero12(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> No
     eb = DTYPE_BYTES[dt]
     w = spec.gpus
     accum = spec.settings.grad_accum
-    numel = sum(p.numel for p in params)
+    numel = sum(_numels(spec.model_config))
     align = DS_NCCL_START_ALIGNMENT * w
     flat = -(-numel // align) * align
-    # ZeRO-1 reduces at the accumulation boundary, walking the parameter group in order; ZeRO-2 reduces
-    # from gradient hooks (reverse registration order) on every micro-step
-    order = [p.numel for p in params] if stage == 1 else [p.numel for p in reversed(params)]
-    buckets = [sum(order[i] for i in b) for b in ds_ipg_buckets(order)]
+    buckets = _zero12_buckets(spec.model_config, stage)
     per_step = 1 if stage == 1 else accum
     for i, b in enumerate(buckets):
         led.add(
@@ -608,48 +653,77 @@ def zero3_sub_groups(partition_numels: list[int], *, sub_group_size: int = DS_SU
     return groups
 
 
+@dataclass(frozen=True)
+class Zero3Structure:
+    """What ZeRO-3's collectives are made of for a model, a world size and the coordinator's knobs, whatever the
+    precision and the accumulation (cached: planning asks for every cell)."""
+
+    gathers: tuple[tuple[str, int, int, int], ...]
+    """(phase, index in the phase, parameters, padded elements) of every all_gather call (world > 1)"""
+    regathered: int
+    """non-persistent parameters gathered again in backward"""
+    persistent: tuple[tuple[str, int], ...]
+    """(name, padded elements) of each persistent parameter"""
+    buckets: tuple[int, ...]
+    """padded elements of each gradient bucket's reduce_scatter"""
+    sub_groups: int
+    n_params: int
+
+
+@functools.lru_cache(maxsize=1024)
+def zero3_structure(cfg: ModelConfig, w: int, conf: Zero3Config, checkpointing: bool) -> Zero3Structure:
+    params = _parameters(cfg)
+    padded = [-(-p.numel // w) * w for p in params]  # each parameter partitioned into ceil(numel / world)
+    persistent = [i for i, p in enumerate(params) if p.numel <= conf.persistence_threshold]
+    gathers: list[tuple[str, int, int, int]] = []
+    regathered = 0
+    if w > 1:
+        tr = zero3_trace(cfg, conf=conf, checkpointing=checkpointing)
+        for phase in ("forward", "backward"):
+            calls = [idx for ph, idx in tr.gathers if ph == phase]
+            for k, idx in enumerate(calls):
+                gathers.append((phase, k, len(idx), sum(padded[i] for i in idx)))
+        regathered = len(tr.regathered)
+    # gradients reach the bucket from backward hooks, reverse registration order; the bucket threshold
+    # counts unpadded elements, the reduce_scatter input pads every gradient to the world
+    order = list(reversed(range(len(params))))
+    buckets = tuple(sum(padded[order[j]] for j in b) for b in ds_ipg_buckets([params[i].numel for i in order]))
+    return Zero3Structure(
+        gathers=tuple(gathers),
+        regathered=regathered,
+        persistent=tuple((params[i].name, padded[i]) for i in persistent),
+        buckets=buckets,
+        sub_groups=zero3_sub_groups([pad // w for pad in padded]),
+        n_params=len(params),
+    )
+
+
 def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> None:
     prec = spec.precision
     dt = PRECISION_DTYPE[prec]
     eb = DTYPE_BYTES[dt]
     w = spec.gpus
     accum = spec.settings.grad_accum
-    padded = [-(-p.numel // w) * w for p in params]  # each parameter partitioned into ceil(numel / world)
     conf = ZERO3
-    persistent = [i for i, p in enumerate(params) if p.numel <= conf.persistence_threshold]
+    st = zero3_structure(spec.model_config, w, conf, spec.settings.checkpointing)
     if w > 1:
-        tr = zero3_trace(spec.model_config, conf=conf, checkpointing=spec.settings.checkpointing)
-        for phase in ("forward", "backward"):
-            calls = [idx for ph, idx in tr.gathers if ph == phase]
-            for k, idx in enumerate(calls):
-                n_elem = sum(padded[i] for i in idx)
-                led.add(
-                    f"all_gather #{k} issued in {phase}, {len(idx)} parameter(s) ({n_elem} elements)",
-                    "all_gather",
-                    dt,
-                    n_elem * eb,
-                    accum,
-                    group=g.world,
-                )
-        if tr.regathered:
-            led.notes.append(
-                f"ZeRO-3: {len(tr.regathered)} parameter(s) lie beyond stage3_max_reuse_distance and are "
-                "gathered again in backward"
-            )
-        for i in persistent:
+        for phase, k, n_idx, n_elem in st.gathers:
             led.add(
-                f"persistent {params[i].name} gathered after the step",
+                f"all_gather #{k} issued in {phase}, {n_idx} parameter(s) ({n_elem} elements)",
                 "all_gather",
                 dt,
-                padded[i] * eb,
-                1,
+                n_elem * eb,
+                accum,
                 group=g.world,
             )
-    # gradients reach the bucket from backward hooks, reverse registration order; the bucket threshold
-    # counts unpadded elements, the reduce_scatter input pads every gradient to the world
-    order = list(reversed(range(len(params))))
-    for k, b in enumerate(ds_ipg_buckets([params[i].numel for i in order])):
-        numel = sum(padded[order[j]] for j in b)
+        if st.regathered:
+            led.notes.append(
+                f"ZeRO-3: {st.regathered} parameter(s) lie beyond stage3_max_reuse_distance and are "
+                "gathered again in backward"
+            )
+        for name, padded in st.persistent:
+            led.add(f"persistent {name} gathered after the step", "all_gather", dt, padded * eb, 1, group=g.world)
+    for k, numel in enumerate(st.buckets):
         led.add(
             f"gradient bucket {k} reduce_scatter_coalesced ({numel} elements)",
             "reduce_scatter",
@@ -660,17 +734,16 @@ def _zero3(spec: RunSpec, *, params: list[Param], g: Groups, led: Ledger) -> Non
         )
     if prec == "fp16":
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
-    sub_groups = zero3_sub_groups([pad // w for pad in padded])
     led.add(
-        f"gradient norm (fp64, one per optimizer sub-group: {sub_groups})",
+        f"gradient norm (fp64, one per optimizer sub-group: {st.sub_groups})",
         "all_reduce",
         "float64",
         8,
-        sub_groups,
+        st.sub_groups,
         group=g.world,
     )
     led.notes.append(
-        f"ZeRO-3: {len(persistent)} of {len(params)} parameters persistent (<= {conf.persistence_threshold} "
+        f"ZeRO-3: {len(st.persistent)} of {st.n_params} parameters persistent (<= {conf.persistence_threshold} "
         f"elements), gathered once after the step; gradients reduce_scattered in {dt}"
     )
 
@@ -730,7 +803,17 @@ def ledger_bytes(spec: RunSpec) -> float | None:
 
 
 def _ledger_entry(spec: RunSpec) -> tuple[Ledger, float]:
+    last = _LAST
+    if last[0] is spec and last[1] is ZERO3:  # the planner asks twice per cell (bytes, then the time model)
+        return last[2]
+    hit = _ledger_entry_of(spec)
+    _LAST[:] = [spec, ZERO3, hit]
+    return hit
+
+
+def _ledger_entry_of(spec: RunSpec) -> tuple[Ledger, float]:
     s = spec.settings
+    default_layout = s.tp == 1 and s.pp == 1
     key = (
         spec.model_config,
         spec.strategy,
@@ -739,15 +822,15 @@ def _ledger_entry(spec: RunSpec) -> tuple[Ledger, float]:
         spec.gpus_per_node,
         s.grad_accum,
         # only ZeRO-3's trace depends on checkpointing: the other models share one ledger for both
-        s.checkpointing if CATALOGUE[spec.strategy].comm_model == "zero3" or not spec.layout.is_default else None,
+        s.checkpointing if not default_layout or CATALOGUE[spec.strategy].comm_model == "zero3" else None,
         s.offload,
         ZERO3,  # the coordinator's knobs (a test or a diagnosis may change them)
-        layouts.cache_key(spec),  # () without tensor/pipeline parallelism
+        () if default_layout else layouts.cache_key(spec),  # () without tensor/pipeline parallelism
     )
     hit = _LEDGERS.get(key)
     if hit is None:
         led = Ledger()
-        if not spec.layout.is_default:  # tensor / pipeline parallelism: harness.plan.layouts
+        if not default_layout:  # tensor / pipeline parallelism: harness.plan.layouts
             led.items, led.notes = layouts.layout_ledger(spec, item=Item, ddp_buckets=ddp_buckets)
         else:
             # NOTE: the cached tuple itself (not a copy): `units` remembers its split per model
@@ -760,3 +843,15 @@ def _ledger_entry(spec: RunSpec) -> tuple[Ledger, float]:
 
 
 _LEDGERS: dict[tuple, tuple[Ledger, float]] = {}
+_LAST: list = [None, None, None]
+"""(spec, ZERO3, entry) of the last `_ledger_entry` call"""
+
+
+def clear_caches() -> None:
+    """Forget every ledger and per-model structure (tests compare cold and warm predictions)."""
+    _LEDGERS.clear()
+    _UNITS.clear()
+    _LAST[:] = [None, None, None]
+    for f in (_unit_numels, _numels, _flat_numel, _fsdp2_units, _zero12_buckets, _ddp_sizes, zero3_structure):
+        f.cache_clear()
+    _zero3_trace_cached.cache_clear()

@@ -72,6 +72,12 @@ class Item:
     bytes_per_call: int
     calls: float
     group: str
+    ranks: int = 0
+    """the group's size (tp, pp or a data-parallel group: several can be of one kind)"""
+    role: str = ""
+    """what the step-time model (harness.plan.time) does with it: "tp" (on every microbatch's critical path, `calls`
+    counts all forwards), "tp_step" (once per step: sequence parallelism's norm gradients), "p2p" (a pipeline's
+    send or recv per microbatch) or "dp" (data parallelism's, per step)"""
 
 
 def local_shape(p: Param, *, tp: int) -> tuple[int, ...]:
@@ -112,20 +118,25 @@ def activation_dtype(spec: RunSpec) -> str:
     return PRECISION_DTYPE[spec.precision]
 
 
-def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list[Item], list[str]]:
+def layout_collectives(
+    spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list[int]], pp_rank: int = 0
+) -> tuple[list[Item], list[str]]:
     """(items, notes): every collective rank 0 issues per step in a tensor- or pipeline-parallel cell (see the module
-    docstring). `ddp_buckets` is harness.plan.comm's DDP bucket assignment (bytes per bucket from gradient bytes)."""
+    docstring), or with `pp_rank`, the first rank of that pipeline rank (its stages; tp and dp coordinates 0: every
+    rank of a stage issues the same). `ddp_buckets` is harness.plan.comm's DDP bucket assignment (bytes per bucket
+    from gradient bytes)."""
     lay, s, cfg = spec.layout, spec.settings, spec.model_config
     gpn = spec.gpus_per_node
     items: list[Item] = []
     notes: list[str] = []
+    rank = lay.rank_of({name: pp_rank if name == "pp" else 0 for name, _ in lay.mesh_dims})
 
-    def add(what: str, coll: str, dtype: str, nbytes: int, calls: float, group: str) -> None:
+    def add(what: str, coll: str, dtype: str, nbytes: int, calls: float, group: str, ranks: int, role: str) -> None:
         if calls:
-            items.append(Item(what, coll, dtype, int(nbytes), float(calls), group))
+            items.append(Item(what, coll, dtype, int(nbytes), float(calls), group, ranks, role))
 
-    tp_g = group_kind(lay.group(0, ("tp",)), gpn)
-    pp_g = group_kind(lay.group(0, ("pp",)), gpn)
+    tp_g = group_kind(lay.group(rank, ("tp",)), gpn)
+    pp_g = group_kind(lay.group(rank, ("pp",)), gpn)
     act = activation_dtype(spec)
     ab = DTYPE_BYTES[act]
     if lay.pp > 1:
@@ -135,7 +146,7 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
         forwards, tokens = s.grad_accum, s.micro_batch * s.seq_len
     x = tokens * cfg.d_model * ab  # one (tokens, d_model) activation
     sp = s.sequence_parallel
-    local_stages = lay.stages_of(0)
+    local_stages = lay.stages_of(pp_rank)
     split = stage_blocks(cfg.n_layers, lay.n_stages)
     for st in local_stages:
         first, last, nb = st == 0, st == lay.n_stages - 1, len(split[st])
@@ -150,6 +161,8 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
                     x,
                     gathers * forwards,
                     tp_g,
+                    lay.tp,
+                    "tp",
                 )
                 add(
                     f"{where}: TP reduce_scatter out of embedding/attention/MLP (fwd+bwd)",
@@ -158,6 +171,8 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
                     x,
                     gathers * forwards,
                     tp_g,
+                    lay.tp,
+                    "tp",
                 )
                 norms = 2 * nb + (1 if last else 0)
                 add(
@@ -167,6 +182,8 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
                     cfg.d_model * DTYPE_BYTES[PRECISION_DTYPE[spec.precision]],
                     norms,
                     tp_g,
+                    lay.tp,
+                    "tp_step",
                 )
             else:
                 reduces = 7 * nb + (1 if first else 0) + (1 if last else 0)
@@ -177,6 +194,8 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
                     x,
                     reduces * forwards,
                     tp_g,
+                    lay.tp,
+                    "tp",
                 )
             if last:
                 add(
@@ -186,26 +205,37 @@ def layout_collectives(spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list
                     tokens * 4,
                     LOSS_PARALLEL_VALUES_PER_TOKEN * forwards,
                     tp_g,
+                    lay.tp,
+                    "tp",
                 )
         if lay.pp > 1:
             boundary = x // lay.tp if sp else x
             if not first:
-                add(f"{where}: receive activations, send their gradients", "recv", act, boundary, forwards, pp_g)
-                add(f"{where}: send input gradients", "send", act, boundary, forwards, pp_g)
+                add(
+                    f"{where}: receive activations, send their gradients",
+                    "recv",
+                    act,
+                    boundary,
+                    forwards,
+                    pp_g,
+                    2,
+                    "p2p",
+                )
+                add(f"{where}: send input gradients", "send", act, boundary, forwards, pp_g, 2, "p2p")
             if not last:
-                add(f"{where}: send activations", "send", act, boundary, forwards, pp_g)
-                add(f"{where}: receive output gradients", "recv", act, boundary, forwards, pp_g)
-        _data_parallel(spec, stage=st, add=add, notes=notes, ddp_buckets=ddp_buckets)
+                add(f"{where}: send activations", "send", act, boundary, forwards, pp_g, 2, "p2p")
+                add(f"{where}: receive output gradients", "recv", act, boundary, forwards, pp_g, 2, "p2p")
+        _data_parallel(spec, stage=st, rank=rank, add=add, notes=notes, ddp_buckets=ddp_buckets)
     what = []
     if lay.tp > 1:
         what.append(f"TP {lay.tp} ({'sequence parallel, ' if sp else ''}loss parallel) on a {tp_g} group")
     if lay.pp > 1:
         what.append(f"PP {lay.pp} ({lay.schedule}, {lay.n_stages} stages, {forwards} microbatches) on a {pp_g} group")
-    notes.append(f"layout: {', '.join(what)}; data parallel {lay.dp}; rank 0 holds stage(s) {local_stages}")
+    notes.append(f"layout: {', '.join(what)}; data parallel {lay.dp}; rank {rank} holds stage(s) {local_stages}")
     return items, notes
 
 
-def _data_parallel(spec: RunSpec, *, stage: int, add, notes: list[str], ddp_buckets) -> None:
+def _data_parallel(spec: RunSpec, *, stage: int, rank: int, add, notes: list[str], ddp_buckets) -> None:
     lay, cfg = spec.layout, spec.model_config
     gpn = spec.gpus_per_node
     entry = CATALOGUE[spec.strategy]
@@ -216,16 +246,16 @@ def _data_parallel(spec: RunSpec, *, stage: int, add, notes: list[str], ddp_buck
         params += [p for u, ps in units.items() if u != "root" for p in ps]
         params += [p for p in units["root"] if not p.name.startswith("tok_emb")]
         sizes = [4 * math.prod(local_shape(p, tp=lay.tp)) for p in params]
-        dp_g = group_kind(lay.group(0, ("dp",)), gpn)
+        dp_g = group_kind(lay.group(rank, ("dp",)), gpn)
         for i, b in enumerate(ddp_buckets(sizes)):
-            add(f"stage {stage}: DDP gradient bucket {i} (fp32)", "all_reduce", "float32", b, 1, dp_g)
+            add(f"stage {stage}: DDP gradient bucket {i} (fp32)", "all_reduce", "float32", b, 1, dp_g, lay.dp, "dp")
         return
     # FSDP2 over the data-parallel mesh
     pdt = PRECISION_DTYPE[spec.precision]
     pb = DTYPE_BYTES[pdt]
     shard, rep = lay.dp_shard, lay.dp_replicate
-    shard_g = group_kind(lay.group(0, ("dp_shard",) if lay.hybrid else ("dp",)), gpn)
-    rep_g = group_kind(lay.group(0, ("dp_replicate",)), gpn) if lay.hybrid else None
+    shard_g = group_kind(lay.group(rank, ("dp_shard",) if lay.hybrid else ("dp",)), gpn)
+    rep_g = group_kind(lay.group(rank, ("dp_replicate",)), gpn) if lay.hybrid else None
     per_micro = lay.pp == 1
     gathers = 2 * spec.settings.grad_accum if per_micro else 1
     for name, unit in units.items():
@@ -237,10 +267,12 @@ def _data_parallel(spec: RunSpec, *, stage: int, add, notes: list[str], ddp_buck
             numel += -(-shape[0] // shard) * shard * math.prod(shape[1:])
         label = f"stage {stage} group {name} ({numel} elements)" if lay.pp > 1 else f"group {name} ({numel} elements)"
         if shard > 1:
-            add(f"FSDP2 all_gather {label}", "all_gather", pdt, numel * pb, gathers, shard_g)
-            add(f"FSDP2 reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", numel * 4, 1, shard_g)
+            add(f"FSDP2 all_gather {label}", "all_gather", pdt, numel * pb, gathers, shard_g, shard, "dp")
+            rs = f"FSDP2 reduce_scatter gradient {label}, fp32"
+            add(rs, "reduce_scatter", "float32", numel * 4, 1, shard_g, shard, "dp")
         if rep_g is not None and rep > 1:
-            add(f"HSDP all_reduce gradient shard {label}", "all_reduce", "float32", numel // shard * 4, 1, rep_g)
+            ar = f"HSDP all_reduce gradient shard {label}"
+            add(ar, "all_reduce", "float32", numel // shard * 4, 1, rep_g, rep, "dp")
     if shard == 1 and rep > 1:
         notes.append("HSDP, one-rank shard group beside tp: no all_gather or reduce_scatter, the replicas' all_reduce")
 
@@ -267,7 +299,7 @@ def cache_key(spec: RunSpec) -> tuple:
 def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list, list]:
     """(items, notes) for harness.plan.comm's Ledger: `layout_collectives`, each item built with `item` (its Item)."""
     items, notes = layout_collectives(spec, ddp_buckets=ddp_buckets)
-    return [item(i.what, i.collective, i.dtype, i.bytes_per_call, i.calls, i.group) for i in items], notes
+    return [item(i.what, i.collective, i.dtype, i.bytes_per_call, i.calls, i.group, i.ranks) for i in items], notes
 
 
 # --------------------------------------------------------------------------------------------------

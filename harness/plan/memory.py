@@ -89,6 +89,19 @@ def _unit_numels(cfg: ModelConfig) -> dict[str, int]:
     return units
 
 
+@functools.lru_cache(maxsize=256)
+def unit_summary(cfg: ModelConfig) -> tuple[int, int]:
+    """(largest block unit, root unit) in elements: what every FSDP cell of the model reads (cached per model)."""
+    units = _unit_numels(cfg)
+    return max(v for k, v in units.items() if k != "root"), units["root"]
+
+
+@functools.lru_cache(maxsize=1024)
+def sharded_units(cfg: ModelConfig, nshard: int) -> int:
+    """Elements of one rank's FSDP1 flat-parameter shards: every unit cut into `nshard` (rounded up), summed."""
+    return sum(_ceil_div(u, nshard) for u in _unit_numels(cfg).values())
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -336,7 +349,8 @@ def memory(spec: RunSpec) -> Memory:
     entry = CATALOGUE.get(spec.strategy)
     if entry is None or entry.memory_model not in MEMORY_MODELS:
         raise ValueError(f"no memory model for strategy {spec.strategy!r}")
-    if not spec.layout.is_default:  # tensor / pipeline parallelism: harness.plan.layouts
+    s = spec.settings
+    if s.tp != 1 or s.pp != 1:  # tensor / pipeline parallelism: harness.plan.layouts
         return Memory(**layouts.layout_memory(spec))
     return MEMORY_MODELS[entry.memory_model](spec)
 
@@ -363,19 +377,21 @@ def _assemble(
     the first block's gradients, all but the root's and one block's in the last block's backward, all of
     them from backward end on.
     """
-    cfg = spec.model_config
-    blocks_done = (cfg.n_layers - 1) * cfg.block_params() / cfg.n_params()
-    fraction = {LAST_BLOCK: blocks_done, BACKWARD_END: 1.0, OPTIMIZER_STEP: 1.0}
-    act = activation_model(spec)
+    fraction = _grad_fractions(spec.model_config)
+    s = spec.settings
+    mode = precision_mode(spec.strategy, spec.precision)
+    windows = _windows(spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing)
     best: tuple[int, str, int, int, list[tuple[str, int]]] | None = None
-    for window, (activations, own) in act.windows(checkpointing=spec.settings.activation_checkpointing).items():
+    for window, (activations, own) in windows.items():
         present = grads if grads_persistent else int(grads * fraction.get(window, 0.0))
-        items = [(w, b) for w, b in own + held.get(window, []) if b]
-        live = activations + present + sum(b for _, b in items)
+        extra = held.get(window)
+        both = own + extra if extra else own
+        live = activations + present + sum([b for _, b in both])
         if best is None or live > best[0]:
-            best = (live, window, activations, present, items)
+            best = (live, window, activations, present, both)
     assert best is not None
-    _, window, activations, present, items = best
+    _, window, activations, present, both = best
+    items = [(w, b) for w, b in both if b]
     notes = dict(notes)
     notes["buffers"] = f"peak at the {window} ({WINDOW_HELP[window]})" + "".join(
         f"; {w} {b / GIB:.2f} GiB" for w, b in items
@@ -391,6 +407,19 @@ def _assemble(
         window=window,
         notes=notes,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_fractions(cfg: ModelConfig) -> dict[str, float]:
+    """Share of the gradients complete at each window where freed gradients have grown back (cached per model)."""
+    blocks_done = (cfg.n_layers - 1) * cfg.block_params() / cfg.n_params()
+    return {LAST_BLOCK: blocks_done, BACKWARD_END: 1.0, OPTIMIZER_STEP: 1.0}
+
+
+@functools.lru_cache(maxsize=4096)
+def _windows(cfg: ModelConfig, mode: str, tokens: int, policy: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    # NOTE: cached (strategies of one precision mode share it); _assemble reads it, never changes it
+    return ActivationModel(cfg, mode, tokens).windows(checkpointing=policy)
 
 
 def _ddp(spec: RunSpec) -> Memory:
@@ -445,8 +474,7 @@ def _fsdp_memory(
     besides the root; `gathered_from_forward` when it stays so from the forward on (SHARD_GRAD_OP);
     `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input."""
     nshard = shard_degree(spec)
-    units = unit_numels(spec.model_config)
-    block, root = max(v for k, v in units.items() if k != "root"), units["root"]
+    block, root = unit_summary(spec.model_config)
     p = BYTES[spec.precision]  # bytes of gathered parameters and of their unsharded gradients
     replicated_fp32 = nshard == 1 and spec.precision == "fp32" and not reduce_copy
     # NO_SHARD in fp32 (FSDP1): the flat params and grads are the full ones, nothing is gathered or copied
@@ -511,8 +539,7 @@ def _fsdp1(spec: RunSpec) -> Memory:
     """FSDP1: one flat parameter per unit (each Block, and the root), each padded to a multiple of the
     shard degree; the sharded flat params are fp32; MixedPrecision gathers them in 16 bit."""
     nshard = shard_degree(spec)
-    units = unit_numels(spec.model_config)
-    block = max(v for k, v in units.items() if k != "root")
+    block, root = unit_summary(spec.model_config)
     p = BYTES[spec.precision]
     mixed = spec.precision != "fp32"
     keeps_gathered = not CATALOGUE[spec.strategy].reshard_after_forward  # SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2
@@ -524,7 +551,7 @@ def _fsdp1(spec: RunSpec) -> Memory:
         root_in_loss = False
     elif keeps_gathered:
         # every block stays gathered from its forward to its backward
-        gathered = ("every block unit gathered", p * (sum(units.values()) - units["root"]))
+        gathered = ("every block unit gathered", p * (spec.model_config.n_params() - root))
         root_in_loss = True
     else:
         # FULL_SHARD / HYBRID_SHARD; NOTE: FSDP does not reshard the root after forward (needed first in backward)
@@ -532,7 +559,7 @@ def _fsdp1(spec: RunSpec) -> Memory:
         root_in_loss = True
     return _fsdp_memory(
         spec,
-        sharded=sum(_ceil_div(u, nshard) for u in units.values()),
+        sharded=sharded_units(spec.model_config, nshard),
         root_gathered_in_loss=root_in_loss,
         gathered=gathered,
         gathered_from_forward=keeps_gathered and nshard > 1,
@@ -546,7 +573,7 @@ def _fsdp2(spec: RunSpec) -> Memory:
     """FSDP2: each parameter a DTensor sharded on dim 0 (padded to a multiple of the shard degree)."""
     cfg = spec.model_config
     nshard = shard_degree(spec)
-    block = max(v for k, v in unit_numels(cfg).items() if k != "root")
+    block = unit_summary(cfg)[0]
     # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
     return _fsdp_memory(
         spec,
@@ -687,6 +714,14 @@ def _zero3_sizes(cfg: ModelConfig, nshard: int) -> tuple[int, int, int]:
 
 
 MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}
+
+
+def clear_caches() -> None:
+    """Forget every per-model structure this module remembers (tests compare cold and warm predictions)."""
+    for f in (_unit_numels, unit_summary, sharded_units, _grad_fractions, _windows, _fsdp2_sharded, _zero3_sizes):
+        f.cache_clear()
+
+
 """a catalogue entry's `memory_model` → the function predicting its per-rank memory"""
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -148,19 +148,18 @@ def test_fits_uses_the_reserve():
     assert planner.predict(spec, too_small)["fits"] is False
 
 
-def test_comm_bytes_come_from_comm_model_when_it_exists(monkeypatch):
-    spec = load_scenario(PLAN_7B).expand(gpus_per_node=8)[0]
+def test_comm_bytes_are_the_comm_models():
+    from harness.plan.comm import no_comm_model_reason, predict_comm
+
     cluster = load_cluster("a100")
-    monkeypatch.setitem(sys.modules, "harness.plan.comm", None)  # import fails: no accounting model
-    assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
-    fake = types.ModuleType("harness.plan.comm")
-    fake.predict_comm = lambda s: {"bytes_per_step": 1234, "by_collective": {}}
-    monkeypatch.setitem(sys.modules, "harness.plan.comm", fake)
-    assert planner.predict(spec, cluster)["comm_bytes_per_step"] == 1234.0
-    fake.predict_comm = lambda s: None
-    assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
-    monkeypatch.setitem(sys.modules, "harness.plan.comm", types.ModuleType("harness.plan.comm"))  # no function
-    assert planner.predict(spec, cluster)["comm_bytes_per_step"] is None
+    specs = load_scenario(PLAN_7B).expand(gpus_per_node=8)
+    for spec in specs[:6]:
+        got = planner.predict(spec, cluster)["comm_bytes_per_step"]
+        assert got == predict_comm(spec)["bytes_per_step"] and got > 0
+    zero3 = next(s for s in specs if s.strategy == "zero3")
+    offload = dataclasses.replace(zero3, settings=dataclasses.replace(zero3.settings, offload="optimizer"))
+    assert no_comm_model_reason(offload) is not None  # DeepSpeed's offload paths: no collective model
+    assert planner.predict(offload, cluster)["comm_bytes_per_step"] is None
 
 
 def test_plan_does_not_import_torch():

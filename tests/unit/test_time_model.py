@@ -330,13 +330,19 @@ def test_the_traced_inventory_matches_the_torch_model():
 # ---- harness calibrate
 
 
-def test_calibrate_is_a_command_and_refuses_slurm_profiles(cal_dir, capsys):
+def test_calibrate_is_a_command_and_stops_cleanly_where_a_slurm_profile_cannot_run(cal_dir, capsys):
     from harness.cli import COMMANDS, SHORT_HELP
 
     assert COMMANDS["calibrate"] == "harness.cli.calibrate:calibrate_command" and "calibrate" in SHORT_HELP
-    assert main(["calibrate", "--cluster", "a100"]) == 2  # jobs on one and two nodes: not implemented yet
+    # a100's partition `gpu` is not on this machine: refused before anything is submitted, whether a SLURM
+    # controller answers here (its partitions are listed: bad input, exit 2) or none does (exit 1)
+    rc = main(["calibrate", "--cluster", "a100"])
     err = capsys.readouterr().err
-    assert "calibrating a SLURM profile (jobs on one and two nodes) is not implemented yet" in err
+    if "is not a partition of this SLURM cluster" in err:
+        assert rc == 2 and "a100.yaml: slurm.partition: 'gpu'" in err
+    else:
+        assert rc == 1 and "nothing was submitted or written" in err
+    assert "Traceback" not in err
     assert list(cal_dir.iterdir()) == []  # nothing written
 
 

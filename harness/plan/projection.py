@@ -1,0 +1,202 @@
+"""Scale-out projection: every (model, strategy, layout, settings) of a scenario predicted at other GPU counts
+(`harness plan SCENARIO --project 8,16,…,4096`), from the cluster's rates — its calibration, else its profile's
+figures: matmul and memory rates, `gpus_per_node`, and the intra- and inter-node bus bandwidth and latency. A group
+that spans nodes is priced at the inter-node figures (harness.plan.time.link_of), so a hybrid's replicate group, a
+pipeline across nodes and any flat group beyond one node change rate where the cell outgrows a node.
+
+A point is null with its reason when the model cannot say: the layout does not divide the GPU count, the strategy
+cannot run there (a hybrid inside one node), or a rate is unknown (a profile without inter-node figures says so
+for every point beyond one node). Pure arithmetic, no torch (docs/time-model.md: scale-out projection).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from harness.core.errors import InputError, Problem
+from harness.core.layout import layout_problems
+from harness.plan.calibration import Rates
+from harness.plan.predict import predict
+from harness.scenario.cluster import Cluster
+from harness.scenario.schema import RunSpec
+
+MAX_GPUS = 1 << 20
+"""the largest GPU count a projection accepts"""
+_RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
+
+
+def parse_gpus(text: str, *, option: str = "--project") -> list[int]:
+    """GPU counts from `8,16,64` or `8..4096` (every power of two from 8 to 4096), ascending and distinct. Bad
+    input raises InputError naming the option, the value and the allowed forms."""
+    allowed = f"allowed: comma-separated GPU counts (8,16,64) or a doubling range (8..4096), each 1..{MAX_GPUS}"
+    m = _RANGE.match(text)
+    try:
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            out = []
+            g = lo
+            while g <= hi:
+                out.append(g)
+                g *= 2
+        else:
+            out = [int(x) for x in text.split(",") if x.strip()]
+        if not out or any(g < 1 or g > MAX_GPUS for g in out):
+            raise ValueError
+    except ValueError:
+        raise InputError([Problem(option, "", f"{text!r} is not a list of GPU counts; {allowed}")]) from None
+    return sorted(set(out))
+
+
+def row_key(spec: RunSpec) -> tuple:
+    """What a projected row is: the cell without its GPU count (and the node layout that follows from it)."""
+    d = spec.to_dict()
+    for k in ("gpus", "nodes", "gpus_per_node"):
+        d.pop(k, None)
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def at_gpus(spec: RunSpec, gpus: int, cluster: Cluster) -> RunSpec:
+    """The same cell on `gpus` GPUs of `cluster` (nodes of its gpus_per_node)."""
+    gpn = cluster.gpus_per_node
+    return RunSpec(
+        model=spec.model,
+        model_config=spec.model_config,
+        strategy=spec.strategy,
+        precision=spec.precision,
+        gpus=gpus,
+        nodes=math.ceil(gpus / gpn),
+        gpus_per_node=min(gpn, gpus),
+        settings=spec.settings,
+    )
+
+
+def layout_label(spec: RunSpec) -> str:
+    """`fsdp2.full_shard × tp4 × pp2 (1f1b)`: the strategy and its layout."""
+    s = spec.settings
+    out = spec.strategy
+    if s.tp > 1:
+        out += f" × tp{s.tp}" + (" sp" if s.sequence_parallel else "")
+    if s.pp > 1:
+        out += f" × pp{s.pp} ({s.pp_schedule})"
+    return out
+
+
+def point(spec: RunSpec, gpus: int, cluster: Cluster, rates: Rates) -> dict[str, Any]:
+    """One projected point: step time, tokens/s per GPU, MFU, whether it fits, or why it is null."""
+    s = spec.settings
+    out: dict[str, Any] = {
+        "gpus": gpus,
+        "nodes": math.ceil(gpus / cluster.gpus_per_node),
+        "step_time_s": None,
+        "tokens_per_s_per_gpu": None,
+        "mfu": None,
+        "fits": None,
+        "reason": None,
+    }
+    problems = layout_problems(
+        gpus=gpus,
+        tp=s.tp,
+        pp=s.pp,
+        cfg=spec.model_config,
+        schedule=s.pp_schedule,
+        microbatches=s.microbatches,
+        micro_batch=s.micro_batch,
+        grad_accum=s.grad_accum,
+    )
+    if problems:
+        out["reason"] = problems[0][1]
+        return out
+    cell = at_gpus(spec, gpus, cluster)
+    why = cell.unsupported_reason(cluster.device)
+    if why is not None:
+        out["reason"] = f"cannot run: {why}"
+        return out
+    pred = predict(cell, cluster, rates=rates)
+    out.update(
+        step_time_s=pred["step_time_s"],
+        tokens_per_s_per_gpu=pred["tokens_per_s_per_gpu"],
+        mfu=pred["mfu"],
+        fits=pred["fits"],
+    )
+    if pred["step_time_s"] is None:
+        out["reason"] = (pred.get("time_null_reasons") or {}).get("step_time_s", "unknown")
+    return out
+
+
+def project(specs: list[RunSpec], cluster: Cluster, gpus: list[int], *, rates: Rates) -> list[dict[str, Any]]:
+    """One row per distinct cell of `specs` without its GPU count, in scenario order, each with a point per GPU
+    count of `gpus`."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for spec in specs:
+        key = row_key(spec)
+        if key in rows:
+            continue
+        s = spec.settings
+        rows[key] = {
+            "model": spec.model,
+            "strategy": spec.strategy,
+            "layout": layout_label(spec),
+            "precision": spec.precision,
+            "settings": {
+                "micro_batch": s.micro_batch,
+                "seq_len": s.seq_len,
+                "grad_accum": s.grad_accum,
+                "activation_checkpointing": s.activation_checkpointing,
+                "offload": s.offload,
+                "tp": s.tp,
+                "pp": s.pp,
+                "pp_schedule": s.pp_schedule if s.pp > 1 else None,
+                "microbatches": s.microbatches if s.pp > 1 else None,
+                "sequence_parallel": s.sequence_parallel,
+            },
+            "points": [point(spec, g, cluster, rates) for g in gpus],
+        }
+    return list(rows.values())
+
+
+def projection_document(rows: list[dict[str, Any]], cluster: Cluster, gpus: list[int], rates: Rates) -> dict:
+    """`harness plan --project … --format json`."""
+    return {
+        "cluster": cluster.name,
+        "gpus_per_node": cluster.gpus_per_node,
+        "gpus": gpus,
+        "rates": rates.source,
+        "rows": rows,
+    }
+
+
+def format_projection(rows: list[dict[str, Any]], cluster: Cluster, gpus: list[int], rates: Rates) -> str:
+    """The projection as a text table: per row, ms/step and tokens/s per GPU at each GPU count; `-` for null (the
+    reasons are listed below, numbered), `!` after a value whose cell does not fit in the device's memory."""
+    reasons: dict[str, int] = {}
+
+    def cell(p: dict[str, Any]) -> str:
+        if p["step_time_s"] is None:
+            n = reasons.setdefault(p["reason"] or "unknown", len(reasons) + 1)
+            return f"-[{n}]"
+        mark = "!" if p["fits"] is False else ""
+        return f"{p['step_time_s'] * 1e3:.4g}/{p['tokens_per_s_per_gpu']:.4g}{mark}"
+
+    head = ["model", "strategy", "prec", "settings", *[f"{g} GPUs" for g in gpus]]
+    body = []
+    for r in rows:
+        s = r["settings"]
+        opts = f"mb{s['micro_batch']}x{s['seq_len']}" + (f" ga{s['grad_accum']}" if s["grad_accum"] > 1 else "")
+        if s["activation_checkpointing"] != "none":
+            opts += f" ac={s['activation_checkpointing']}"
+        body.append([r["model"], r["layout"], r["precision"], opts, *[cell(p) for p in r["points"]]])
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = [
+        f"cluster {cluster.name} ({cluster.gpus_per_node} GPUs per node): predicted ms/step / tokens/s per GPU at "
+        f"each GPU count (`!`: does not fit the device memory); rates: {rates.source}",
+        "  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))),
+    ]
+    for b in body:
+        lines.append("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths))))
+    for why, n in reasons.items():
+        lines.append(f"[{n}] {why}")
+    return "\n".join(lines)
