@@ -7,6 +7,8 @@ With --repeat N the report is built N times over the same records and the median
 too. Peak RSS: of this process (records, frame, tables, HTML) and of the largest other process (children: the
 processes that read shares of the records, and those that draw the figures). --serial reads every record and
 draws every figure in this process (the paths a small report or a one-CPU machine takes), to compare with.
+--figure-times then draws each figure once more here, one after the other, and prints its CPU seconds (which
+figure a worker spends its time on; the per-stage times only show when the last one finished).
 
 The synthetic set (bench/records_gen.py) looks like several nightly runs of one big matrix: 8 model sizes × 11
 strategies × 3 precisions × 5 GPU counts × 3 micro-batch sizes, with OOMs, errors and skips, MFU null for fp32,
@@ -28,6 +30,8 @@ from records_gen import write_records  # bench/records_gen.py: the synthetic rec
 
 import harness.report
 from harness.report import build_report
+from harness.report.figures import FIGURE_MAKERS
+from harness.report.frame import figure_cells
 
 
 def main() -> None:
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="build the report this many times (median printed)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and print its path")
     parser.add_argument("--serial", action="store_true", help="no other processes: read and draw in this one")
+    parser.add_argument("--figure-times", action="store_true", help="CPU seconds of each figure, drawn serially")
     args = parser.parse_args()
     if args.serial:
         harness.report.PARALLEL_LOAD_MIN_FILES = harness.report.figures.PARALLEL_MIN_CELLS = 2**62
@@ -75,6 +80,14 @@ def main() -> None:
             f"report.md {result['paths']['markdown'].stat().st_size / 2**10:.0f} KiB, "
             f"{len(result['warnings'])} warning(s)"
         )
+        if args.figure_times:
+            fc = figure_cells(result["cells"])
+            times = []
+            for make in FIGURE_MAKERS:
+                cpu = time.process_time()
+                make(fc)
+                times.append(f"{make.__name__} {time.process_time() - cpu:.2f} s")
+            print(f"figures drawn one by one here ({len(fc)} figure cells), CPU: " + ", ".join(times))
         if args.keep:
             print(f"kept: {root}")
     finally:

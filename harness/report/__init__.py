@@ -4,8 +4,9 @@ as a PNG: `build_report`, which `harness report DIR… [-o OUT]` (harness.cli.re
 Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → render
 (HTML/Markdown). With many records and more than one CPU the work is spread over forked processes: shares of
 the record files are read and flattened in parallel, and the figures draw in a pool from the moment the cell
-table exists, while this process builds the best-strategy table, the CSV/Parquet tables and the page text; the
-output is byte for byte the same as with one process (tests/unit/test_report_parallel.py). Nothing here imports
+table exists, while this process builds the best-strategy table, the CSV/Parquet tables and the page text (and
+then, with fewer than four workers, draws the lightest figure itself: figures.DRAWN_HERE); the output is byte for
+byte the same as with one process (tests/unit/test_report_parallel.py). Nothing here imports
 torch. Files that are not readable records are warnings, never a crash;
 a null metric stays null ("n/a"), never 0.
 """
@@ -39,7 +40,7 @@ from harness.report.frame import (
     report_name,
 )
 from harness.report.render import prepare_html, prepare_markdown
-from harness.results.fastload import iter_records, record_files
+from harness.results.fastload import read_file, record_files
 from harness.results.store import read_record
 
 __all__ = ["build_report", "output_problem"]
@@ -95,18 +96,24 @@ MAX_LOAD_PROCESSES = 4
 
 def _records_of(files: list[str], warnings: list[str]) -> Iterator[dict[str, Any]]:
     """The records of `files` (a slice of fastload.record_files' list), one at a time, with the warnings
-    iter_records(*dirs) gives for those files. NOTE: iter_records walks a path that is not a file, so a folder
-    (or a dangling link) named like a record, which the walk lists as one, is read as store.read_record reads
-    it (fastload's messages are read_record's): it fails with the same warning."""
+    fastload.iter_records(*dirs) gives for those files. NOTE: a folder (or a dangling link) named like a record,
+    which the walk lists as one, fails fastload.read_file's open; it is read as store.read_record reads it
+    (fastload's messages are read_record's), so it fails with the same warning as through iter_records."""
     for path in files:
-        if os.path.isfile(path):
-            yield from iter_records(path, warnings=warnings)
-            continue
         try:
-            rec = dict(read_record(path))
+            rec = read_file(path)
         except ValueError as e:
-            warnings.append(f"{path}: {e}")
-            continue
+            why = str(e)
+            if not os.path.isfile(path):  # NOTE: rare (a folder named like a record): read_record's own words
+                try:
+                    rec = dict(read_record(path))
+                except ValueError as e2:
+                    why = str(e2)
+                else:
+                    why = ""
+            if why:
+                warnings.append(f"{path}: {why}")
+                continue
         rec.setdefault("_path", path)
         yield rec
 

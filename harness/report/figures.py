@@ -9,11 +9,14 @@ its note says why.
 
 from __future__ import annotations
 
+import functools
+import gc
 import io
 import math
 import multiprocessing
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -27,7 +30,9 @@ matplotlib.use("Agg")  # NOTE: before pyplot is imported; the report never opens
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
 from matplotlib.image import imsave  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.markers import TICKDOWN  # noqa: E402
@@ -37,7 +42,15 @@ from matplotlib.transforms import ScaledTranslation, blended_transform_factory  
 from PIL.PngImagePlugin import PngInfo  # noqa: E402
 
 from harness.core.catalogue import STRATEGY_COLOURS, UNKNOWN_COLOUR  # noqa: E402
-from harness.report.frame import COMM_PREFIX, MEMORY_RSS, SAMPLES_COLUMN, collective_columns, model_order  # noqa: E402
+from harness.report.frame import (  # noqa: E402
+    COMM_PREFIX,
+    LAYOUT_SEP,
+    MEMORY_RSS,
+    SAMPLES_COLUMN,
+    base_strategy,
+    collective_columns,
+    model_order,
+)
 from harness.scenario.schema import PRECISIONS, STRATEGIES  # noqa: E402
 
 if TYPE_CHECKING:
@@ -55,9 +68,14 @@ MAX_HEATMAP_COLUMNS = 24
 MAX_ANNOTATED_CELLS = 400
 """heatmap cells with their value printed at most; a bigger heatmap is colour only (printing is slow)"""
 MAX_HEATMAP_ROWS = 48
+LAYOUT_LEFT_LABELS = 6
+"""rotated bar labels from the left of a panel that the layout measures (see _categorical_xticks)"""
 
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">")
 _UNKNOWN_STYLE = (UNKNOWN_COLOUR, ".")
+LAYOUT_MARKERS: dict[int, str] = {1: "d", 2: "p", 3: "H"}
+"""marker of a strategy's layout cells (the strategy's colour): 1 tensor parallel (thin diamond), 2 pipeline
+(pentagon), 3 both (hexagon); no plain strategy uses these shapes"""
 STRATEGY_STYLE: dict[str, tuple[str, str]] = {
     s: (STRATEGY_COLOURS[s], _MARKERS[i % len(_MARKERS)]) for i, s in enumerate(STRATEGIES)
 }
@@ -99,7 +117,15 @@ class Figure:
 
 
 def style(strategy: str) -> tuple[str, str]:
-    return STRATEGY_STYLE.get(strategy, _UNKNOWN_STYLE)
+    """(colour, marker) of a strategy label: the family's colour; a tensor/pipeline layout of it (`fsdp2.full_shard
+    × tp2`) keeps that colour and takes its layout's marker (LAYOUT_MARKERS), the label saying which degrees."""
+    base = base_strategy(strategy)
+    colour, marker = STRATEGY_STYLE.get(base, _UNKNOWN_STYLE)
+    if base != strategy:
+        layout = strategy[len(base) + len(LAYOUT_SEP) :]
+        kind = ("tp" in layout.split(" ", 1)[0]) + 2 * (" pp" in f" {layout}")
+        marker = LAYOUT_MARKERS.get(kind, marker)
+    return colour, marker
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -182,8 +208,9 @@ def _strategy_handles(strategies) -> list:
 
 
 def _ordered_strategies(strategies) -> list[str]:
+    """Strategy labels in the catalogue's order, each strategy's layouts after it."""
     rank = {s: i for i, s in enumerate(STRATEGIES)}
-    return sorted(set(strategies), key=lambda s: (rank.get(s, len(rank)), s))
+    return sorted(set(strategies), key=lambda s: (rank.get(base_strategy(s), len(rank)), base_strategy(s), s))
 
 
 def _row_label(strategy: str, precision: str) -> str:
@@ -200,20 +227,20 @@ def _panel_grid(n_panels: int, n_bars: int) -> tuple[int, int, float, float]:
 
 def _new_panel_figure(n_panels: int, n_bars: int, title: str):
     nrows, ncols, pw, ph = _panel_grid(n_panels, n_bars)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(pw * ncols + 2.4, ph * nrows + 0.6), squeeze=False, layout="constrained"
-    )
-    fig.suptitle(title)
+    # NOTE: no layout engine: _layout_panels places the panels once every artist is in (a constrained layout
+    # measured every text and tick twice, a third of a panel figure's time)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols + 2.4, ph * nrows + 0.6), squeeze=False)
+    fig.suptitle(title, y=1.0 - _PAD_IN / (ph * nrows + 0.6), va="top")
     flat = list(axes.flat)
     for ax in flat[n_panels:]:
         ax.set_visible(False)
     return fig, flat[:n_panels], flat[min(ncols, n_panels) - 1]
 
 
-def _legend(anchor: plt.Axes, handles: list, title: str | None = None) -> None:
+def _legend(anchor: plt.Axes, handles: list, title: str | None = None):
     """The figure's legend to the right of `anchor` (the top-right panel), top-aligned with it. An axes legend,
-    not a figure legend, so the constrained layout makes room for it and it never covers the title."""
-    anchor.legend(
+    not a figure legend, so the layout makes room for it and it never covers the title."""
+    return anchor.legend(
         handles=handles,
         loc="upper left",
         bbox_to_anchor=(1.02, 1.0),
@@ -247,20 +274,187 @@ def _categorical_xticks(ax, labels: list[str]) -> None:
         clip_on=False,
     )
     below = under + ScaledTranslation(0, -(size + pad) / 72, ax.get_figure().dpi_scale_trans)
-    for xi, label in zip(x, labels):
+    # NOTE: only the labels that can set a margin are measured (for _layout_panels): the longest ones (the
+    # bottom) and the first ones (the left: a label reaches left by at most its length × cos 55°, fewer bars than
+    # LAYOUT_LEFT_LABELS away)
+    longest = max(len(label) for label in labels) if labels else 0
+    sin, cos = math.sin(math.radians(_BAR_LABEL_ANGLE)), math.cos(math.radians(_BAR_LABEL_ANGLE))
+    down, left = 0.0, []
+    for i, (xi, label) in enumerate(zip(x, labels)):
+        if i < LAYOUT_LEFT_LABELS or len(label) >= longest - 2:
+            w, h = _bar_label_size_in(label)
+            # ha right, va top, rotated about that corner: the text's box reaches w·sin + h·cos down and its top
+            # left corner w·cos to the left
+            down = max(down, w * sin + h * cos)
+            left.append((float(xi), w * cos))
         ax.text(
             xi,
             0,
             label,
             transform=below,
-            rotation=55,
+            rotation=_BAR_LABEL_ANGLE,
             ha="right",
             va="top",
             rotation_mode="anchor",
-            fontsize=7.5,
+            fontsize=_BAR_LABEL_SIZE,
             color=colour,
         )
     ax.set_xlim(-0.7, len(labels) - 0.3)
+    _LABEL_REACH[ax] = (down + (size + pad) / 72, left)
+
+
+_TITLE_Y = 1.0
+"""a panel title's y (axes fraction), given: where matplotlib would put it (no x tick labels on top), but a
+title without a y is re-placed at every draw by measuring the y axis's ticks again"""
+_BAR_LABEL_ANGLE = 55.0
+_BAR_LABEL_SIZE = 7.5
+_PAD_IN = 0.06
+"""space (in) between the figure's edge and the outermost text, and between a panel's texts and the next panel"""
+_LABEL_REACH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""axes → (how far its bar labels reach below the axes, in; [(bar x, how far that label reaches left of the bar,
+in)] for the labels that can set the left margin): _categorical_xticks measures, _layout_panels reads"""
+
+
+@functools.lru_cache(maxsize=4096)
+def _bar_label_size_in(label: str) -> tuple[float, float]:
+    """(width, height) in inches of a bar label, unrotated; cached: the same labels recur in every panel"""
+    w, h, _ = _MEASURE.get_text_width_height_descent(label, FontProperties(size=_BAR_LABEL_SIZE), ismath=False)
+    return w / _MEASURE.dpi, h / _MEASURE.dpi
+
+
+_MEASURE = RendererAgg(1, 1, DPI)
+"""a renderer that only measures text (the Agg text metrics at DPI; sizes in inches do not depend on it)"""
+
+
+def _line_in(size: float) -> float:
+    """height (in) of one line of text of `size` points"""
+    return 1.25 * size / 72
+
+
+def _text_width_in(fig, texts: list[str], size: float) -> float:
+    """the widest of `texts` at `size` points, in inches (mathtext for '$…$' tick labels)"""
+    renderer = fig.canvas.get_renderer()
+    prop = FontProperties(size=size)
+    widths = [renderer.get_text_width_height_descent(t, prop, ismath="$" in t)[0] for t in texts if t]
+    return max(widths, default=0.0) / renderer.dpi
+
+
+def _ytick_labels(ax) -> list[str]:
+    """the y axis's major tick labels as drawn (the locator's ticks within the view)"""
+    lo, hi = sorted(ax.get_ylim())
+    locs = [v for v in ax.yaxis.get_major_locator()() if lo - 1e-9 * abs(hi - lo) <= v <= hi + 1e-9 * abs(hi - lo)]
+    return list(ax.yaxis.get_major_formatter().format_ticks(locs))
+
+
+def _layout_panels(fig, axes: list, ncols: int, legend) -> None:
+    """Place the panels of a bar/box figure on its grid: margins from the texts that set them — the suptitle,
+    each panel's title, y label and widest y tick label, the bar labels under it (_categorical_xticks) and the
+    legend beside the top-right panel. One measurement of a few texts, where a constrained layout measured
+    every text and tick twice; the panels get all the space the texts leave, as with a constrained layout."""
+    rc = matplotlib.rcParams
+    width, height = fig.get_size_inches()
+    nrows = math.ceil(len(axes) / ncols)
+    rows = [axes[r * ncols : (r + 1) * ncols] for r in range(nrows)]
+    tick = (rc["ytick.major.size"] + rc["ytick.major.pad"]) / 72
+    ylabel = _line_in(rc["axes.labelsize"]) + rc["axes.labelpad"] / 72
+    left = _PAD_IN + ylabel + tick + max(_text_width_in(fig, _ytick_labels(ax), rc["ytick.labelsize"]) for ax in axes)
+    title = _line_in(rc["axes.titlesize"]) + rc["axes.titlepad"] / 72
+    top = _PAD_IN + _line_in(rc["figure.titlesize"]) + _PAD_IN
+    bottoms = [max(_LABEL_REACH.get(ax, (0.0, []))[0] for ax in row) + _PAD_IN for row in rows]
+    renderer = fig.canvas.get_renderer()
+    legend_w = legend.get_window_extent(renderer).width / renderer.dpi if legend is not None else 0.0
+    for _ in range(2):  # NOTE: the bar labels' reach to the left depends on the panel width: twice is enough
+        panel_w = (width - ncols * left - (ncols - 1) * _PAD_IN - legend_w - 2 * _PAD_IN) / (ncols + 0.02)
+        reach = 0.0
+        for ax in axes:
+            lo, hi = ax.get_xlim()
+            for x, w in _LABEL_REACH.get(ax, (0.0, []))[1]:
+                reach = max(reach, w - (x - lo) / (hi - lo) * panel_w)
+        left = max(left, reach + _PAD_IN)
+    panel_h = (height - top - sum(bottoms) - nrows * title) / nrows
+    y = height - top
+    for row, bottom in zip(rows, bottoms):
+        y -= title + panel_h
+        for j, ax in enumerate(row):
+            x = left + j * (left + panel_w + _PAD_IN)
+            ax.set_position([x / width, y / height, panel_w / width, panel_h / height])
+        y -= bottom
+
+
+def _layout_scaling(fig, axes, legend) -> None:
+    """Place the scaling figure's 2 × models panels (top: throughput, with the model titles; bottom: efficiency,
+    with the GPU count labels, the x axes shared): as _layout_panels, margins from the texts that set them."""
+    rc = matplotlib.rcParams
+    width, height = fig.get_size_inches()
+    ncols = axes.shape[1]
+    tick = (rc["ytick.major.size"] + rc["ytick.major.pad"]) / 72
+    ylabel = _line_in(rc["axes.labelsize"]) + rc["axes.labelpad"] / 72
+    lefts = [
+        _PAD_IN
+        + (ylabel if j == 0 else 0.0)
+        + tick
+        + max(_text_width_in(fig, _ytick_labels(ax), rc["ytick.labelsize"]) for ax in axes[:, j])
+        for j in range(ncols)
+    ]
+    renderer = fig.canvas.get_renderer()
+    legend_w = legend.get_window_extent(renderer).width / renderer.dpi
+    panel_w = (width - sum(lefts) - (ncols - 1) * _PAD_IN - legend_w - 2 * _PAD_IN) / (ncols + 0.02)
+    top = (
+        _PAD_IN + _line_in(rc["figure.titlesize"]) + _PAD_IN + _line_in(rc["axes.titlesize"]) + rc["axes.titlepad"] / 72
+    )
+    gap = rc["xtick.major.size"] / 72 + 2 * _PAD_IN  # the top row has tick marks, no tick labels (shared x)
+    xlabels = (rc["xtick.major.size"] + rc["xtick.major.pad"]) / 72 + _line_in(rc["xtick.labelsize"])
+    bottom = xlabels + _line_in(rc["axes.labelsize"]) + rc["axes.labelpad"] / 72 + _PAD_IN
+    panel_h = (height - top - gap - bottom) / 2
+    x = 0.0
+    for j in range(ncols):
+        x += lefts[j]
+        axes[0, j].set_position([x / width, (bottom + panel_h + gap) / height, panel_w / width, panel_h / height])
+        axes[1, j].set_position([x / width, bottom / height, panel_w / width, panel_h / height])
+        x += panel_w + _PAD_IN
+
+
+def _bars(
+    ax,
+    x: np.ndarray,
+    height: np.ndarray,
+    *,
+    bottom: np.ndarray | float = 0.0,
+    width: float,
+    color: Any,
+    edgecolor: Any,
+    linewidth: float = 1.0,
+    hatch: str | None = None,
+    alpha: float | None = None,
+) -> None:
+    """Vertical bars as one PolyCollection (what ax.bar draws, one Rectangle patch each: a patch costs about a
+    millisecond to add and another to draw, the largest cost of the panel figures after the text). The data
+    limits grow as with ax.bar, and the y limits do not pass below 0 when a bar starts there."""
+    x = np.asarray(x, dtype=float)
+    height = np.asarray(height, dtype=float)
+    if not len(x):
+        return
+    y0 = np.broadcast_to(np.asarray(bottom, dtype=float), x.shape)
+    y1 = y0 + height
+    left, right = x - width / 2, x + width / 2
+    verts = np.stack(
+        [np.column_stack(c) for c in ((left, y0), (left, y1), (right, y1), (right, y0))], axis=1
+    )  # (bars, 4 corners, xy)
+    coll = PolyCollection(
+        list(verts),
+        closed=True,
+        facecolors=color,
+        edgecolors=edgecolor,
+        linewidths=linewidth,
+        hatch=hatch,
+        alpha=alpha,
+        zorder=1,  # NOTE: the patches' zorder: below lines and markers, as ax.bar's bars were
+    )
+    ax.add_collection(coll, autolim=False)
+    ax.update_datalim(np.concatenate([np.column_stack([left, y0]), np.column_stack([right, y1])]))
+    if np.any(y0 == 0):
+        ax.sticky_edges.y.append(0.0)  # NOTE: as ax.bar: autoscaling adds no margin below a bar at 0
+    ax.autoscale_view()
 
 
 def _no_data(name: str, title: str, caption: str, why: str) -> Figure:
@@ -289,9 +483,10 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
         figsize=(max(8.0, 4.3 * len(models) + 2.6), 7.2),
         squeeze=False,
         sharex="col",
-        layout="constrained",
+    )  # NOTE: no layout engine: _layout_scaling places the panels
+    fig.suptitle(
+        "Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count", y=1.0 - _PAD_IN / 7.2, va="top"
     )
-    fig.suptitle("Throughput scaling: tokens/s per GPU and scaling efficiency vs GPU count")
     all_gpus = sorted(ok["gpus"].unique())
     n_efficiency = 0
     for j, model in enumerate(models):
@@ -321,7 +516,7 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
                 eff_max = max(eff_max, float(np.max(y / y[0])))
                 drawn += 1
         n_efficiency += drawn
-        top.set_title(_model_title(fc, model))
+        top.set_title(_model_title(fc, model), y=_TITLE_Y)
         top.yaxis.set_major_formatter(EngFormatter(sep=""))
         top.set_ylim(bottom=0)
         if drawn:
@@ -346,7 +541,8 @@ def scaling_figure(fc: pd.DataFrame) -> Figure:
     axes[1, 0].set_ylabel("scaling efficiency (ratio, 1 = linear)")
     precisions = [p for p in PRECISIONS if p in set(ok["precision"])] + sorted(set(ok["precision"]) - set(PRECISIONS))
     prec_handles = [_precision_handle(p) for p in precisions]
-    _legend(axes[0, -1], _strategy_handles(ok["strategy"]) + prec_handles, "strategy / precision")
+    legend = _legend(axes[0, -1], _strategy_handles(ok["strategy"]) + prec_handles, "strategy / precision")
+    _layout_scaling(fig, axes, legend)
     if not n_efficiency:
         why = (
             "only one GPU count in the results"
@@ -564,12 +760,20 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
         reserved = p["peak_memory_reserved_gib"].to_numpy()
         pred = p["predicted_memory_gib"].to_numpy()
         cap = p["device_memory_gib"].to_numpy()
-        ax.bar(
-            x, np.nan_to_num(reserved, nan=0.0), width=0.75, color=colors, alpha=0.35, edgecolor=colors, linewidth=0.8
+        _bars(
+            ax,
+            x,
+            np.nan_to_num(reserved, nan=0.0),
+            width=0.75,
+            color=colors,
+            alpha=0.35,
+            edgecolor=colors,
+            linewidth=0.8,
         )
         rss = (p["memory_measure"] == MEMORY_RSS).to_numpy()
         if (~rss).any():
-            ax.bar(
+            _bars(
+                ax,
                 x[~rss],
                 np.nan_to_num(alloc[~rss], nan=0.0),
                 width=0.75,
@@ -578,7 +782,8 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
             )
         if rss.any():
             rss_colors = [c for c, r in zip(colors, rss) if r]
-            ax.bar(
+            _bars(
+                ax,
                 x[rss],
                 np.nan_to_num(alloc[rss], nan=0.0),
                 width=0.75,
@@ -624,7 +829,7 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
                 ax.text(xi, top * 0.02, st, rotation=90, ha="center", va="bottom", fontsize=7.5, color="#333333")
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
         _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
-        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}", y=_TITLE_Y)
         ax.set_ylabel("peak RSS per process (GiB)" if all_rss else "peak memory per GPU (GiB)")
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
@@ -654,7 +859,7 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
             drawn = bool(shown[col].notna().any())
         if drawn:  # no legend entry for what no panel draws
             handles.append(handle)
-    _legend(corner, handles, "strategy")
+    _layout_panels(fig, axes, axes.index(corner) + 1, _legend(corner, handles, "strategy"))
     if capacity_unknown:
         note = (note + " " if note else "") + (
             "Device capacity unknown for some panels (env.device_memory_gib is null): no capacity line there."
@@ -712,7 +917,8 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
         bottom = np.zeros(len(p))
         for k in used:
             h = stacks[mask, k] / div
-            ax.bar(
+            _bars(
+                ax,
                 x,
                 h,
                 bottom=bottom,
@@ -720,7 +926,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
                 color=colors,
                 edgecolor="white",
                 linewidth=0.6,
-                hatch=_COLLECTIVE_HATCH[used.index(k) % len(_COLLECTIVE_HATCH)],
+                hatch=_COLLECTIVE_HATCH[used.index(k) % len(_COLLECTIVE_HATCH)] or None,
             )
             bottom = bottom + h  # NOTE: a new array; bar() keeps a reference to `bottom`
         ax.plot(x, pred[mask] / div, linestyle="none", marker="D", color="black", markersize=5, zorder=3)
@@ -728,7 +934,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
             if st != "ok" and b == 0:
                 ax.text(xi, 0, st, rotation=90, ha="center", va="bottom", fontsize=7.5, color="#333333")
         _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
-        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}", y=_TITLE_Y)
         ax.set_ylabel(f"bytes per step ({unit})")
         top = float(np.nanmax(np.concatenate([bottom, pred[mask] / div, [0.0]])))
         ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
@@ -747,7 +953,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
         ]
         + [Line2D([], [], linestyle="none", marker="D", color="black", label="predicted total")]
     )
-    _legend(corner, handles, "strategy / collective")
+    _layout_panels(fig, axes, axes.index(corner) + 1, _legend(corner, handles, "strategy / collective"))
     return Figure("comm", title, caption, _png(fig), note)
 
 
@@ -762,7 +968,7 @@ def _boxes(ax, series: list[np.ndarray], colors: list[str]) -> None:
     iqr = q3 - q1
     lo = np.array([s[s >= a].min() for s, a in zip(series, q1 - 1.5 * iqr)])
     hi = np.array([s[s <= b].max() for s, b in zip(series, q3 + 1.5 * iqr)])
-    ax.bar(x, q3 - q1, bottom=q1, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
+    _bars(ax, x, q3 - q1, bottom=q1, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
     # the median as a white line with a black rim: visible on every strategy colour, black included
     ax.hlines(med, x - 0.3, x + 0.3, color="black", linewidth=3.0, zorder=3)
     ax.hlines(med, x - 0.28, x + 0.28, color="white", linewidth=1.4, zorder=4)
@@ -801,18 +1007,24 @@ def step_time_figure(fc: pd.DataFrame) -> Figure:
         if lo > 0 and hi / lo > 30:
             ax.set_yscale("log")
         _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
-        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}")
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}", y=_TITLE_Y)
         ax.set_ylabel("step time (ms)")
         ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
         ax.set_axisbelow(True)
-    _legend(corner, _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"]), "strategy")
+    handles = _strategy_handles(data.loc[data["model"].isin({m for m, _ in panels}), "strategy"])
+    _layout_panels(fig, axes, axes.index(corner) + 1, _legend(corner, handles, "strategy"))
     return Figure("step_time", title, caption, _png(fig), note)
 
 
 FIGURE_MAKERS = (scaling_figure, mfu_heatmap, memory_figure, comm_figure, step_time_figure)
-_HEAVIEST_FIRST = (memory_figure, comm_figure, step_time_figure, scaling_figure, mfu_heatmap)
-"""submission order in parallel: the panel figures take about twice as long as the others (bench_report), and
-starting them first keeps the last worker from finishing alone"""
+_HEAVIEST_FIRST = (step_time_figure, memory_figure, comm_figure, scaling_figure)
+"""submission order in parallel, heaviest first (bench_report --figure-times: step time, memory and collective
+bytes about 1.2–1.5 s each at 10,000 records, scaling 1.0 s): two workers end within a fraction of a second"""
+DRAWN_HERE = mfu_heatmap
+"""the lightest figure (about 0.9 s), drawn by the caller's process once its own work (the best-strategy table,
+the CSV/Parquet tables, the page text: about 1.5 s) is done, so that the three processes finish together rather
+than a worker drawing alone at the end; from DRAW_ALL_IN_WORKERS_FROM workers on, a worker draws it"""
+DRAW_ALL_IN_WORKERS_FROM = 4
 PARALLEL_MIN_CELLS = 300
 """with at least this many cells (and Linux, and more than one CPU) the figures render in forked processes"""
 
@@ -845,7 +1057,8 @@ def start_figures(fc: pd.DataFrame, *, workers: int | None = None) -> Callable[[
 
     Rendering is most of a big report's time and the figures are independent, so with many cells they are
     drawn in parallel (one process per CPU, forked: the children inherit the imported modules, no start-up)
-    while the caller goes on (the best-strategy table, the CSV/Parquet tables, the HTML/Markdown text). The PNG
+    while the caller goes on (the best-strategy table, the CSV/Parquet tables, the HTML/Markdown text); with
+    fewer than DRAW_ALL_IN_WORKERS_FROM workers the caller then draws DRAWN_HERE itself when it waits. The PNG
     bytes are the same either way, so any failure of the processes falls back to drawing here: a pool that
     cannot start (no fork, no semaphores in a sandbox) draws everything here, and a worker that dies (killed,
     out of memory) has its figures drawn here. A figure's own error is raised as in a serial run.
@@ -858,17 +1071,29 @@ def start_figures(fc: pd.DataFrame, *, workers: int | None = None) -> Callable[[
     pool = None
     try:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
-        futures = {make: pool.submit(make, fc) for make in _HEAVIEST_FIRST}
+        # NOTE: with few CPUs, DRAWN_HERE is left to collect(), which draws it in this process
+        here = DRAWN_HERE if workers < DRAW_ALL_IN_WORKERS_FROM else None
+        # NOTE: the workers fork at the first submit; frozen, the objects they inherit (the frame, the imported
+        # modules) are left out of their garbage collections, which otherwise walk them again and again while
+        # matplotlib makes and drops its artists
+        gc.freeze()
+        futures = {make: pool.submit(make, fc) for make in (*_HEAVIEST_FIRST, DRAWN_HERE) if make is not here}
     except (OSError, ValueError, RuntimeError, ImportError):  # NOTE: BrokenProcessPool is a RuntimeError
         if pool is not None:
             close_pool(pool, broken=True)
         return _draw_here(fc)
+    finally:
+        gc.unfreeze()
 
     def collect() -> list[Figure]:
         figures = []
         broken = False
         try:
+            drawn_here = {here: here(fc)} if here is not None else {}
             for make in FIGURE_MAKERS:
+                if make in drawn_here:
+                    figures.append(drawn_here[make])
+                    continue
                 try:
                     figures.append(futures[make].result())
                 except BrokenProcessPool:  # a worker died (killed, out of memory): draw it here (same bytes)

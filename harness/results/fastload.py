@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.results.store import check_record
 
-__all__ = ["record_files", "iter_records"]
+__all__ = ["record_files", "iter_records", "read_file"]
 
 
 def _walk(root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]]) -> None:
@@ -65,8 +65,9 @@ _ENCODING = locale.getpreferredencoding(False)
 """what Path.read_text decodes with (store.read_record uses it), so a non-UTF-8 file fails the same way"""
 
 
-def _parse(path: str) -> dict[str, Any]:
-    """store.read_record's checks and messages, from one read of the bytes."""
+def read_file(path: str) -> dict[str, Any]:
+    """One record file (a path record_files listed) with store.read_record's checks and messages (ValueError),
+    from one read of the bytes; `_path` is not set."""
     try:
         with open(path, "rb") as f:
             text = f.read().decode(_ENCODING)
@@ -84,7 +85,7 @@ def iter_records(*dirs: str | Path, warnings: list[str]) -> Iterator[dict[str, A
     unreadable/partial/unknown-schema file appends load_records' warning for it to `warnings`."""
     for path in record_files(*dirs):
         try:
-            rec = _parse(path)
+            rec = read_file(path)
         except ValueError as e:
             warnings.append(f"{path}: {e}")
             continue
