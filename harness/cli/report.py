@@ -1,4 +1,5 @@
-"""`harness report DIR… [-o OUT]`: the command; the report itself is harness.report.build_report."""
+"""`harness report DIR… [-o OUT] [--history DB]`: the command; the report itself is harness.report.build_report,
+the trends section's data harness.history.trends (read here, so the report does not import the history)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from pathlib import Path
 
 import click
 
+from harness.history.keys import HISTORY_METRICS
 from harness.report import build_report, output_problem
 from harness.results.store import check_writable_dir
+
+TREND_METRICS = [m.name for m in HISTORY_METRICS]
 
 
 @click.command("report")
@@ -19,14 +23,59 @@ from harness.results.store import check_writable_dir
     default=None,
     help="output folder (default: reports/<sweep name>, or reports/report for several sweeps)",
 )
-def report_command(dirs: tuple[Path, ...], out: Path | None) -> int:
-    """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively)."""
+@click.option(
+    "--history",
+    "history_db",
+    metavar="DB",
+    default=None,
+    help="Add trends from this results history "
+    "(SQLite file or postgresql:// URL): each cell's series, its noise band and change points.",
+)
+@click.option(
+    "--history-cell",
+    metavar="FILTER",
+    default=None,
+    help="Trends only of cells whose label/run_id/spec contain every word (as `history show --cell`).",
+)
+@click.option(
+    "--history-metric",
+    type=click.Choice(TREND_METRICS),
+    default="step_time_s",
+    show_default=True,
+    help="The metric the trends show.",
+)
+@click.option(
+    "--history-last",
+    type=click.IntRange(min=0),
+    default=60,
+    show_default=True,
+    help="The last N runs of each cell (0: every run).",
+)
+def report_command(
+    dirs: tuple[Path, ...],
+    out: Path | None,
+    history_db: str | None,
+    history_cell: str | None,
+    history_metric: str,
+    history_last: int,
+) -> int:
+    """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively);
+    with --history, a trends section from the results history too."""
     # NOTE: build_report checks the output folder by its permission bits before any work (and says what it finds);
     # a folder they call writable may still refuse (root on /sys, a read-only mount): that is tried here, first
     target = out if out is not None else Path("reports")
     if output_problem(target) is None:
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
-    result = build_report(dirs, out)
+    trends = None
+    if history_db is not None:
+        from harness.cli.history import _database_errors
+        from harness.history.store import open_store
+        from harness.history.trends import trend_series
+
+        with _database_errors(history_db):
+            with open_store(history_db) as store:
+                trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
+    result = build_report(dirs, out, trends=trends)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:

@@ -40,6 +40,7 @@ from harness.report.frame import (
     report_name,
 )
 from harness.report.render import prepare_html, prepare_markdown
+from harness.report.trends import trends_figure
 from harness.results.fastload import read_file, record_files
 from harness.results.store import read_record
 
@@ -198,8 +199,15 @@ def _write_figures(figures: list[Figure], out: Path) -> dict[str, Path]:
     return paths
 
 
-def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Path | None = None) -> dict[str, Any]:
+def build_report(
+    dirs: list[str | Path] | tuple[str | Path, ...],
+    out: str | Path | None = None,
+    *,
+    trends: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
+    `trends` (harness.history.trends.trend_series' data, `harness report --history`) adds the trends figure and
+    table.
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
@@ -261,11 +269,14 @@ def build_report(dirs: list[str | Path] | tuple[str | Path, ...], out: str | Pat
         "figures": None,  # NOTE: not drawn yet; the text is written without them, and they join it below
         "warnings": warnings,
         "n_unreadable": n_unreadable,
+        "trends": trends,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     finish_markdown, finish_html = prepare_markdown(ctx), prepare_html(ctx)
     timings["render"] = time.perf_counter() - t1
     figures = collect_figures()
+    if trends is not None:
+        figures.append(trends_figure(trends))
     timings["figures"] = time.perf_counter() - t2
     t1 = time.perf_counter()
     ctx["figures"] = figures

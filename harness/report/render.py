@@ -20,6 +20,7 @@ import pandas as pd
 from harness.core import markdown as md
 from harness.report.figures import Figure
 from harness.report.frame import MEMORY_RSS
+from harness.report.trends import TREND_HEADER, trend_rows
 
 NA = "n/a"
 ABSENT = "—"
@@ -344,10 +345,49 @@ def markdown(ctx: dict[str, Any]) -> str:
     return prepare_markdown(ctx)(ctx["figures"])
 
 
+def _trends_title(trends: dict[str, Any]) -> str:
+    return f"Trends: {trends['metric']} from the results history ({len(trends['series'])} series)"
+
+
+def _markdown_trends(ctx: dict[str, Any]) -> list[str]:
+    """The trends table (`harness report --history`): one row per cell and machine; nothing without a history."""
+    trends = ctx.get("trends")
+    if trends is None:
+        return []
+    rows = [[text for text, _ in row] for row in trend_rows(trends)]
+    body = md.table(TREND_HEADER, rows, right={2}) if rows else "The history has no run of these cells."
+    return [f"## {_trends_title(trends)}", "", body, ""]
+
+
+def _html_trends(ctx: dict[str, Any]) -> list[str]:
+    """The trends table in HTML: each run's time and label on hover over the runs column, p-values over the
+    change points."""
+    trends = ctx.get("trends")
+    if trends is None:
+        return []
+    out = [f'<h2 id="trends">{_e(_trends_title(trends))}</h2>']
+    rows = trend_rows(trends)
+    if not rows:
+        return out + ["<p>The history has no run of these cells.</p>"]
+    out.append(
+        '<div class="scroll"><table><thead><tr>'
+        + "".join(f"<th>{_e(h)}</th>" for h in TREND_HEADER)
+        + "</tr></thead><tbody>"
+    )
+    for row in rows:
+        out.append(
+            "<tr>"
+            + "".join(_td(text, cls="num" if i == 2 else "", title=title) for i, (text, title) in enumerate(row))
+            + "</tr>"
+        )
+    out.append("</tbody></table></div>")
+    return out
+
+
 def prepare_markdown(ctx: dict[str, Any]) -> Callable[[list[Figure]], str]:
     """report.md in two steps, so the text is written while the figures draw: everything but the figures' list
     now (`ctx["figures"]` is not read), and the returned function adds that list and gives the page."""
-    head, tail = _markdown_head(ctx, per_model=True), _markdown_tail(ctx)
+    head, tail = _markdown_head(ctx, per_model=True), _markdown_trends(ctx) + _markdown_tail(ctx)
 
     def finish(figures: list[Figure]) -> str:
         text = "\n".join(head + _markdown_figures(figures) + tail)
@@ -621,7 +661,7 @@ def prepare_html(ctx: dict[str, Any]) -> Callable[[list[Figure]], str]:
     for model, mrecs in _records_by_model(cells).items():
         out += [f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>', _html_model_table(mrecs, label_cols, best_keys)]
     failed = _failed_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
-    tail = [f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>']
+    tail = [*_html_trends(ctx), f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>']
     tail.append(
         _html_simple_table(list(FAILED_COLUMNS), failed, num={4, 6}, reason={7})
         if failed
