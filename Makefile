@@ -91,7 +91,7 @@ nightly: setup
 	fi; \
 	if [ $$exact -eq 2 ] || [ $$timing -eq 2 ]; then exit 2; fi; \
 	$(VENV)/bin/harness history add --db $(HISTORY) $(NIGHTLY_RESULTS) --label "$(LABEL)" || exit 2; \
-	$(VENV)/bin/harness report $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/report || exit 2; \
+	$(VENV)/bin/harness report $(NIGHTLY_RESULTS) -o $(NIGHTLY_REPORT)/report --history $(HISTORY) || exit 2; \
 	if [ $$exact -ne 0 ] || [ $$timing -ne 0 ]; then exit 1; fi
 
 # baseline: re-sweep the smoke scenario and make it the committed baseline that CI compares exactly against

@@ -45,6 +45,7 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "sweep",
     "cluster",
     "run_id",
+    "repeat",
     "status",
     "reason",
     "failed_rank",
@@ -86,6 +87,7 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "path",
 )
 NUMERIC_COLUMNS: tuple[str, ...] = (
+    "repeat",
     "failed_rank",
     "n_params",
     "gpus",
@@ -227,6 +229,7 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
         "sweep": r.text(rec.get("sweep")),
         "cluster": r.text(rec.get("cluster")),
         "run_id": r.text(rec.get("run_id")),
+        "repeat": r.num("repeat", rec.get("repeat", 1)),
         "status": rec.get("status"),
         "reason": r.text(rec.get("reason")),
         "failed_rank": r.num("failed_rank", rec.get("failed_rank")),
@@ -436,13 +439,24 @@ def cell_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     placed = placed.assign(_fin=placed["finished_at"].fillna(""))
     placed = placed.sort_values("_fin", kind="stable")
     dup = placed.duplicated(list(CELL_KEYS), keep="last")
+    # NOTE: the runs of a `harness sweep --repeat` (same sweep and cell, other repeat numbers) are runs, not
+    # reruns: the leader test uses every one of them
+    rerun = dup & placed.duplicated([*CELL_KEYS, "sweep", "repeat"], keep="last")
+    runs = dup & ~rerun
     warnings = []
-    if dup.any():
-        n_cells = placed[dup].drop_duplicates(list(CELL_KEYS)).shape[0]
+    if rerun.any():
+        n_cells = placed[rerun].drop_duplicates(list(CELL_KEYS)).shape[0]
         warnings.append(
-            f"{int(dup.sum())} older record(s) of {n_cells} cell(s) set aside: several records of "
+            f"{int(rerun.sum())} older record(s) of {n_cells} cell(s) set aside: several records of "
             "one cell (same model, strategy, precision, configuration, GPU count); the one that "
             "finished last is shown (all are in table.csv)"
+        )
+    if runs.any():
+        n_cells = placed[runs].drop_duplicates(list(CELL_KEYS)).shape[0]
+        warnings.append(
+            f"{n_cells} cell(s) were measured more than once (harness sweep --repeat; {int(runs.sum())} earlier "
+            "run(s)): the tables show each cell's last run, the best-strategy test uses every run (all are in "
+            "table.csv)"
         )
     cells = placed[~dup].drop(columns=["_fin"])
     return sort_cells(cells), warnings  # NOTE: keeps the frame's index, so rows map back to records

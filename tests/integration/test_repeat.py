@@ -89,3 +89,16 @@ def test_a_bad_repeat_count_exits_2_naming_the_option(swept, capsys, k):
     assert main(["sweep", str(swept["scenario"]), "--results", str(swept["results"]), "--repeat", k]) == 2
     err = capsys.readouterr().err
     assert f"--repeat: {k} is not a whole number of runs per cell from 1 to 100" in err and "Traceback" not in err
+
+
+def test_the_report_shows_runs_as_runs_not_as_reruns(swept, tmp_path):
+    """Two runs per cell: the tables show each cell's last run, the leader test counts both runs, and the warning
+    says the cells were measured more than once (not that older records were set aside)."""
+    from harness.report import build_report
+
+    result = build_report([swept["results"]], out=tmp_path / "report")
+    assert len(result["cells"]) == 2 and sorted(result["frame"]["repeat"].tolist()) == [1, 1, 2, 2]
+    assert set(result["cells"]["repeat"].tolist()) == {2}
+    assert [w for w in result["warnings"] if "set aside" in w] == []
+    (runs,) = [w for w in result["warnings"] if "measured more than once" in w]
+    assert runs.startswith("2 cell(s) were measured more than once") and "2 earlier run(s)" in runs
