@@ -21,7 +21,7 @@ from harness.compare.comparison import Comparison
 from harness.compare.judge import compare_indexed
 from harness.compare.load import iter_side
 from harness.compare.match import SideIndex, spec_differences
-from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
+from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, check_watch_deviation, parse_thresholds
 from harness.compare.promote import check_promote_target, promote_baseline
 from harness.compare.render import (
     BENCHMARK_FILES,
@@ -136,6 +136,14 @@ def gc_paused() -> Iterator[None]:
     help="Judge only these metrics (repeatable); 'exact' = the deterministic ones (collective bytes, "
     "predicted memory and bytes), for CI on machines whose timings mean nothing.",
 )
+@click.option(
+    "--watch-deviation",
+    type=float,
+    metavar="PCT",
+    help="Fail (exit 1) a cell whose time-model deviation (predicted.step_time_deviation: measured median / "
+    "predicted − 1) grew in magnitude by more than PCT percentage points. Without it the deviation is shown, "
+    "never a regression.",
+)
 @click.option("--fail-on-missing", is_flag=True, help="Exit 1 when a baseline cell is missing from the candidate.")
 @click.option(
     "--promote", is_flag=True, help="Afterwards, replace BASELINE's records with CANDIDATE's if there is no regression."
@@ -160,6 +168,7 @@ def compare_command(
     all_rows: bool,
     ignore_spec_key: tuple[str, ...],
     metric_names: tuple[str, ...],
+    watch_deviation: float | None,
     fail_on_missing: bool,
     promote: bool,
     force: bool,
@@ -190,6 +199,7 @@ def compare_command(
     if promote and len(base_paths) != 1:
         raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
     check_outputs(output, output_dir)
+    check_watch_deviation(watch_deviation)  # NOTE: before anything is loaded: a bad value is exit 2 at once
 
     if promote and not force and not base_paths[0].exists():
         raise InputError(
@@ -226,6 +236,7 @@ def compare_command(
         candidate_sources=[str(p) for p in cand_paths],
         metrics=metric_names or None,
         min_runs=min_runs,
+        watch_deviation=watch_deviation,
     )
     cmp.warnings[:0] = notes
     if not cmp.matched and not (promote and force):

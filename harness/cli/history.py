@@ -167,6 +167,14 @@ def show_command(db: str, cell_filter: str | None, fmt: str, last: int) -> int:
 )
 @click.option("--all", "all_rows", is_flag=True, help="List unchanged and n/a values too.")
 @click.option(
+    "--watch-deviation",
+    type=float,
+    metavar="PCT",
+    help="Fail (exit 1) a cell whose time-model deviation (predicted.step_time_deviation) shifted and whose "
+    "|deviation| grew by more than PCT percentage points from its history's level. Without it a shift of the "
+    "deviation is reported as information, never a regression.",
+)
+@click.option(
     "--confirm",
     type=int,
     default=0,
@@ -188,19 +196,26 @@ def check_command(
     window: int,
     recent: int,
     all_rows: bool,
+    watch_deviation: float | None,
     confirm: int,
 ) -> int:
     """Judge the sweep in RESULTS_DIR against the history DB (DB is not changed: `history add` it afterwards).
 
     Exit 0 without a regression; 1 with one (a value out of its cell's noise band and beyond the threshold, a
-    recent change point, a changed deterministic metric, or a newly failing cell), each named with its evidence;
-    2 for bad input."""
+    recent change point, a changed deterministic metric, a newly failing cell, or with --watch-deviation a shift
+    of the time model's deviation that grew |deviation| by more than PCT points), each named with its evidence;
+    2 for bad input. A shift of the deviation without --watch-deviation is listed as information."""
     if fmt == "github-benchmark" and direction is None:
         raise click.UsageError("--format github-benchmark writes one tool kind: add --direction smaller|bigger")
     if direction is not None and fmt != "github-benchmark":
         raise click.UsageError("--direction only applies to --format github-benchmark")
     rules = Rules(
-        k=sigmas, min_history=min_history, window=window, recent=recent, thresholds=parse_thresholds(threshold_args)
+        k=sigmas,
+        min_history=min_history,
+        window=window,
+        recent=recent,
+        thresholds=parse_thresholds(threshold_args),
+        watch_deviation=watch_deviation,
     ).checked()
     if confirm != 0:
         from harness.launch.sweep import check_repeat

@@ -19,7 +19,10 @@ NOT_SIGNIFICANT = "not significant"
 NOT_JUDGED = "not judged"
 """a timing change beyond the threshold with fewer than `min_runs` runs on a side: reported, never a regression"""
 NA = "n/a"
-VERDICTS = (REGRESSION, NOT_JUDGED, NOT_SIGNIFICANT, IMPROVEMENT, UNCHANGED, NA)
+INFO = "info"
+"""a watched metric (the time model's deviation) present on both sides: information, never a regression unless
+`--watch-deviation` asks"""
+VERDICTS = (REGRESSION, NOT_JUDGED, NOT_SIGNIFICANT, IMPROVEMENT, UNCHANGED, INFO, NA)
 """every verdict, the worst first: the order a cell's metrics are listed in and its counts are keyed"""
 
 # states of one cell
@@ -57,6 +60,8 @@ class MetricComparison:
     """runs (ok records) the baseline value is the median of (timing and memory metrics)"""
     n_candidate: int | None = None
     note: str = ""
+    growth: float | None = None
+    """watched metrics: |candidate| − |baseline| (fraction; 0.18 = the model 18 points further off)"""
 
     @property
     def change(self) -> float | None:
@@ -164,6 +169,9 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     min_runs: int = 3
     """runs per side below which a timing change is reported, never a regression"""
+    watch_deviation: float | None = None
+    """`--watch-deviation PCT` (percentage points): a cell whose |deviation| grew by more than this regressed;
+    None: the deviation is information only"""
 
     def _rows(self, verdict: str) -> list[tuple[CellComparison, MetricComparison]]:
         return [(c, m) for c in self.cells for m in c.metrics if m.verdict == verdict]
@@ -261,6 +269,7 @@ class Comparison:
             ),
             "not_significant": len(self.not_significant),
             "not_significant_cells": len(self.cells_with(NOT_SIGNIFICANT)),
+            "deviation_regressions": sum(1 for _, m in self.regressions if m.kind == "watched"),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +285,7 @@ class Comparison:
                 "timing_test": "two-sided Welch t-test on the log of each run's value (its median step time, the "
                 "throughput at it), min_runs runs per side, p Holm-adjusted over the cells tested",
                 "min_samples": self.min_samples,
+                "watch_deviation": self.watch_deviation,
             },
             "regression": self.has_regression,
             "summary": self.summary(),

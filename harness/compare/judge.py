@@ -16,6 +16,9 @@ metric's direction:
 - measured peak memory: the median of the runs' values, thresholded, no test (one run is enough);
 - deterministic metrics (collective bytes per step, predicted memory and collective bytes): exact, from the
   cell's latest record; any change is a regression in the bad direction and an improvement in the good one;
+- the time model's deviation (measured median / predicted − 1, the median of the runs' values): "info", with
+  |candidate| − |baseline| in points — never a regression by itself (the timing is judged on step time), unless
+  `watch_deviation` (points) is given and |deviation| grew by more than it;
 - a null metric on either side is "n/a", never a regression.
 
 A cell's state comes from its latest record on each side: ok in the baseline and not ok in the candidate is a
@@ -37,6 +40,7 @@ from harness.compare.comparison import (
     ADDED,
     BOTH_OK,
     IMPROVEMENT,
+    INFO,
     MISSING,
     NA,
     NEWLY_FAILING,
@@ -52,11 +56,15 @@ from harness.compare.comparison import (
 )
 from harness.compare.match import RunValues, SideIndex, cell_labels, spec_differences
 from harness.compare.metrics import (
+    DEVIATION,
     EXACT,
     SAMPLED,
     THRESHOLDED,
+    WATCHED,
     Metric,
     check_thresholds,
+    check_watch_deviation,
+    deviation_growth,
     metric_value,
     select_metrics,
     value_at,
@@ -85,7 +93,7 @@ def _worse_factor(metric: Metric, b: float, c: float) -> float:
 
 
 def _null_note(rec: Mapping[str, Any], metric: Metric, side: str) -> str:
-    why = value_at(rec, ("metrics", "null_reasons", metric.name))
+    why = value_at(rec, metric.null_reason or ("metrics", "null_reasons", metric.name))
     return f"null in {side}" + (f" ({why})" if why else "")
 
 
@@ -118,9 +126,11 @@ def compare_metric(
     min_runs: int = DEFAULT_MIN_RUNS,
     baseline_runs: Sequence[RunValues] | None = None,
     candidate_runs: Sequence[RunValues] | None = None,
+    watch_deviation: float | None = None,
 ) -> MetricComparison:
     """Judge one metric of one matched, both-ok cell: its latest `baseline` and `candidate` records and the
-    values of every ok run on each side (default: the latest record alone)."""
+    values of every ok run on each side (default: the latest record alone). `watch_deviation` (percentage
+    points): a watched metric whose |value| grew by more than this regressed; None: information only."""
     b_runs = [{m: v for m, v in _values(baseline).items()}] if baseline_runs is None else baseline_runs
     c_runs = [{m: v for m, v in _values(candidate).items()}] if candidate_runs is None else candidate_runs
     row = MetricComparison(
@@ -131,7 +141,7 @@ def compare_metric(
         baseline=None,
         candidate=None,
         verdict=NA,
-        threshold=None if metric.kind == EXACT else threshold,
+        threshold=None if metric.kind in (EXACT, WATCHED) else threshold,
     )
     if metric.kind == EXACT:
         b, c = metric_value(baseline, metric), metric_value(candidate, metric)
@@ -150,6 +160,8 @@ def compare_metric(
             notes = ["null on both sides" + notes[0].removeprefix("null in baseline")]
         row.note = "; ".join(notes)
         return row
+    if metric.kind == WATCHED:
+        return _watched_verdict(row, b, c, watch_deviation=watch_deviation)
     row.ratio = c / b if b != 0 else (1.0 if c == 0 else None)
     factor = _worse_factor(metric, b, c)
     if metric.kind == EXACT:
@@ -170,6 +182,23 @@ def compare_metric(
         row.note = "a run value is not positive: no test"
     else:
         _timing_verdict(row, worse=worse, alpha=alpha)
+    return row
+
+
+def _watched_verdict(row: MetricComparison, b: float, c: float, *, watch_deviation: float | None) -> MetricComparison:
+    """The time model's deviation on both sides (the median of each side's runs): information (`info`), with how
+    much further off the model got, |c| − |b|; a regression only when `watch_deviation` (points) is given and
+    that growth exceeds it. No ratio: a deviation is already a relative number, and its change is in points."""
+    row.growth = deviation_growth(b, c)
+    points = row.growth * 100
+    if watch_deviation is not None and points > watch_deviation:
+        row.verdict = REGRESSION
+        row.note = f"|deviation| grew by {points:.1f} points > --watch-deviation {watch_deviation:g}"
+    else:
+        row.verdict = INFO
+        row.note = f"|deviation| {'grew' if points > 0 else 'shrank'} by {abs(points):.1f} points" + (
+            f" (<= --watch-deviation {watch_deviation:g})" if watch_deviation is not None else ""
+        )
     return row
 
 
@@ -232,15 +261,28 @@ def _settings(
     min_samples: int,
     min_runs: int,
     metrics: Iterable[str] | None,
+    watch_deviation: float | None = None,
 ) -> tuple[dict[str, float], tuple[Metric, ...]]:
-    """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, min_runs, threshold or metric."""
+    """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, min_runs, threshold, metric or
+    watch_deviation (or one given while `metrics` leaves the deviation out)."""
     if not 0 < alpha < 1:
         raise InputError([Problem("--alpha", "", f"{alpha!r} is not in (0, 1)")])
     if min_samples < 1:
         raise InputError([Problem("--min-samples", "", f"{min_samples!r} is below 1")])
     if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 2:
         raise InputError([Problem("--min-runs", "", f"{min_runs!r} is not a whole number >= 2 (a test needs 2)")])
-    return check_thresholds(thresholds), select_metrics(metrics)
+    judged = select_metrics(metrics)
+    if check_watch_deviation(watch_deviation) is not None and not any(m.kind == WATCHED for m in judged):
+        raise InputError(
+            [
+                Problem(
+                    "--watch-deviation",
+                    "",
+                    f"the metrics chosen with --metric leave out {DEVIATION}: add --metric {DEVIATION}",
+                )
+            ]
+        )
+    return check_thresholds(thresholds), judged
 
 
 def compare(
@@ -255,14 +297,24 @@ def compare(
     candidate_sources: Sequence[str] = (),
     metrics: Iterable[str] | None = None,
     min_runs: int = DEFAULT_MIN_RUNS,
+    watch_deviation: float | None = None,
 ) -> Comparison:
     """Match two record sets by spec and judge every metric of every cell (or only `metrics`, by name).
 
     `thresholds` maps metric name (see METRICS) → fraction, with "default" for the rest (0.05 when absent).
     `ignore_spec_keys` are top-level spec keys left out of matching (e.g. time_limit_s after raising it).
+    `watch_deviation` (percentage points, e.g. 10.0): a cell whose |time-model deviation| grew by more than this
+    regressed; None (the default): the deviation is information only.
     """
     metrics = None if metrics is None else tuple(metrics)
-    _settings(thresholds=thresholds, alpha=alpha, min_samples=min_samples, min_runs=min_runs, metrics=metrics)
+    _settings(
+        thresholds=thresholds,
+        alpha=alpha,
+        min_samples=min_samples,
+        min_runs=min_runs,
+        metrics=metrics,
+        watch_deviation=watch_deviation,
+    )
     ignore = tuple(ignore_spec_keys)
     base = SideIndex(side="baseline", ignore=ignore).add_all(baseline_records)
     cand = SideIndex(side="candidate", ignore=ignore).add_all(candidate_records)
@@ -276,6 +328,7 @@ def compare(
         candidate_sources=candidate_sources,
         metrics=metrics,
         min_runs=min_runs,
+        watch_deviation=watch_deviation,
     )
 
 
@@ -290,10 +343,16 @@ def compare_indexed(
     candidate_sources: Sequence[str] = (),
     metrics: Iterable[str] | None = None,
     min_runs: int = DEFAULT_MIN_RUNS,
+    watch_deviation: float | None = None,
 ) -> Comparison:
     """`compare` of two sides already indexed by spec (harness compare indexes each record as it loads it)."""
     limits, judged = _settings(
-        thresholds=thresholds, alpha=alpha, min_samples=min_samples, min_runs=min_runs, metrics=metrics
+        thresholds=thresholds,
+        alpha=alpha,
+        min_samples=min_samples,
+        min_runs=min_runs,
+        metrics=metrics,
+        watch_deviation=watch_deviation,
     )
     notes = base.warnings() + cand.warnings()
     specs = {k: r["spec"] for k, r in base.chosen.items()}
@@ -336,6 +395,7 @@ def compare_indexed(
                             min_runs=min_runs,
                             baseline_runs=b_runs,
                             candidate_runs=c_runs,
+                            watch_deviation=watch_deviation,
                         )
                     )
         cells.append(cell)
@@ -352,6 +412,7 @@ def compare_indexed(
         candidate_records=cand.records,
         warnings=notes,
         min_runs=min_runs,
+        watch_deviation=watch_deviation,
     )
 
 

@@ -7,7 +7,11 @@ from a record the same way: `metric_value` and `metric_samples` are the only rea
 - sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): timing, one value per run;
   threshold + a test on the runs' values (harness.compare.judge), never on one run's per-step samples;
 - thresholded (measured peak memory, one value per run): threshold only;
-- exact (collective bytes per step, predicted memory and collective bytes: deterministic): any change counts.
+- exact (collective bytes per step, predicted memory and collective bytes: deterministic): any change counts;
+- watched (the time model's deviation, `predicted.step_time_deviation` = measured median / predicted − 1, one
+  value per run): information — shown on each side with its change in points, never a regression by itself (a
+  timing change is already judged on step time), unless the user asks (`--watch-deviation PCT`: |deviation| grew
+  by more than PCT points).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from harness.core.errors import InputError, Problem, did_you_mean, one_of
 DEFAULT_THRESHOLD = 0.05
 """relative change (fraction) beyond which a non-deterministic metric counts as changed"""
 
-SAMPLED, THRESHOLDED, EXACT = "sampled", "thresholded", "exact"
+SAMPLED, THRESHOLDED, EXACT, WATCHED = "sampled", "thresholded", "exact", "watched"
+DEVIATION = "predicted.step_time_deviation"
+"""the watched metric: measured median step time / predicted − 1 (fraction; 0.25 = 25% slower than predicted)"""
 
 
 @dataclass(frozen=True)
@@ -36,8 +42,10 @@ class Metric:
     unit: str
     lower_is_better: bool
     kind: str
-    """sampled (timing: threshold + a test on run-level values), thresholded (threshold only) or exact (any change
-    counts)"""
+    """sampled (timing: threshold + a test on run-level values), thresholded (threshold only), exact (any change
+    counts) or watched (information; a regression only when asked: `--watch-deviation`)"""
+    null_reason: tuple[str, ...] | None = None
+    """where a record says why the value is null (default: metrics.null_reasons.<name>)"""
 
     @property
     def better(self) -> str:
@@ -54,9 +62,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("comm.bytes_per_step", ("comm", "bytes_per_step"), "bytes", True, EXACT),
     Metric("predicted.memory_gib.total", ("predicted", "memory_gib", "total"), "GiB", True, EXACT),
     Metric("predicted.comm_bytes_per_step", ("predicted", "comm_bytes_per_step"), "bytes", True, EXACT),
+    # NOTE: lower_is_better: a smaller |deviation| (the model nearer the machine); the sign says which way it is off
+    Metric(
+        DEVIATION,
+        ("predicted", "step_time_deviation"),
+        "fraction",
+        True,
+        WATCHED,
+        null_reason=("predicted", "time_null_reasons", "step_time_s"),
+    ),
 )
 METRICS_BY_NAME = {m.name: m for m in METRICS}
-THRESHOLD_METRICS = tuple(m.name for m in METRICS if m.kind != EXACT)
+THRESHOLD_METRICS = tuple(m.name for m in METRICS if m.kind in (SAMPLED, THRESHOLDED))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,7 +156,9 @@ def check_thresholds(thresholds: Mapping[str, float] | None) -> dict[str, float]
     problems = []
     for name, value in (thresholds or {}).items():
         if name != "default" and name not in THRESHOLD_METRICS:
-            if name in METRICS_BY_NAME:
+            if name in METRICS_BY_NAME and METRICS_BY_NAME[name].kind == WATCHED:
+                msg = f"{name} is information and takes no threshold; --watch-deviation PCT fails on its growth"
+            elif name in METRICS_BY_NAME:
                 msg = f"{name} is deterministic and compared exactly; it takes no threshold"
             else:
                 msg = (
@@ -156,6 +175,31 @@ def check_thresholds(thresholds: Mapping[str, float] | None) -> dict[str, float]
     if problems:
         raise InputError(problems)
     return out
+
+
+def check_watch_deviation(points: float | None) -> float | None:
+    """`--watch-deviation PCT`: percentage points (10 = fail when |deviation| grew by more than 10 points), a
+    finite number >= 0, or None (off: the deviation is information only)."""
+    if points is None:
+        return None
+    v = finite_number(points)
+    if v is None or v < 0:
+        raise InputError(
+            [
+                Problem(
+                    "--watch-deviation",
+                    "",
+                    f"{points!r} is not a number of percentage points >= 0 (10: fail when |{DEVIATION}| grew by "
+                    "more than 10 points)",
+                )
+            ]
+        )
+    return v
+
+
+def deviation_growth(baseline: float, candidate: float) -> float:
+    """How much further the model is off: |candidate| − |baseline| (fraction; 0.18 = 18 points more)."""
+    return abs(candidate) - abs(baseline)
 
 
 def parse_thresholds(values: Sequence[str]) -> dict[str, float]:

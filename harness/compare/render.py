@@ -15,6 +15,7 @@ from harness.compare.comparison import (
     ADDED,
     BOTH_OK,
     IMPROVEMENT,
+    INFO,
     NA,
     NOT_JUDGED,
     NOT_SIGNIFICANT,
@@ -25,7 +26,16 @@ from harness.compare.comparison import (
     Comparison,
     MetricComparison,
 )
-from harness.compare.metrics import EXACT, METRICS_BY_NAME, SAMPLED, metric_samples, metric_value, step_samples
+from harness.compare.metrics import (
+    DEVIATION,
+    EXACT,
+    METRICS_BY_NAME,
+    SAMPLED,
+    WATCHED,
+    metric_samples,
+    metric_value,
+    step_samples,
+)
 from harness.compare.stats import half_spread
 from harness.core import markdown as md
 from harness.core.errors import InputError, Problem
@@ -67,6 +77,8 @@ def _fmt_change(row: MetricComparison) -> tuple[str, str]:
     """(ratio, change): exact metrics show the delta in their unit, others the relative change."""
     if row.baseline is None or row.candidate is None:
         return "-", "-"
+    if row.kind == WATCHED:  # a deviation is already relative: its change is in percentage points
+        return "-", f"{(row.candidate - row.baseline) * 100:+.1f} pt"
     ratio = "-" if row.ratio is None else f"{row.ratio:.3f}x"
     if row.kind == EXACT:
         delta = row.candidate - row.baseline
@@ -94,6 +106,7 @@ CELL_VERDICTS = {
     NOT_SIGNIFICANT: "not significant",
     IMPROVEMENT: "improved",
     UNCHANGED: "unchanged",
+    INFO: "info",
     NA: "n/a",
 }
 """how a cell's headline words each verdict of its metrics: `regressed (4 metrics), improved (1 metric)`"""
@@ -221,6 +234,49 @@ def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
     ]
 
 
+DEVIATION_TITLE = "time-model deviation (measured median / predicted − 1; information"
+"""the title of the per-cell deviation section (the table's and Markdown's); the rule follows it"""
+
+
+def _deviation_title(cmp: Comparison) -> str:
+    watch = cmp.watch_deviation
+    rule = (
+        f"a regression when |deviation| grew by more than {watch:g} points (--watch-deviation)"
+        if watch is not None
+        else "never a regression: --watch-deviation PCT fails on growth"
+    )
+    return f"{DEVIATION_TITLE}; {rule})"
+
+
+def _deviation_row(cell: CellComparison) -> MetricComparison | None:
+    return next((m for m in cell.metrics if m.metric == DEVIATION), None)
+
+
+def _fmt_deviation(row: MetricComparison) -> str:
+    """`+12.0% → +30.0% (+18.0 pt; |deviation| grew by 18.0 points)`, or the null note."""
+    if row.baseline is None or row.candidate is None:
+        return f"n/a ({row.note})" if row.note else "n/a"
+    text = f"{row.baseline * 100:+.1f}% → {row.candidate * 100:+.1f}% ({_fmt_change(row)[1]}; {row.note})"
+    return text + (" — REGRESSION" if row.verdict == REGRESSION else "")
+
+
+def _deviation_lines(cmp: Comparison) -> list[str]:
+    """One line per matched ok cell that has the deviation row: `label: baseline → candidate (change)`; cells
+    where both sides are null are left out (no prediction: the cluster has no calibration), and counted."""
+    out, both_null = [], 0
+    for cell in cmp.cells:
+        row = _deviation_row(cell)
+        if row is None:
+            continue
+        if row.baseline is None and row.candidate is None:
+            both_null += 1
+            continue
+        out.append(f"{cell.label}: {_fmt_deviation(row)}")
+    if out and both_null:
+        out.append(f"({_count(both_null, 'cell')} without a prediction on either side)")
+    return out
+
+
 def _sources(paths: Sequence[str]) -> str:
     return ", ".join(paths) if paths else "<records>"
 
@@ -280,6 +336,9 @@ def render_table(cmp: Comparison, *, all_rows: bool = False, fail_on_missing: bo
     for title, items in _cell_sections(cmp):
         if items:
             lines += ["", f"{title} ({len(items)}):"] + [f"  {i}" for i in items]
+    deviation = _deviation_lines(cmp)
+    if deviation:
+        lines += ["", f"{_deviation_title(cmp)}:"] + [f"  {i}" for i in deviation]
     notes = [(c.label, n) for c in cmp.matched for n in c.notes if c.state == BOTH_OK]
     if notes and (cmp.regressions or all_rows):
         lines += ["", "environment changes:"] + [f"  {label}: {n}" for label, n in notes]
@@ -325,6 +384,11 @@ def render_markdown(cmp: Comparison, *, all_rows: bool = False, fail_on_missing:
         if items:
             lines += [f"### {title[0].upper()}{title[1:]} ({len(items)})", ""]
             lines += [f"- {md.escape(i)}" for i in items] + [""]
+    deviation = _deviation_lines(cmp)
+    if deviation:
+        title = _deviation_title(cmp)
+        lines += [f"### {title[0].upper()}{md.escape(title[1:])}", ""]
+        lines += [f"- {md.escape(i)}" for i in deviation] + [""]
     if cmp.warnings:
         lines += ["### Warnings", ""] + [f"- {md.escape(w)}" for w in cmp.warnings] + [""]
     every = _cell_groups(cmp, all_rows=True)
@@ -480,6 +544,10 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
                     extra += f"; p={row.p_value:.2g}"
             else:
                 extra = f"{cell.label}; " + ("new cell" if cell.state == ADDED else "no baseline value")
+            deviation = _deviation_row(cell)
+            if name == "step_time_s" and deviation is not None and deviation.candidate is not None:
+                # NOTE: the deviation has no good direction for one tool kind: it rides on the step time's entry
+                extra += f"; time-model deviation {_fmt_deviation(deviation)}"
             entry["extra"] = extra + headline
             entries.append(entry)
     return entries

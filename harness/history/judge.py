@@ -31,6 +31,10 @@ distance and step time and throughput agree), oriented so that worse is up:
 - deterministic metrics (collective bytes, predicted memory and bytes): any change from the previous run is a
   regression in the bad direction (an improvement in the good one), attributed to the run where it changed while
   that run is among the last `recent`;
+- the time model's deviation (measured median / predicted − 1): judged by the rules above on measured /
+  predicted (= 1 + deviation; lower is better), but a shift is "shifted" — information, never a regression (the
+  timing itself is judged on step time) — unless `watch_deviation` (points) is set and |deviation| grew by more
+  than it from the level; its change is in points (value − level);
 - a cell whose last run in the history was ok and that is not ok tonight is a regression (newly failing);
 - several runs of a cell tonight (`harness sweep --repeat K`, or `history check --confirm K`'s re-runs): the
   median of their values is tonight's value (the latest run decides the cell's status).
@@ -52,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.compare.metrics import check_thresholds
+from harness.compare.metrics import WATCHED, check_thresholds, check_watch_deviation
 from harness.core.errors import InputError, Problem
 from harness.history.changepoint import ChangePoint, e_divisive, recent_change_point
 from harness.history.keys import HISTORY_METRICS, MACHINE_FIELDS, SOFTWARE_FIELDS, Entry, is_exact
@@ -60,6 +64,9 @@ from harness.history.store import HistoryStore, Run
 
 REGRESSION, IMPROVEMENT, UNCHANGED = "regression", "improvement", "unchanged"
 INSUFFICIENT, NA = "insufficient history", "n/a"
+SHIFTED = "shifted"
+"""the time model's deviation left its history (the rules below, on measured / predicted): information, never a
+regression unless `Rules.watch_deviation` asks"""
 OUT_OF_BAND, CHANGE_POINT, SUSTAINED, EXACT_CHANGE = "out of band", "change point", "sustained shift", "exact change"
 # cell states
 JUDGED, NEW_CELL, NEWLY_FAILING, STILL_FAILING, FAILING = (
@@ -70,6 +77,7 @@ JUDGED, NEW_CELL, NEWLY_FAILING, STILL_FAILING, FAILING = (
     "failing",
 )
 INFLATE = 4.0
+_WATCHED_NAMES = frozenset(m.name for m in HISTORY_METRICS if m.kind == WATCHED)
 Values = Sequence[float] | np.ndarray
 """a series: a list on the fast path, an array where numpy does the work"""
 MAD_TO_SIGMA = 1.4826
@@ -96,6 +104,9 @@ class Rules:
     """shuffles per change-point test"""
     thresholds: Mapping[str, float] = field(default_factory=lambda: {"default": 0.05})
     """metric name (or "default") → relative change that counts (0.05 = 5%), as `harness compare`"""
+    watch_deviation: float | None = None
+    """percentage points: a shift of the time model's deviation whose |deviation| grew by more than this is a
+    regression (`--watch-deviation`); None: a shift of the deviation is information only"""
 
     def threshold(self, metric: str) -> float:
         return self.thresholds.get(metric, self.thresholds.get("default", 0.05))
@@ -112,9 +123,14 @@ class Rules:
                 problems.append(Problem(f"--{name.replace('_', '-')}", "", f"{v!r} is not an integer >= {lo}"))
         if not 0 < self.alpha < 1:
             problems.append(Problem("--alpha", "", f"{self.alpha!r} is not in (0, 1)"))
+        try:
+            watch = check_watch_deviation(self.watch_deviation)
+        except InputError as e:
+            problems.extend(e.problems)
+            watch = None
         if problems:
             raise InputError(problems)
-        return Rules(**{**asdict(self), "thresholds": check_thresholds(self.thresholds)})
+        return Rules(**{**asdict(self), "thresholds": check_thresholds(self.thresholds), "watch_deviation": watch})
 
 
 @dataclass
@@ -153,7 +169,7 @@ class MetricVerdict:
     sigmas: float | None = None
     """tonight's distance from the level in σ, positive = worse"""
     change: float | None = None
-    """value / reference − 1"""
+    """value / reference − 1; for the time model's deviation value − reference (a fraction: 0.18 = 18 points)"""
     threshold: float | None = None
     margin: float | None = None
     """the relative distance from the level a value must exceed: max(k·σ, threshold), as a fraction"""
@@ -237,6 +253,8 @@ class HistoryCheck:
             "newly_failing": len(self.newly_failing),
             "improvements": verdicts.count(IMPROVEMENT),
             "insufficient_history": verdicts.count(INSUFFICIENT),
+            "deviation_shifts": verdicts.count(SHIFTED),
+            "deviation_regressions": sum(1 for _, m in self.regressions if m.metric in _WATCHED_NAMES),
             "new_cells": sum(c.state == NEW_CELL for c in self.cells),
             "confirmed": sum(bool(c["persisted"]) for c in confirmed),
             "not_confirmed": sum(not c["persisted"] for c in confirmed),
@@ -396,6 +414,65 @@ def judge_metric(
         return _judge_exact(row, series, value, entry, rules=rules, lower_is_better=metric.lower_is_better)
     threshold = rules.threshold(metric.name)
     row.threshold = threshold
+    if metric.kind == WATCHED:
+        # NOTE: judged as measured / predicted = 1 + deviation: positive, a factor like the timing metrics (with a
+        # fixed prediction its log series is step time's, shifted: the same judgement)
+        ratios = _Series([1 + v for v in series.values], series.runs)
+        _judge_log(
+            row, ratios, 1 + value, entry, threshold=threshold, lower_is_better=True, rules=rules, searches=searches
+        )
+        return _as_deviation(row, value, rules=rules)
+    return _judge_log(
+        row,
+        series,
+        value,
+        entry,
+        threshold=threshold,
+        lower_is_better=metric.lower_is_better,
+        rules=rules,
+        searches=searches,
+    )
+
+
+def _as_deviation(row: MetricVerdict, value: float, *, rules: Rules) -> MetricVerdict:
+    """A watched row judged on 1 + deviation, put back in deviation units: the value, the level and the change
+    point's levels minus 1, the change in points (value − level, a fraction); a shift found by the rules is
+    information (SHIFTED), a regression only when `rules.watch_deviation` (points) is set and |deviation| grew
+    by more than it from the level."""
+    row.value = value
+    if row.reference is not None:
+        row.reference -= 1
+        row.change = value - row.reference
+    if row.change_point is not None:
+        row.change_point.before -= 1
+        row.change_point.after -= 1
+    if row.verdict not in (REGRESSION, IMPROVEMENT):
+        return row
+    growth = abs(value) - abs(row.reference) if row.reference is not None else 0.0
+    watch = rules.watch_deviation
+    if watch is not None and growth * 100 > watch:
+        row.verdict = REGRESSION
+        row.note = f"|deviation| grew by {growth * 100:.1f} points > --watch-deviation {watch:g}"
+    else:
+        row.verdict = SHIFTED
+        row.note = f"|deviation| {'grew' if growth > 0 else 'shrank'} by {abs(growth) * 100:.1f} points" + (
+            f" (<= --watch-deviation {watch:g})" if watch is not None else ""
+        )
+    return row
+
+
+def _judge_log(
+    row: MetricVerdict,
+    series: _Series,
+    value: float,
+    entry: Entry,
+    *,
+    threshold: float,
+    lower_is_better: bool,
+    rules: Rules,
+    searches: ChangePoints | None,
+) -> MetricVerdict:
+    """A timing-like metric (positive, a factor is a distance) against its history, in log space."""
     if any(v <= 0 for v in series.values):  # NOTE: logs need positive values; runs and values stay paired
         kept = [(v, r) for v, r in zip(series.values, series.runs) if v > 0]
         series = _Series([v for v, _ in kept], [r for _, r in kept])
@@ -408,7 +485,7 @@ def judge_metric(
     if value <= 0:
         row.note = f"{value!r} is not a positive value"
         return row
-    orient = 1.0 if metric.lower_is_better else -1.0
+    orient = 1.0 if lower_is_better else -1.0
     z = orient * np.log(np.array([*hist, value], dtype=float))
     # NOTE: judged centred: a series and its shifted copy (tokens/s is tokens per step / step time) are one
     # judgement, made once per cell

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from harness.compare.metrics import DEVIATION
 from harness.compare.render import BENCHMARK_METRICS, dumps_json, fmt_value
 from harness.core import markdown as md
 from harness.core.errors import InputError, Problem
@@ -24,6 +25,7 @@ from harness.history.judge import (
     NEW_CELL,
     NEWLY_FAILING,
     REGRESSION,
+    SHIFTED,
     STILL_FAILING,
     CellVerdict,
     ChangePointInfo,
@@ -32,14 +34,21 @@ from harness.history.judge import (
 )
 from harness.history.keys import HISTORY_METRICS_BY_NAME, iso
 
-NOTABLE = (REGRESSION, IMPROVEMENT)
-_ORDER = {REGRESSION: 0, IMPROVEMENT: 1}
+NOTABLE = (REGRESSION, IMPROVEMENT, SHIFTED)
+_ORDER = {REGRESSION: 0, IMPROVEMENT: 1, SHIFTED: 2}
 
 
 def _pct(v: float | None, *, signed: bool = False) -> str:
     if v is None:
         return "-"
     return f"{v * 100:+.1f}%" if signed else f"{v * 100:.1f}%"
+
+
+def _change(m: MetricVerdict) -> str:
+    """The change from the level: relative (`+28.3%`), or in points for the time model's deviation (`+18.0 pt`)."""
+    if m.metric == DEVIATION and m.change is not None:
+        return f"{m.change * 100:+.1f} pt"
+    return _pct(m.change, signed=True)
 
 
 def _fmt_rules(check: HistoryCheck) -> str:
@@ -78,9 +87,10 @@ def evidence(cell: CellVerdict, m: MetricVerdict) -> str:
             f"deterministic: any change counts); changed {describe_change_point(m.change_point, m.unit)}"
         )
     sig = "-" if m.sigmas is None else f"{m.sigmas:+.1f}σ"
+    why = f"; {m.note}" if m.metric == DEVIATION and m.note else ""
     return (
         f"{cell.label} {m.metric}: {fmt_value(m.unit, m.value)} vs history median {fmt_value(m.unit, m.reference)} "
-        f"({_pct(m.change, signed=True)}); noise σ {_pct(m.noise)} over {m.n_history} runs; {sig} "
+        f"({_change(m)}{why}); noise σ {_pct(m.noise)} over {m.n_history} runs; {sig} "
         f"against a margin of {_pct(m.margin)}; {m.cause}: {describe_change_point(m.change_point, m.unit)}"
     )
 
@@ -98,7 +108,7 @@ def _row(cell: CellVerdict, m: MetricVerdict) -> list[str]:
         fmt_value(m.unit, m.reference),
         _pct(m.noise),
         sig,
-        _pct(m.change, signed=True),
+        _change(m),
         _pct(m.margin),
         verdict,
     ]
@@ -123,6 +133,11 @@ def _cell_sections(check: HistoryCheck) -> list[tuple[str, list[str]]]:
 
     return [
         ("newly failing (regression)", [failing(c) for c in check.cells if c.state == NEWLY_FAILING]),
+        (
+            "time-model deviation shifted (information; --watch-deviation PCT fails when |deviation| grew by more "
+            "than PCT points)",
+            [evidence(c, m) for c in check.cells for m in c.metrics if m.verdict == SHIFTED],
+        ),
         ("too little history (reported, never failing)", [y for c in check.cells if (y := young(c)) is not None]),
         ("still failing", [failing(c) for c in check.cells if c.state == STILL_FAILING]),
         ("new cells (no history: judged from tomorrow)", [c.label for c in check.cells if c.state == NEW_CELL]),
@@ -154,6 +169,8 @@ def _verdict_line(check: HistoryCheck) -> str:
         )
     if s["insufficient_history"]:
         parts.append(f"{s['insufficient_history']} value(s) with too little history (reported, never failing)")
+    if s["deviation_shifts"]:
+        parts.append(f"{s['deviation_shifts']} time-model deviation shift(s) (information)")
     return "result: " + ", ".join(parts) + f" → exit {check.exit_code()}"
 
 
@@ -249,7 +266,18 @@ def render_benchmark(check: HistoryCheck, direction: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # history show
 
-SHOW_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "peak_memory_allocated_gib", "comm.bytes_per_step")
+SHOW_COLUMNS = (
+    "step_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "peak_memory_allocated_gib",
+    "comm.bytes_per_step",
+    DEVIATION,
+)
+
+
+_SHOW_HEADERS = {DEVIATION: "model deviation"}
+"""column headers of `history show` that differ from the metric's name"""
 
 
 def render_show_table(series: Sequence[Mapping[str, Any]]) -> str:
@@ -261,7 +289,8 @@ def render_show_table(series: Sequence[Mapping[str, Any]]) -> str:
         where = " · ".join(str(v) for v in (machine.get("cluster"), machine.get("device_name")) if v)
         lines.append(f"{s['label']}  [{where}]  {s['run_id']}  ({len(s['runs'])} runs)")
         shifts = {cp["index"]: cp for cp in s["change_points"].get("step_time_s", [])}
-        header = ["time", "label", "status", *SHOW_COLUMNS, "harness", ""]
+        drifts = {cp["index"]: cp for cp in s["change_points"].get(DEVIATION, [])}
+        header = ["time", "label", "status", *(_SHOW_HEADERS.get(n, n) for n in SHOW_COLUMNS), "harness", ""]
         table = [header]
         for i, run in enumerate(s["runs"]):
             values = run["values"]
@@ -269,7 +298,14 @@ def render_show_table(series: Sequence[Mapping[str, Any]]) -> str:
                 fmt_value(HISTORY_METRICS_BY_NAME[name].unit, values.get(name)) if name in values else "-"
                 for name in SHOW_COLUMNS
             ]
-            mark = f"◆ step time shifted (p={shifts[i]['p_value']:.3g})" if i in shifts else ""
+            marks = [f"◆ step time shifted (p={shifts[i]['p_value']:.3g})"] if i in shifts else []
+            if i in drifts:
+                d = drifts[i]
+                marks.append(
+                    f"◇ model deviation shifted {d['before'] * 100:+.1f}% → {d['after'] * 100:+.1f}% "
+                    f"(p={d['p_value']:.3g})"
+                )
+            mark = "; ".join(marks)
             table.append(
                 [run["time"], run["label"] or "", run["status"], *cells, run["software"].get("harness_sha") or "", mark]
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.compare.metrics import WATCHED
 from harness.history.changepoint import e_divisive
 from harness.history.judge import Rules
 from harness.history.keys import HISTORY_METRICS, is_exact, iso
@@ -35,10 +36,12 @@ def _change_points(runs: Sequence[Run], *, rules: Rules) -> dict[str, list[dict[
     for metric in HISTORY_METRICS:
         if is_exact(metric):
             continue
-        at = [i for i, r in enumerate(runs) if r.values.get(metric.name, 0) > 0]
+        # NOTE: the time model's deviation is searched on measured / predicted = 1 + deviation (positive)
+        shift = 1.0 if metric.kind == WATCHED else 0.0
+        at = [i for i, r in enumerate(runs) if r.values.get(metric.name, -shift) + shift > 0]
         if len(at) < 2 * 2:
             continue
-        y = np.log([runs[i].values[metric.name] for i in at])
+        y = np.log([runs[i].values[metric.name] + shift for i in at])
         centred = np.round(y - y.mean(), 9)
         # NOTE: throughput's log series is step time's negated and shifted: the same change points
         key = ((centred if centred[np.flatnonzero(centred)[:1]].sum() >= 0 else -centred) + 0.0).tobytes()
@@ -56,8 +59,8 @@ def _change_points(runs: Sequence[Run], *, rules: Rules) -> dict[str, list[dict[
                     "time": iso(run.time),
                     "label": run.label,
                     "p_value": c.p_value,
-                    "before": math.exp(before),
-                    "after": math.exp(after),
+                    "before": math.exp(before) - shift,
+                    "after": math.exp(after) - shift,
                 }
             )
         if found:

@@ -4,7 +4,7 @@ Two back ends, one schema: SQLite (the default: `--db PATH`, one file, no server
 (`--db postgresql://user@host:port/dbname`, for nightly jobs on many machines; needs `psycopg`, the
 `history-pg` extra).
 
-Tables (schema version 1, in `schema_version`):
+Tables (schema version 2, in `schema_version`):
 
 | table | one row per | columns |
 |---|---|---|
@@ -18,7 +18,9 @@ Tables (schema version 1, in `schema_version`):
 
 One row per run with a column per metric, not a row per value: a check of 1,000 cells reads 60 runs of each in
 one indexed range scan apiece (a row per value made that 600,000 rows). A metric added later is a new column
-and a new schema version.
+and a new schema version (`ADDED_IN_VERSION`): `history add` migrates an older database in one transaction
+(ALTER TABLE … ADD COLUMN, null for the runs stored before; every run kept), while `check` and `show`, which never
+write, read an older database as it is, the missing metrics null. Version 2 added the time model's deviation.
 
 Writers are safe together: every add is one transaction (all of its records or none); SQLite runs in WAL mode
 with a busy timeout and takes the write lock when the transaction begins (`BEGIN IMMEDIATE`), so concurrent
@@ -43,10 +45,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from harness.compare.metrics import DEVIATION
 from harness.core.errors import InputError, Problem
 from harness.history.keys import HISTORY_METRICS, MACHINE_FIELDS, SOFTWARE_FIELDS, Entry, identity_key
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the first; 2: `runs.predicted_step_time_deviation` (the time model's deviation, issue 16)"""
 BUSY_TIMEOUT_S = 120.0
 """how long a SQLite writer waits for another's transaction before giving up (s)"""
 _CHUNK = 500
@@ -86,6 +90,8 @@ _DIALECT_TYPES = {
 }
 COLUMNS = {m.name: m.name.replace(".", "_") for m in HISTORY_METRICS}
 """metric name → its column in `runs`"""
+ADDED_IN_VERSION = {DEVIATION: 2}
+"""metric name → the schema version that added its column (the others: 1); a migration adds them in order"""
 _RUN_FIELDS = ("uid", "cell", "machine", "software", "batch", "time", "status")
 
 
@@ -165,6 +171,8 @@ class HistoryStore:
         """the path or redacted URL, for messages"""
         self._machines: dict[int, dict[str, Any]] | None = None
         self._software: dict[int, dict[str, Any]] | None = None
+        self.version = SCHEMA_VERSION
+        """the database's schema version (an older one read as it is, or migrated by a writer)"""
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -225,11 +233,16 @@ class HistoryStore:
             sql = "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
         return int(self.execute(sql).fetchone()[0])
 
-    def _check_version(self) -> None:
+    def _version(self) -> int:
         rows = self.execute("SELECT version FROM schema_version").fetchall()
         if len(rows) != 1:
             raise InputError([Problem(self.where, "schema_version", f"{len(rows)} rows; a history has exactly 1")])
-        version = rows[0][0]
+        return int(rows[0][0])
+
+    def _check_version(self, *, create: bool = False) -> None:
+        """Refuse a newer schema; an older one is migrated when this connection writes (`create`: `history add`),
+        and otherwise read as it is (`check` and `show` never write: the metrics it lacks read as null)."""
+        version = self._version()
         if version > SCHEMA_VERSION:
             raise InputError(
                 [
@@ -241,13 +254,38 @@ class HistoryStore:
                     )
                 ]
             )
-        if version < SCHEMA_VERSION:  # NOTE: no older version exists yet; a migration goes here when one does
+        if version < 1:
             raise InputError([Problem(self.where, "", f"history schema version {version} is not one this reads")])
+        if version < SCHEMA_VERSION and create:
+            version = self._migrate()
+        self.version = version
+
+    def _migrate(self) -> int:
+        """Bring an older schema to SCHEMA_VERSION in one transaction (a metric added later is a new, null column
+        in `runs` and a row in `metrics`; every stored run stays as it was). Returns the version now."""
+        with self.transaction():
+            if self.dialect == "postgresql":
+                self.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK,))
+            version = self._version()  # NOTE: another writer may have migrated it while this one waited
+            double = _DIALECT_TYPES[self.dialect]["double"]
+            for name, since in ADDED_IN_VERSION.items():
+                if version < since:
+                    self.execute(f"ALTER TABLE runs ADD COLUMN {COLUMNS[name]} {double}")
+            if version < SCHEMA_VERSION:
+                self.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+                self._ensure_metrics()
+        return SCHEMA_VERSION
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """metric name → its column in `runs`, for the metrics this database's schema version has"""
+        return {name: col for name, col in COLUMNS.items() if ADDED_IN_VERSION.get(name, 1) <= self.version}
 
     def prepare(self, *, create: bool) -> None:
-        """Check the schema (create it when `create` and absent); InputError when this is not a history."""
+        """Check the schema (create it when `create` and absent; migrate an older one when `create`); InputError
+        when this is not a history."""
         if self._has_table("schema_version"):
-            self._check_version()
+            self._check_version(create=create)
             return
         if not create:
             what = "an empty database" if self._table_count() == 0 else "a database without a harness history"
@@ -258,7 +296,7 @@ class HistoryStore:
             if self.dialect == "postgresql":
                 self.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK,))
             if self._has_table("schema_version"):  # another writer created it while this one waited
-                self._check_version()
+                self._check_version()  # NOTE: at its version (a migration would nest this transaction)
                 return
             if self._table_count() and self.dialect == "sqlite":
                 raise InputError([Problem(self.where, "", "a SQLite database that is not a harness history")])
@@ -411,7 +449,8 @@ class HistoryStore:
     ) -> list[Run]:
         """The cell's runs, oldest first: the last `limit` of them (all when None), on `cluster` (any when None),
         finished at or before `until` (Unix s; any time when None)."""
-        values = ", ".join(f"r.{col}" for col in COLUMNS.values())
+        columns = self.columns
+        values = ", ".join(f"r.{col}" for col in columns.values())
         sql = (
             f"SELECT r.id, r.uid, r.time, r.status, r.machine, r.software, b.label, {values} FROM runs r "
             "JOIN batches b ON b.id = r.batch JOIN machines m ON m.id = r.machine WHERE r.cell = ?"
@@ -428,7 +467,7 @@ class HistoryStore:
             sql += " LIMIT ?"
             params.append(limit)
         rows = self.execute(sql, params).fetchall()
-        machines, software, names = self.machines, self.software, tuple(COLUMNS)
+        machines, software, names = self.machines, self.software, tuple(columns)
         return [
             Run(
                 id=r[0],
@@ -449,7 +488,7 @@ class HistoryStore:
             t: int(self.execute(f"SELECT count(*) FROM {t}").fetchone()[0])
             for t in ("cells", "machines", "software", "batches", "runs")
         }
-        counted = " + ".join(f"count({col})" for col in COLUMNS.values())
+        counted = " + ".join(f"count({col})" for col in self.columns.values())
         out["values"] = int(self.execute(f"SELECT {counted} FROM runs").fetchone()[0])
         return out
 

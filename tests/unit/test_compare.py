@@ -179,8 +179,10 @@ def test_identical_sets_exit_0_and_every_metric_unchanged(tmp_path, capsys):
     for cell in cmp.cells:
         verdicts = {m.metric: m.verdict for m in cell.metrics}
         assert verdicts["peak_memory_reserved_gib"] == UNCHANGED
+        # the time model's deviation: these records carry no prediction, so it is n/a on both sides
+        assert verdicts.pop("predicted.step_time_deviation") == "n/a"
         assert all(v == UNCHANGED for v in verdicts.values()), verdicts
-        assert all(m.ratio == 1.0 for m in cell.metrics)
+        assert all(m.ratio == 1.0 for m in cell.metrics if m.metric != "predicted.step_time_deviation")
         st = row(cmp, cell.label, "step_time_s")
         assert st.n_baseline == st.n_candidate == 1 and st.p_value is None
         assert cell.runs == (1, 1) and cell.basis == "one run: reported, not judged"
@@ -570,7 +572,7 @@ def test_markdown_contains_a_table(tmp_path, capsys):
     # Welch p of 3 vs 3 runs 1% apart, 20% between the sides, Holm-adjusted over the 5 ok cells
     assert "| 0.00012 | regression (Holm-adjusted over 5 cells; Welch p=2.38e-05) |" in first
     assert "### Newly failing (regression) (1)" in md and "- tiny zero2 fp32 g2: ok → timeout (900 s)" in md
-    assert "<details><summary>All 45 metric comparisons</summary>" in md  # 5 ok cells x 9 metrics
+    assert "<details><summary>All 50 metric comparisons</summary>" in md  # 5 ok cells x 10 metrics
 
 
 def test_markdown_keeps_a_multi_line_reason_on_its_list_item(tmp_path, capsys):
@@ -594,11 +596,12 @@ def test_json_format_round_trips(tmp_path, capsys):
         "alpha": 0.05,
         "min_runs": 3,
         "min_samples": 5,
+        "watch_deviation": None,
     }
     assert d["settings"]["timing_test"].startswith("two-sided Welch t-test on the log of each run's value")
     assert d["cells"][0]["basis"] == "one run: reported, not judged"
     assert d["cells"][0]["runs"] == {"baseline": 1, "candidate": 1}
-    assert len(d["cells"]) == 6 and all(len(c["metrics"]) == 9 for c in d["cells"])
+    assert len(d["cells"]) == 6 and all(len(c["metrics"]) == 10 for c in d["cells"])
 
 
 # ------------------------------------------------------------------------------------------------- per cell
@@ -662,14 +665,15 @@ def test_json_keeps_every_metric_and_counts_per_cell(tmp_path, capsys):
     assert d["summary"]["regressions"] == 2 and d["summary"]["metric_regressions"] == 5
     by_label = {c["label"]: c for c in d["cells"]}
     slow = by_label["tiny fsdp.full_shard bf16 g2"]
-    assert slow["regressed"] is True and len(slow["metrics"]) == 9
+    assert slow["regressed"] is True and len(slow["metrics"]) == 10
     assert slow["metric_counts"] == {
         "regression": 4,
         "not judged": 0,
         "not significant": 0,
         "improvement": 0,
         "unchanged": 5,
-        "n/a": 0,
+        "info": 0,
+        "n/a": 1,  # the time model's deviation: no prediction in these records
     }
     assert by_label["tiny zero2 fp32 g2"]["metric_counts"]["regression"] == 1
     assert by_label["tiny ddp fp32 g2"]["regressed"] is False
@@ -905,12 +909,12 @@ PINNED_RUNS = {
     "exact": ("--metric", "exact"),
     "missing": ("--fail-on-missing", "--min-samples", "3", "--threshold", "0.2", "--threshold", "mfu=0.01"),
 }
-PINNED = {  # see pinned_outputs; re-pinned by issue 15 and issue 20 (below)
+PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20 and 16 (below)
     "table": "f00a45ad105ae2bb",
-    "md": "ebaaf90fdcd3790c",
-    "json": "0a38f32a7365452c",
-    "all": "4fe8c5cf92daf3ac",
-    "all-md": "fedfe3bcc980d2fd",
+    "md": "e1da94b5957fac3e",
+    "json": "1ca02e42c03114b5",
+    "all": "fece3ac8706436cf",
+    "all-md": "f1e7c8e0d979dabf",
     "smaller": "574a02aac23ef494",
     "bigger": "ded8d9f27bfea8bd",
     "exact": "9868b0eef267e39e",
@@ -918,8 +922,8 @@ PINNED = {  # see pinned_outputs; re-pinned by issue 15 and issue 20 (below)
     "od": "f00a45ad105ae2bb",
     "od/benchmark-bigger.json": "18eb57bfb78288a9",
     "od/benchmark-smaller.json": "fba622aae56737f8",
-    "od/compare.json": "ae11271ad7eaf325",
-    "od/compare.md": "f368191cc218c818",
+    "od/compare.json": "0560eecd193e8d91",
+    "od/compare.md": "8cde2afd5f24ccb1",
     "od/compare.txt": "bd0564c0e538be83",
 }
 """First computed by the code before issue 21's work. Issue 15 changed the outputs on purpose: counts per cell
@@ -933,7 +937,13 @@ judgement on purpose: every ok record of a cell is a run, timing is judged on on
 runs a side), and with fewer runs a timing change is "not judged" (never a regression): the timing rows of this
 one-run pair became "not judged" (the rerun cell's candidate value the median of its 3 runs), the cells say their
 basis, the header the rule, and the reruns warning went; exact, memory and cell-state verdicts and the exit codes
-stayed as they were (checked by reading the new table and JSON)."""
+stayed as they were (checked by reading the new table and JSON). Issue 16 added the time model's deviation
+(`predicted.step_time_deviation`, a watched metric: information only): these records carry no prediction, so
+each ok cell gained one "n/a (null on both sides)" row in `--all` and in Markdown's collapsed table ("All 80
+metric comparisons", was 72), its headline an "n/a (1 metric)" more, and compare.json a `growth` key (null) per
+metric, an "info" count per cell, `settings.watch_deviation` (null) and `summary.deviation_regressions` (0);
+the default table, the github-benchmark files, --metric exact, --fail-on-missing and every exit code are
+byte-identical (checked with a diff of every output of the code before and after)."""
 
 
 def pinned_outputs(root: Path) -> dict[str, str]:
