@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
+from harness.compare.metrics import DEVIATION
 from harness.history.keys import HISTORY_METRICS
 from harness.report import build_report, output_problem
 from harness.results.store import check_writable_dir
 
-TREND_METRICS = [m.name for m in HISTORY_METRICS]
+TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
+"""every stored metric but the time model's deviation (a signed number: `history show` lists it)"""
 
 
 @click.command("report")

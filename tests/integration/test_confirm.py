@@ -3,8 +3,7 @@ the results dir's manifest) and judged again on the re-runs, so a one-off slow n
 slowdown does.
 
 Cheap by construction: one real sweep of two cells — `ddp fp32` as it is, `ddp bf16` with a real slowdown
-injected on rank 0 (`inject: {fault: slow, factor: 8, rank: 0}`; on every rank a factor above 2 feeds on
-itself: each rank's step time takes in its wait for the other's extra work) — and a history made of edited
+injected on rank 0 (`inject: {fault: slow, factor: 8, rank: 0}`) — and a history made of edited
 copies of those two records (ten
 nights, lognormal spread of 15% from evenly spaced quantiles, the slowed cell's copies at its time / 8, i.e. where
 it runs without the fault). Tonight, `ddp fp32`'s record is edited 8x slower: a transient that its real re-runs
