@@ -68,6 +68,7 @@ from harness.compare.metrics import (
     metric_value,
     select_metrics,
     value_at,
+    watched_deviation,
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES, run_level_p
 from harness.core.errors import InputError, Problem
@@ -190,15 +191,8 @@ def _watched_verdict(row: MetricComparison, b: float, c: float, *, watch_deviati
     much further off the model got, |c| − |b|; a regression only when `watch_deviation` (points) is given and
     that growth exceeds it. No ratio: a deviation is already a relative number, and its change is in points."""
     row.growth = deviation_growth(b, c)
-    points = row.growth * 100
-    if watch_deviation is not None and points > watch_deviation:
-        row.verdict = REGRESSION
-        row.note = f"|deviation| grew by {points:.1f} points > --watch-deviation {watch_deviation:g}"
-    else:
-        row.verdict = INFO
-        row.note = f"|deviation| {'grew' if points > 0 else 'shrank'} by {abs(points):.1f} points" + (
-            f" (<= --watch-deviation {watch_deviation:g})" if watch_deviation is not None else ""
-        )
+    regressed, row.note = watched_deviation(row.growth, watch_deviation)
+    row.verdict = REGRESSION if regressed else INFO
     return row
 
 

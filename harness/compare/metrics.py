@@ -202,6 +202,17 @@ def deviation_growth(baseline: float, candidate: float) -> float:
     return abs(candidate) - abs(baseline)
 
 
+def watched_deviation(growth: float, watch_deviation: float | None) -> tuple[bool, str]:
+    """(a regression?, the note) for a deviation whose magnitude grew by `growth` (a fraction): a regression only
+    when `watch_deviation` (points, `--watch-deviation`) is set and the growth exceeds it. compare and the
+    history say it in the same words."""
+    points = growth * 100
+    if watch_deviation is not None and points > watch_deviation:
+        return True, f"|deviation| grew by {points:.1f} points > --watch-deviation {watch_deviation:g}"
+    note = f"|deviation| {'grew' if points > 0 else 'shrank'} by {abs(points):.1f} points"
+    return False, note + (f" (<= --watch-deviation {watch_deviation:g})" if watch_deviation is not None else "")
+
+
 def parse_thresholds(values: Sequence[str]) -> dict[str, float]:
     """`0.05` (the default) and `metric=0.10` (an override), each a fraction."""
     out: dict[str, float] = {}

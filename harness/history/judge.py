@@ -56,7 +56,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.compare.metrics import WATCHED, check_thresholds, check_watch_deviation
+from harness.compare.metrics import (
+    WATCHED,
+    check_thresholds,
+    check_watch_deviation,
+    deviation_growth,
+    watched_deviation,
+)
 from harness.core.errors import InputError, Problem
 from harness.history.changepoint import ChangePoint, e_divisive, recent_change_point
 from harness.history.keys import HISTORY_METRICS, MACHINE_FIELDS, SOFTWARE_FIELDS, Entry, is_exact
@@ -448,16 +454,9 @@ def _as_deviation(row: MetricVerdict, value: float, *, rules: Rules) -> MetricVe
         row.change_point.after -= 1
     if row.verdict not in (REGRESSION, IMPROVEMENT):
         return row
-    growth = abs(value) - abs(row.reference) if row.reference is not None else 0.0
-    watch = rules.watch_deviation
-    if watch is not None and growth * 100 > watch:
-        row.verdict = REGRESSION
-        row.note = f"|deviation| grew by {growth * 100:.1f} points > --watch-deviation {watch:g}"
-    else:
-        row.verdict = SHIFTED
-        row.note = f"|deviation| {'grew' if growth > 0 else 'shrank'} by {abs(growth) * 100:.1f} points" + (
-            f" (<= --watch-deviation {watch:g})" if watch is not None else ""
-        )
+    growth = deviation_growth(row.reference, value) if row.reference is not None else 0.0
+    regressed, row.note = watched_deviation(growth, rules.watch_deviation)
+    row.verdict = REGRESSION if regressed else SHIFTED
     return row
 
 
