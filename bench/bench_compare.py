@@ -207,19 +207,22 @@ def stage_times(base: Path, cand: Path, out: Path) -> dict[str, float]:
 
 
 _CHILD = """
-import os, sys
+import os, resource, sys
 from harness.cli import main
 code = main(sys.argv[1:])
 with open('/proc/self/status') as f:  # VmHWM: this process's own peak (ru_maxrss would count the bench's)
-    peak = next(line.split()[1] for line in f if line.startswith('VmHWM:'))
+    peak = int(next(line.split()[1] for line in f if line.startswith('VmHWM:')))
+kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest of the processes it forked (KiB)
 with open(os.environ['BENCH_PEAK_FILE'], 'w') as f:
-    f.write(peak)
+    f.write(str(max(peak, kids)))
 sys.exit(code)
 """
 
 
 def command_run(base: Path, cand: Path, out: Path) -> tuple[float, float, int]:
-    """`harness compare BASE CAND --output-dir OUT` in a child process: (wall s, peak RSS GiB, exit code)."""
+    """`harness compare BASE CAND --output-dir OUT` in a child process: (wall s, peak RSS GiB, exit code); the peak
+    is the largest of the command's process and the processes it forked (the candidate's reader, the JSON
+    writer)."""
     peak_file = out.with_name(out.name + ".peak")
     cmd = [sys.executable, "-c", _CHILD, "compare", str(base), str(cand), "--output-dir", str(out)]
     t = time.perf_counter()

@@ -12,7 +12,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import multiprocessing
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import click
@@ -33,6 +38,7 @@ from harness.compare.render import (
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES
 from harness.core.errors import InputError, Problem
+from harness.results.fastload import record_files
 from harness.results.store import atomic_write_text, unwritable_reason
 
 
@@ -218,11 +224,11 @@ def compare_command(
     notes: list[str] = []
     bootstrap = promote and force and not base_paths[0].exists()
     # NOTE: each record is indexed by spec as it loads: only the one each cell uses stays in memory
-    base = SideIndex(side="baseline", ignore=ignore_spec_key)
-    if not bootstrap:
-        base.add_all(iter_side(base_paths, side="baseline", problems=problems, notes=notes))
-    cand = SideIndex(side="candidate", ignore=ignore_spec_key)
-    cand.add_all(iter_side(cand_paths, side="candidate", problems=problems, notes=notes))
+    (base, base_problems, base_notes), (cand, cand_problems, cand_notes) = _load_sides(
+        base_paths, cand_paths, ignore=ignore_spec_key, bootstrap=bootstrap
+    )
+    problems += base_problems + cand_problems
+    notes += base_notes + cand_notes
     if problems:
         raise InputError(problems)
 
@@ -261,8 +267,8 @@ def compare_command(
     if output is not None:
         atomic_write_text(output, text)
     if output_dir is not None:
-        for name, filename in [*FORMAT_FILES.items(), *BENCHMARK_FILES.items()]:
-            atomic_write_text(output_dir / filename, rendered(name))
+        jobs = [(name, output_dir / filename) for name, filename in [*FORMAT_FILES.items(), *BENCHMARK_FILES.items()]]
+        _write_all(jobs, rendered, done=set(texts), big=len(cmp.cells) >= PARALLEL_WRITE_MIN_CELLS)
     for w in cmp.warnings:
         click.echo(f"warning: {w}", err=True)
 
@@ -303,6 +309,98 @@ def check_outputs(output: Path | None, output_dir: Path | None) -> None:
         problems.append(Problem(str(output_dir), "--output-dir", why))
     if problems:
         raise InputError(problems)
+
+
+PARALLEL_LOAD_MIN_FILES = 2000
+"""with at least this many candidate record files (and Linux), the candidate side loads in a forked child while
+this process loads the baseline"""
+
+
+Loaded = tuple[SideIndex, list[Problem], list[str]]
+"""a side's index, its problems (exit 2) and its notes (warnings)"""
+
+
+def _load_side(paths: Sequence[Path], *, side: str, ignore: Sequence[str]) -> Loaded:
+    """One side read and indexed, with its problems and notes."""
+    index = SideIndex(side=side, ignore=ignore)
+    problems: list[Problem] = []
+    notes: list[str] = []
+    index.add_all(iter_side(paths, side=side, problems=problems, notes=notes))
+    return index, problems, notes
+
+
+def _load_sides(
+    base_paths: Sequence[Path], cand_paths: Sequence[Path], *, ignore: Sequence[str], bootstrap: bool
+) -> tuple[Loaded, Loaded]:
+    """(baseline, candidate), each as `_load_side` gives it. Reading and indexing is most of a big compare's time
+    and the sides are independent: with many files the candidate is read in a forked child (it hands back its
+    index) while this process reads the baseline. A child's process that fails reads the candidate here (the
+    same result)."""
+    empty: Loaded = (SideIndex(side="baseline", ignore=ignore), [], [])
+    big = sys.platform == "linux" and not bootstrap
+    if big:
+        big = len(record_files(*[p for p in cand_paths if p.exists()])) >= PARALLEL_LOAD_MIN_FILES
+    pool = future = None
+    if big:
+        try:
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+            future = pool.submit(_load_side, cand_paths, side="candidate", ignore=ignore)
+        except (OSError, ValueError, RuntimeError, ImportError):
+            future = None
+    cand: Loaded | None = None
+    try:
+        base = empty if bootstrap else _load_side(base_paths, side="baseline", ignore=ignore)
+        if future is not None:
+            try:
+                cand = future.result()
+            except BrokenProcessPool:  # the child died (killed, out of memory): read it here
+                cand = None
+        if cand is None:
+            cand = _load_side(cand_paths, side="candidate", ignore=ignore)
+    finally:
+        if pool is not None:
+            if future is None or not future.done() or future.exception() is not None:
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.kill()  # NOTE: an interrupted or failed load: a child still reading is not waited for
+            pool.shutdown(wait=True, cancel_futures=True)  # reaped: its peak memory counts as this command's
+    return base, cand
+
+
+PARALLEL_WRITE_MIN_CELLS = 500
+"""with --output-dir and at least this many cells, the JSON files are rendered in a forked child"""
+_CHILD_RENDERS = ("json", *BENCHMARK_FILES)
+
+
+def _write_all(jobs: list[tuple[str, Path]], rendered: Callable[[str], str], *, done: set[str], big: bool) -> None:
+    """Write every output file of --output-dir. With many cells the JSON renderings (compare.json and the two
+    github-benchmark files, half of the rendering time) are made and written by a forked child while this process
+    renders the text ones; the bytes are the same either way, and a child that cannot start or fails leaves its
+    files to this process."""
+    theirs = [(n, p) for n, p in jobs if n in _CHILD_RENDERS and n not in done]
+    child: int | None = None
+    if big and theirs and sys.platform == "linux":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            child = os.fork()
+        except OSError:
+            child = None  # no fork here (a sandbox, no memory): everything below, in this process
+        if child == 0:  # the child: its files, then out without running the parent's exit handlers
+            code = 1
+            try:
+                for name, path in theirs:
+                    atomic_write_text(path, rendered(name))
+                code = 0
+            finally:
+                os._exit(code)
+    for name, path in jobs:
+        if not (child and (name, path) in theirs):
+            atomic_write_text(path, rendered(name))
+    if child:
+        _, status = os.waitpid(child, 0)
+        if status != 0:  # the child failed (killed, an error): the same files, written here
+            for name, path in theirs:
+                atomic_write_text(path, rendered(name))
 
 
 def _no_match_problem(cmp: Comparison, base_paths: Sequence[Path], cand_paths: Sequence[Path]) -> Problem:

@@ -3,8 +3,9 @@ refuse rather than silently drop: a path that does not exist, records of a schem
 read, and a side with no readable record at all. Other unreadable files become warnings.
 
 Records are read one at a time (`iter_side`), so a side of many reruns can be indexed by spec as it loads without
-holding every record. The files are harness.results.store's (`iter_record_files`), each parsed once; a file that
-is not a readable record gets the reason store.read_record gives, the reader every command shares.
+holding every record. The files are harness.results.store's (`iter_record_files`' files and order, listed by
+fastload.record_files), each parsed once; a file that is not a readable record gets the reason store.read_record
+gives, the reader every command shares.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import Problem
-from harness.results.store import SCHEMA_VERSION, check_record, iter_record_files, read_record
+from harness.results.fastload import record_files
+from harness.results.store import SCHEMA_VERSION, check_record, read_record
 
 
 def _existing(paths: Sequence[Path], side: str, problems: list[Problem]) -> list[Path]:
@@ -28,7 +30,7 @@ def _existing(paths: Sequence[Path], side: str, problems: list[Problem]) -> list
     return ok
 
 
-def _parse(path: Path) -> tuple[dict[str, Any] | None, Any]:
+def _parse(path: str) -> tuple[dict[str, Any] | None, Any]:
     """(record, document): the record when the file is one store.read_record accepts (the same checks), else
     None and the parsed document (None when it is not JSON)."""
     try:
@@ -59,7 +61,7 @@ def iter_side(
     existing = _existing(paths, side, problems)
     count = 0
     for p in existing:
-        for f in iter_record_files(p):
+        for f in record_files(p):  # NOTE: iter_record_files' files and order, listed without a Path per file
             rec, doc = _parse(f)
             if rec is None:
                 try:

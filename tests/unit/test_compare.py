@@ -1062,3 +1062,26 @@ def test_side_index_keeps_the_chosen_record_whole_and_every_runs_values():
         next(iter(index.chosen)): chosen
     }
     assert notes == index.warnings()
+
+
+def test_forked_loading_and_writing_give_the_same_files(tmp_path, monkeypatch, capsys):
+    """Big compares read the candidate and write the JSON files in forked children (harness.cli.compare); the
+    files, stdout, stderr and exit code are those of the one-process path. Forced on a small regressing pair."""
+    import harness.cli.compare as cli_compare
+
+    base = write_set(tmp_path / "base", cells().values())
+    slower = cells()
+    for rec in slower.values():
+        rec["comm"]["bytes_per_step"] += 1  # an exact change on every cell: exit 1, every verdict row used
+    cand = write_set(tmp_path / "cand", slower.values())
+    outputs = {}
+    for mode, floor in (("forked", 1), ("here", 10**9)):
+        monkeypatch.setattr(cli_compare, "PARALLEL_LOAD_MIN_FILES", floor)
+        monkeypatch.setattr(cli_compare, "PARALLEL_WRITE_MIN_CELLS", floor)
+        code = run_cli(base, cand, "--output-dir", tmp_path / mode)
+        out, err = capsys.readouterr()
+        files = {p.name: p.read_text() for p in sorted((tmp_path / mode).iterdir())}
+        outputs[mode] = (code, out, err, files)
+    assert outputs["forked"][0] == 1
+    assert len(outputs["forked"][3]) == 5
+    assert outputs["forked"] == outputs["here"]
