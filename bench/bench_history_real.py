@@ -11,8 +11,8 @@ history, wall times and the machine's load; asserts nothing.
     python bench/bench_history_real.py --cell "ddp fp32" --factor 1.3 --keep /tmp/hist
 
 `--cell` picks the slowed cell: a run_id, or words that its label (`tiny ddp fp32 g2`) contains; default the
-scenario's first cell. `--rank 0` slows one rank only (a slowdown on every rank takes in the ranks' waits for each
-other's extra work, so factors well above 1.3 grow step by step).
+scenario's first cell. `--rank 0` slows one rank only (default: every rank; the fault's extra work follows a
+reference step time of each rank, so a slowdown on every rank does not compound).
 """
 
 from __future__ import annotations
