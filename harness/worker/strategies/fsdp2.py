@@ -13,7 +13,6 @@ from typing import Any, cast
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from harness.scenario.schema import RunSpec
 from harness.worker.models import (
@@ -23,31 +22,17 @@ from harness.worker.models import (
     Transformer,
     apply_activation_checkpointing,
     build_model,
-    init_module_,
 )
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+from harness.worker.strategies.layouts import init_module_sharded_
 
 
 def _init_sharded_(model: torch.nn.Module) -> None:
     """Initialise every (DTensor) parameter from the full values its module's keyed init would produce."""
     for module in model.modules():
-        if not isinstance(module, (KeyedLinear, KeyedEmbedding, RMSNorm)):
-            continue
-        w = module.weight
-        if not isinstance(w, DTensor):
-            init_module_(module)
-            continue
-        full = torch.empty(w.shape, dtype=w.dtype, device=w.device_mesh.device_type)
-        # run the module's keyed init on a plain full-size tensor, then distribute it like the parameter
-        plain = torch.nn.Parameter(full, requires_grad=False)
-        module._parameters["weight"] = plain
-        try:
-            init_module_(module)
-        finally:
-            module._parameters["weight"] = w  # type: ignore[assignment]  # a DTensor parameter, as fully_shard left it
-        with torch.no_grad():
-            w.copy_(distribute_tensor(plain.data, w.device_mesh, w.placements))
+        if isinstance(module, (KeyedLinear, KeyedEmbedding, RMSNorm)):
+            init_module_sharded_(module)
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:

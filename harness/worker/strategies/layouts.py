@@ -154,25 +154,34 @@ def apply_tensor_parallel(stage: Stage, *, mesh: Any, sequence_parallel: bool, l
         attn.kv_heads //= tp
 
 
+def init_module_sharded_(m: nn.Module) -> None:
+    """The module's keyed initialisation, also when its weight is a DTensor (TP or FSDP2 shards): the init runs on
+    a plain full-size tensor, whose values are then distributed onto the parameter's mesh like the parameter, so
+    every layout starts from the single-process model's values."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    w = getattr(m, "weight", None)
+    if not isinstance(w, DTensor):
+        init_module_(m)
+        return
+    full = torch.nn.Parameter(
+        torch.empty(w.shape, dtype=w.dtype, device=w.device_mesh.device_type), requires_grad=False
+    )
+    m._parameters["weight"] = full
+    try:
+        init_module_(m)
+    finally:
+        m._parameters["weight"] = w  # type: ignore[assignment]  # the DTensor parameter, as sharding left it
+    with torch.no_grad():
+        w.copy_(distribute_tensor(full.data, w.device_mesh, w.placements))
+
+
 def materialise_(module: nn.Module, *, device: torch.device) -> None:
     """Allocate a meta-built module's parameters on `device` (only the local shards of DTensor parameters) and fill
     them with the values of the keyed initialisation of the whole tensors (distributed onto their mesh)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     module.to_empty(device=device)
     for m in module.modules():
-        w = getattr(m, "weight", None)
-        if not isinstance(w, DTensor):
-            init_module_(m)
-            continue
-        full = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device=device), requires_grad=False)
-        m._parameters["weight"] = full
-        try:
-            init_module_(m)
-        finally:
-            m._parameters["weight"] = w  # type: ignore[assignment]  # the DTensor parameter, as sharding left it
-        with torch.no_grad():
-            w.copy_(distribute_tensor(full.data, w.device_mesh, w.placements))
+        init_module_sharded_(m)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
