@@ -57,6 +57,22 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "md", "json", "github-benchmark"]),
+    default="table",
+    show_default=True,
+    help="What goes to stdout (and -o).",
+)
+"""`--format`, as `harness compare` and `harness history check` take it"""
+direction_option = click.option(
+    "--direction",
+    type=click.Choice(sorted(BENCHMARK_FILES)),
+    help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.",
+)
+
+
 @click.command("compare")
 @click.argument("baseline", required=False, type=click.Path(path_type=Path))
 @click.argument("candidate", required=False, type=click.Path(path_type=Path))
@@ -107,19 +123,8 @@ def gc_paused() -> Iterator[None]:
     show_default=True,
     help="Accepted for old scripts; unused: timing is judged on runs (--min-runs), not on one run's steps.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "md", "json", "github-benchmark"]),
-    default="table",
-    show_default=True,
-    help="What goes to stdout (and -o).",
-)
-@click.option(
-    "--direction",
-    type=click.Choice(["smaller", "bigger"]),
-    help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.",
-)
+@format_option
+@direction_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the output to FILE (atomically).")
 @click.option(
     "--output-dir",

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from harness.cli.compare import direction_option, format_option
 from harness.compare.load import iter_side
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
-from harness.compare.render import BENCHMARK_FILES
 from harness.core.errors import InputError, Problem
 from harness.history.judge import CellVerdict, HistoryCheck, Rules, check_entries
 from harness.history.keys import Entry, entry_of
@@ -46,7 +46,7 @@ DB_HELP = "The history: a SQLite file, or a postgresql://user@host:port/dbname U
 
 
 @contextlib.contextmanager
-def _database_errors(db: str) -> Iterator[None]:
+def database_errors(db: str) -> Iterator[None]:
     """A database failing mid-command (read-only file, locked past the timeout, a dropped connection) is one
     line naming the database, exit 2; never a traceback."""
     try:
@@ -95,7 +95,7 @@ def add_command(db: str, results_dirs: tuple[Path, ...], label: str | None) -> i
     One transaction: all of the records or none. Records already in the history (the same run of the same cell)
     are left as they are, so adding a sweep twice changes nothing."""
     entries, records, notes = _entries(results_dirs)
-    with _database_errors(db):
+    with database_errors(db):
         with open_store(db, create=True) as store:
             result = store.add(entries, label=label, source=", ".join(str(p) for p in results_dirs))
     for n in notes:
@@ -125,7 +125,7 @@ def add_command(db: str, results_dirs: tuple[Path, ...], label: str | None) -> i
 )
 def show_command(db: str, cell_filter: str | None, fmt: str, last: int) -> int:
     """The stored series of each cell (per machine), oldest run first, with the change points in each metric."""
-    with _database_errors(db):
+    with database_errors(db):
         with open_store(db) as store:
             series = show_series(store, cell_filter=cell_filter, last=last or None)
     click.echo(render_show_json(series) if fmt == "json" else render_show_table(series), nl=False)
@@ -135,19 +135,8 @@ def show_command(db: str, cell_filter: str | None, fmt: str, last: int) -> int:
 @history_group.command("check")
 @click.option("--db", required=True, help=DB_HELP)
 @click.argument("results_dirs", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RESULTS_DIR...")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "md", "json", "github-benchmark"]),
-    default="table",
-    show_default=True,
-    help="What goes to stdout (and -o).",
-)
-@click.option(
-    "--direction",
-    type=click.Choice(sorted(BENCHMARK_FILES)),
-    help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.",
-)
+@format_option
+@direction_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the output to FILE (atomically).")
 @click.option(
     "--threshold",
@@ -222,7 +211,7 @@ def check_command(
 
         check_repeat(confirm, option="--confirm")
     entries, records, notes = _entries(results_dirs)
-    with _database_errors(db):
+    with database_errors(db):
         with open_store(db) as store:
             check = check_entries(store, entries, rules=rules, sources=[str(p) for p in results_dirs], records=records)
             if confirm and check.has_regression:

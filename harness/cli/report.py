@@ -70,11 +70,11 @@ def report_command(
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
     trends = None
     if history_db is not None:
-        from harness.cli.history import _database_errors
+        from harness.cli.history import database_errors
         from harness.history.store import open_store
         from harness.history.trends import trend_series
 
-        with _database_errors(history_db):
+        with database_errors(history_db):
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
     result = build_report(dirs, out, trends=trends)
