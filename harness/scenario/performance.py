@@ -8,6 +8,7 @@ Pure: no torch import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,23 @@ def _number_or_null(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
 
 
+def _figures(
+    doc: dict[str, Any], key: str, allowed: Sequence[str], shape: str, file: str, problems: list[Problem]
+) -> dict[str, Any]:
+    """`performance.<key>`: a mapping of known names to positive numbers or null; problems appended, {} when it is
+    not a mapping."""
+    raw = doc.get(key) or {}
+    if not isinstance(raw, dict):
+        problems.append(Problem(file, f"performance.{key}", f"must be {shape}"))
+        return {}
+    for k, v in raw.items():
+        if k not in allowed:
+            problems.append(unknown(file, f"performance.{key}.{k}", k, allowed))
+        elif not _number_or_null(v):
+            problems.append(Problem(file, f"performance.{key}.{k}", f"{v!r} is not a positive number or null"))
+    return raw
+
+
 def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performance:
     """The `performance:` block (absent: every figure unknown); problems are appended, the caller raises once."""
     if doc is None:
@@ -59,29 +77,13 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
     for k in doc:
         if k not in PERFORMANCE_KEYS:
             problems.append(unknown(file, f"performance.{k}", k, PERFORMANCE_KEYS))
-    matmul = doc.get("matmul_tflops") or {}
-    if not isinstance(matmul, dict):
-        problems.append(Problem(file, "performance.matmul_tflops", "must be a mapping of precision → TFLOPS"))
-        matmul = {}
-    for k, v in matmul.items():
-        if k not in MATMUL_KEYS:
-            problems.append(unknown(file, f"performance.matmul_tflops.{k}", k, MATMUL_KEYS))
-        elif not _number_or_null(v):
-            problems.append(Problem(file, f"performance.matmul_tflops.{k}", f"{v!r} is not a positive number or null"))
+    matmul = _figures(doc, "matmul_tflops", MATMUL_KEYS, "a mapping of precision → TFLOPS", file, problems)
     if not _number_or_null(doc.get("memory_gbps")):
         bad = doc.get("memory_gbps")
         problems.append(Problem(file, "performance.memory_gbps", f"{bad!r} is not a positive number or null"))
     links = {}
     for name in ("intra_node", "inter_node"):
-        raw = doc.get(name) or {}
-        if not isinstance(raw, dict):
-            problems.append(Problem(file, f"performance.{name}", "must be a mapping (busbw_gbps, latency_us)"))
-            raw = {}
-        for k, v in raw.items():
-            if k not in LINK_KEYS:
-                problems.append(unknown(file, f"performance.{name}.{k}", k, LINK_KEYS))
-            elif not _number_or_null(v):
-                problems.append(Problem(file, f"performance.{name}.{k}", f"{v!r} is not a positive number or null"))
+        raw = _figures(doc, name, LINK_KEYS, "a mapping (busbw_gbps, latency_us)", file, problems)
         links[name] = LinkFigures(busbw_gbps=raw.get("busbw_gbps"), latency_us=raw.get("latency_us"))
     sources = doc.get("sources") or {}
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):

@@ -365,3 +365,17 @@ def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
     comp = tm.micro_step_compute(make_spec(strategy="fsdp2.full_shard", gpus=4), rates)
     assert four["time_s"]["compute"] == pytest.approx(2.4 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
     assert one["time_s"]["compute"] == pytest.approx(comp.total)
+
+
+def test_bad_performance_figures_are_named_with_their_key_path():
+    from harness.scenario.performance import parse_performance
+
+    problems: list = []
+    doc = {"matmul_tflops": {"bf16": -1, "xx": 3}, "intra_node": 5, "inter_node": {"busbw_gbps": "a"}}
+    parse_performance(doc, "f.yaml", problems)
+    assert [str(p) for p in problems] == [
+        "f.yaml: performance.matmul_tflops.bf16: -1 is not a positive number or null",
+        "f.yaml: performance.matmul_tflops.xx: unknown key; allowed: fp32, tf32, bf16, fp16",
+        "f.yaml: performance.intra_node: must be a mapping (busbw_gbps, latency_us)",
+        "f.yaml: performance.inter_node.busbw_gbps: 'a' is not a positive number or null",
+    ]
