@@ -8,8 +8,8 @@ the log of the values (a factor is a distance, so step time and the throughput d
 
 Kept apart so the one place that imports numpy and scipy is here, inside the functions that need them: `import
 harness.compare...` and the exact-only comparison (`--metric exact`) never load them. `mann_whitney_ps` (every
-pair at once, bit for bit scipy's) judged per-step samples before timing moved to runs; it stays for callers that
-test many sample pairs.
+pair at once, bit for bit scipy's) is the report's leader test (harness.report.leader); compare itself judges
+timing on runs only.
 """
 
 from __future__ import annotations
