@@ -37,6 +37,7 @@ from harness.report.frame import (
     figure_cells,
     flatten_records,
     frame_from_flat,
+    prediction_accuracy,
     report_name,
 )
 from harness.report.render import prepare_html, prepare_markdown
@@ -270,6 +271,7 @@ def build_report(
         "warnings": warnings,
         "n_unreadable": n_unreadable,
         "trends": trends,
+        "prediction_accuracy": prediction_accuracy(cells),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     finish_markdown, finish_html = prepare_markdown(ctx), prepare_html(ctx)

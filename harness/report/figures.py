@@ -37,7 +37,13 @@ from matplotlib.image import imsave  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.markers import TICKDOWN  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    EngFormatter,
+    FormatStrFormatter,
+    NullFormatter,
+    NullLocator,
+    ScalarFormatter,
+)
 from matplotlib.transforms import ScaledTranslation, blended_transform_factory  # noqa: E402
 from PIL.PngImagePlugin import PngInfo  # noqa: E402
 
@@ -46,10 +52,14 @@ from harness.report.frame import (  # noqa: E402
     COMM_PREFIX,
     LAYOUT_SEP,
     MEMORY_RSS,
+    PREDICTED_PARTS,
+    PREDICTION_BAND,
     SAMPLES_COLUMN,
     base_strategy,
     collective_columns,
     model_order,
+    predicted_cells,
+    prediction_accuracy,
 )
 from harness.scenario.schema import PRECISIONS, STRATEGIES  # noqa: E402
 
@@ -1016,8 +1026,156 @@ def step_time_figure(fc: pd.DataFrame) -> Figure:
     return Figure("step_time", title, caption, _png(fig), note)
 
 
-FIGURE_MAKERS = (scaling_figure, mfu_heatmap, memory_figure, comm_figure, step_time_figure)
-_HEAVIEST_FIRST = (step_time_figure, memory_figure, comm_figure, scaling_figure)
+# --- the time model: predicted against measured ----------------------------------------------------------
+
+MAX_BREAKDOWN_PANELS = 4
+"""(model, largest GPU count) panels of the breakdown figure at most"""
+_PART_STYLE: dict[str, tuple[str, str]] = {
+    "compute": ("#4C72B0", "compute"),
+    "recompute": ("#8172B2", "recompute (checkpointing)"),
+    "optimizer": ("#55A868", "optimizer"),
+    "comm_exposed": ("#C44E52", "communication, exposed"),
+    "other": ("#8C8C8C", "other (host, framework)"),
+}
+"""predicted step-time part → (colour, legend label)"""
+
+
+def _why_no_prediction(fc: pd.DataFrame) -> str:
+    reasons = fc["predicted_time_null_reason"].dropna()
+    if len(reasons):
+        top = reasons.value_counts().index[0]
+        return f"no cell that ran ok has a predicted step time; the most common reason: {top}"
+    return "no cell that ran ok has a predicted step time (predicted.step_time_s)"
+
+
+def prediction_figure(fc: pd.DataFrame) -> Figure:
+    title = "Predicted vs measured step time"
+    caption = (
+        "Each cell's step time as the time model predicted it before the cell ran (predicted.step_time_s) against "
+        "its measured median step time (the cell's last run), log axes; the diagonal is exact, the grey band "
+        f"±{PREDICTION_BAND:.0%}. MAPE = mean |predicted − measured| / measured, ρ = Spearman's rank correlation, "
+        "over the cells drawn. A cell without a prediction (a rate unknown: predicted.time_null_reasons) is not drawn."
+    )
+    data = predicted_cells(fc)
+    if data.empty:
+        return _no_data("prediction", title, caption, _why_no_prediction(fc))
+    acc = prediction_accuracy(fc)
+    note = ""
+    uncal = data["prediction_source"].fillna("").str.startswith("uncalibrated").sum()
+    if uncal:
+        note = f"{uncal} of {len(data)} cell(s) were predicted from profile figures, not a calibration."
+    missing = int(((fc["status"] == "ok") & fc["step_time_median_s"].gt(0)).sum()) - len(data)
+    if missing:
+        note = (f"{missing} cell(s) that ran ok have no prediction and are not drawn. " + note).strip()
+    meas = data["step_time_median_s"].to_numpy(dtype=float) * 1e3
+    pred = data["predicted_step_time_s"].to_numpy(dtype=float) * 1e3
+    fig, ax = plt.subplots(figsize=(7.0, 5.0), layout="constrained")
+    lo = float(min(meas.min(), pred.min())) / 1.3
+    hi = float(max(meas.max(), pred.max())) * 1.3
+    line = np.array([lo, hi])
+    ax.fill_between(line, line * (1 - PREDICTION_BAND), line * (1 + PREDICTION_BAND), color="#EEEEEE", zorder=0)
+    ax.plot(line, line, color="#777777", linewidth=0.8, zorder=1)
+    strategies = data["strategy"].to_numpy()
+    precisions = data["precision"].to_numpy()
+    for s in _ordered_strategies(data["strategy"]):
+        colour, marker = style(s)
+        for q in sorted(set(precisions[strategies == s]), key=str):
+            m = (strategies == s) & (precisions == q)
+            fill = colour if PRECISION_FILL.get(str(q), "full") == "full" else "none"
+            ax.scatter(
+                meas[m], pred[m], marker=marker, s=30, facecolors=fill, edgecolors=colour, linewidths=1.0, zorder=2
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    for axis in (ax.xaxis, ax.yaxis):  # NOTE: milliseconds as plain numbers, not 2 × 10²
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(FormatStrFormatter("%g") if hi / lo < 20 else NullFormatter())
+    ax.set_xlabel("measured median step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    rho = "n/a" if acc["spearman"] is None else f"{acc['spearman']:.2f}"
+    ax.set_title(
+        f"{acc['cells']} cells: MAPE {acc['mape']:.1%}, ρ {rho}, {acc['within_band']:.0%} within ±{PREDICTION_BAND:.0%}"
+    )
+    ax.grid(True, which="both", color="#EEEEEE", linewidth=0.5)
+    handles = _strategy_handles(data["strategy"]) + [
+        Line2D([], [], linestyle="none", marker="o", color="black", markerfacecolor="none", label="fp32 (hollow)")
+    ]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, title="strategy")
+    return Figure("prediction", title, caption, _png(fig), note)
+
+
+def time_breakdown_figure(fc: pd.DataFrame) -> Figure:
+    title = "Predicted step-time breakdown"
+    caption = (
+        "The predicted step time of each strategy · precision split into its parts (predicted.time_s: compute, "
+        "activation checkpointing's recompute, the optimizer step, communication not hidden behind compute, host "
+        "and framework overhead), for each model at its largest GPU count; ◆ = the measured median step time. "
+        "Where a part dominates the bar, that is where the model says the time goes."
+    )
+    cols = [f"predicted_{part}_s" for part in PREDICTED_PARTS]
+    data = fc[(fc["predicted_step_time_s"] > 0) & fc[cols].notna().all(axis=1)]
+    if data.empty:
+        return _no_data("time_breakdown", title, caption, _why_no_prediction(fc))
+    models, note = _select_models(data, MAX_BREAKDOWN_PANELS)
+    panels = [(m, float(data.loc[data["model"] == m, "gpus"].max())) for m in models]
+    parts = data[cols].to_numpy(dtype=float) * 1e3
+    meas = data["step_time_median_s"].where(data["status"] == "ok").to_numpy(dtype=float) * 1e3
+    used = [k for k in range(len(cols)) if (parts[:, k] > 0).any()]
+    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
+    fig, axes, corner = _new_panel_figure(len(panels), n_bars, "Predicted step-time breakdown (◆ measured)")
+    for ax, (model, gpus) in zip(axes, panels):
+        mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
+        p = data[mask]
+        x = np.arange(len(p))
+        bottom = np.zeros(len(p))
+        for k in used:
+            h = parts[mask, k]
+            _bars(
+                ax,
+                x,
+                h,
+                bottom=bottom,
+                width=0.75,
+                color=_PART_STYLE[PREDICTED_PARTS[k]][0],
+                edgecolor="white",
+                linewidth=0.6,
+            )
+            bottom = bottom + h
+        ax.plot(x, meas[mask], linestyle="none", marker="D", color="black", markersize=5, zorder=3)
+        _categorical_xticks(ax, [_row_label(s, q) for s, q in zip(p["strategy"], p["precision"])])
+        ax.set_title(f"{_model_title(fc, model)} · {_gpus_label(gpus)}", y=_TITLE_Y)
+        ax.set_ylabel("step time (ms)")
+        top = float(np.nanmax(np.concatenate([bottom, meas[mask], [0.0]])))
+        ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
+        ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+        ax.set_axisbelow(True)
+    handles = [
+        Patch(facecolor=_PART_STYLE[PREDICTED_PARTS[k]][0], label=_PART_STYLE[PREDICTED_PARTS[k]][1]) for k in used
+    ] + [Line2D([], [], linestyle="none", marker="D", color="black", label="measured")]
+    _layout_panels(fig, axes, axes.index(corner) + 1, _legend(corner, handles, "part"))
+    return Figure("time_breakdown", title, caption, _png(fig), note)
+
+
+FIGURE_MAKERS = (
+    scaling_figure,
+    mfu_heatmap,
+    memory_figure,
+    comm_figure,
+    step_time_figure,
+    prediction_figure,
+    time_breakdown_figure,
+)
+_HEAVIEST_FIRST = (
+    step_time_figure,
+    memory_figure,
+    comm_figure,
+    scaling_figure,
+    time_breakdown_figure,
+    prediction_figure,
+)
 """submission order in parallel, heaviest first (bench_report --figure-times: step time, memory and collective
 bytes about 1.2–1.5 s each at 10,000 records, scaling 1.0 s): two workers end within a fraction of a second"""
 DRAWN_HERE = mfu_heatmap

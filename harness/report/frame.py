@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.results.fastload import iter_records
@@ -37,6 +38,12 @@ record without them (written before layouts existed) ran tp 1, pp 1"""
 CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
 """`strategy` is the label with the layout (strategy_label), so two layouts of one strategy are two cells"""
 ROW_KEYS = ("strategy", "precision", "variant")
+PREDICTED_PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
+"""the parts of the predicted step time (predicted.time_s, harness.plan.time) that add up to it"""
+PREDICTED_TIME_COLUMNS: tuple[str, ...] = tuple(f"predicted_{p}_s" for p in PREDICTED_PARTS)
+PREDICTION_BAND = 0.15
+"""the ± band around exact that the report counts a prediction within (and draws around the prediction figure's
+diagonal): issue 16's accuracy target, MAPE <= 15 %"""
 
 # Scalar columns of the frame and of table.csv / table.parquet, in order. Units are in the names:
 # _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %). A column copied from the
@@ -77,6 +84,11 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "comm_bytes_per_step",
     "comm_calls_per_step",
     "predicted_comm_bytes_per_step",
+    "predicted_step_time_s",
+    *PREDICTED_TIME_COLUMNS,
+    "step_time_deviation",
+    "prediction_source",
+    "predicted_time_null_reason",
     "loss",
     "device_name",
     "device_type",
@@ -114,6 +126,9 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "comm_bytes_per_step",
     "comm_calls_per_step",
     "predicted_comm_bytes_per_step",
+    "predicted_step_time_s",
+    *PREDICTED_TIME_COLUMNS,
+    "step_time_deviation",
     "loss",
 )
 FRACTIONAL_COLUMNS = frozenset(
@@ -203,6 +218,8 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
     r = _Reader(path, warnings)
     spec, metrics = _dict(rec.get("spec")), _dict(rec.get("metrics"))
     env, comm, predicted = _dict(rec.get("env")), _dict(rec.get("comm")), _dict(rec.get("predicted"))
+    parts = _dict(predicted.get("time_s"))
+    time_null = _dict(predicted.get("time_null_reasons"))
     step = _dict(metrics.get("step_time_s"))
     samples = step.get("samples")
     if isinstance(samples, list):
@@ -269,6 +286,15 @@ def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any
         "comm_bytes_per_step": r.num("comm.bytes_per_step", comm.get("bytes_per_step")),
         "comm_calls_per_step": r.num("comm.calls_per_step", comm.get("calls_per_step")),
         "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step", predicted.get("comm_bytes_per_step")),
+        "predicted_step_time_s": r.num("predicted.step_time_s", predicted.get("step_time_s")),
+        **{
+            f"predicted_{part}_s": r.num(f"predicted.time_s.{part}", parts.get(part))
+            for part in PREDICTED_PARTS
+            if parts
+        },
+        "step_time_deviation": r.num("predicted.step_time_deviation", predicted.get("step_time_deviation")),
+        "prediction_source": r.text(predicted.get("calibration")),
+        "predicted_time_null_reason": r.text(time_null.get("step_time_s")),
         "loss": r.num("metrics.loss", metrics.get("loss")),
         "device_name": r.text(env.get("device_name")),
         "device_type": r.text(env.get("device_type")),
@@ -586,3 +612,34 @@ def report_name(df: pd.DataFrame) -> str:
         if name:
             return name
     return "report"
+
+
+def predicted_cells(fc: pd.DataFrame) -> pd.DataFrame:
+    """The cells that ran ok with both a measured and a predicted step time."""
+    pred, meas = fc["predicted_step_time_s"], fc["step_time_median_s"]
+    return fc[(fc["status"] == "ok") & (pred > 0) & (meas > 0)]
+
+
+def prediction_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
+    """{cells, mape, spearman, within_band, by_family: {family: (cells, mape)}} over the cells with both step times:
+    the mean absolute percentage error of the prediction (fraction), Spearman's rank correlation (None under 3
+    cells or without spread) and the share within ±PREDICTION_BAND."""
+    data = predicted_cells(fc)
+    pred = data["predicted_step_time_s"].to_numpy(dtype=float)
+    meas = data["step_time_median_s"].to_numpy(dtype=float)
+    err = np.abs(pred - meas) / meas
+    rho = None
+    if len(data) >= 3:
+        rp, rm = pd.Series(pred).rank().to_numpy(), pd.Series(meas).rank().to_numpy()
+        if rp.std() > 0 and rm.std() > 0:
+            rho = float(np.corrcoef(rp, rm)[0, 1])
+    # the family: ddp, fsdp, fsdp2, zero (every ZeRO stage)
+    fam = data["base_strategy"].astype(str).str.split(".", n=1).str[0].str.replace(r"^zero\d$", "zero", regex=True)
+    by_family = {f: (int(m.sum()), float(err[m].mean())) for f in sorted(set(fam)) for m in [(fam == f).to_numpy()]}
+    return {
+        "cells": len(data),
+        "mape": float(err.mean()) if len(err) else None,
+        "spearman": rho,
+        "within_band": float((err <= PREDICTION_BAND).mean()) if len(err) else None,
+        "by_family": by_family,
+    }

@@ -44,6 +44,10 @@ def fmt_pct(v: Any) -> str:
     return NA if _null(v) else f"{100.0 * v:.1f}%"
 
 
+def fmt_signed_pct(v: Any) -> str:
+    return NA if _null(v) else f"{100.0 * v:+.1f}%"
+
+
 def fmt_ms(v: Any) -> str:
     if _null(v):
         return NA
@@ -86,6 +90,8 @@ CELL_METRICS: tuple[Column, ...] = (
     Column("mfu", "MFU", fmt_pct),
     Column("step_time_median_s", "step median (ms)", fmt_ms),
     Column("step_time_p90_s", "step p90 (ms)", fmt_ms),
+    Column("predicted_step_time_s", "step predicted (ms)", fmt_ms),
+    Column("step_time_deviation", "measured vs predicted", fmt_signed_pct),
     Column("peak_memory_allocated_gib", "mem alloc (GiB)", fmt_gib),
     Column("peak_memory_reserved_gib", "mem reserved (GiB)", fmt_gib),
     Column("predicted_memory_gib", "mem predicted (GiB)", fmt_gib),
@@ -106,14 +112,17 @@ _DEVICE_MEMORY_KEYS = (
 )
 
 
-def cell_columns(rss: list[bool]) -> tuple[Column, ...]:
+_PREDICTED_TIME_KEYS = ("predicted_step_time_s", "step_time_deviation")
+
+
+def cell_columns(rss: list[bool], *, predicted: bool = False) -> tuple[Column, ...]:
     """CELL_METRICS for cells whose memory is (True) or is not a CPU process's RSS: the device-memory columns
     only when some cell was measured on a device, and the RSS column (after them) only when some cell ran on
-    CPU."""
+    CPU; the predicted step time and its deviation only when some cell has a `predicted`."""
     has_device, has_rss = not all(rss), any(rss)
     out = []
     for c in CELL_METRICS:
-        if c.key in _DEVICE_MEMORY_KEYS and not has_device:
+        if (c.key in _DEVICE_MEMORY_KEYS and not has_device) or (c.key in _PREDICTED_TIME_KEYS and not predicted):
             continue
         out.append(c)
         if c.key == "device_memory_gib" or (c.key == "step_time_p90_s" and not has_device):
@@ -132,9 +141,14 @@ _PAGE_KEYS = (
     "reason",
     "memory_measure",
     "mfu_null_reason",
+    "prediction_source",
     *dict.fromkeys(c.key for c in CELL_METRICS if c.key != "status"),
 )
 """the cell table's columns that the per-model tables read"""
+
+
+def _any_predicted(recs: list[dict[str, Any]]) -> bool:
+    return any(not _null(r["predicted_step_time_s"]) for r in recs)
 
 
 def _records_by_model(cells: pd.DataFrame) -> dict[Any, list[dict[str, Any]]]:
@@ -311,6 +325,23 @@ def _summary_items(ctx: dict[str, Any]) -> list[tuple[str, str]]:
         ("clusters", uniq("cluster")),
         ("devices", uniq("device_name")),
         ("harness commits", uniq("harness_git_sha")),
+        *_accuracy_item(ctx),
+    ]
+
+
+def _accuracy_item(ctx: dict[str, Any]) -> list[tuple[str, str]]:
+    """The time model's accuracy over the cells shown, when any has a prediction beside its measurement."""
+    acc = ctx.get("prediction_accuracy") or {}
+    if not acc.get("cells"):
+        return []
+    rho = "n/a" if acc["spearman"] is None else f"{acc['spearman']:.2f}"
+    families = ", ".join(f"{f} {m:.1%} ({n})" for f, (n, m) in acc["by_family"].items())
+    return [
+        (
+            "time model",
+            f"MAPE {acc['mape']:.1%} over {acc['cells']} cells (Spearman ρ {rho}, {acc['within_band']:.0%} within "
+            f"±15%); by family: {families}",
+        )
     ]
 
 
@@ -324,6 +355,10 @@ DEFINITIONS = (
     "peak RSS, CPU process: on CPU the record's peak memory is the worker process's peak resident set size "
     "(interpreter, torch and every buffer), not tensor memory; it is shown apart and never beside the planner's "
     "prediction, which counts tensor bytes only (table.csv has both; its memory_measure column says which).",
+    "step predicted: the time model's step time for the cell, made before it ran (predicted.step_time_s, "
+    "harness.plan.time; docs/time-model.md); measured vs predicted: measured median / predicted − 1 "
+    "(+10% = 10% slower than predicted; in index.html the line under the step median, the prediction on "
+    "hover). MAPE: mean |predicted − measured| / measured over the cells shown.",
     "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
     "binary units (KiB = 2^10 bytes).",
     "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations; "
@@ -438,7 +473,7 @@ def _markdown_head(ctx: dict[str, Any], *, per_model: bool) -> list[str]:
         for gpus, g in by_gpus.items():
             out += [f"### {model} · {_gpus_label(gpus)}", ""]
             rows = []
-            columns = cell_columns([r["memory_measure"] == MEMORY_RSS for r in g])
+            columns = cell_columns([r["memory_measure"] == MEMORY_RSS for r in g], predicted=_any_predicted(g))
             for r in g:
                 vals = [c.fmt(cell_value(r, c.key)) for c in columns]
                 mark = _best_mark(r, best_keys)
@@ -510,6 +545,7 @@ dl.summary { display: grid; grid-template-columns: max-content auto; gap: 2px 14
 dl.summary dt { font-weight: 600; } dl.summary dd { margin: 0; }
 figure { margin: 16px 0 28px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: #333; max-width: 1100px; } .note { color: #7a4a00; }
+span.pred { font-size: 10px; color: #555; white-space: normal; }
 ul.warnings li { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
 """
 
@@ -566,6 +602,8 @@ def _html_model_table(
     GPU count; the label column is sticky so it stays in view when the table scrolls sideways, and the headers
     wrap so the table fits a 1400 px window with two GPU counts."""
     gpus = sorted({r["gpus"] for r in mrecs})
+    # NOTE: no prediction columns here (the table must fit 1400 px): the deviation is a second line under the
+    # measured step median, the predicted time its tooltip
     columns = cell_columns([r["memory_measure"] == MEMORY_RSS for r in mrecs])
     label = " · ".join({"variant": "configuration"}.get(k, k) for k in label_cols)
     head1 = f'<th class="lbl" rowspan="2">{_e(label)}</th>' + "".join(
@@ -599,6 +637,8 @@ def _html_model_table(
                     tds.append(
                         _td(f"{text} {mark[0]}", cls="num best" if mark[0] == STAR else "num tie", title=mark[1])
                     )
+                elif c.key == "step_time_median_s" and not _null(r["predicted_step_time_s"]):
+                    tds.append(_html_step_with_prediction(text, r))
                 elif c.key == "mfu" and text == NA and isinstance(r["mfu_null_reason"], str):
                     tds.append(_td(text, cls="num", title=r["mfu_null_reason"]))
                 else:
@@ -606,6 +646,15 @@ def _html_model_table(
         out.append("<tr>" + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
     return "\n".join(out)
+
+
+def _html_step_with_prediction(text: str, r: dict[str, Any]) -> str:
+    """The measured step median's cell, with the deviation from the prediction as a second line and the
+    predicted time (and the rates' source) on hover."""
+    pred, dev = fmt_ms(r["predicted_step_time_s"]), r["step_time_deviation"]
+    tip = f"predicted {pred} ms, measured {fmt_signed_pct(dev)} ({r['prediction_source'] or 'rates of unknown source'})"
+    line = f"pred {pred}" if _null(dev) else f"{100.0 * dev:+.0f}% vs pred"  # NOTE: short: the table must fit
+    return f'<td class="num" title="{_e(tip)}">{_e(text)}<br><span class="pred">{_e(line)}</span></td>'
 
 
 def _html_figure(f: Figure) -> str:

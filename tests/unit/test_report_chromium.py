@@ -163,3 +163,18 @@ def test_cpu_report_shows_rss_uncertainty_and_tflops(chromium, cpu_report, tmp_p
     heat = re.search(r'<figure id="fig-mfu_heatmap">.*?</figure>', dom, re.S).group(0)
     assert 'alt="Throughput heatmap (TFLOPS per GPU; no cell has an MFU)"' in heat
     assert "No cell has an MFU value, so the heatmap shows the achieved TFLOPS per GPU." in heat
+
+
+def test_report_with_predictions_decodes_and_its_tables_fit(chromium, tmp_path):
+    """The fixture with a predicted step time on every ok cell (test_report_prediction): the time model's two
+    figures decode in the browser, and the model tables with the two prediction columns still fit 1400 px."""
+    from tests.unit.test_report_prediction import with_predictions
+
+    with_predictions(tmp_path / "records")
+    report = build_report([tmp_path / "records"], out=tmp_path / "report")
+    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom", report["paths"]["html"].resolve().as_uri())
+    attrs = _body_attrs(proc)
+    assert attrs.get("data-images-loaded") == attrs.get("data-images-total") == "7", attrs
+    assert attrs.get("data-model-tables-scrolling") == "0", attrs
+    assert int(attrs["data-widest-model-table"]) <= int(attrs["data-viewport-width"])
+    assert "Predicted vs measured step time" in proc.stdout and " vs pred</span>" in proc.stdout

@@ -15,10 +15,10 @@ import harness.report as report
 from harness.report import build_report, figures
 from harness.report.frame import records_frame
 from harness.results.fastload import iter_records
+from tests.unit.test_report import FIGURES, PREDICTION_FIGURES
 from tests.unit.test_report_fastload import _tree
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
-FIGURES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")
 
 
 def _serial(monkeypatch) -> None:
@@ -61,7 +61,7 @@ def test_parallel_report_is_the_serial_one_byte_for_byte(serial_report, monkeypa
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "table.parquet"), pd.read_parquet(serial["out"] / "table.parquet")
     )
-    assert [f.name for f in result["figures"]] == list(FIGURES)
+    assert [f.name for f in result["figures"]] == [*FIGURES, *PREDICTION_FIGURES]
     assert [f.note for f in result["figures"]] == [f.note for f in serial["figures"]]
     assert result["warnings"] == serial["warnings"]
 
