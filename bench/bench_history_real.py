@@ -1,18 +1,21 @@
 """The results history on real runs of this machine (issue 20): N sweeps of this commit are added to a history
-(`harness history add`), then two more are checked (`harness history check`: no cell should be flagged), then two
-sweeps with a real slowdown injected into one named cell (`inject: {fault: slow, factor: F}`, through a scenario
-override written beside the history: an include entry that merges into exactly that cell; the scenario file itself
-is not edited) are checked: that cell, and only it, should be flagged. Each checked night is added after its check,
-as `make nightly` does. Prints each check's exit code and flagged cells, the slowed cell's values against its
-history, wall times and the machine's load; asserts nothing.
+(`harness history add`), then two more are checked (`harness history check --confirm K`, as `make nightly` runs it:
+no cell should be flagged), then two sweeps with a real slowdown injected into one cell (`inject: {fault: slow,
+factor: F}`, through a scenario override written beside the history: an include entry that merges into exactly that
+cell; the scenario file itself is not edited) are checked: that cell, and only it, should be flagged. Each checked
+night is added after its check, as `make nightly` does. Prints each cell's between-run noise over the history, each
+check's exit code and flagged cells (before and after the re-runs of `--confirm`), the slowed cell's values against
+its history, wall times and the machine's load; asserts nothing.
 
-    python bench/bench_history_real.py                                   # smoke.yaml, 10 nights (long)
+    python bench/bench_history_real.py                                   # smoke.yaml, 10 nights (about 25 min)
     python bench/bench_history_real.py --scenario S.yaml --nights 5      # a small one, to see that it works
     python bench/bench_history_real.py --cell "ddp fp32" --factor 1.3 --keep /tmp/hist
 
-`--cell` picks the slowed cell: a run_id, or words that its label (`tiny ddp fp32 g2`) contains; default the
-scenario's first cell. `--rank 0` slows one rank only (default: every rank; the fault's extra work follows a
-reference step time of each rank, so a slowdown on every rank does not compound).
+`--cell` picks the slowed cell: a run_id, or words that its label (`tiny ddp fp32 g2`) contains; by default the
+cell whose step time was quietest over the history nights (a slowdown is only detectable where it stands out of
+the cell's own run-to-run noise: the table printed says how far each cell's noise lets it see). `--rank 0` slows
+one rank only (default: every rank; the fault's extra work follows a reference step time of each rank, so a
+slowdown on every rank does not compound). `--confirm 0` judges on the first runs alone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -58,9 +62,9 @@ def add(db: str, results: Path, label: str) -> None:
         sys.exit(f"history add failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
 
-def check(db: str, results: Path) -> tuple[int, dict, float]:
+def check(db: str, results: Path, confirm: int) -> tuple[int, dict, float]:
     t0 = time.time()
-    proc = harness("history", "check", "--db", db, str(results), "--format", "json")
+    proc = harness("history", "check", "--db", db, str(results), "--format", "json", "--confirm", str(confirm))
     wall = time.time() - t0
     try:
         return proc.returncode, json.loads(proc.stdout), wall
@@ -68,14 +72,37 @@ def check(db: str, results: Path) -> tuple[int, dict, float]:
         sys.exit(f"history check gave no JSON (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
 
-def pick_cell(scenario: Scenario, gpus_per_node: int, wanted: str | None) -> tuple[dict, str, str]:
-    """(matrix combination, run_id, label) of the cell to slow."""
+def cell_noise(nights: list[Path]) -> dict[str, tuple[float, float]]:
+    """run_id → (σ of its step time's between-run noise over `nights`, as `history check` estimates it; median
+    step time in s)."""
+    from harness.history.judge import noise_sigma
+    from harness.results.store import load_records
+
+    series: dict[str, list[float]] = {}
+    for night in nights:
+        records, _ = load_records(night)
+        for r in records:
+            if r["status"] == "ok" and r.get("repeat", 1) == 1:
+                series.setdefault(r["run_id"], []).append(r["metrics"]["step_time_s"]["median"])
+    return {
+        run_id: (noise_sigma([math.log(v) for v in values]), statistics.median(values))
+        for run_id, values in series.items()
+        if len(values) >= 3
+    }
+
+
+def pick_cell(
+    scenario: Scenario, gpus_per_node: int, wanted: str | None, noise: dict[str, tuple[float, float]]
+) -> tuple[dict, str, str]:
+    """(matrix combination, run_id, label) of the cell to slow: `wanted`, or the quietest cell of `noise`."""
     found = []
     for combo in scenario.cells:
         (spec,) = dataclasses.replace(scenario, cells=(combo,)).expand(gpus_per_node=gpus_per_node)
         label = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
         if wanted is None or spec.run_id == wanted or all(w in label.split() for w in wanted.split()):
             found.append((combo, spec.run_id, label))
+    if wanted is None:
+        found = sorted((f for f in found if f[1] in noise), key=lambda f: noise[f[1]][0])
     if not found:
         sys.exit(f"--cell {wanted!r}: no cell of {scenario.path} matches")
     return found[0]
@@ -100,12 +127,20 @@ def flagged(doc: dict) -> list[str]:
     return [c["label"] for c in doc["cells"] if any(m["verdict"] == "regression" for m in c["metrics"])]
 
 
+def flagged_first(doc: dict) -> list[str]:
+    """The cells flagged on their first run: those `--confirm` re-ran, and any flagged without re-runs."""
+    return [c["label"] for c in doc["cells"] if c.get("confirm")] + [
+        label for label in flagged(doc) if not any(c["label"] == label and c.get("confirm") for c in doc["cells"])
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "smoke.yaml")
     ap.add_argument("--cluster", default="local")
     ap.add_argument("--nights", type=int, default=10, help="sweeps added to the history before the checked ones")
-    ap.add_argument("--cell", help="the cell to slow: a run_id or words of its label (default: the first cell)")
+    ap.add_argument("--cell", help="the cell to slow: a run_id or words of its label (default: the quietest cell)")
+    ap.add_argument("--confirm", type=int, default=3, help="history check --confirm K, as make nightly (0: off)")
     ap.add_argument("--factor", type=float, default=1.3, help="the injected slowdown")
     ap.add_argument("--rank", type=int, help="slow only this rank (default: every rank)")
     ap.add_argument("--keep", type=Path, help="keep the history and sweeps here instead of a temporary folder")
@@ -117,13 +152,8 @@ def main() -> None:
     db = str(root / "history.sqlite")
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     label = sha.strip() or "this-commit"
-    combo, _, cell_label = pick_cell(scenario, cluster.gpus_per_node, args.cell)
-    inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
-    slow_file, slow_id = slowed_scenario(args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node)
     n_cells = len(scenario.expand(gpus_per_node=cluster.gpus_per_node))
-    print(
-        f"{args.scenario} ({n_cells} cells) on {cluster.name}; history {db}; slowed cell: {cell_label} x{args.factor}"
-    )
+    print(f"{args.scenario} ({n_cells} cells) on {cluster.name}; history {db}; --confirm {args.confirm}")
     t_start = time.time()
     walls, loads = [], []
     try:
@@ -133,6 +163,21 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             add(db, results, label)
             print(f"night {n:2d}: swept in {walls[-1]:.0f} s, added (load {loads[-1]:.1f})", flush=True)
+        noise = cell_noise([root / f"night{n:02d}" for n in range(1, args.nights + 1)])
+        print(f"\nstep time's between-run noise σ over {args.nights} nights (history check's band: ±k·σ, k 4, wider")
+        print("while the history is short; the smallest step it sees on one night is about that band):")
+        labels = {
+            s.run_id: f"{s.model} {s.strategy} {s.precision} g{s.gpus}"
+            for s in scenario.expand(gpus_per_node=cluster.gpus_per_node)
+        }
+        for run_id, (sigma, median) in sorted(noise.items(), key=lambda kv: kv[1][0]):
+            print(f"    {labels.get(run_id, run_id):40s} σ {sigma * 100:5.1f}%  median step {median * 1e3:7.2f} ms")
+        combo, _, cell_label = pick_cell(scenario, cluster.gpus_per_node, args.cell, noise)
+        inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
+        slow_file, slow_id = slowed_scenario(
+            args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node
+        )
+        print(f"slowed cell: {cell_label} x{args.factor}\n")
         checks = []
         for n, (what, file) in enumerate(
             [("same commit", args.scenario)] * 2 + [(f"slow x{args.factor} in {cell_label}", slow_file)] * 2,
@@ -141,17 +186,18 @@ def main() -> None:
             results = root / f"night{n:02d}"
             walls.append(sweep(file, results, args.cluster))
             loads.append(os.getloadavg()[0])
-            code, doc, wall = check(db, results)
+            code, doc, wall = check(db, results, args.confirm)
             add(db, results, label + ("-slow" if file == slow_file else ""))
             checks.append((n, what, code, doc))
-            names = flagged(doc)
+            names, first = flagged(doc), flagged_first(doc)
             print(
                 f"night {n:2d} ({what}): history check exit {code} in {wall:.1f} s; flagged {len(names)} of "
-                f"{len(doc['cells'])} cells: {', '.join(names) or '-'} (load {loads[-1]:.1f})",
+                f"{len(doc['cells'])} cells: {', '.join(names) or '-'}; on the first run: {', '.join(first) or '-'} "
+                f"(load {loads[-1]:.1f})",
                 flush=True,
             )
             for c in doc["cells"]:
-                if c["run_id"] == slow_id or c["label"] in names:
+                if c["run_id"] == slow_id or c["label"] in names or c["label"] in first:
                     st = next((m for m in c["metrics"] if m["metric"] == "step_time_s"), None)
                     if st and st["value"] is not None and st["reference"] is not None:
                         sig = "-" if st["sigmas"] is None else f"{st['sigmas']:+.1f}σ"
@@ -161,11 +207,19 @@ def main() -> None:
                             f"{(st['noise'] or 0) * 100:.1f}% over {st['n_history']} runs, {sig}, margin "
                             f"{(st['margin'] or 0) * 100:.1f}%: {st['verdict']}"
                             + (f" ({st['cause']})" if st["cause"] else "")
+                            + (
+                                f"; --confirm re-runs: {'persisted' if c['confirm']['persisted'] else 'not confirmed'}"
+                                if c.get("confirm")
+                                else ""
+                            )
                         )
         print()
         same = [names for n, what, code, doc in checks[:2] for names in [flagged(doc)]]
         slow = [flagged(doc) for *_, doc in checks[2:]]
-        print(f"same commit: {sum(len(f) for f in same)} cell(s) flagged over 2 checks (expected 0)")
+        print(
+            f"same commit: {sum(len(f) for f in same)} cell(s) flagged over 2 checks (expected 0); on the first run "
+            f"{sum(len(flagged_first(doc)) for *_, doc in checks[:2])}"
+        )
         hit = [cell_label in " ".join(f) for f in slow]
         others = sum(len([x for x in f if not x.startswith(cell_label)]) for f in slow)
         print(
