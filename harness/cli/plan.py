@@ -1,5 +1,6 @@
-"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--project GPUS]`: the planner's predictions for
-every cell, or with `--project`, every cell's step time projected at other GPU counts.
+"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--project GPUS [--figure PNG]]`: the planner's
+predictions for every cell, or with `--project`, every cell's step time projected at other GPU counts (and drawn
+with `--figure`, by harness.report.projection).
 
 The command only; the predictions are harness.plan.predict's and harness.plan.projection's. No torch import on this
 path.
@@ -10,12 +11,14 @@ from __future__ import annotations
 import atexit
 import gc
 import json
+from pathlib import Path
 
 import click
 
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import format_table, plan_cells
+from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
 
@@ -42,7 +45,22 @@ _FREEZE_AT_EXIT: list = []
     help="project every cell (model, strategy, layout, settings) to these GPU counts instead: 8,16,64 or 8..4096 "
     "(powers of two); predicted ms/step and tokens/s per GPU from the cluster's rates (docs/time-model.md)",
 )
-def plan_command(scenario: str, cluster_name: str, fmt: str, force_calibration: bool, project_gpus: str | None) -> int:
+@click.option(
+    "--figure",
+    "figure_path",
+    metavar="PNG",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="with --project: also draw the projected scaling (tokens/s per GPU against GPU count, per model) to PNG",
+)
+def plan_command(
+    scenario: str,
+    cluster_name: str,
+    fmt: str,
+    force_calibration: bool,
+    project_gpus: str | None,
+    figure_path: Path | None,
+) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
     FLOPs, communication and step time per step, for every cell of SCENARIO. Launches nothing."""
     # NOTE: a plan holds about a hundred objects per cell until it is printed and frees almost nothing before; the
@@ -55,15 +73,22 @@ def plan_command(scenario: str, cluster_name: str, fmt: str, force_calibration: 
         _FREEZE_AT_EXIT.append(atexit.register(gc.freeze))
     try:
         gpus = pj.parse_gpus(project_gpus) if project_gpus is not None else None  # bad input: before any work
+        if figure_path is not None:
+            if gpus is None:
+                raise click.UsageError("--figure draws a projection: add --project GPUS")
+            check_writable_dir(figure_path.parent, option="--figure")
         cluster = load_cluster(cluster_name)
         specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
         rates = rates_for(cluster, force=force_calibration)  # another machine's calibration: exit 2, with the reason
         if gpus is not None:
             rows = pj.project(specs, cluster, gpus, rates=rates)
+            doc = pj.projection_document(rows, cluster, gpus, rates)
             if fmt == "json":
-                click.echo(json.dumps(pj.projection_document(rows, cluster, gpus, rates), indent=2, allow_nan=False))
+                click.echo(json.dumps(doc, indent=2, allow_nan=False))
             else:
                 click.echo(pj.format_projection(rows, cluster, gpus, rates))
+            if figure_path is not None:
+                _draw(doc, figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
         if fmt == "json":
@@ -74,3 +99,16 @@ def plan_command(scenario: str, cluster_name: str, fmt: str, force_calibration: 
         if collecting:
             gc.enable()
     return 0
+
+
+def _draw(doc: dict, path: Path) -> None:
+    """The projection figure (harness.report.projection) to `path`, written whole or not at all; its note (null
+    points and their reasons) and the path on stderr, so --format json on stdout stays one document."""
+    from harness.report.projection import projection_figure  # NOTE: matplotlib only when a figure is asked for
+
+    fig = projection_figure(doc)
+    if fig.png is None:
+        click.echo(f"note: --figure not drawn. {fig.note}", err=True)
+        return
+    atomic_write_bytes(path, fig.png)
+    click.echo(f"figure: {path}" + (f" ({fig.note})" if fig.note else ""), err=True)

@@ -1,5 +1,6 @@
-"""`harness report DIR… [-o OUT] [--history DB]`: the command; the report itself is harness.report.build_report,
-the trends section's data harness.history.trends (read here, so the report does not import the history)."""
+"""`harness report DIR… [-o OUT] [--history DB] [--projection FILE]`: the command; the report itself is
+harness.report.build_report, the trends section's data harness.history.trends (read here, so the report does not
+import the history), the projection a `harness plan --project --format json` document."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import click
 from harness.compare.metrics import DEVIATION
 from harness.history.keys import HISTORY_METRICS
 from harness.report import build_report, output_problem
+from harness.report.projection import read_projection
 from harness.results.store import check_writable_dir
 
 TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
@@ -53,6 +55,15 @@ TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
     show_default=True,
     help="The last N runs of each cell (0: every run).",
 )
+@click.option(
+    "--projection",
+    "projection_file",
+    metavar="FILE",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Add the projected scaling figure from FILE (`harness plan SCENARIO --project 8..4096 --format json`), "
+    "with the measured cells drawn on their projected lines.",
+)
 def report_command(
     dirs: tuple[Path, ...],
     out: Path | None,
@@ -60,6 +71,7 @@ def report_command(
     history_cell: str | None,
     history_metric: str,
     history_last: int,
+    projection_file: Path | None,
 ) -> int:
     """Build an HTML + Markdown report (tables, figures, CSV/Parquet) from result DIRS (searched recursively);
     with --history, a trends section from the results history too."""
@@ -68,6 +80,7 @@ def report_command(
     target = out if out is not None else Path("reports")
     if output_problem(target) is None:
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
+    projection = read_projection(projection_file) if projection_file is not None else None  # bad input: first
     trends = None
     if history_db is not None:
         from harness.cli.history import database_errors
@@ -77,7 +90,7 @@ def report_command(
         with database_errors(history_db):
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
-    result = build_report(dirs, out, trends=trends)
+    result = build_report(dirs, out, trends=trends, projection=projection)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:

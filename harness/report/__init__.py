@@ -40,6 +40,7 @@ from harness.report.frame import (
     prediction_accuracy,
     report_name,
 )
+from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
 from harness.report.trends import trends_figure
 from harness.results.fastload import read_file, record_files
@@ -205,10 +206,12 @@ def build_report(
     out: str | Path | None = None,
     *,
     trends: dict[str, Any] | None = None,
+    projection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
     `trends` (harness.history.trends.trend_series' data, `harness report --history`) adds the trends figure and
-    table.
+    table; `projection` (harness.report.projection.read_projection's document, `harness report --projection`) the
+    projected scaling figure with the measured cells on their lines.
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
@@ -248,7 +251,8 @@ def build_report(
         _check_inputs([], out_path)
     cells, more = cell_table(df)
     warnings += more
-    collect_figures = start_figures(figure_cells(cells))
+    fc = figure_cells(cells)
+    collect_figures = start_figures(fc)
     # NOTE: with many cells the figures now draw in other processes; everything up to collect_figures() runs
     # beside them and must not need them
     t2 = time.perf_counter()
@@ -279,6 +283,8 @@ def build_report(
     figures = collect_figures()
     if trends is not None:
         figures.append(trends_figure(trends))
+    if projection is not None:
+        figures.append(projection_figure(projection, fc))
     timings["figures"] = time.perf_counter() - t2
     t1 = time.perf_counter()
     ctx["figures"] = figures
