@@ -11,6 +11,8 @@ its history, wall times and the machine's load; asserts nothing.
     python bench/bench_history_real.py --scenario S.yaml --nights 5      # a small one, to see that it works
     python bench/bench_history_real.py --cell "ddp fp32" --factor 1.3 --keep /tmp/hist
 
+A --keep folder resumes: the history nights already swept and added there are not swept again.
+
 `--cell` picks the slowed cell: a run_id, or words that its label (`tiny ddp fp32 g2`) contains; by default the
 cell whose step time was quietest over the history nights (a slowdown is only detectable where it stands out of
 the cell's own run-to-run noise: the table printed says how far each cell's noise lets it see). `--rank 0` slows
@@ -91,10 +93,11 @@ def cell_noise(nights: list[Path]) -> dict[str, tuple[float, float]]:
     }
 
 
-def pick_cell(
+def pick_cells(
     scenario: Scenario, gpus_per_node: int, wanted: str | None, noise: dict[str, tuple[float, float]]
-) -> tuple[dict, str, str]:
-    """(matrix combination, run_id, label) of the cell to slow: `wanted`, or the quietest cell of `noise`."""
+) -> list[tuple[dict, str, str]]:
+    """(matrix combination, run_id, label) of the cells that may be slowed: those `wanted` matches, or every cell
+    of `noise`, quietest first."""
     found = []
     for combo in scenario.cells:
         (spec,) = dataclasses.replace(scenario, cells=(combo,)).expand(gpus_per_node=gpus_per_node)
@@ -105,12 +108,13 @@ def pick_cell(
         found = sorted((f for f in found if f[1] in noise), key=lambda f: noise[f[1]][0])
     if not found:
         sys.exit(f"--cell {wanted!r}: no cell of {scenario.path} matches")
-    return found[0]
+    return found
 
 
-def slowed_scenario(path: Path, out: Path, combo: dict, inject: dict, gpus_per_node: int) -> tuple[Path, str]:
+def slowed_scenario(path: Path, out: Path, combo: dict, inject: dict, gpus_per_node: int) -> tuple[Path, str] | None:
     """`path` with one more include entry that merges `inject` into exactly the cell `combo` (written to `out`);
-    (the new file, the slowed cell's run_id). Exits when the override would add or change any other cell."""
+    (the new file, the slowed cell's run_id). None when the override would add or change any other cell (a cell
+    that an include entry of the scenario adds cannot be merged into: it is a cell of its own)."""
     doc = yaml.safe_load(path.read_text())
     doc["matrix"].setdefault("include", []).append({**combo, "inject": inject})
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -119,7 +123,7 @@ def slowed_scenario(path: Path, out: Path, combo: dict, inject: dict, gpus_per_n
     slowed = [s for s in after if s.settings.inject == inject]
     others = {s.run_id for s in after if s.settings.inject != inject}
     if len(slowed) != 1 or len(after) != len(before) or not others <= before:
-        sys.exit(f"the override of {path} does not slow exactly one existing cell (pick a cell of the base matrix)")
+        return None
     return out, slowed[0].run_id
 
 
@@ -159,9 +163,13 @@ def main() -> None:
     try:
         for n in range(1, args.nights + 1):
             results = root / f"night{n:02d}"
+            if (root / f"night{n:02d}.added").exists():  # NOTE: a --keep folder resumes: this night is in the history
+                print(f"night {n:2d}: already swept and added", flush=True)
+                continue
             walls.append(sweep(args.scenario, results, args.cluster))
             loads.append(os.getloadavg()[0])
             add(db, results, label)
+            (root / f"night{n:02d}.added").touch()
             print(f"night {n:2d}: swept in {walls[-1]:.0f} s, added (load {loads[-1]:.1f})", flush=True)
         noise = cell_noise([root / f"night{n:02d}" for n in range(1, args.nights + 1)])
         print(f"\nstep time's between-run noise σ over {args.nights} nights (history check's band: ±k·σ, k 4, wider")
@@ -172,11 +180,15 @@ def main() -> None:
         }
         for run_id, (sigma, median) in sorted(noise.items(), key=lambda kv: kv[1][0]):
             print(f"    {labels.get(run_id, run_id):40s} σ {sigma * 100:5.1f}%  median step {median * 1e3:7.2f} ms")
-        combo, _, cell_label = pick_cell(scenario, cluster.gpus_per_node, args.cell, noise)
         inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
-        slow_file, slow_id = slowed_scenario(
-            args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node
-        )
+        for combo, _, cell_label in pick_cells(scenario, cluster.gpus_per_node, args.cell, noise):
+            slowed = slowed_scenario(args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node)
+            if slowed is not None:
+                break
+            print(f"  ({cell_label}: an include entry's cell, which an override cannot merge into; next)")
+        else:
+            sys.exit(f"no cell of {args.scenario} can be slowed by an override (a cell of the base matrix can)")
+        slow_file, slow_id = slowed
         print(f"slowed cell: {cell_label} x{args.factor}\n")
         checks = []
         for n, (what, file) in enumerate(
@@ -184,10 +196,14 @@ def main() -> None:
             start=args.nights + 1,
         ):
             results = root / f"night{n:02d}"
+            if (root / f"night{n:02d}.added").exists():  # NOTE: resumed: checked and added before
+                print(f"night {n:2d} ({what}): already checked and added", flush=True)
+                continue
             walls.append(sweep(file, results, args.cluster))
             loads.append(os.getloadavg()[0])
             code, doc, wall = check(db, results, args.confirm)
             add(db, results, label + ("-slow" if file == slow_file else ""))
+            (root / f"night{n:02d}.added").touch()
             checks.append((n, what, code, doc))
             names, first = flagged(doc), flagged_first(doc)
             print(
@@ -214,21 +230,21 @@ def main() -> None:
                             )
                         )
         print()
-        same = [names for n, what, code, doc in checks[:2] for names in [flagged(doc)]]
-        slow = [flagged(doc) for *_, doc in checks[2:]]
+        same_docs = [doc for n, what, code, doc in checks if what == "same commit"]
+        slow = [flagged(doc) for n, what, code, doc in checks if what != "same commit"]
         print(
-            f"same commit: {sum(len(f) for f in same)} cell(s) flagged over 2 checks (expected 0); on the first run "
-            f"{sum(len(flagged_first(doc)) for *_, doc in checks[:2])}"
+            f"same commit: {sum(len(flagged(d)) for d in same_docs)} cell(s) flagged over {len(same_docs)} checks "
+            f"(expected 0); on the first run {sum(len(flagged_first(d)) for d in same_docs)} (this run's checks only)"
         )
         hit = [cell_label in " ".join(f) for f in slow]
         others = sum(len([x for x in f if not x.startswith(cell_label)]) for f in slow)
         print(
-            f"slowed x{args.factor}: {cell_label} flagged on {sum(hit)} of 2 nights; other cells flagged: {others} "
-            "(expected: the slowed cell, and only it)"
+            f"slowed x{args.factor}: {cell_label} flagged on {sum(hit)} of {len(slow)} nights; other cells flagged: "
+            f"{others} (expected: the slowed cell, and only it)"
         )
         print(
-            f"sweeps: median {statistics.median(walls):.0f} s; load average (1 min) median "
-            f"{statistics.median(loads):.1f}; wall {time.time() - t_start:.0f} s"
+            f"sweeps: median {statistics.median(walls or [0]):.0f} s; load average (1 min) median "
+            f"{statistics.median(loads or [0]):.1f}; wall {time.time() - t_start:.0f} s"
         )
     finally:
         if args.keep is None:

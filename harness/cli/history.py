@@ -13,7 +13,9 @@ that results dir) and judged again on those runs: only a regression that persist
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -298,6 +300,24 @@ def _what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster
     return scenario, cluster, manifest.parent.parent
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Everything written to standard output in the block goes to standard error instead: Python's sys.stdout and
+    file descriptor 1, which the re-runs' forked ranks inherit and libraries write to (DeepSpeed's logger prints
+    "Setting accelerator to CPU" to stdout when it is first imported). stdout is the command's output, one JSON
+    document with --format json, and must stay that alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _confirm(store: HistoryStore, check: HistoryCheck, *, times: int, rules: Rules) -> HistoryCheck:
     """Re-run each flagged cell `times` times and judge it again on those runs alone; a cell whose re-runs are
     not a regression any more is not failing (its first run was a one-off). The other cells are as judged."""
@@ -314,15 +334,16 @@ def _confirm(store: HistoryStore, check: HistoryCheck, *, times: int, rules: Rul
             f"--confirm: re-running {len(cells)} flagged cell(s) {times} time(s): {', '.join(c.label for c in cells)}",
             err=True,
         )
-        result = run_sweep(
-            scenario,
-            cluster,
-            results=root,
-            only={c.run_id for c in cells},
-            repeat=times,
-            append=True,
-            echo=lambda line: click.echo(line, err=True),
-        )
+        with stdout_to_stderr():
+            result = run_sweep(
+                scenario,
+                cluster,
+                results=root,
+                only={c.run_id for c in cells},
+                repeat=times,
+                append=True,
+                echo=lambda line: click.echo(line, err=True),
+            )
         for rec in result.records:
             try:
                 path = record_path(root, rec["sweep"], rec["run_id"], repeat=repeat_of(rec))

@@ -134,3 +134,25 @@ def test_confirm_needs_the_sweeps_manifest(night, tmp_path, capsys):
     assert code == 2 and "--confirm: no sweep manifest beside this record" in err
     assert main(["history", "check", "--db", night["db"], str(results), "--confirm", "-1"]) == 2
     assert "--confirm: -1 is not a whole number of runs per cell from 1 to 100" in capsys.readouterr().err
+
+
+def test_json_on_stdout_stays_one_document_while_cells_re_run(night):
+    """A fresh `harness` process (as CI runs it, `| jq`): the re-runs import the strategies' libraries and fork
+    ranks that write to stdout (DeepSpeed prints "Setting accelerator to CPU" on import); --format json's stdout
+    must still be the one JSON document, everything else on stderr."""
+    import subprocess
+    import sys
+
+    results = tonight(night, "subprocess", keep_slowed=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "history", "check", "--db", night["db"], str(results)]
+        + ["--format", "json", "--confirm", "1"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    doc = json.loads(proc.stdout)  # NOTE: the assertion: stdout parses whole
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (cell,) = [c for c in doc["cells"] if c.get("confirm")]
+    assert cell["confirm"] == {"runs": 1, "first": cell["confirm"]["first"], "persisted": False}
+    assert "--confirm: re-running 1 flagged cell(s) 1 time(s)" in proc.stderr
