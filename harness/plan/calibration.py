@@ -326,8 +326,9 @@ class Rates:
         return self.collective_s("broadcast", link=link, ranks=2, nbytes=nbytes, dtype=dtype)
 
     def share(self, kind: str, *, ranks: int) -> float:
-        """How much slower one rank's `kind` of work (compute | memory | optimizer) runs while `ranks` ranks share
-        its host, relative to one rank alone (>= 1; 1 on GPUs). Without a measurement: the cores rule, max(1,
+        """How much slower one rank's `kind` of work (compute | compute_<dtype> | memory | optimizer) runs while
+        `ranks` ranks share its host, relative to one rank alone (>= 1; 1 on GPUs); compute_<dtype> is the compute
+        of cells in that dtype where it was measured (else compute's). Without a measurement: the cores rule, max(1,
         ranks / cores)."""
         if self.device != "cpu" or not self.host_cores:
             return 1.0
@@ -383,11 +384,18 @@ class CalibratedRates(Rates):
         self._dispatch = c.get("dispatch")
         self._optimizer = c.get("optimizer")
         self._framework = c.get("framework", {})
-        probes = {"compute": "gemm_s", "memory": "elementwise_s", "optimizer": "optimizer_s"}
+        probes = {
+            "compute": "gemm_s",
+            "compute_bfloat16": "gemm_bfloat16_s",
+            "memory": "elementwise_s",
+            "optimizer": "optimizer_s",
+        }
         self._sharing: dict[str, list[tuple[int, float]]] = {}
         shared = {e["ranks"]: e for e in d.get("sharing", [])}
         if 1 in shared:
             for kind, probe in probes.items():
+                if not all(probe in e for e in shared.values()):
+                    continue  # NOTE: a file from before that probe: share() falls back to the fp32 figure
                 base = shared[1][probe]
                 self._sharing[kind] = sorted((r, max(1.0, e[probe] / base)) for r, e in shared.items())
         self._comm: dict[tuple[str, str, str], list[CollectiveCurve]] = {}
@@ -407,7 +415,7 @@ class CalibratedRates(Rates):
         """The measured slowdown at `ranks` ranks on the host (harness.worker.calibrate.measure_sharing): linear
         between measured counts, and beyond the largest proportional to the ranks (each rank's share of the host
         shrinks as 1/ranks)."""
-        pts = self._sharing.get(kind)
+        pts = self._sharing.get(kind) or self._sharing.get(kind.split("_", 1)[0])
         if not pts or self.device != "cpu":
             return super().share(kind, ranks=ranks)
         if ranks <= pts[0][0]:

@@ -104,6 +104,12 @@ ROOT_BYTES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def compute_kind(spec: RunSpec) -> str:
+    """The sharing figure a cell's compute is stretched by on a shared CPU host (Rates.share): its matmuls' dtype's"""
+    dtype = COMPUTE_DTYPE[spec.precision]
+    return "compute" if dtype == "float32" else f"compute_{dtype}"
+
+
 def _dot(coeffs: tuple[float, ...], xs: tuple[float, ...]) -> float:
     return sum(c * x for c, x in zip(coeffs, xs))
 
@@ -832,7 +838,7 @@ def layout_parts(
     recompute, host overhead, TP collectives and receives), the microbatches and the bubble's seconds (`bubble_s`)."""
     s, lay = spec.settings, spec.layout
     R = ranks_on_host(spec, cluster)
-    c, mem = rates.share("compute", ranks=R), rates.share("memory", ranks=R)
+    c, mem = rates.share(compute_kind(spec), ranks=R), rates.share("memory", ranks=R)
     opt_share = rates.share("optimizer", ranks=R)
     info: dict[str, Any] = {}
     if lay.pp == 1:
@@ -1019,7 +1025,7 @@ def _structure(spec: RunSpec, cluster: Cluster, rates: Rates, overlap: bool) -> 
 def _structure_of(spec: RunSpec, cluster: Cluster, rates: Rates, overlap: bool) -> Structure:
     why = unmodelled_reason(spec)
     R = ranks_on_host(spec, cluster)
-    c, mem = rates.share("compute", ranks=R), rates.share("memory", ranks=R)
+    c, mem = rates.share(compute_kind(spec), ranks=R), rates.share("memory", ranks=R)
     opt: float | None = None
     opt_reason = other_reason = ""
     dispatch: tuple[float, float] | None = None

@@ -255,8 +255,9 @@ def measure_optimizer(device: torch.device) -> dict:
 
 
 def measure_sharing(device: torch.device) -> dict:
-    """Seconds of three probes while every rank of the current group runs them at the same moment: a GEMM (compute
-    bound), an elementwise product on 16 MiB operands (memory bound) and an AdamW step over 4M elements. Their ratio
+    """Seconds of four probes while every rank of the current group runs them at the same moment: a GEMM in fp32 and
+    one in bf16 (compute bound), an elementwise product on 16 MiB operands (memory bound) and an AdamW step over 4M
+    elements. Their ratio
     to the one-rank figures is how much a rank slows when the cell's ranks share the host (cores, caches, memory
     bandwidth); the maximum over ranks, each the median of its repetitions."""
     import torch.distributed as dist
@@ -265,6 +266,7 @@ def measure_sharing(device: torch.device) -> dict:
 
     a = torch.randn(256, 1024, device=device)
     b = torch.randn(1024, 1024, device=device)
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
     x, y = torch.rand(2**22, device=device), torch.rand(2**22, device=device)
     params = [torch.nn.Parameter(torch.randn(2**19, device=device)) for _ in range(8)]
     for p in params:
@@ -272,6 +274,9 @@ def measure_sharing(device: torch.device) -> dict:
     opt = adamw(params, lr=1e-3, device=device)
     probes: dict[str, Callable[[], Any]] = {
         "gemm_s": functools.partial(torch.mm, a, b.t()),
+        # NOTE: a bf16 GEMM shares a host differently (on a CPU without bf16 units it is not bound by the same
+        # vector units and caches as fp32): bf16 cells are stretched by their own figure
+        "gemm_bfloat16_s": functools.partial(torch.mm, a16, b16.t()),
         "elementwise_s": functools.partial(torch.mul, x, y),
         "optimizer_s": opt.step,
     }

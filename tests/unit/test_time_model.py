@@ -367,6 +367,38 @@ def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
     assert one["time_s"]["compute"] == pytest.approx(comp.total)
 
 
+def test_bf16_compute_is_stretched_by_its_own_measured_sharing(cal_dir):
+    """A bf16 GEMM shares a CPU host differently from an fp32 one (this 2-core machine: 1.32x at 2 ranks for fp32,
+    about 1x for bf16): with the bf16 probe in the file, bf16 cells use it; without it (a file from before the
+    probe), the fp32 figure, as before."""
+    data = cal.example_calibration("local")
+    data["fingerprint"]["cpu_count"] = 2
+    data["sharing"] = [
+        {"ranks": 1, "gemm_s": 1.0, "gemm_bfloat16_s": 2.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+        {"ranks": 2, "gemm_s": 1.3, "gemm_bfloat16_s": 2.0, "elementwise_s": 2.0, "optimizer_s": 1.8},
+        {"ranks": 4, "gemm_s": 2.0, "gemm_bfloat16_s": 3.0, "elementwise_s": 4.0, "optimizer_s": 3.6},
+    ]
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+    assert rates.share("compute_bfloat16", ranks=2) == 1.0 and rates.share("compute_bfloat16", ranks=4) == 1.5
+    assert rates.share("compute", ranks=2) == pytest.approx(1.3)
+    assert rates.share("compute_float16", ranks=2) == pytest.approx(1.3)  # not measured: the fp32 figure
+    assert tm.compute_kind(make_spec(strategy="ddp", precision="bf16")) == "compute_bfloat16"
+    assert tm.compute_kind(make_spec(strategy="ddp", precision="fp32")) == "compute"
+    spec = make_spec(strategy="fsdp2.full_shard", gpus=4, precision="bf16")
+    comp = tm.micro_step_compute(spec, rates)
+    four = tm.predict_time(spec, cluster, rates)
+    assert four["time_s"]["compute"] == pytest.approx(1.5 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
+    for e in data["sharing"]:
+        del e["gemm_bfloat16_s"]
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    old = cal.rates_for(cluster)
+    assert old.share("compute_bfloat16", ranks=4) == pytest.approx(2.0)
+    four = tm.predict_time(spec, cluster, old)
+    assert four["time_s"]["compute"] == pytest.approx(2.0 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
+
+
 def test_bad_performance_figures_are_named_with_their_key_path():
     from harness.scenario.performance import parse_performance
 
