@@ -210,6 +210,13 @@ def test_a_gpu_profile_without_cuda_is_an_error_with_the_reason(tmp_path):
     assert {f["rank"] for f in rec["failures"]} == {0, 1}
 
 
+def _terminal_sigint() -> None:
+    """In the child, before exec: SIGINT as a shell's foreground job has it (default, not blocked, not ignored),
+    whatever the test process's own mask and disposition are at that moment (both are inherited across exec)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
     """A terminal's Ctrl-C goes to the whole foreground process group — the sweep, submitit's local job
     controller and its tasks — not just to the sweep: everything it prints is the sweep's clean lines (no
@@ -231,6 +238,7 @@ def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a foreground job
+        preexec_fn=_terminal_sigint,
     )
     manifest = results / "ctrlc" / "manifest.json"
     deadline = time.time() + 120

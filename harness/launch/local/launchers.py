@@ -206,11 +206,13 @@ def launch_submitit(
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         job = executor.submit(submitit_entry, payload)
+        if on_submit:
+            on_submit(job)
     except BaseException:
+        # NOTE: the mask must never stay blocked: every process this one starts later inherits it (a sweep after
+        # this would not see Ctrl-C at all)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
-    if on_submit:
-        on_submit(job)
     watch = FailureWatch(payload)
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
