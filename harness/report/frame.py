@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.core.catalogue import CATALOGUE
 from harness.results.fastload import iter_records
 from harness.scenario.schema import PRECISIONS, STRATEGIES, canonical_setting
 
@@ -633,8 +634,8 @@ def prediction_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
         rp, rm = pd.Series(pred).rank().to_numpy(), pd.Series(meas).rank().to_numpy()
         if rp.std() > 0 and rm.std() > 0:
             rho = float(np.corrcoef(rp, rm)[0, 1])
-    # the family: ddp, fsdp, fsdp2, zero (every ZeRO stage)
-    fam = data["base_strategy"].astype(str).str.split(".", n=1).str[0].str.replace(r"^zero\d$", "zero", regex=True)
+    # the catalogue's family (ddp, fsdp, fsdp2, zero); a strategy it does not know stands for itself
+    fam = data["base_strategy"].map(lambda b: CATALOGUE[b].family if b in CATALOGUE else str(b))
     by_family = {f: (int(m.sum()), float(err[m].mean())) for f in sorted(set(fam)) for m in [(fam == f).to_numpy()]}
     return {
         "cells": len(data),

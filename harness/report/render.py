@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.core import markdown as md
 from harness.report.figures import Figure
-from harness.report.frame import MEMORY_RSS
+from harness.report.frame import MEMORY_RSS, PREDICTION_BAND
 from harness.report.trends import TREND_HEADER, trend_rows
 
 NA = "n/a"
@@ -340,7 +340,7 @@ def _accuracy_item(ctx: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "time model",
             f"MAPE {acc['mape']:.1%} over {acc['cells']} cells (Spearman ρ {rho}, {acc['within_band']:.0%} within "
-            f"±15%); by family: {families}",
+            f"±{PREDICTION_BAND:.0%}); by family: {families}",
         )
     ]
 
