@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compare": "harness.cli.compare:compare_command",
     "calibrate": "harness.cli.calibrate:calibrate_command",
     "history": "harness.cli.history:history_group",
+    "tune": "harness.cli.tune:tune_command",
 }
 
 
@@ -38,6 +39,7 @@ SHORT_HELP: dict[str, str] = {
     "compare": "Regressions between a baseline and a candidate (exit 1).",
     "calibrate": "Measure this machine's rates for the step-time model.",
     "history": "A results history: add sweeps, show series, check a new sweep (exit 1).",
+    "tune": "The fastest cell that fits per model and GPU count, measuring a fraction of the matrix.",
 }
 
 

@@ -107,6 +107,10 @@ def sweep(
         + (f", {repeat} runs each" if repeat > 1 else "")
         + (", packed" if pack else "")
     )
+    left_out = sc.left_out(gpus_per_node=cluster.gpus_per_node)
+    if left_out:
+        more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
+        click.echo(f"{len(left_out)} matrix cell(s) left out by tune.global_batch: {left_out[0][1]}{more}")
     try:
         res = run_sweep(
             sc,

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.results.store import check_record
+from harness.results.store import NOT_RECORDS, check_record
 
 __all__ = ["record_files", "iter_records", "read_file"]
 
@@ -36,7 +36,7 @@ def _walk(root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]
     for e in entries:
         if e.name.startswith("."):
             continue
-        if e.name.endswith(".json") and e.name != "manifest.json":
+        if e.name.endswith(".json") and e.name not in NOT_RECORDS:
             out.append(((*rel, e.name), e.path))
         try:
             is_dir = e.is_dir() and not e.is_symlink()

@@ -193,15 +193,20 @@ def check_record(rec: Any) -> Record:
     return cast(Record, rec)  # NOTE: only the keys above are checked; the rest is trusted to be as Record says
 
 
+NOT_RECORDS = frozenset({"manifest.json", "tune.json"})
+"""JSON files a sweep folder holds beside its records: the manifest, and `harness tune`'s log"""
+
+
 def iter_record_files(*dirs: str | Path) -> Iterator[Path]:
-    """Record files under the given dirs (recursively), skipping hidden/temp files and the sweep manifest."""
+    """Record files under the given dirs (recursively), skipping hidden/temp files, the sweep manifest and the
+    tune log (NOT_RECORDS)."""
     for d in dirs:
         d = Path(d)
         if d.is_file():
             yield d
             continue
         for p in sorted(d.rglob("*.json")):
-            if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name == "manifest.json":
+            if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name in NOT_RECORDS:
                 continue
             yield p
 

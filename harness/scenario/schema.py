@@ -23,6 +23,7 @@ from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
 from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 
 # NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
 # here because every stage validates against them through this module
@@ -40,7 +41,7 @@ SLOW_FACTOR_MAX = 100.0
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
 LEGACY_GPUS_KEY = "world_size"
 """what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
-TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings", "tune")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -303,13 +304,25 @@ class Scenario:
     settings: dict[str, Any]
     """the scenario-level settings overrides"""
     description: str = ""
+    tune: TuneSpec | None = None
+    """the `tune:` section (harness.scenario.tune): `harness tune`'s objective and search; with its
+    `global_batch`, every cell's grad_accum is derived"""
 
     def model_config(self, name: str) -> ModelConfig:
         return self.models.get(name) or ZOO[name]
 
     def expand(self, *, gpus_per_node: int) -> list[RunSpec]:
         """RunSpecs in file order, de-duplicated by run_id. `gpus_per_node` comes from the cluster profile."""
+        return self._expand(gpus_per_node)[0]
+
+    def left_out(self, *, gpus_per_node: int) -> list[tuple[dict[str, Any], str]]:
+        """Matrix cells left out of `expand` and why: those whose grad_accum `tune.global_batch` cannot derive."""
+        return self._expand(gpus_per_node)[1]
+
+    def _expand(self, gpus_per_node: int) -> tuple[list[RunSpec], list[tuple[dict[str, Any], str]]]:
         specs: dict[str, RunSpec] = {}
+        dropped: list[tuple[dict[str, Any], str]] = []
+        global_batch = self.tune.global_batch if self.tune is not None else None
         for cell in self.cells:
             merged = {**self.settings, **{k: v for k, v in cell.items() if k in SETTING_FIELDS}}
             world = int(cell["gpus"])
@@ -323,8 +336,14 @@ class Scenario:
                 gpus_per_node=min(gpus_per_node, world),
                 settings=Settings(**merged),
             )
+            if global_batch is not None:
+                accum, why = derived_grad_accum(global_batch, micro_batch=spec.settings.micro_batch, dp=spec.dp)
+                if accum is None:
+                    dropped.append((cell, str(why)))
+                    continue
+                spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, grad_accum=accum))
             specs.setdefault(spec.run_id, spec)
-        return list(specs.values())
+        return list(specs.values()), dropped
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,6 +624,17 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
             if len(problems) == before:
                 target.append(entry)
 
+    tune = parse_tune(doc.get("tune"), file, problems)
+    if tune is not None and tune.global_batch is not None:
+        # NOTE: one source for grad_accum: a value written beside the global batch would be silently overridden
+        written = ["settings.grad_accum"] if "grad_accum" in settings else []
+        written += ["matrix.grad_accum"] if "grad_accum" in axes else []
+        written += [f"matrix.include[{i}].grad_accum" for i, e in enumerate(include) if "grad_accum" in e]
+        for where in written:
+            problems.append(
+                Problem(file, where, f"tune.global_batch ({tune.global_batch}) derives grad_accum; remove this key")
+            )
+
     cells: list[dict[str, Any]] = []
     if not problems:
         cells = expand_matrix(axes, include, exclude)
@@ -629,9 +659,20 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
             )
     if problems:
         raise InputError(problems)
-    return Scenario(
-        name=name, path=file, models=models, cells=tuple(cells), settings=settings, description=str(description)
+    sc = Scenario(
+        name=name,
+        path=file,
+        models=models,
+        cells=tuple(cells),
+        settings=settings,
+        description=str(description),
+        tune=tune,
     )
+    if tune is not None and tune.global_batch is not None and not sc.expand(gpus_per_node=1):
+        # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile
+        why = sc.left_out(gpus_per_node=1)[0][1]
+        raise InputError([Problem(file, "tune.global_batch", f"leaves no cell: {why} (and every other cell alike)")])
+    return sc
 
 
 def _source(key: str, cell: dict[str, Any], *, settings: dict, axes: dict, include: list[dict]) -> str:

@@ -1,0 +1,175 @@
+"""`harness tune SCENARIO`: the fastest cell per model and GPU count, measuring a fraction of the matrix.
+
+    harness tune SCENARIO [--cluster NAME] [--results DIR] [--budget-cells N | --budget-minutes M] [--seed S]
+                          [--format table|json] [--out FILE]
+
+The search is harness.tune (docs/tune.md). Exit 0 with a winner for every (model, gpus) group, 1 when a group has
+none (every candidate failed or none could run), 2 for bad input; 130 on Ctrl-C (re-run the same command to go on).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.core.errors import InputError, Problem
+from harness.scenario.cluster import load_cluster
+from harness.scenario.schema import load_scenario
+
+
+@click.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default="local",
+    show_default=True,
+    help="cluster profile: a name in scenarios/clusters/ or a path",
+)
+@click.option(
+    "--results",
+    default="results",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="results dir; trials go to RESULTS/<scenario name>-tune/, with tune.json and tuned.yaml",
+)
+@click.option("--budget-cells", type=int, default=None, metavar="N", help="at most N trial runs in all")
+@click.option(
+    "--budget-minutes",
+    type=float,
+    default=None,
+    metavar="M",
+    help="start no batch of trials that would end after M minutes (estimated from the trials so far)",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="orders ties and unranked candidates")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="the winners' scenario file")
+def tune_command(
+    scenario: str,
+    cluster_name: str,
+    results: str,
+    budget_cells: int | None,
+    budget_minutes: float | None,
+    seed: int,
+    fmt: str,
+    out: str | None,
+) -> int:
+    """Find the fastest configuration of SCENARIO that fits: prune by the memory model, rank by the predicted step
+    time, measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
+    trial is an ordinary record in RESULTS/<scenario name>-tune/; the winners are written as a scenario file
+    (tuned.yaml there, or --out) that `harness sweep` runs. A re-run goes on where the last one stopped."""
+    from harness.cli.history import stdout_to_stderr
+    from harness.results.store import check_writable_dir, sweep_dir
+    from harness.tune.run import run_tune, tune_sweep_name
+
+    problems = []
+    if budget_cells is not None and budget_cells < 1:
+        problems.append(Problem("--budget-cells", "", f"{budget_cells} must be a positive number of trial runs"))
+    if budget_minutes is not None and not (math.isfinite(budget_minutes) and budget_minutes > 0):
+        problems.append(Problem("--budget-minutes", "", f"{budget_minutes} must be a positive number of minutes"))
+    if budget_cells is not None and budget_minutes is not None:
+        problems.append(Problem("--budget-cells", "", "give one budget: --budget-cells or --budget-minutes"))
+    if problems:
+        raise InputError(problems)
+
+    def _interrupt(signum, frame):  # SIGTERM stops the search like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    sc = load_scenario(scenario)
+    cluster = load_cluster(cluster_name)
+    check_writable_dir(sweep_dir(results, tune_sweep_name(sc)), option="--results")
+    if out is not None:
+        check_writable_dir(Path(out).resolve().parent, option="--out")
+    echo = (lambda s: click.echo(s, err=True)) if fmt == "json" else click.echo
+    ctx = stdout_to_stderr() if fmt == "json" else _nothing()
+    with ctx:
+        res = run_tune(
+            sc,
+            cluster,
+            results=results,
+            seed=seed,
+            budget_cells=budget_cells,
+            budget_minutes=budget_minutes,
+            echo=echo,
+            tuned_file=out,
+        )
+    if fmt == "json":
+        click.echo(json.dumps({**res.log, "tuned_file": str(res.tuned_file) if res.tuned_file else None}, indent=1))
+    else:
+        click.echo(format_tune(res.log))
+        if res.tuned_file is not None:
+            click.echo(f"winners: {res.tuned_file}  (harness sweep {shlex.quote(str(res.tuned_file))})")
+        click.echo(f"trials and tune.json: {res.folder}/  (harness report {shlex.quote(str(results))})")
+    return 0 if all(g["winner"] for g in res.log["groups"]) else 1
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+FATE_SHOWN = {
+    "winner": "winner",
+    "runner_up": "runner-up",
+    "eliminated": "eliminated",
+    "failed": "failed",
+}
+
+
+def format_tune(log: dict[str, Any]) -> str:
+    """The ranked table per group: the measured candidates (measured and predicted, the round each reached, its
+    fate), then what was pruned without a measurement."""
+    per_gpu = log["metric"] == "tokens_per_s_per_gpu"
+    unit = "tok/s/GPU" if per_gpu else "step ms"
+
+    def shown(v: Any) -> str:
+        if not isinstance(v, (int, float)):
+            return "n/a"
+        return f"{v:,.0f}" if per_gpu else f"{v * 1e3:.1f}"
+
+    lines = [
+        f"tune {log['scenario']} on {log['cluster']}: objective {log['objective']} ({log['better']} {unit} is "
+        f"better), {log['trials']} trial runs, {log['measured_s']:.0f} s measuring"
+        + (f"; stopped: {log['stopped']}" if log.get("stopped") else "")
+    ]
+    for g in log["groups"]:
+        cands = g["candidates"]
+        win = next((c for c in cands if c["fate"] == "winner"), None)
+        p = f", p = {g['p_value']:.3g}" if g.get("p_value") is not None else ""
+        lines.append("")
+        lines.append(
+            f"{g['model']} on {g['gpus']} GPUs: "
+            + (f"{win['label']} ({g['verdict']}{p})" if win else f"no winner ({g['verdict']})")
+        )
+        header = ["#", "cell", f"predicted {unit}", f"measured {unit}", "runs", "round", "fate"]
+        rows = []
+        for i, c in enumerate([c for c in cands if c["trials"]], 1):
+            runs = sum(1 for t in c["trials"] if t["round"] == c["round"] and t["status"] == "ok")
+            pred = c["predicted_tokens_per_s_per_gpu"] if per_gpu else c["predicted_step_time_s"]
+            fate = FATE_SHOWN.get(c["fate"], c["fate"])
+            if c["fate"] == "failed":
+                fate += f": {c['reason'][:60]}"
+            rows.append([str(i), c["label"], shown(pred), shown(c["measured"]), str(runs), str(c["round"]), fate])
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for r in [header, *rows]:
+            lines.append("  " + "  ".join(v.rjust(w) if i in (0, 2, 3, 4, 5) else v.ljust(w) for i, (v, w) in
+                                          enumerate(zip(r, widths))).rstrip())  # fmt: skip
+        counts: dict[str, int] = {}
+        for c in cands:
+            counts[c["fate"]] = counts.get(c["fate"], 0) + 1
+        lines.append(
+            f"  not measured: {counts.get('pruned_prediction', 0)} by predicted rank, {counts.get('pruned_memory', 0)} "
+            f"predicted not to fit, {counts.get('dropped_oom_neighbour', 0)} beside an OOM, "
+            f"{counts.get('unsupported', 0)} unsupported; first round {g['first_round']}, steps {g['steps']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,359 @@
+"""`harness tune`'s driver: the search (harness.tune.search) over a scenario's cells, its trials run by the sweep.
+
+Every trial is an ordinary sweep cell in RESULTS/<scenario>-tune/ (its record, manifest entry and lock: `harness
+status` and `harness report` read them as any sweep's); a batch of trials is one `run_sweep` call (locally one
+after another, on SLURM submitted together). The search's state goes to `tune.json` in the same folder after
+every batch, atomically; the winners to `tuned.yaml`. A re-run replays the search over the records already there
+(`run_sweep` skips every trial with an ok record) and goes on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.core.errors import InputError, Problem
+from harness.results.store import atomic_write_json, atomic_write_text, read_record, record_path, sweep_dir, utc_now
+from harness.scenario.cluster import Cluster
+from harness.scenario.schema import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec, Scenario
+from harness.scenario.tune import TuneSpec
+from harness.tune.search import METRIC, Candidate, Group, rank_candidates, search_cost
+
+TUNE_VERSION = 1
+TUNE_LOG = "tune.json"
+TUNED_FILE = "tuned.yaml"
+EXPLICIT = ("micro_batch", "grad_accum", "activation_checkpointing")
+"""settings a winner's entry in tuned.yaml always names: what the search chose, even where it is the default"""
+
+
+@dataclass
+class TuneResult:
+    log: dict[str, Any]
+    folder: Path
+    tuned_file: Path | None
+
+    @property
+    def found(self) -> bool:
+        return any(g["winner"] for g in self.log["groups"])
+
+
+def tune_sweep_name(scenario: Scenario) -> str:
+    return f"{scenario.name}-tune"
+
+
+def least_budget(groups: int, tune: TuneSpec) -> int:
+    """The fewest trial runs a search of `groups` groups can be judged in: two candidates, confirm_runs each."""
+    return groups * search_cost(2, tune.confirm_runs)
+
+
+def build_groups(
+    scenario: Scenario, cluster: Cluster, *, seed: int, budget_cells: int | None, cap: Any = None
+) -> tuple[list[Group], list[tuple[dict[str, Any], str]]]:
+    """The search's groups with every candidate pruned or ranked, and the matrix cells left out (global batch).
+    Raises InputError when the budget cannot judge even two candidates per group."""
+    from harness.plan.placement import capacity
+    from harness.plan.predict import plan_cells, usable_memory_gib
+    from harness.plan.time import time_prediction
+
+    tune = scenario.tune or TuneSpec()
+    specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
+    left_out = scenario.left_out(gpus_per_node=cluster.gpus_per_node)
+    if cap is None:
+        from harness.launch.local.launchers import local_gpus
+
+        cap = capacity(cluster, gpus=local_gpus)
+    plans = {p["run_id"]: p for p in plan_cells(specs, cluster, cap=cap)}
+    usable = usable_memory_gib(cluster)
+    limit = usable * (1.0 - tune.memory_headroom) if usable is not None else None
+    by_group: dict[tuple[str, int], list[Candidate]] = {}
+    for spec in specs:
+        plan = plans[spec.run_id]
+        c = Candidate(spec=spec, plan=plan)
+        why = spec.unsupported_reason(cluster.device) or plan.get("cannot_place")
+        total = (plan.get("memory_gib") or {}).get("total")
+        if why:
+            c.fate, c.reason = "unsupported", str(why)
+        elif plan.get("fits") is False:
+            c.fate, c.reason = "pruned_memory", str(plan.get("reason"))
+        elif limit is not None and total is not None and total > limit:
+            c.fate = "pruned_memory"
+            c.reason = (
+                f"predicted {total:.2f} GiB per rank > {limit:.2f} GiB ({usable:.2f} GiB usable less the "
+                f"{tune.memory_headroom:.0%} headroom of tune.memory_headroom)"
+            )
+        by_group.setdefault((spec.model, spec.gpus), []).append(c)
+    n0 = tune.first_round
+    if budget_cells is not None:
+        need = least_budget(len(by_group), tune)
+        if budget_cells < need:
+            raise InputError(
+                [
+                    Problem(
+                        "--budget-cells",
+                        "",
+                        f"{budget_cells} trial runs cannot judge {len(by_group)} group(s) (model x gpus): the least "
+                        f"search is 2 candidates x {tune.confirm_runs} runs (tune.confirm_runs) per group = {need}",
+                    )
+                ]
+            )
+        while n0 > 2 and len(by_group) * search_cost(n0, tune.confirm_runs) > budget_cells:
+            n0 -= 1
+    groups = []
+    for key, cands in by_group.items():
+        rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
+        rank_candidates(cands, objective=tune.objective, predict_twin=lambda s: time_prediction(s, cluster), rng=rng)
+        groups.append(Group(key, cands, tune=tune, n0=n0, final_steps=_final_steps(cands), rng=rng))
+    return groups, left_out
+
+
+def _final_steps(cands: list[Candidate]) -> int:
+    return max((c.spec.settings.measure_steps for c in cands), default=SETTING_DEFAULTS["measure_steps"])
+
+
+def run_tune(
+    scenario: Scenario,
+    cluster: Cluster,
+    *,
+    results: str | Path,
+    seed: int = 0,
+    budget_cells: int | None = None,
+    budget_minutes: float | None = None,
+    echo: Callable[[str], None] = print,
+    tuned_file: str | Path | None = None,
+) -> TuneResult:
+    """Search `scenario` on `cluster`; trials and the log in RESULTS/<scenario>-tune/ (see the module docstring)."""
+    from harness.launch.sweep import run_sweep
+
+    tune = scenario.tune or TuneSpec()
+    metric, better = METRIC[tune.objective]
+    name = tune_sweep_name(scenario)
+    folder = sweep_dir(results, name)
+    groups, left_out = build_groups(scenario, cluster, seed=seed, budget_cells=budget_cells)
+    started, t0 = utc_now(), time.time()
+    state: dict[str, Any] = {"trials": 0, "measured_s": 0.0, "stopped": None}
+
+    def log(finished: bool) -> dict[str, Any]:
+        return {
+            "tune_version": TUNE_VERSION,
+            "scenario": scenario.name,
+            "scenario_file": str(Path(scenario.path).resolve()),
+            "sweep": name,
+            "cluster": cluster.name,
+            "objective": tune.objective,
+            "metric": metric,
+            "better": better,
+            "seed": seed,
+            "tune": tune.to_dict(),
+            "budget": {"cells": budget_cells, "minutes": budget_minutes},
+            "started_at": started,
+            "finished_at": utc_now() if finished else None,
+            "trials": state["trials"],
+            "measured_s": round(state["measured_s"], 3),
+            "finished": finished,
+            "stopped": state["stopped"],
+            "left_out": [{"cell": cell, "reason": why} for cell, why in left_out],
+            "groups": [g.to_dict() for g in groups],
+        }
+
+    _echo_funnel(groups, left_out, echo)
+    batch_no = 0
+    try:
+        while True:
+            batch = [(g, c, t) for g in groups for c, t in g.next_trials()]
+            if not batch:
+                break
+            why = _over_budget(len(batch), state, t0, budget_cells, budget_minutes)
+            if why:
+                for _, c, t in batch:
+                    c.trials.remove(t)
+                state["stopped"] = "budget"
+                echo(f"budget: {why}; stopping with the best measured so far")
+                for g in groups:
+                    g.stop(why)
+                break
+            rounds = sorted({(t.round, g.final) for g, _, t in batch})
+            shown = ", ".join(_round_name(r, f) for r, f in rounds)
+            echo(f"tune: batch {batch_no + 1}: {len(batch)} trial(s), {shown}")
+            wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], run_sweep, echo)
+            state["trials"] += len(batch)
+            state["measured_s"] += wall
+            batch_no += 1
+            for g in groups:
+                g.absorb(_outcomes(results, name, [t for gg, _, t in batch if gg is g], metric))
+            atomic_write_json(folder / TUNE_LOG, log(False))
+    except KeyboardInterrupt:
+        state["stopped"] = "interrupted"
+        for g in groups:
+            for c in g.candidates:
+                c.trials = [t for t in c.trials if t.status is not None]
+        atomic_write_json(folder / TUNE_LOG, log(False))
+        raise
+    for g in groups:
+        g.close()
+    final = log(True)
+    atomic_write_json(folder / TUNE_LOG, final)
+    out: Path | None = None
+    if any(g.winner for g in groups):
+        out = Path(tuned_file) if tuned_file is not None else folder / TUNED_FILE
+        atomic_write_text(out, tuned_scenario(scenario, cluster, groups, final))
+    return TuneResult(log=final, folder=folder, tuned_file=out)
+
+
+def _round_name(rnd: int, final: bool) -> str:
+    return f"round {rnd}" + (" (final)" if final else "")
+
+
+def _over_budget(n: int, state: dict[str, Any], t0: float, cells: int | None, minutes: float | None) -> str | None:
+    if cells is not None and state["trials"] + n > cells:
+        return f"{state['trials']} of {cells} trial runs spent (--budget-cells), the next batch needs {n}"
+    if minutes is not None:
+        spent = time.time() - t0
+        per_trial = state["measured_s"] / state["trials"] if state["trials"] else 0.0
+        if spent + n * per_trial > minutes * 60:
+            return (
+                f"{spent / 60:.1f} of {minutes:g} minutes spent (--budget-minutes), the next batch needs "
+                f"~{n * per_trial / 60:.1f}"
+            )
+    return None
+
+
+def _echo_funnel(groups: list[Group], left_out: list, echo: Callable[[str], None]) -> None:
+    for g in groups:
+        fates: dict[str, int] = {}
+        for c in g.candidates:
+            fates[c.fate] = fates.get(c.fate, 0) + 1
+        ranked = sum(1 for c in g.candidates if c.predicted_rank is not None)
+        echo(
+            f"tune: {g.key[0]} on {g.key[1]} GPUs: {len(g.candidates)} cells, {fates.get('unsupported', 0)} "
+            f"unsupported, {fates.get('pruned_memory', 0)} predicted not to fit; {ranked} ranked by prediction; "
+            f"first round {g.n0}, steps per round {g.steps}"
+        )
+        if not ranked and g.pool:
+            echo(
+                "tune: no step-time prediction for any candidate (calibrate the cluster: harness calibrate "
+                "--cluster NAME): the first round is drawn at random from --seed"
+            )
+    if left_out:
+        more = " (and others)" if len(left_out) > 1 else ""
+        echo(f"tune: {len(left_out)} matrix cell(s) left out: {left_out[0][1]}{more}")
+
+
+def trial_scenario(scenario: Scenario, name: str, specs: list[RunSpec], path: Path) -> Scenario:
+    """A scenario whose cells are exactly `specs` (every setting explicit), written to `path` as a file that
+    `harness sweep` reads the same (the manifest names it)."""
+    cells = tuple(_cell_of(s) for s in specs)
+    doc = {
+        "name": name,
+        "description": f"harness tune trials of {scenario.name}",
+        **({"models": {k: v.to_dict() for k, v in scenario.models.items()}} if scenario.models else {}),
+        "matrix": {"include": [_file_cell(c) for c in cells]},
+    }
+    atomic_write_text(path, yaml.safe_dump(doc, sort_keys=False))
+    return Scenario(name=name, path=str(path), models=scenario.models, cells=cells, settings={})
+
+
+def _cell_of(spec: RunSpec) -> dict[str, Any]:
+    cell: dict[str, Any] = {
+        "model": spec.model,
+        "strategy": spec.strategy,
+        "precision": spec.precision,
+        "gpus": spec.gpus,
+    }
+    for k in SETTING_FIELDS:
+        cell[k] = getattr(spec.settings, k)
+    return cell
+
+
+def _file_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """A cell as an include entry: the settings left at their default are left out."""
+    return {k: v for k, v in cell.items() if k not in SETTING_DEFAULTS or v != SETTING_DEFAULTS[k]}
+
+
+def _run_batch(
+    scenario: Scenario,
+    cluster: Cluster,
+    name: str,
+    results: str | Path,
+    trials: list,
+    run_sweep: Callable[..., Any],
+    echo: Callable[[str], None],
+) -> float:
+    """Run the trials (each the k-th run of its cell) with as few sweeps as their run counts allow; wall seconds."""
+    most: dict[str, tuple[RunSpec, int]] = {}
+    for t in trials:
+        spec, k = most.get(t.spec.run_id, (t.spec, 0))
+        most[t.spec.run_id] = (spec, max(k, t.repeat))
+    by_k: dict[int, list[RunSpec]] = {}
+    for spec, k in most.values():
+        by_k.setdefault(k, []).append(spec)
+    wall = 0.0
+    trials_dir = sweep_dir(results, name) / ".tune"
+    for k, specs in sorted(by_k.items()):
+        n = len(list(trials_dir.glob("batch-*.yaml"))) if trials_dir.is_dir() else 0
+        sc = trial_scenario(scenario, name, specs, trials_dir / f"batch-{n + 1:03d}.yaml")
+        res = run_sweep(sc, cluster, results=results, echo=echo, repeat=k)
+        wall += res.wall_s
+    return wall
+
+
+def _outcomes(
+    results: str | Path, name: str, trials: list, metric: str
+) -> dict[tuple[str, int], tuple[str, float | None, str]]:
+    out: dict[tuple[str, int], tuple[str, float | None, str]] = {}
+    for t in trials:
+        try:
+            rec = read_record(record_path(results, name, t.spec.run_id, repeat=t.repeat))
+        except ValueError as e:
+            out[(t.spec.run_id, t.repeat)] = ("missing", None, f"no record: {e}")
+            continue
+        status = str(rec.get("status"))
+        m = rec.get("metrics") or {}
+        v = m.get(metric)
+        if isinstance(v, dict):
+            v = v.get("median")
+        value = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+        out[(t.spec.run_id, t.repeat)] = (status, value, str(rec.get("reason") or ""))
+    return out
+
+
+def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], log: dict[str, Any]) -> str:
+    """The winners as a ready scenario file: one include entry per (model, gpus), with the searched knobs (EXPLICIT)
+    and every setting that differs from the file's `settings` (grad_accum explicit: the file has no tune
+    section)."""
+    base = {**SETTING_DEFAULTS, **scenario.settings}
+    entries = []
+    notes = []
+    for g in groups:
+        if g.winner is None:
+            notes.append(f"#   {g.key[0]} on {g.key[1]} GPUs: no winner ({g.verdict})")
+            continue
+        cell = _cell_of(g.winner.spec)
+        entries.append({k: v for k, v in cell.items() if k not in SETTING_FIELDS or k in EXPLICIT or v != base[k]})
+        p = f", p = {g.p_value:.3g}" if g.p_value is not None else ""
+        notes.append(f"#   {g.key[0]} on {g.key[1]} GPUs: {g.winner.label} ({g.verdict}{p})")
+    used = {e["model"] for e in entries}
+    doc: dict[str, Any] = {
+        "name": f"{scenario.name}-tuned"[:64],
+        "description": f"harness tune winners of {scenario.name} on {cluster.name} ({log['objective']})",
+    }
+    models = {k: v.to_dict() for k, v in scenario.models.items() if k in used}
+    if models:
+        doc["models"] = models
+    doc["matrix"] = {"include": entries}
+    settings = {k: v for k, v in scenario.settings.items() if k in SETTING_FIELDS and k != "grad_accum"}
+    if settings:
+        doc["settings"] = settings
+    head = [
+        f"# Written by `harness tune` ({log['finished_at']}): the fastest cell found per model and GPU count of "
+        f"{Path(scenario.path).name} on cluster {cluster.name},",
+        f"# objective {log['objective']} ({log['metric']}, {log['better']} is better), seed {log['seed']}, "
+        f"{log['trials']} trial runs in {log['measured_s']:.0f} s. `harness sweep` runs it as it is.",
+        *notes,
+    ]
+    return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False)
