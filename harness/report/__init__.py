@@ -8,7 +8,8 @@ table exists, while this process builds the best-strategy table, the CSV/Parquet
 then, with fewer than four workers, draws the lightest figure itself: figures.DRAWN_HERE); the output is byte for
 byte the same as with one process (tests/unit/test_report_parallel.py). Nothing here imports
 torch. Files that are not readable records are warnings, never a crash;
-a null metric stays null ("n/a"), never 0.
+a null metric stays null ("n/a"), never 0. A sweep folder with a `harness tune` log (tune.json) adds its search
+section (harness.report.tune); a log that cannot be read is a warning too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from harness.report.frame import (
 from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
 from harness.report.trends import trends_figure
+from harness.report.tune import is_tune_log, read_tune_files, tune_figure, tune_figure_names, tune_log_files
 from harness.results.fastload import read_file, record_files
 from harness.results.store import read_record
 
@@ -148,7 +150,8 @@ def _load(dirs: list[Path]) -> tuple[pd.DataFrame, list[str], int]:
     read in parallel, forked processes flattening the later ones (the flattened fields are what comes back);
     the frame and the warnings, in file order, are the same either way, and a share whose process fails is
     read here."""
-    files = record_files(*dirs)
+    # NOTE: the walk leaves tune logs out (store.NOT_RECORDS); a tune.json given itself is one too, not a record
+    files = [f for f in record_files(*dirs) if not is_tune_log(f)]
     n = min(usable_cpus(), MAX_LOAD_PROCESSES) if sys.platform == "linux" else 1
     if len(files) < PARALLEL_LOAD_MIN_FILES:
         n = 1
@@ -211,7 +214,9 @@ def build_report(
     """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
     `trends` (harness.history.trends.trend_series' data, `harness report --history`) adds the trends figure and
     table; `projection` (harness.report.projection.read_projection's document, `harness report --projection`) the
-    projected scaling figure with the measured cells on their lines.
+    projected scaling figure with the measured cells on their lines. Each `harness tune` log (tune.json) under
+    `dirs` adds a search section: its funnel, its figure (in "figures", drawn after the others) and its measured
+    candidates ranked; an unreadable log or one of another version is a warning.
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
@@ -231,6 +236,7 @@ def build_report(
     out_path = Path(out) if out is not None else None
     _check_inputs(paths_in, out_path)
     df, warnings, n_unreadable = _load(paths_in)
+    tune_logs = read_tune_files(tune_log_files(*paths_in), warnings)
     timings["load"] = time.perf_counter() - t0
     result: dict[str, Any] = {
         "out": None,
@@ -275,6 +281,7 @@ def build_report(
         "warnings": warnings,
         "n_unreadable": n_unreadable,
         "trends": trends,
+        "tune": [{"log": log, "figure": name} for log, name in zip(tune_logs, tune_figure_names(tune_logs))],
         "prediction_accuracy": prediction_accuracy(cells),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
@@ -285,6 +292,7 @@ def build_report(
         figures.append(trends_figure(trends))
     if projection is not None:
         figures.append(projection_figure(projection, fc))
+    figures += [tune_figure(t["log"], name=t["figure"]) for t in ctx["tune"]]
     timings["figures"] = time.perf_counter() - t2
     t1 = time.perf_counter()
     ctx["figures"] = figures

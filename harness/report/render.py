@@ -21,6 +21,7 @@ from harness.core import markdown as md
 from harness.report.figures import Figure
 from harness.report.frame import MEMORY_RSS, PREDICTION_BAND
 from harness.report.trends import TREND_HEADER, trend_rows
+from harness.report.tune import metric_unit, predicted_value, ranked_candidates, trial_counts, tune_summary
 
 NA = "n/a"
 ABSENT = "—"
@@ -372,6 +373,197 @@ DEFINITIONS = (
 )
 
 
+# --- Search (harness tune) ------------------------------------------------------------------------------
+
+FUNNEL_HEADER = (
+    "model",
+    "GPUs",
+    "candidates",
+    "unsupported",
+    "pruned: memory",
+    "pruned: prediction",
+    "dropped: OOM neighbour",
+    "measured per round",
+    "failed",
+    "not measured",
+    "winner",
+    "verdict",
+    "p",
+)
+_FUNNEL_NUM = {1, 2, 3, 4, 5, 6, 8, 9, 12}
+_FATE_TEXT = {"runner_up": "runner-up", "dropped_oom_neighbour": "dropped (OOM neighbour)"}
+
+
+def _search_logs(ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """ctx["tune"]: one {"log": tune log, "figure": its figure's name} per log (harness.report.tune)."""
+    return ctx.get("tune") or []
+
+
+def _search_figure_names(ctx: dict[str, Any]) -> set[str]:
+    """The figures the search sections show (in place, not in the list of figures)."""
+    return {t["figure"] for t in _search_logs(ctx)}
+
+
+def _search_title(log: dict[str, Any]) -> str:
+    return f"Search (harness tune): {log.get('sweep') or log.get('scenario') or 'sweep'}"
+
+
+def _fmt_p(v: Any) -> str:
+    return ABSENT if _null(v) else f"{v:.3g}"
+
+
+def _search_facts(log: dict[str, Any]) -> str:
+    """One line: what was searched for, on which cluster, what it cost, how it ended."""
+    budget = log.get("budget") or {}
+    limits = [f"{budget[k]} {k}" for k in ("cells", "minutes") if not _null(budget.get(k))]
+    if log.get("stopped"):
+        end = f"stopped early ({log['stopped']})"
+    else:
+        end = "finished" if log.get("finished", True) else "not finished"
+    measured_s = log.get("measured_s")
+    return (
+        f"objective {log['objective']} ({log['metric']}, {log['better']} is better); scenario "
+        f"{fmt_text(log.get('scenario'))} on {fmt_text(log.get('cluster'))}; {fmt_int(log.get('trials'))} trial "
+        f"runs, {NA if _null(measured_s) else f'{measured_s:,.0f} s'} measuring; {end}; budget "
+        f"{', '.join(limits) or 'none'}; seed {fmt_text(log.get('seed'))}; log {log.get('_path', NA)}"
+    )
+
+
+def _funnel_rows(log: dict[str, Any]) -> list[list[str]]:
+    return [
+        [
+            str(r["model"]),
+            fmt_int(r["gpus"]),
+            str(r["candidates"]),
+            str(r["unsupported"]),
+            str(r["pruned_memory"]),
+            str(r["pruned_prediction"]),
+            str(r["dropped_oom_neighbour"]),
+            " → ".join(map(str, r["measured_per_round"])) or "none",
+            str(r["failed"]),
+            str(r["unmeasured"]),
+            r["winner"] or ABSENT,
+            str(r["verdict"]),
+            _fmt_p(r["p_value"]),
+        ]
+        for r in tune_summary(log)
+    ]
+
+
+def _fmt_metric(metric: str) -> Callable[[Any], str]:
+    return fmt_ms if metric == "step_time_s" else fmt_tokens
+
+
+def _ranked_header(metric: str) -> list[str]:
+    unit = metric_unit(metric)[1]
+    return [
+        "#",
+        "candidate",
+        "predicted rank",
+        f"predicted {unit}",
+        f"measured {unit}",
+        "measured vs predicted",
+        "round reached",
+        "runs ok",
+        "fate",
+        "reason",
+    ]
+
+
+_RANKED_NUM = {0, 2, 3, 4, 5, 6, 7}
+
+
+def _ranked_rows(log: dict[str, Any], group: dict[str, Any]) -> list[list[tuple[str, str]]]:
+    """The group's measured candidates, best first: (text, hover title) per column of _ranked_header; the
+    candidate's title is its run_id and spec."""
+    metric, fmt = log["metric"], _fmt_metric(log["metric"])
+    rows = []
+    for i, c in enumerate(ranked_candidates(group, better=log["better"]), start=1):
+        pred, meas = predicted_value(c, metric), c.get("measured")
+        dev = None if pred is None or meas is None or not pred else meas / pred - 1
+        ok, n = trial_counts(c)
+        spec = ", ".join(f"{k}={v}" for k, v in (c.get("spec") or {}).items() if not isinstance(v, (dict, list)))
+        rows.append(
+            [
+                (str(i), ""),
+                (c["label"], f"{c['run_id']}: {spec}" if spec else c["run_id"]),
+                (fmt_int(c.get("predicted_rank")), fmt_text(c.get("rank_source"))),
+                (fmt(pred), ""),
+                (fmt(meas), ""),
+                (fmt_signed_pct(dev), ""),
+                (str(c["round"]) if c["round"] >= 0 else ABSENT, "" if c["round"] >= 0 else "no run ended ok"),
+                (f"{ok} of {n}", ""),
+                (_FATE_TEXT.get(c["fate"], c["fate"]), ""),
+                (_short(c.get("reason") or "", MAX_REASON_MD), ""),
+            ]
+        )
+    return rows
+
+
+def _group_title(group: dict[str, Any]) -> str:
+    p = group.get("p_value")
+    return f"{group['model']} · {_gpus_label(group['gpus'])}: {group['verdict']}" + (
+        "" if _null(p) else f" (p = {p:.3g})"
+    )
+
+
+def _markdown_search(ctx: dict[str, Any], figures: list[Figure]) -> list[str]:
+    """Per tune log: the facts, the funnel table, the figure (linked), each group's measured candidates ranked."""
+    by_name = {f.name: f for f in figures}
+    out: list[str] = []
+    for t in _search_logs(ctx):
+        log = t["log"]
+        out += [f"## {md.escape(_search_title(log))}", "", md.escape(_search_facts(log)), ""]
+        out += [md.table(list(FUNNEL_HEADER), _funnel_rows(log), right=_FUNNEL_NUM), ""]
+        f = by_name.get(t["figure"])
+        if f is not None:
+            out += [_markdown_figure(f), ""]
+        for g in log["groups"]:
+            rows = [[text for text, _ in row] for row in _ranked_rows(log, g)]
+            out += [f"### {md.escape(_group_title(g))}", ""]
+            body = md.table(_ranked_header(log["metric"]), rows, right=_RANKED_NUM) if rows else "Nothing was measured."
+            out += [body, ""]
+    return out
+
+
+def _html_titled_table(header: list[str], rows: list[list[tuple[str, str]]], *, num: Collection[int]) -> str:
+    out = ['<div class="scroll"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead>"]
+    out.append("<tbody>")
+    for row in rows:
+        out.append(
+            "<tr>"
+            + "".join(
+                _td(text, cls="num" if i in num else ("reason" if i == len(row) - 1 else ""), title=title)
+                for i, (text, title) in enumerate(row)
+            )
+            + "</tr>"
+        )
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def _html_search(ctx: dict[str, Any], figures: list[Figure]) -> list[str]:
+    """The search sections in HTML: the figure inline, the candidate's run_id and spec on hover."""
+    by_name = {f.name: f for f in figures}
+    out: list[str] = []
+    for i, t in enumerate(_search_logs(ctx)):
+        log = t["log"]
+        out += [f'<h2 id="search-{i + 1}">{_e(_search_title(log))}</h2>', f"<p>{_e(_search_facts(log))}</p>"]
+        out.append(_html_simple_table(list(FUNNEL_HEADER), _funnel_rows(log), num=_FUNNEL_NUM))
+        f = by_name.get(t["figure"])
+        if f is not None:
+            out.append(_html_figure(f))
+        for g in log["groups"]:
+            out.append(f"<h3>{_e(_group_title(g))}</h3>")
+            rows = _ranked_rows(log, g)
+            out.append(
+                _html_titled_table(_ranked_header(log["metric"]), rows, num=_RANKED_NUM)
+                if rows
+                else "<p>Nothing was measured.</p>"
+            )
+    return out
+
+
 # --- Markdown ---------------------------------------------------------------------------------------------
 
 
@@ -422,22 +614,25 @@ def _html_trends(ctx: dict[str, Any]) -> list[str]:
 def prepare_markdown(ctx: dict[str, Any]) -> Callable[[list[Figure]], str]:
     """report.md in two steps, so the text is written while the figures draw: everything but the figures' list
     now (`ctx["figures"]` is not read), and the returned function adds that list and gives the page."""
-    head, tail = _markdown_head(ctx, per_model=True), _markdown_trends(ctx) + _markdown_tail(ctx)
+    top, models = _markdown_top(ctx), _markdown_models(ctx, per_model=True)
+    tail = _markdown_trends(ctx) + _markdown_tail(ctx)
+    searched = _search_figure_names(ctx)
 
     def finish(figures: list[Figure]) -> str:
-        text = "\n".join(head + _markdown_figures(figures) + tail)
+        search = _markdown_search(ctx, figures)
+        shown = [f for f in figures if f.name not in searched]
+        text = "\n".join(top + search + models + _markdown_figures(shown) + tail)
         if len(text.encode()) > MAX_MD_BYTES:
-            text = "\n".join(_markdown_head(ctx, per_model=False) + _markdown_figures(figures) + tail)
+            text = "\n".join(top + search + _markdown_models(ctx, per_model=False) + _markdown_figures(shown) + tail)
         return text
 
     return finish
 
 
-def _markdown_head(ctx: dict[str, Any], *, per_model: bool) -> list[str]:
-    """Summary, warnings, the best-strategy table and the per-model tables (or the note on their absence)."""
+def _markdown_top(ctx: dict[str, Any]) -> list[str]:
+    """Summary, warnings and the best-strategy table."""
     cells, best = ctx["cells"], ctx["best"]
     with_variant = "variant" in _row_keys(cells)
-    best_keys = _best_keys(best)
     out = [f"# Benchmark report: {ctx['name']}", ""]
     out += [f"- **{k}**: {md.escape(v)}" for k, v in _summary_items(ctx)] + [""]
     warnings = ctx["warnings"]
@@ -456,6 +651,14 @@ def _markdown_head(ctx: dict[str, Any], *, per_model: bool) -> list[str]:
         ),
         "",
     ]
+    return out
+
+
+def _markdown_models(ctx: dict[str, Any], *, per_model: bool) -> list[str]:
+    """The per-model tables (or the note on their absence)."""
+    cells = ctx["cells"]
+    best_keys = _best_keys(ctx["best"])
+    out: list[str] = []
     label_cols = _row_keys(cells)
     if not per_model:
         out += [
@@ -487,14 +690,17 @@ def _markdown_head(ctx: dict[str, Any], *, per_model: bool) -> list[str]:
     return out
 
 
+def _markdown_figure(f: Figure) -> str:
+    """One figure's list item: a link to its PNG, or why it was not drawn."""
+    if f.png is None:
+        return f"- **{f.title}**: not drawn. {md.escape(f.note)}"
+    note = f" {md.escape(f.note)}" if f.note else ""
+    return f"- [{f.title}]({f.name}.png): {md.escape(f.caption)}{note}"
+
+
 def _markdown_figures(figures: list[Figure]) -> list[str]:
     out = ["## Figures", "", "PNG files next to this report (index.html has them inline):", ""]
-    for f in figures:
-        if f.png is None:
-            out.append(f"- **{f.title}**: not drawn. {md.escape(f.note)}")
-        else:
-            note = f" {md.escape(f.note)}" if f.note else ""
-            out.append(f"- [{f.title}]({f.name}.png): {md.escape(f.caption)}{note}")
+    out += [_markdown_figure(f) for f in figures]
     out.append("")
     return out
 
@@ -707,8 +913,12 @@ def prepare_html(ctx: dict[str, Any]) -> Callable[[list[Figure]], str]:
             num={1, 4 + with_variant, 5 + with_variant, 7 + with_variant},
         ),
     ]
+    models = []
     for model, mrecs in _records_by_model(cells).items():
-        out += [f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>', _html_model_table(mrecs, label_cols, best_keys)]
+        models += [
+            f'<h2 id="model-{_e(model)}">Model {_e(model)}</h2>',
+            _html_model_table(mrecs, label_cols, best_keys),
+        ]
     failed = _failed_rows(cells, reason_limit=MAX_REASON_HTML, one_line=False)
     tail = [*_html_trends(ctx), f'<h2 id="failed">Failed and skipped cells ({len(failed)})</h2>']
     tail.append(
@@ -722,11 +932,14 @@ def prepare_html(ctx: dict[str, Any]) -> Callable[[list[Figure]], str]:
         tail.append(_html_simple_table(list(NOTED_COLUMNS), noted, num={4}, reason={5}))
     tail += ['<h2 id="definitions">Definitions</h2>', "<ul>"] + [f"<li>{_e(d)}</li>" for d in DEFINITIONS]
     tail += ["</ul>", "</body></html>", ""]
-    before, after = "\n".join(head), "\n".join(out)
+    before, top, after = "\n".join(head), "\n".join(out), "\n".join(models)
+    searched = _search_figure_names(ctx)
 
     def finish(figures: list[Figure]) -> str:
         n_drawn = sum(f.png is not None for f in figures)
-        body = [f'<body data-figures="{n_drawn}">', after, '<h2 id="figures">Figures</h2>']
-        return "\n".join([before, *body, *(_html_figure(f) for f in figures), *tail])
+        body = [f'<body data-figures="{n_drawn}">', top, *_html_search(ctx, figures), after]
+        body.append('<h2 id="figures">Figures</h2>')
+        shown = (_html_figure(f) for f in figures if f.name not in searched)
+        return "\n".join([before, *body, *shown, *tail])
 
     return finish
