@@ -1,7 +1,7 @@
 """`harness tune SCENARIO`: the fastest cell per model and GPU count, measuring a fraction of the matrix.
 
     harness tune SCENARIO [--cluster NAME] [--results DIR] [--budget-cells N | --budget-minutes M] [--seed S]
-                          [--format table|json] [--out FILE]
+                          [--format table|json] [--out FILE] [--pack]
 
 The search is harness.tune (docs/tune.md). Exit 0 with a winner for every (model, gpus) group, 1 when a group has
 none (every candidate failed or none could run), 2 for bad input; 130 on Ctrl-C (re-run the same command to go on).
@@ -50,6 +50,11 @@ from harness.scenario.schema import load_scenario
 @click.option("--seed", type=int, default=0, show_default=True, help="orders ties and unranked candidates")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="the winners' scenario file")
+@click.option(
+    "--pack",
+    is_flag=True,
+    help="SLURM: the trials of a batch asking for the same nodes and tasks share one job (harness sweep --pack)",
+)
 def tune_command(
     scenario: str,
     cluster_name: str,
@@ -59,6 +64,7 @@ def tune_command(
     seed: int,
     fmt: str,
     out: str | None,
+    pack: bool,
 ) -> int:
     """Find the fastest configuration of SCENARIO that fits: prune by the memory model, rank by the predicted step
     time, measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
@@ -84,6 +90,8 @@ def tune_command(
     signal.signal(signal.SIGTERM, _interrupt)
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
+    if pack and cluster.executor != "slurm":
+        raise InputError([Problem("--pack", "", f"needs a SLURM profile; {cluster.name!r} runs cells locally")])
     check_writable_dir(sweep_dir(results, tune_sweep_name(sc)), option="--results")
     if out is not None:
         check_writable_dir(Path(out).resolve().parent, option="--out")
@@ -99,6 +107,7 @@ def tune_command(
             budget_minutes=budget_minutes,
             echo=echo,
             tuned_file=out,
+            pack=pack,
         )
     if fmt == "json":
         click.echo(json.dumps({**res.log, "tuned_file": str(res.tuned_file) if res.tuned_file else None}, indent=1))

@@ -9,6 +9,7 @@ every batch, atomically; the winners to `tuned.yaml`. A re-run replays the searc
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -126,8 +127,10 @@ def run_tune(
     budget_minutes: float | None = None,
     echo: Callable[[str], None] = print,
     tuned_file: str | Path | None = None,
+    pack: bool = False,
 ) -> TuneResult:
-    """Search `scenario` on `cluster`; trials and the log in RESULTS/<scenario>-tune/ (see the module docstring)."""
+    """Search `scenario` on `cluster`; trials and the log in RESULTS/<scenario>-tune/ (see the module docstring).
+    `pack` (SLURM): each batch's trials of one job shape share one job (harness sweep --pack)."""
     from harness.launch.sweep import run_sweep
 
     tune = scenario.tune or TuneSpec()
@@ -180,7 +183,8 @@ def run_tune(
             rounds = sorted({(t.round, g.final) for g, _, t in batch})
             shown = ", ".join(_round_name(r, f) for r, f in rounds)
             echo(f"tune: batch {batch_no + 1}: {len(batch)} trial(s), {shown}")
-            wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], run_sweep, echo)
+            sweep = functools.partial(run_sweep, pack=pack)
+            wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], sweep, echo)
             state["trials"] += len(batch)
             state["measured_s"] += wall
             batch_no += 1
