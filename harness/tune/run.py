@@ -340,7 +340,8 @@ def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], lo
         cell = _cell_of(g.winner.spec)
         entries.append({k: v for k, v in cell.items() if k not in SETTING_FIELDS or k in EXPLICIT or v != base[k]})
         p = f", p = {g.p_value:.3g}" if g.p_value is not None else ""
-        notes.append(f"#   {g.key[0]} on {g.key[1]} GPUs: {g.winner.label} ({g.verdict}{p})")
+        tie = f" with {g.runner_up.label}" if g.verdict == "tied" and g.runner_up is not None else ""
+        notes.append(f"#   {g.key[0]} on {g.key[1]} GPUs: {g.winner.label} ({g.verdict}{tie}{p})")
     used = {e["model"] for e in entries}
     doc: dict[str, Any] = {
         "name": f"{scenario.name}-tuned"[:64],
