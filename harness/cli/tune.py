@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from harness.cli.run import _cluster_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -25,13 +26,7 @@ from harness.scenario.schema import load_scenario
 
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option(
-    "--cluster",
-    "cluster_name",
-    default="local",
-    show_default=True,
-    help="cluster profile: a name in scenarios/clusters/ or a path",
-)
+@_cluster_option
 @click.option(
     "--results",
     default="results",

@@ -28,6 +28,7 @@ from matplotlib.ticker import StrMethodFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
+from harness.results.fastload import files_named
 
 __all__ = [
     "TUNE_LOG",
@@ -80,40 +81,10 @@ def is_tune_log(path: str | Path) -> bool:
     return os.path.basename(path) == TUNE_LOG
 
 
-def _walk(root: str, out: list[tuple[tuple[str, ...], str]], rel: tuple[str, ...] = ()) -> None:
-    """(relative parts, path) of every TUNE_LOG under root, walked as harness.results.fastload walks for records:
-    hidden entries and symlinked folders are left out."""
-    try:
-        with os.scandir(root) as it:
-            entries = list(it)
-    except (PermissionError, FileNotFoundError, NotADirectoryError):
-        return
-    for e in entries:
-        if e.name.startswith("."):
-            continue
-        if e.name == TUNE_LOG:
-            out.append(((*rel, e.name), e.path))
-        try:
-            is_dir = e.is_dir() and not e.is_symlink()
-        except OSError:
-            is_dir = False
-        if is_dir:
-            _walk(e.path, out, (*rel, e.name))
-
-
 def tune_log_files(*dirs: str | Path) -> list[str]:
-    """Paths of the tune logs under `dirs` (a dir that is itself a tune.json counts), in path order."""
-    paths: list[str] = []
-    for d in dirs:
-        d = Path(d)
-        if d.is_file():
-            if is_tune_log(d):
-                paths.append(str(d))
-            continue
-        found: list[tuple[tuple[str, ...], str]] = []
-        _walk(str(d), found)
-        paths += [p for _, p in sorted(found)]
-    return paths
+    """Paths of the tune logs under `dirs` (a dir that is itself a tune.json counts), in path order: walked as the
+    records are (hidden entries and symlinked folders left out)."""
+    return files_named(TUNE_LOG, *dirs)
 
 
 def _number(v: Any) -> bool:

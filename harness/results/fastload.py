@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import locale
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,15 @@ from harness.results.store import NOT_RECORDS, check_record
 __all__ = ["record_files", "iter_records", "read_file"]
 
 
-def _walk(root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]]) -> None:
-    """Append (relative parts, path) of every `*.json` entry under root, as Path.rglob finds them: symlinked
+def _is_record(name: str) -> bool:
+    return name.endswith(".json") and name not in NOT_RECORDS
+
+
+def _walk(
+    root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]], keep: Callable[[str], bool] = _is_record
+) -> None:
+    """Append (relative parts, path) of every entry under root whose name `keep` accepts (default: the `*.json`
+    records), as Path.rglob finds them: symlinked
     folders are not entered; hidden entries (and everything under a hidden folder) are left out here rather
     than after the walk (same result: store.iter_record_files drops any path with a hidden part)."""
     try:
@@ -36,14 +43,14 @@ def _walk(root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]
     for e in entries:
         if e.name.startswith("."):
             continue
-        if e.name.endswith(".json") and e.name not in NOT_RECORDS:
+        if keep(e.name):
             out.append(((*rel, e.name), e.path))
         try:
             is_dir = e.is_dir() and not e.is_symlink()
         except OSError:
             is_dir = False
         if is_dir:
-            _walk(e.path, (*rel, e.name), out)
+            _walk(e.path, (*rel, e.name), out, keep)
 
 
 def record_files(*dirs: str | Path) -> list[str]:
@@ -57,6 +64,23 @@ def record_files(*dirs: str | Path) -> list[str]:
         found: list[tuple[tuple[str, ...], str]] = []
         _walk(str(d), (), found)
         found.sort(key=lambda t: t[0])  # NOTE: by path parts, as sorted(Path…) orders them, not by the string
+        paths += [p for _, p in found]
+    return paths
+
+
+def files_named(name: str, *dirs: str | Path) -> list[str]:
+    """Paths of the files called `name` under `dirs` (a dir that is itself such a file counts), walked and ordered
+    as `record_files` walks for records: `harness tune`'s logs (tune.json), which are not records."""
+    paths: list[str] = []
+    for d in dirs:
+        d = Path(d)
+        if d.is_file():
+            if d.name == name:
+                paths.append(str(d))
+            continue
+        found: list[tuple[tuple[str, ...], str]] = []
+        _walk(str(d), (), found, lambda n: n == name)
+        found.sort(key=lambda t: t[0])
         paths += [p for _, p in found]
     return paths
 
