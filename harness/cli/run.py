@@ -101,13 +101,13 @@ def sweep(
             ]
         )
     check_writable_dir(sweep_dir(results, sc.name), option="--results")  # (run_sweep checks too) before any line
-    n = len(sc.expand(gpus_per_node=cluster.gpus_per_node))
+    specs, left_out = sc.expand_all(gpus_per_node=cluster.gpus_per_node)
+    n = len(specs)
     click.echo(
         f"sweep {sc.name!r}: {n} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
         + (f", {repeat} runs each" if repeat > 1 else "")
         + (", packed" if pack else "")
     )
-    left_out = sc.left_out(gpus_per_node=cluster.gpus_per_node)
     if left_out:
         more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
         click.echo(f"{len(left_out)} matrix cell(s) left out by tune.global_batch: {left_out[0][1]}{more}")

@@ -9,6 +9,7 @@ none (every candidate failed or none could run), 2 for bad input; 130 on Ctrl-C 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
@@ -91,7 +92,7 @@ def tune_command(
     if out is not None:
         check_writable_dir(Path(out).resolve().parent, option="--out")
     echo = (lambda s: click.echo(s, err=True)) if fmt == "json" else click.echo
-    ctx = stdout_to_stderr() if fmt == "json" else _nothing()
+    ctx = stdout_to_stderr() if fmt == "json" else contextlib.nullcontext()
     with ctx:
         res = run_tune(
             sc,
@@ -112,14 +113,6 @@ def tune_command(
             click.echo(f"winners: {res.tuned_file}  (harness sweep {shlex.quote(str(res.tuned_file))})")
         click.echo(f"trials and tune.json: {res.folder}/  (harness report {shlex.quote(str(results))})")
     return 0 if all(g["winner"] for g in res.log["groups"]) else 1
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 FATE_SHOWN = {

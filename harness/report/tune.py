@@ -29,6 +29,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
 from harness.results.fastload import files_named
+from harness.results.store import TUNE_LOG
 
 __all__ = [
     "TUNE_LOG",
@@ -43,8 +44,6 @@ __all__ = [
     "tune_summary",
 ]
 
-TUNE_LOG = "tune.json"
-"""the log's file name in its sweep folder; never a record"""
 TUNE_VERSION = 1
 FATES = (
     "winner",

@@ -193,7 +193,9 @@ def check_record(rec: Any) -> Record:
     return cast(Record, rec)  # NOTE: only the keys above are checked; the rest is trusted to be as Record says
 
 
-NOT_RECORDS = frozenset({"manifest.json", "tune.json"})
+TUNE_LOG = "tune.json"
+"""`harness tune`'s log in its sweep folder (harness.tune.run writes it, harness.report.tune reads it)"""
+NOT_RECORDS = frozenset({"manifest.json", TUNE_LOG})
 """JSON files a sweep folder holds beside its records: the manifest, and `harness tune`'s log"""
 
 

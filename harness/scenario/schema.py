@@ -313,13 +313,14 @@ class Scenario:
 
     def expand(self, *, gpus_per_node: int) -> list[RunSpec]:
         """RunSpecs in file order, de-duplicated by run_id. `gpus_per_node` comes from the cluster profile."""
-        return self._expand(gpus_per_node)[0]
+        return self.expand_all(gpus_per_node=gpus_per_node)[0]
 
     def left_out(self, *, gpus_per_node: int) -> list[tuple[dict[str, Any], str]]:
         """Matrix cells left out of `expand` and why: those whose grad_accum `tune.global_batch` cannot derive."""
-        return self._expand(gpus_per_node)[1]
+        return self.expand_all(gpus_per_node=gpus_per_node)[1]
 
-    def _expand(self, gpus_per_node: int) -> tuple[list[RunSpec], list[tuple[dict[str, Any], str]]]:
+    def expand_all(self, *, gpus_per_node: int) -> tuple[list[RunSpec], list[tuple[dict[str, Any], str]]]:
+        """(`expand`, `left_out`) from one pass over the cells, for a caller that needs both."""
         specs: dict[str, RunSpec] = {}
         dropped: list[tuple[dict[str, Any], str]] = []
         global_batch = self.tune.global_batch if self.tune is not None else None
@@ -668,9 +669,12 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         description=str(description),
         tune=tune,
     )
-    if tune is not None and tune.global_batch is not None and not sc.expand(gpus_per_node=1):
+    if tune is not None and tune.global_batch is not None:
         # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile
-        why = sc.left_out(gpus_per_node=1)[0][1]
+        kept, left_out = sc.expand_all(gpus_per_node=1)
+        if kept:
+            return sc
+        why = left_out[0][1]
         raise InputError([Problem(file, "tune.global_batch", f"leaves no cell: {why} (and every other cell alike)")])
     return sc
 

@@ -19,15 +19,23 @@ from typing import Any
 
 import yaml
 
+from harness.compare.metrics import METRICS_BY_NAME, metric_value
 from harness.core.errors import InputError, Problem
-from harness.results.store import atomic_write_json, atomic_write_text, read_record, record_path, sweep_dir, utc_now
+from harness.results.store import (
+    TUNE_LOG,
+    atomic_write_json,
+    atomic_write_text,
+    read_record,
+    record_path,
+    sweep_dir,
+    utc_now,
+)
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec, Scenario
 from harness.scenario.tune import TuneSpec
 from harness.tune.search import METRIC, Candidate, Group, rank_candidates, search_cost
 
 TUNE_VERSION = 1
-TUNE_LOG = "tune.json"
 TUNED_FILE = "tuned.yaml"
 EXPLICIT = ("micro_batch", "grad_accum", "activation_checkpointing")
 """settings a winner's entry in tuned.yaml always names: what the search chose, even where it is the default"""
@@ -38,10 +46,6 @@ class TuneResult:
     log: dict[str, Any]
     folder: Path
     tuned_file: Path | None
-
-    @property
-    def found(self) -> bool:
-        return any(g["winner"] for g in self.log["groups"])
 
 
 def tune_sweep_name(scenario: Scenario) -> str:
@@ -54,7 +58,7 @@ def least_budget(groups: int, tune: TuneSpec) -> int:
 
 
 def build_groups(
-    scenario: Scenario, cluster: Cluster, *, seed: int, budget_cells: int | None, cap: Any = None
+    scenario: Scenario, cluster: Cluster, *, seed: int, budget_cells: int | None
 ) -> tuple[list[Group], list[tuple[dict[str, Any], str]]]:
     """The search's groups with every candidate pruned or ranked, and the matrix cells left out (global batch).
     Raises InputError when the budget cannot judge even two candidates per group."""
@@ -63,12 +67,10 @@ def build_groups(
     from harness.plan.time import time_prediction
 
     tune = scenario.tune or TuneSpec()
-    specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
-    left_out = scenario.left_out(gpus_per_node=cluster.gpus_per_node)
-    if cap is None:
-        from harness.launch.local.launchers import local_gpus
+    from harness.launch.local.launchers import local_gpus
 
-        cap = capacity(cluster, gpus=local_gpus)
+    specs, left_out = scenario.expand_all(gpus_per_node=cluster.gpus_per_node)
+    cap = capacity(cluster, gpus=local_gpus)
     plans = {p["run_id"]: p for p in plan_cells(specs, cluster, cap=cap)}
     usable = usable_memory_gib(cluster)
     limit = usable * (1.0 - tune.memory_headroom) if usable is not None else None
@@ -109,7 +111,7 @@ def build_groups(
     for key, cands in by_group.items():
         rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
         rank_candidates(cands, objective=tune.objective, predict_twin=lambda s: time_prediction(s, cluster), rng=rng)
-        groups.append(Group(key, cands, tune=tune, n0=n0, final_steps=_final_steps(cands), rng=rng))
+        groups.append(Group(key, cands, tune=tune, n0=n0, final_steps=_final_steps(cands)))
     return groups, left_out
 
 
@@ -317,11 +319,8 @@ def _outcomes(
             out[(t.spec.run_id, t.repeat)] = ("missing", None, f"no record: {e}")
             continue
         status = str(rec.get("status"))
-        m = rec.get("metrics") or {}
-        v = m.get(metric)
-        if isinstance(v, dict):
-            v = v.get("median")
-        value = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+        v = metric_value(rec, METRICS_BY_NAME[metric])  # NOTE: compare's reader: the same value compare judges
+        value = v if v is not None and v > 0 else None
         out[(t.spec.run_id, t.repeat)] = (status, value, str(rec.get("reason") or ""))
     return out
 

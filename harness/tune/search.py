@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.scenario.schema import SETTING_DEFAULTS, RunSpec
+from harness.scenario.schema import RunSpec
 from harness.scenario.tune import TuneSpec
 
 METRIC = {"throughput": ("tokens_per_s_per_gpu", "higher"), "step_time": ("step_time_s", "lower")}
@@ -100,7 +100,7 @@ class Candidate:
         vals = self.ok_values(self.round)
         return statistics.median(vals) if vals else None
 
-    def to_dict(self, better: str) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         spec = self.spec
         mem = self.plan.get("memory_gib")
         return {
@@ -182,19 +182,15 @@ class Group:
         tune: TuneSpec,
         n0: int,
         final_steps: int,
-        rng: random.Random,
     ) -> None:
         self.key, self.candidates, self.tune = key, candidates, tune
         self.metric, self.better = METRIC[tune.objective]
-        self.rng = rng
         self.pool = [c for c in candidates if c.fate == "unmeasured"]
         self.n0 = min(n0, len(self.pool))
         self.steps = steps_schedule(max(self.n0, 1), final_steps)
         self.round = 0
         self.alive: list[Candidate] = []
         self.final = False
-        self.runs = 0
-        """runs each finalist has (the confirm stage)"""
         self.verdict: str | None = None
         self.p_value: float | None = None
         self.winner: Candidate | None = None
@@ -376,7 +372,7 @@ class Group:
             "runner_up": self.runner_up.spec.run_id if self.runner_up else None,
             "first_round": self.n0,
             "steps": self.steps,
-            "candidates": [c.to_dict(self.better) for c in _shown_order(self)],
+            "candidates": [c.to_dict() for c in _shown_order(self)],
         }
 
 
@@ -442,7 +438,3 @@ def rank_candidates(
     rng.shuffle(unranked)
     rest = [c for c in cands if c.fate != "unmeasured"]
     cands[:] = ranked + unranked + rest
-
-
-def default_settings() -> dict[str, Any]:
-    return dict(SETTING_DEFAULTS)

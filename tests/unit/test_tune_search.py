@@ -86,7 +86,7 @@ def test_a_clear_best_wins_ahead_and_the_rounds_halve():
     best = min(cands[:8], key=lambda c: c.predicted_rank)  # NOTE: the prediction is upside down in the first 8
     truth[best.spec.run_id] = 5000.0
     noise = random.Random(1)
-    g = Group(("tiny", 2), cands, tune=TuneSpec(first_round=8), n0=8, final_steps=8, rng=random.Random(0))
+    g = Group(("tiny", 2), cands, tune=TuneSpec(first_round=8), n0=8, final_steps=8)
     launched = drive(g, lambda c, t: truth[c.spec.run_id] * (1 + 0.02 * noise.random()))
     assert g.verdict == "ahead" and g.winner is best
     per_round = [sum(1 for _, t in launched if t.round == r) for r in range(3)]
@@ -108,7 +108,7 @@ def test_two_equal_finalists_are_tied_after_max_runs():
     rank_candidates(cands, objective="throughput", predict_twin=lambda s: {}, rng=random.Random(0))
     noise = random.Random(2)
     tune = TuneSpec(first_round=4, confirm_runs=3, max_runs=5)
-    g = Group(("tiny", 2), cands, tune=tune, n0=4, final_steps=8, rng=random.Random(0))
+    g = Group(("tiny", 2), cands, tune=tune, n0=4, final_steps=8)
     launched = drive(g, lambda c, t: 1000.0 * (1 + 0.1 * noise.random()))
     assert g.verdict == "tied" and g.p_value is not None and g.p_value >= 0.05
     assert len(g.winner.ok_values(g.round)) == 5 and len(g.runner_up.ok_values(g.round)) == 5
@@ -130,7 +130,7 @@ def test_a_failing_trial_is_replaced_and_an_oom_drops_the_cells_that_need_more_m
     first = cands[0]  # predicted best: measured first, and it runs out of memory
     assert (first.spec.strategy, first.spec.settings.micro_batch) == ("ddp", 1)
     s = first.spec.settings
-    g = Group(("tiny", 2), cands, tune=TuneSpec(first_round=4), n0=4, final_steps=8, rng=random.Random(0))
+    g = Group(("tiny", 2), cands, tune=TuneSpec(first_round=4), n0=4, final_steps=8)
     launched = drive(
         g,
         lambda c, t: 1000.0 + (c.predicted_rank or 0),
