@@ -44,7 +44,7 @@ from harness.report.frame import (
 from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
 from harness.report.trends import trends_figure
-from harness.report.tune import is_tune_log, read_tune_files, tune_figure, tune_figure_names, tune_log_files
+from harness.report.tune import is_tune_log, read_tune_logs, tune_figure, tune_figure_names
 from harness.results.fastload import read_file, record_files
 from harness.results.store import read_record
 
@@ -236,7 +236,7 @@ def build_report(
     out_path = Path(out) if out is not None else None
     _check_inputs(paths_in, out_path)
     df, warnings, n_unreadable = _load(paths_in)
-    tune_logs = read_tune_files(tune_log_files(*paths_in), warnings)
+    tune_logs = read_tune_logs(paths_in, warnings=warnings)
     timings["load"] = time.perf_counter() - t0
     result: dict[str, Any] = {
         "out": None,

@@ -27,6 +27,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import StrMethodFormatter
 from matplotlib.transforms import blended_transform_factory
 
+from harness.compare.metrics import finite_number
 from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
 from harness.results.fastload import files_named
 from harness.results.store import TUNE_LOG
@@ -87,7 +88,7 @@ def tune_log_files(*dirs: str | Path) -> list[str]:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return finite_number(v) is not None
 
 
 def _check(ok: bool, where: str, value: Any, what: str) -> None:
