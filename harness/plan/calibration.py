@@ -148,9 +148,16 @@ def mismatch_reason(data: dict[str, Any], cluster: Cluster) -> str | None:
     """Why a calibration does not describe this cluster (and, for a local profile, this host), or None."""
     if data.get("cluster") != cluster.name:
         return f"it calibrates cluster {data.get('cluster')!r}, not {cluster.name!r}"
+    fp = data.get("fingerprint") or {}
+    # NOTE: a file from before the key was measured with glibc's defaults
+    measured_with = fp.get("cpu_allocator", "system")
+    if cluster.device == "cpu" and measured_with != cluster.cpu_allocator:
+        return (
+            f"it was measured with cpu_allocator {measured_with!r} and the profile now says "
+            f"{cluster.cpu_allocator!r} (freed memory kept or not changes every step's time on a CPU)"
+        )
     if cluster.executor != "local":
         return None
-    fp = data.get("fingerprint") or {}
     here = host_fingerprint()
     differs = [k for k in MATCH_KEYS if fp.get(k) != here[k]]
     if differs:
@@ -570,7 +577,7 @@ def rates_for(cluster: Cluster, *, force: bool = False) -> Rates:
             stamps.append((str(path), path.stat().st_mtime_ns))
         except OSError:
             stamps.append((str(path), None))
-    key = (cluster.name, cluster.path, cluster.executor, cluster.device, tuple(stamps), force)
+    key = (cluster.name, cluster.path, cluster.executor, cluster.device, cluster.cpu_allocator, tuple(stamps), force)
     hit = _RATES.get(key)
     if hit is None:
         found = find_calibration(cluster, force=force)
@@ -615,7 +622,7 @@ def example_calibration(
         for link, ranks in (("self", (1,)), ("intra", (2, 4, 8)), ("inter", (2, 4, 8)))
         for n in ranks for c in BUS_FACTORS
     ]  # fmt: skip
-    fp = dict(host_fingerprint(), device=device, device_name=None)
+    fp = dict(host_fingerprint(), device=device, device_name=None, cpu_allocator="caching")
     fp.update(fingerprint or {})
     return {
         "format": FORMAT,

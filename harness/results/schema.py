@@ -234,6 +234,9 @@ class Env(TypedDict):
     """times SLURM requeued the job (count); only under SLURM"""
     prefork: NotRequired[bool]
     """the ranks were forked from the sweep's warm interpreter"""
+    cpu_allocator: NotRequired[str]
+    """what rank 0's malloc does with freed memory: 'caching (glibc ... mallopt ...)' or 'system ...' on a CPU
+    (the profile's cpu_allocator, harness.worker.allocator); the CUDA caching allocator on a GPU"""
     deepspeed_config: NotRequired[dict[str, Any]]
     """the config DeepSpeed ran with (ZeRO cells)"""
     backend: str
@@ -538,6 +541,8 @@ class PayloadCluster(TypedDict):
     """collective watchdog of every process group (s)"""
     env: dict[str, str]
     """environment variables set in each rank (unless already set)"""
+    cpu_allocator: NotRequired[str]
+    """'caching' or 'system': what a CPU rank's malloc does with freed memory (harness.worker.allocator)"""
 
 
 class PackPlace(TypedDict):

@@ -17,6 +17,7 @@ from harness.scenario.schema import NAME_RE, load_yaml
 CLUSTERS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "clusters"
 EXECUTORS = ("local", "slurm")
 DEVICES = ("cpu", "cuda")
+CPU_ALLOCATORS = ("caching", "system")
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,9 @@ class Cluster:
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
     """environment variables set in every rank (NCCL_* and friends)"""
+    cpu_allocator: str = "caching"
+    """CPU ranks (and the calibration): 'caching' keeps freed memory in the process, as PyTorch's CUDA allocator
+    does on a GPU; 'system' leaves glibc's defaults (harness.worker.allocator)"""
     slurm: SlurmProfile = field(default_factory=SlurmProfile)
     """how cells' jobs are requested when executor is slurm (partition, account, time limits, ...)"""
     performance: Performance = field(default_factory=Performance)
@@ -279,6 +283,7 @@ CLUSTER_KEYS = (
     "pg_timeout_s",
     "max_local_ranks",
     "env",
+    "cpu_allocator",
     "slurm",
     "performance",
 )
@@ -316,6 +321,8 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
                 "only for executor: local (a SLURM profile limits a cell by slurm.max_nodes x gpus_per_node)",
             )
         )
+    if doc.get("cpu_allocator", "caching") not in CPU_ALLOCATORS:
+        problems.append(Problem(file, "cpu_allocator", one_of(doc.get("cpu_allocator"), CPU_ALLOCATORS)))
     if doc.get("env") is not None and not isinstance(doc.get("env"), dict):
         problems.append(Problem(file, "env", "must be a mapping"))
     slurm = parse_slurm(doc.get("slurm"), file, problems)
@@ -338,6 +345,7 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         max_local_ranks=max_local,
         description=doc.get("description", "") or "",
         env={str(k): str(v) for k, v in env.items()},
+        cpu_allocator=doc.get("cpu_allocator", "caching"),
         slurm=slurm,
         performance=performance,
     )

@@ -479,7 +479,7 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
 # the processes
 
 
-def fingerprint(device: torch.device, backend: str) -> dict[str, Any]:
+def fingerprint(device: torch.device, backend: str, cpu_allocator: str) -> dict[str, Any]:
     fp = host_fingerprint()
     fp.update(
         device=device.type,
@@ -488,6 +488,7 @@ def fingerprint(device: torch.device, backend: str) -> dict[str, Any]:
         backend=backend,
         threads_per_rank=torch.get_num_threads(),
         torch_full=torch.__version__,
+        cpu_allocator=cpu_allocator,
     )
     return fp
 
@@ -529,9 +530,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _allocator(cluster_path: str) -> str:
+    """The profile's cpu_allocator, applied to this process as the worker applies it to every rank."""
+    from harness.scenario.cluster import load_cluster
+    from harness.worker import allocator
+
+    cluster = load_cluster(cluster_path)
+    allocator.apply(cluster.cpu_allocator, cluster.device)
+    return cluster.cpu_allocator
+
+
 def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    cpu_allocator = _allocator(cluster_path)
     device = _device(cluster_path)
     from harness.scenario.cluster import load_cluster
 
@@ -549,7 +561,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
     partial: dict[str, Any] = {
         "format": FORMAT,
         "cluster": cluster.name,
-        "fingerprint": fingerprint(device, "nccl" if device.type == "cuda" else "gloo"),
+        "fingerprint": fingerprint(device, "nccl" if device.type == "cuda" else "gloo", cpu_allocator),
         "compute": compute,
         "comm": comm,
         "sharing": sharing,
@@ -564,6 +576,7 @@ def run_collectives(cluster_path: str, out: Path, *, quick: bool, link: str) -> 
 
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _allocator(cluster_path)
     device = _device(cluster_path)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _init_group(device, rank=rank, world=world)

@@ -145,6 +145,9 @@ def run(
 
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    from harness.worker import allocator
+
+    allocator_used = allocator.apply(cluster.get("cpu_allocator", "caching"), cluster.get("device", "cpu"))
 
     spec = RunSpec.from_dict(payload["spec"])
     s = spec.settings
@@ -193,6 +196,7 @@ def run(
             timed=timed,
             ranks=ranks,
             comm_summary=comm_summary,
+            allocator=allocator_used,
         )
         write_record(payload["results"], record)
         return record
@@ -433,6 +437,7 @@ def _complete_record(
     timed: _Timed,
     ranks: _OverRanks,
     comm_summary: dict,
+    allocator: str,
 ) -> None:
     """Rank 0: the record's env, metrics, comm and status (nan when a loss is not finite), from what the ranks
     measured."""
@@ -447,6 +452,7 @@ def _complete_record(
     mem, dynamo, peaks, per_rank_losses = timed.mem, timed.dynamo, ranks.peaks, ranks.per_rank_losses
     env = envmod.capture(device.type)
     env["prefork"] = forked  # forked from the sweep's warm interpreter, not started cold
+    env["cpu_allocator"] = allocator  # what this rank's malloc does with freed memory (harness.worker.allocator)
     if getattr(trainer, "config", None) is not None:
         env["deepspeed_config"] = trainer.config
     env.update(

@@ -45,7 +45,14 @@ def test_forked_ranks_measure_what_cold_ranks_measure(strategy, zygote, results,
     cold = run_cell(spec, results / "cold")
     assert (warm["status"], cold["status"]) == ("ok", "ok"), (warm.get("reason"), cold.get("reason"))
     assert (warm["env"]["prefork"], cold["env"]["prefork"]) == (True, False)
+    # a forked rank keeps its freed memory as a cold one does: mallopt runs in the rank, not via MALLOC_* variables
+    # that only a fresh process would read (harness.worker.allocator)
+    assert (
+        warm["env"]["cpu_allocator"].startswith("caching (glibc ")
+        and cold["env"]["cpu_allocator"] == warm["env"]["cpu_allocator"]
+    )
     assert warm["metrics"]["losses"] == cold["metrics"]["losses"]  # bit for bit: same process state, same math
+
     def counts(rec: dict) -> dict:
         return {k: (v["calls"], v["bytes"], v["dtype"]) for k, v in rec["comm"]["by_collective"].items()}
 
@@ -65,8 +72,9 @@ def test_forked_rank_failures_are_classified_as_before(fault, status, zygote, re
 def test_a_killed_cell_takes_its_forked_ranks_with_it(zygote, results):
     """A hung cell past its time limit: the launcher kills the rank stubs; the ranks, children of the zygote,
     go too (the stubs' process group, and each rank's lifeline pipe), and the zygote reaps them."""
-    spec = make_spec(strategy="ddp", warmup_steps=2, measure_steps=2, time_limit_s=20,
-                     inject={"fault": "hang", "rank": 0, "step": 2})
+    spec = make_spec(
+        strategy="ddp", warmup_steps=2, measure_steps=2, time_limit_s=20, inject={"fault": "hang", "rank": 0, "step": 2}
+    )
     rec = run_cell(spec, results)
     assert rec["status"] == "timeout", rec.get("reason")
     assert _children_gone(zygote)
@@ -93,8 +101,15 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
         results.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"]), WORLD_SIZE="2")
-        stubs = [subprocess.Popen([sys.executable, "-m", "harness.launch.entry", str(path)], env=dict(env, RANK=str(r)),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+        stubs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "harness.launch.entry", str(path)],
+                env=dict(env, RANK=str(r)),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for r in range(2)
+        ]
         z = psutil.Process(zpid)
         deadline = time.time() + 120
         while len(z.children()) < 2 and time.time() < deadline:

@@ -52,6 +52,7 @@ def make_payload(
             "device": cluster.device,
             "pg_timeout_s": cluster.pg_timeout_s,
             "env": cluster.env,
+            "cpu_allocator": cluster.cpu_allocator,
         },
         "git_sha": sha,
         "predicted": predicted,
