@@ -65,6 +65,22 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(steal, total) CPU time of this machine so far, in jiffies (/proc/stat): steal is time the hypervisor gave to
+    another guest while this one wanted to run, the noise no calibration can foresee."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (vals[7] if len(vals) > 7 else 0), sum(vals[:8])
+
+
+def steal_since(start: tuple[int, int]) -> str:
+    steal, total = (a - b for a, b in zip(cpu_jiffies(), start))
+    return f"steal {100.0 * steal / total:.1f} % of CPU time" if total > 0 else "steal unknown"
+
+
 def harness(*args: str) -> int:
     return subprocess.run([sys.executable, "-m", "harness.cli", *args]).returncode
 
@@ -85,17 +101,18 @@ def main() -> None:
     args = ap.parse_args()
     cluster = load_cluster(args.cluster)
     print(f"start: {load()}", flush=True)
-    t0 = time.perf_counter()
+    t0, j0 = time.perf_counter(), cpu_jiffies()
     if not (args.skip_calibrate and find_calibration(cluster) is not None):
         rc = harness("calibrate", "--cluster", args.cluster, *(["--quick"] if args.quick_calibrate else []))
         if rc:
             sys.exit(f"harness calibrate failed (exit {rc})")
     t_cal = time.perf_counter() - t0
     results = Path(args.results or tempfile.mkdtemp(prefix="bench-time-model-"))
-    print(f"calibration {t_cal:.0f} s; sweeping into {results}; {load()}", flush=True)
-    t1 = time.perf_counter()
+    print(f"calibration {t_cal:.0f} s ({steal_since(j0)}); sweeping into {results}; {load()}", flush=True)
+    t1, j1 = time.perf_counter(), cpu_jiffies()
     harness("sweep", args.scenario, "--cluster", args.cluster, "--results", str(results))
     t_sweep = time.perf_counter() - t1
+    sweep_steal = steal_since(j1)
     records, _ = load_records(results)
     rows = []
     for r in records:
@@ -128,8 +145,10 @@ def main() -> None:
     for prec in ("fp32", "bf16"):
         sub = [x for x in rows if x[2] == prec]
         if sub:
-            print(f"  {prec:6} {len(sub):3d} cells: MAPE {mape([x[4] for x in sub], [x[5] for x in sub]):.1f} %")
-    print(f"calibration {t_cal:.0f} s, sweep {t_sweep:.0f} s; end: {load()}")
+            bias = 100.0 * statistics.median(x[4] / x[5] - 1 for x in sub)
+            print(f"  {prec:6} {len(sub):3d} cells: MAPE {mape([x[4] for x in sub], [x[5] for x in sub]):.1f} %, "
+                  f"median signed error {bias:+.1f} %")  # fmt: skip
+    print(f"calibration {t_cal:.0f} s, sweep {t_sweep:.0f} s ({sweep_steal}); end: {load()}")
 
 
 if __name__ == "__main__":

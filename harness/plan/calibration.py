@@ -348,6 +348,13 @@ class Rates:
             return True
         return self.host_cores is not None and ranks_on_host < self.host_cores
 
+    def sync_wait_s(self, *, ranks_on_host: int) -> float:
+        """Seconds each collective call waits, beyond its own time, for ranks the host's scheduler has not run yet:
+        on a CPU host with more ranks than cores, ranks that compute between collectives reach each one at
+        different moments. Measured by the calibration (harness.worker.calibrate.measure_sharing); 0 without a
+        measurement and on GPUs."""
+        return 0.0
+
 
 FRAMEWORK_KEYS = {
     "ddp": "ddp",
@@ -403,8 +410,15 @@ class CalibratedRates(Rates):
             for kind, probe in probes.items():
                 if not all(probe in e for e in shared.values()):
                     continue  # NOTE: a file from before that probe: share() falls back to the fp32 figure
+                slowdown = probe.replace("_s", "_slowdown")
                 base = shared[1][probe]
-                self._sharing[kind] = sorted((r, max(1.0, e[probe] / base)) for r, e in shared.items())
+                # the slowdown measured against the rank alone in the same minute; a file from before that pairing
+                # has only each count's own time, divided by the one-rank figure
+                self._sharing[kind] = sorted(
+                    (r, max(1.0, e[slowdown] if slowdown in e else e[probe] / base)) for r, e in shared.items()
+                )
+        waits = [(r, e["sync_wait_s"]) for r, e in shared.items() if r > 1 and "sync_wait_s" in e]
+        self._sync_wait: list[tuple[int, float]] = sorted([(1, 0.0), *waits]) if waits else []
         self._comm: dict[tuple[str, str, str], list[CollectiveCurve]] = {}
         self._comm_memo: dict[tuple, float] = {}
         for e in d.get("comm", []):
@@ -417,6 +431,18 @@ class CalibratedRates(Rates):
                 busbw_gbps=e["busbw_gbps"],
             )
             self._comm.setdefault((e["link"], e["collective"], e.get("dtype", "float32")), []).append(curve)
+
+    def sync_wait_s(self, *, ranks_on_host: int) -> float:
+        """The measured wait per collective call at `ranks_on_host` ranks: linear between measured counts (0 at one
+        rank), and beyond the largest proportional to the ranks."""
+        pts = self._sync_wait
+        if not pts or self.device != "cpu" or ranks_on_host <= 1:
+            return 0.0
+        for (r0, w0), (r1, w1) in zip(pts, pts[1:]):
+            if ranks_on_host <= r1:
+                return w0 + (w1 - w0) * (ranks_on_host - r0) / (r1 - r0)
+        r_max, w_max = pts[-1]
+        return w_max * ranks_on_host / r_max
 
     def share(self, kind: str, *, ranks: int) -> float:
         """The measured slowdown at `ranks` ranks on the host (harness.worker.calibrate.measure_sharing): linear

@@ -420,6 +420,9 @@ def _timed_calls(spec: RunSpec, cluster: Cluster, rates: Rates) -> tuple[list[tu
     sizes = _group_ranks(spec)
     on_host = ranks_on_host(spec, cluster)
     groups: dict[tuple[str, int], tuple[int, str, float]] = {}
+    # each collective call also waits for the ranks the host's scheduler has not run yet (a CPU host with more
+    # ranks than cores; 0 elsewhere)
+    wait = rates.sync_wait_s(ranks_on_host=on_host)
     calls = []
     collective_s, new = rates.collective_s, tuple.__new__  # NOTE: bound once: ~10^5 items per plan
     for it, unit, phase in _item_meta(led):
@@ -439,7 +442,7 @@ def _timed_calls(spec: RunSpec, cluster: Cluster, rates: Rates) -> tuple[list[tu
         else:
             sec = stretch * collective_s(
                 it.collective, link=link, ranks=ranks, nbytes=it.bytes_per_call, dtype=it.dtype
-            )
+            ) + (wait if ranks > 1 else 0.0)
         calls.append((new(Coll, (it.what, it.collective, it.bytes_per_call, ranks, sec, unit, phase)), it.calls))
     total = float(sum(c.seconds * n for c, n in calls))
     _CALLS[key] = (led, calls, total)

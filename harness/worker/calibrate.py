@@ -255,11 +255,14 @@ def measure_optimizer(device: torch.device) -> dict:
 
 
 def measure_sharing(device: torch.device) -> dict:
-    """Seconds of four probes while every rank of the current group runs them at the same moment: a GEMM in fp32 and
-    one in bf16 (compute bound), an elementwise product on 16 MiB operands (memory bound) and an AdamW step over 4M
-    elements. Their ratio
-    to the one-rank figures is how much a rank slows when the cell's ranks share the host (cores, caches, memory
-    bandwidth); the maximum over ranks, each the median of its repetitions."""
+    """How much a rank slows when the cell's ranks share the host (cores, caches, memory bandwidth), for four probes:
+    a GEMM in fp32 and one in bf16 (compute bound), an elementwise product on 16 MiB operands (memory bound) and an
+    AdamW step over 4M elements. Each repetition times the probe twice, back to back: on rank 0 alone while the
+    other ranks wait at a barrier (`<probe>_alone`), then on every rank of the group at the same moment
+    (`<probe>`, the maximum over ranks); the slowdown (`<probe>_slowdown`) is the median over repetitions of their
+    ratio. Paired in time, a change in the machine's load between the parts of a calibration cannot pass for
+    sharing: a one-rank baseline measured minutes before the group's figures did (one calibration put fp32 GEMMs at
+    1.02x on 2 ranks of this 2-core host, others at 1.16-1.38x)."""
     import torch.distributed as dist
 
     from harness.worker.strategies.base import adamw
@@ -280,7 +283,18 @@ def measure_sharing(device: torch.device) -> dict:
         "elementwise_s": functools.partial(torch.mul, x, y),
         "optimizer_s": opt.step,
     }
-    out: dict[str, Any] = {"ranks": dist.get_world_size()}
+    world, rank = dist.get_world_size(), dist.get_rank()
+    reps = 5
+
+    def sample(fn: Callable[[], Any], inner: int) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        return (time.perf_counter() - t0) / inner
+
+    out: dict[str, Any] = {"ranks": world}
     for name, fn in probes.items():
         fn()
         # NOTE: each sample repeats the probe for ~0.2 s: a lone 10 ms call on a busy host measures the scheduler's
@@ -291,24 +305,68 @@ def measure_sharing(device: torch.device) -> dict:
         once = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
         dist.all_reduce(once, op=dist.ReduceOp.MAX)
         inner = max(1, int(0.2 / max(float(once.item()), 1e-6)))
-        reps = []
-        for _ in range(5):
+        alone, together = [], []
+        for _ in range(reps):
+            if world > 1:
+                dist.barrier()
+                alone.append(sample(fn, inner) if rank == 0 else 0.0)
             dist.barrier()
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            _sync(device)
-            reps.append((time.perf_counter() - t0) / inner)
-        med = torch.tensor([statistics.median(reps)], dtype=torch.float64, device=device)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        out[name] = float(med.item())
-    if dist.get_rank() == 0:
+            together.append(sample(fn, inner))
+        both = torch.tensor(together + (alone or together), dtype=torch.float64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)  # together: the slowest rank; alone: rank 0's (others sent 0)
+        t_together, t_alone = both[:reps].tolist(), both[reps:].tolist()
+        out[name] = statistics.median(t_together)
+        out[name.replace("_s", "_alone_s")] = statistics.median(t_alone)
+        out[name.replace("_s", "_slowdown")] = statistics.median(t / a for t, a in zip(t_together, t_alone))
+    if world > 1:
+        out["sync_wait_s"] = measure_sync_wait(functools.partial(torch.mm, a, b.t()), device)
+    if rank == 0:
         progress(
-            f"sharing on {out['ranks']} rank(s): gemm {out['gemm_s'] * 1e3:.1f} ms, elementwise "
-            f"{out['elementwise_s'] * 1e3:.1f} ms, optimizer {out['optimizer_s'] * 1e3:.1f} ms per rank"
+            f"sharing on {world} rank(s): gemm {out['gemm_slowdown']:.2f}x, bf16 gemm "
+            f"{out['gemm_bfloat16_slowdown']:.2f}x, elementwise {out['elementwise_slowdown']:.2f}x, optimizer "
+            f"{out['optimizer_slowdown']:.2f}x the rank alone"
+            + (f"; {out['sync_wait_s'] * 1e3:.2f} ms wait per collective" if world > 1 else "")
         )
     return out
+
+
+def measure_sync_wait(gemm: Callable[[], Any], device: torch.device, *, calls: int = 8, reps: int = 3) -> float:
+    """Seconds each collective waits for the ranks the host has not run yet, beyond its own time. Every rank of the
+    group alternates ~20 ms of GEMMs with a 1 KiB all_reduce, `calls` times, as a training step alternates compute
+    with collectives; the same loop without the all_reduces and the all_reduces without the compute are timed too
+    (each the slowest rank's time), and the wait is the excess of the first over the other two, per call (the
+    median of `reps`, at least 0). On a host with a core per rank it is about 0; with more ranks than cores a rank
+    reaches each collective when the scheduler has run it, and the others wait for it."""
+    import torch.distributed as dist
+
+    small = torch.zeros(256, device=device)
+    t0 = time.perf_counter()
+    gemm()
+    _sync(device)
+    once = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(once, op=dist.ReduceOp.MAX)
+    inner = max(1, int(0.02 / max(float(once.item()), 1e-6)))
+
+    def loop(compute: bool, comm: bool) -> float:
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            if compute:
+                for _ in range(inner):
+                    gemm()
+            if comm:
+                dist.all_reduce(small)
+        _sync(device)
+        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        return float(took.item())
+
+    waits = []
+    for _ in range(reps):
+        both, compute_only, comm_only = loop(True, True), loop(True, False), loop(False, True)
+        waits.append(max(0.0, (both - compute_only - comm_only) / calls))
+    return statistics.median(waits)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,10 +458,11 @@ def measure_collectives(*, link: str, device: torch.device, quick: bool) -> list
 
 def measure_framework(cluster_path: str, partial: dict, device: torch.device, *, quick: bool) -> dict:
     """Per-step, per-block and per-parameter overhead of each strategy family beyond what the time model prices: the
-    real strategy on a one-rank group steps three tiny models in alternation (one and three blocks of d_model 64,
-    one block of d_model 256: 9x the parameters; seq 64, so every GEMM lies inside the calibrated grid); each step's
-    time minus the model's prediction with the framework term at zero, solved for the three terms from the paired
-    differences."""
+    real strategy on a one-rank group steps three models in alternation (one and three blocks of d_model 64, and one
+    block of d_model 512 with a 4096-token vocabulary: 7.4M parameters, 60x the first, so the per-parameter term is
+    measured at the sizes it is used at, out of the caches, instead of extrapolated from a tiny model; `quick`: one
+    block of d_model 256, 1.0M; seq 64, so every GEMM lies inside the calibrated grid); each step's time minus the
+    model's prediction with the framework term at zero, solved for the three terms from the paired differences."""
     from harness.core.zoo import ModelConfig
     from harness.plan.calibration import CalibratedRates, Found
     from harness.plan.time import predict_time
@@ -419,11 +478,19 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
     rates = CalibratedRates(Found(Path("(this calibration)"), data, None))
     out: dict[str, dict] = {}
     rounds = 4 if quick else 8
-    # three tiny models: one block, three blocks, one wide block (9x the parameters; every GEMM inside the grid)
+    # one block, three blocks, one wide block with many parameters (every GEMM inside the grid)
+    # NOTE: the wide model used to be d_model 256 and vocab 512 (1.0M parameters): the per-parameter term, measured
+    # over 0.9M parameters, moved 2-3x between calibrations (zero3 fp32: 16.1 and 6.6 ns), and a 12M-parameter
+    # model's step with it by 130 ms
+    wide = (
+        ModelConfig(d_model=256, n_layers=1, n_heads=4, ffn=688, vocab=512)
+        if quick
+        else ModelConfig(d_model=512, n_layers=1, n_heads=8, ffn=1376, vocab=4096)
+    )
     models = {
         "one": (ModelConfig(d_model=64, n_layers=1, n_heads=4, ffn=176, vocab=512), 64),
         "three": (ModelConfig(d_model=64, n_layers=3, n_heads=4, ffn=176, vocab=512), 64),
-        "wide": (ModelConfig(d_model=256, n_layers=1, n_heads=4, ffn=688, vocab=512), 64),
+        "wide": (wide, 64),
     }
     for strategy in FRAMEWORK_STRATEGIES:
         for prec in precisions:

@@ -36,6 +36,11 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch):
     for e in data["comm"]:  # busbw at each size is algbw × the nccl-tests factor
         for nbytes, t, bus in zip(e["sizes"], e["times"], e["busbw_at_sizes_gbps"]):
             assert bus == pytest.approx(cal.busbw_gbps(e["collective"], e["ranks"], nbytes, t))
+    # sharing: every probe on 2 ranks carries its slowdown against rank 0 alone, timed in the same repetitions
+    two = next(e for e in data["sharing"] if e["ranks"] == 2)
+    for probe in ("gemm", "gemm_bfloat16", "elementwise", "optimizer"):
+        assert two[f"{probe}_s"] > 0 and two[f"{probe}_alone_s"] > 0 and two[f"{probe}_slowdown"] > 0
+    assert two["sync_wait_s"] >= 0.0  # the wait per collective for ranks not yet run (measure_sync_wait)
     rates = cal.rates_for(cluster)
     assert rates.source.startswith(f"calibrated {path}")
     pred = predict_time(make_spec(strategy="fsdp.full_shard", gpus=2, model="125m", seq_len=128), cluster, rates)

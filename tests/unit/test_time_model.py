@@ -367,6 +367,56 @@ def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
     assert one["time_s"]["compute"] == pytest.approx(comp.total)
 
 
+def test_a_paired_slowdown_wins_over_times_measured_minutes_apart(cal_dir):
+    """measure_sharing times each probe on rank 0 alone and on every rank together, back to back, and stores the
+    median ratio: that figure is the slowdown, not the group's time over a one-rank time measured minutes earlier
+    under another load (here 1.0 ms then: the ratio of times would say 2.0x, the paired ratio says 1.3x)."""
+    data = cal.example_calibration("local")
+    data["sharing"] = [
+        {"ranks": 1, "gemm_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+        {"ranks": 2, "gemm_s": 2.0, "gemm_alone_s": 1.5, "gemm_slowdown": 1.3,
+         "elementwise_s": 2.0, "elementwise_slowdown": 1.6, "optimizer_s": 2.0, "optimizer_slowdown": 0.9},
+    ]  # fmt: skip
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    rates = cal.rates_for(load_cluster("local"))
+    assert rates.share("compute", ranks=2) == pytest.approx(1.3)
+    assert rates.share("memory", ranks=2) == pytest.approx(1.6)
+    assert rates.share("optimizer", ranks=2) == 1.0  # never below the rank alone
+
+
+def test_each_collective_call_waits_the_measured_sync_wait_on_a_crowded_host(cal_dir):
+    """measure_sync_wait's figure (the wait per collective for ranks the scheduler has not run yet) is added to
+    every collective call of a multi-rank cell on a CPU host, interpolated at the host's ranks: calls x wait more
+    comm than the same file without it; a one-rank cell's calls (no peers) wait nothing."""
+    data = cal.example_calibration("local")
+    data["fingerprint"]["cpu_count"] = 2
+    base = [
+        {"ranks": 1, "gemm_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+        {"ranks": 2, "gemm_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+        {"ranks": 4, "gemm_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0},
+    ]
+    cluster = load_cluster("local")
+    comm = {}
+    for name, waits in (("without", {}), ("with", {2: 0.001, 4: 0.005})):
+        data["sharing"] = [dict(e, **({"sync_wait_s": waits[e["ranks"]]} if e["ranks"] in waits else {})) for e in base]
+        d = cal_dir / name
+        d.mkdir()
+        (d / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+        rates = cal.CalibratedRates(cal.Found(d / f"local{cal.SUFFIX}", data, None))
+        if waits:
+            assert rates.sync_wait_s(ranks_on_host=1) == 0.0 and rates.sync_wait_s(ranks_on_host=2) == 0.001
+            assert rates.sync_wait_s(ranks_on_host=3) == pytest.approx(0.003)  # linear between measured counts
+            assert rates.sync_wait_s(ranks_on_host=8) == pytest.approx(0.010)  # beyond: proportional to the ranks
+        for gpus in (1, 4):
+            spec = make_spec(strategy="fsdp.full_shard", gpus=gpus)
+            calls = sum(n for c, n in tm.collective_calls(spec, cluster, rates) if c.ranks > 1)
+            comm[(name, gpus)] = (tm.predict_time(spec, cluster, rates)["time_s"]["comm_total"], calls)
+        tm.clear_caches()
+    (with4, calls4), (without4, _) = comm[("with", 4)], comm[("without", 4)]
+    assert calls4 > 0 and with4 - without4 == pytest.approx(calls4 * 0.005)
+    assert comm[("with", 1)][0] == comm[("without", 1)][0]
+
+
 def test_bf16_compute_is_stretched_by_its_own_measured_sharing(cal_dir):
     """A bf16 GEMM shares a CPU host differently from an fp32 one (this 2-core machine: 1.32x at 2 ranks for fp32,
     about 1x for bf16): with the bf16 probe in the file, bf16 cells use it; without it (a file from before the
