@@ -298,13 +298,8 @@ def measure_sharing(device: torch.device) -> dict:
     for name, fn in probes.items():
         fn()
         # NOTE: each sample repeats the probe for ~0.2 s: a lone 10 ms call on a busy host measures the scheduler's
-        # time slice, not the rate; the repeat count is agreed over the ranks so that every rank runs the same work
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        once = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(once, op=dist.ReduceOp.MAX)
-        inner = max(1, int(0.2 / max(float(once.item()), 1e-6)))
+        # time slice, not the rate
+        inner = _agreed_repeats(fn, device, 0.2)
         alone, together = [], []
         for _ in range(reps):
             if world > 1:
@@ -330,6 +325,19 @@ def measure_sharing(device: torch.device) -> dict:
     return out
 
 
+def _agreed_repeats(fn: Callable[[], Any], device: torch.device, target_s: float) -> int:
+    """How many calls of `fn` take about `target_s` on the slowest rank: one call timed on every rank, the maximum
+    agreed over the group, so that every rank runs the same work."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    once = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(once, op=dist.ReduceOp.MAX)
+    return max(1, int(target_s / max(float(once.item()), 1e-6)))
+
+
 def measure_sync_wait(gemm: Callable[[], Any], device: torch.device, *, calls: int = 8, reps: int = 3) -> float:
     """Seconds each collective waits for the ranks the host has not run yet, beyond its own time. Every rank of the
     group alternates ~20 ms of GEMMs with a 1 KiB all_reduce, `calls` times, as a training step alternates compute
@@ -340,12 +348,7 @@ def measure_sync_wait(gemm: Callable[[], Any], device: torch.device, *, calls: i
     import torch.distributed as dist
 
     small = torch.zeros(256, device=device)
-    t0 = time.perf_counter()
-    gemm()
-    _sync(device)
-    once = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-    dist.all_reduce(once, op=dist.ReduceOp.MAX)
-    inner = max(1, int(0.02 / max(float(once.item()), 1e-6)))
+    inner = _agreed_repeats(gemm, device, 0.02)
 
     def loop(compute: bool, comm: bool) -> float:
         dist.barrier()
