@@ -365,6 +365,19 @@ FRAMEWORK_KEYS = {
 ZeRO stages are calibrated one by one"""
 
 
+def _per_ranks(pts: list[tuple[int, float]], ranks: int) -> float:
+    """A figure measured at some rank counts (sorted), at `ranks`: the first point's at or below it, linear between
+    measured counts, and beyond the largest proportional to the ranks (each rank's share of the host shrinks as
+    1/ranks)."""
+    if ranks <= pts[0][0]:
+        return pts[0][1]
+    for (r0, f0), (r1, f1) in zip(pts, pts[1:]):
+        if ranks <= r1:
+            return f0 + (f1 - f0) * (ranks - r0) / (r1 - r0)
+    r_max, f_max = pts[-1]
+    return f_max * ranks / r_max
+
+
 def framework_key(strategy: str, memory_model: str) -> str:
     return FRAMEWORK_KEYS.get(memory_model, strategy)
 
@@ -433,16 +446,10 @@ class CalibratedRates(Rates):
             self._comm.setdefault((e["link"], e["collective"], e.get("dtype", "float32")), []).append(curve)
 
     def sync_wait_s(self, *, ranks_on_host: int) -> float:
-        """The measured wait per collective call at `ranks_on_host` ranks: linear between measured counts (0 at one
-        rank), and beyond the largest proportional to the ranks."""
-        pts = self._sync_wait
-        if not pts or self.device != "cpu" or ranks_on_host <= 1:
+        """The measured wait per collective call at `ranks_on_host` ranks, 0 at one rank, interpolated as `share`."""
+        if not self._sync_wait or self.device != "cpu":
             return 0.0
-        for (r0, w0), (r1, w1) in zip(pts, pts[1:]):
-            if ranks_on_host <= r1:
-                return w0 + (w1 - w0) * (ranks_on_host - r0) / (r1 - r0)
-        r_max, w_max = pts[-1]
-        return w_max * ranks_on_host / r_max
+        return _per_ranks(self._sync_wait, ranks_on_host)
 
     def share(self, kind: str, *, ranks: int) -> float:
         """The measured slowdown at `ranks` ranks on the host (harness.worker.calibrate.measure_sharing): linear
@@ -451,13 +458,7 @@ class CalibratedRates(Rates):
         pts = self._sharing.get(kind) or self._sharing.get(kind.split("_", 1)[0])
         if not pts or self.device != "cpu":
             return super().share(kind, ranks=ranks)
-        if ranks <= pts[0][0]:
-            return pts[0][1]
-        for (r0, f0), (r1, f1) in zip(pts, pts[1:]):
-            if ranks <= r1:
-                return f0 + (f1 - f0) * (ranks - r0) / (r1 - r0)
-        r_max, f_max = pts[-1]
-        return f_max * ranks / r_max
+        return _per_ranks(pts, ranks)
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
         key = (dtype, m, n, k, layout)

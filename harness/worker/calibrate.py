@@ -33,11 +33,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.plan.calibration import BUS_FACTORS, FORMAT, bus_factor, host_fingerprint
+
+if TYPE_CHECKING:
+    from harness.scenario.cluster import Cluster
 
 GEMM_DIMS = (64, 256, 1024, 4096)
 GEMM_DIMS_QUICK = (64, 512, 4096)
@@ -563,17 +566,23 @@ def fingerprint(device: torch.device, backend: str, cpu_allocator: str) -> dict[
     return fp
 
 
-def _device(cluster_path: str) -> torch.device:
+def _process_setup(cluster_path: str) -> tuple[Cluster, torch.device]:
+    """This calibration process as the profile makes a sweep's rank: its threads, its allocator, its device. Returns
+    the profile (read once) and the device."""
     from harness.scenario.cluster import load_cluster
+    from harness.worker import allocator
 
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     cluster = load_cluster(cluster_path)
+    allocator.apply(cluster.cpu_allocator, cluster.device)
     if cluster.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"profile {cluster.name!r} says cuda, but torch.cuda.is_available() is False here")
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
         torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+        return cluster, torch.device("cuda", local)
+    return cluster, torch.device("cpu")
 
 
 def _init_group(device: torch.device, *, rank: int, world: int) -> None:
@@ -600,24 +609,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _allocator(cluster_path: str) -> str:
-    """The profile's cpu_allocator, applied to this process as the worker applies it to every rank."""
-    from harness.scenario.cluster import load_cluster
-    from harness.worker import allocator
-
-    cluster = load_cluster(cluster_path)
-    allocator.apply(cluster.cpu_allocator, cluster.device)
-    return cluster.cpu_allocator
-
-
 def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    cpu_allocator = _allocator(cluster_path)
-    device = _device(cluster_path)
-    from harness.scenario.cluster import load_cluster
-
-    cluster = load_cluster(cluster_path)
+    cluster, device = _process_setup(cluster_path)
     t0 = time.perf_counter()
     compute: dict[str, Any] = {}
     compute["gemm"] = measure_gemm(device, quick=quick)
@@ -631,7 +624,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
     partial: dict[str, Any] = {
         "format": FORMAT,
         "cluster": cluster.name,
-        "fingerprint": fingerprint(device, "nccl" if device.type == "cuda" else "gloo", cpu_allocator),
+        "fingerprint": fingerprint(device, "nccl" if device.type == "cuda" else "gloo", cluster.cpu_allocator),
         "compute": compute,
         "comm": comm,
         "sharing": sharing,
@@ -644,10 +637,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
 def run_collectives(cluster_path: str, out: Path, *, quick: bool, link: str) -> None:
     import torch.distributed as dist
 
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    _allocator(cluster_path)
-    device = _device(cluster_path)
+    _, device = _process_setup(cluster_path)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _init_group(device, rank=rank, world=world)
     shared = measure_sharing(device)
