@@ -25,7 +25,7 @@ import click
 from harness.compare.comparison import Comparison
 from harness.compare.judge import compare_indexed
 from harness.compare.load import iter_side
-from harness.compare.match import SideIndex, spec_differences
+from harness.compare.match import RunFile, SideIndex, spec_differences
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, check_watch_deviation, parse_thresholds
 from harness.compare.promote import check_promote_target, promote_baseline
 from harness.compare.render import (
@@ -38,8 +38,8 @@ from harness.compare.render import (
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES
 from harness.core.errors import InputError, Problem
-from harness.results.fastload import record_files
-from harness.results.store import atomic_write_text, unwritable_reason
+from harness.results.record import Record
+from harness.results.store import atomic_write_text, record_files, unwritable_reason
 
 
 @contextlib.contextmanager
@@ -281,12 +281,12 @@ def compare_command(
     if promote:
         if code == 0 or force:
             # NOTE: every ok run of a cell (its repeats), so the baseline keeps what timing is judged on
-            chosen = [
-                run
-                for c in cmp.cells
-                if c.candidate is not None
-                for run in (cand.run_files.get(c.key) if c.candidate.get("status") == "ok" else None) or [c.candidate]
-            ]
+            chosen: list[RunFile | Record] = []
+            for c in cmp.cells:
+                if c.candidate is None:
+                    continue
+                runs = cand.run_files.get(c.key) if c.candidate.ok else None
+                chosen += runs if runs else [c.candidate]
             dest = promote_baseline(chosen, base_paths[0], sources=[str(p) for p in cand_paths])
             click.echo(
                 f"promoted {len(chosen)} candidate record(s) of {sum(c.candidate is not None for c in cmp.cells)} "

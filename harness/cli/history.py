@@ -38,7 +38,7 @@ from harness.history.render import (
 )
 from harness.history.show import show_series
 from harness.history.store import HistoryStore, open_store
-from harness.results.store import atomic_write_text, record_path, repeat_of
+from harness.results.store import atomic_write_text, record_path
 
 if TYPE_CHECKING:
     from harness.scenario.cluster import Cluster
@@ -76,7 +76,7 @@ def _entries(paths: Sequence[Path]) -> tuple[list[Entry], int, list[str]]:
         try:
             entries.append(entry_of(rec))
         except ValueError as e:
-            notes.append(f"skipped {rec.get('_path')}: {e}")
+            notes.append(f"skipped {rec.path}: {e}")
     if problems:
         raise InputError(problems)
     return entries, records, notes
@@ -346,8 +346,8 @@ def _confirm(store: HistoryStore, check: HistoryCheck, *, times: int, rules: Rul
             )
         for rec in result.records:
             try:
-                path = record_path(root, rec["sweep"], rec["run_id"], repeat=repeat_of(rec))
-                new.append(entry_of({**rec, "_path": str(path)}))
+                path = record_path(root, rec.sweep or "", rec.run_id, repeat=rec.repeat_index)
+                new.append(entry_of(rec if rec.path else rec.at(str(path))))
             except ValueError as e:
                 check.warnings.append(f"--confirm: a re-run's record is unusable: {e}")
     again = check_entries(store, new, rules=rules, sources=check.sources, records=len(new))

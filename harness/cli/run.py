@@ -127,7 +127,7 @@ def sweep(
         raise click.ClickException(f"{e} (nothing was submitted or written)") from None
     counts: dict[str, int] = {}
     for r in res.records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     if res.in_flight:
         summary = ", ".join(filter(None, [summary, f"{res.in_flight} still on SLURM"]))
@@ -200,8 +200,8 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
             spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(), predicted=predicted
         )
         rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
-    click.echo(json.dumps(rec, indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
-    return 0 if rec["status"] in ("ok", "skipped") else 1
+    click.echo(json.dumps(rec.to_json_dict(), indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
+    return 0 if rec.status in ("ok", "skipped") else 1
 
 
 @click.command(name="list")
@@ -330,27 +330,23 @@ def _shown_slurm_state(
     """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
     rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
     done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
+    from harness.launch.core.folder import SweepFolder
     from harness.launch.slurm.jobs import flight_state
     from harness.launch.slurm.pack import read_marker
-    from harness.launch.sweep import staging_root
-    from harness.results.store import read_record, record_name
+    from harness.results.store import record_or_none, record_path
 
     state = flight_state(slurm_state)
     note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
     packed = bool(cell.get("pack"))
     if state != "ended" and not packed:
         return ("pending" if state == "submitted" else "running"), note
-    rec = None
-    # NOTE: a run k >= 2 is written under its own root first (harness.launch.sweep), then filed beside run 1
-    staged = staging_root(sweep_dir.parent, sweep_dir.name, repeat) / sweep_dir.name
-    for path in (sweep_dir / record_name(run_id, repeat), staged / f"{run_id}.json"):
-        try:
-            rec = read_record(path)
-            break
-        except ValueError:
-            continue
-    if rec is not None and rec.get("attempt") == cell.get("attempt"):
-        return ("done" if rec["status"] == "ok" else "failed"), note
+    # NOTE: a run k >= 2 is written under its own root first (harness.launch.core.folder), then filed beside run 1
+    folder = SweepFolder(sweep_dir.parent, sweep_dir.name)
+    staged_root = folder.staging_root(repeat)
+    staged = staged_root / sweep_dir.name
+    rec = folder.recorded(run_id, repeat) or record_or_none(record_path(staged_root, sweep_dir.name, run_id))
+    if rec is not None and rec.attempt == cell.get("attempt"):
+        return ("done" if rec.ok else "failed"), note
     if state == "submitted":
         return "pending", note
     if state == "running":

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.results.record import Record
+
 # verdicts of one metric of one matched cell
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
@@ -91,8 +93,8 @@ class CellComparison:
     spec: dict[str, Any]
     state: str
     """missing, added, ok, newly failing, newly fixed or still failing"""
-    baseline: dict[str, Any] | None = None
-    candidate: dict[str, Any] | None = None
+    baseline: Record | None = None
+    candidate: Record | None = None
     metrics: list[MetricComparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     runs: tuple[int, int] | None = None
@@ -102,15 +104,15 @@ class CellComparison:
 
     @property
     def baseline_status(self) -> str | None:
-        return None if self.baseline is None else self.baseline.get("status")
+        return None if self.baseline is None else self.baseline.status
 
     @property
     def candidate_status(self) -> str | None:
-        return None if self.candidate is None else self.candidate.get("status")
+        return None if self.candidate is None else self.candidate.status
 
     def reason(self, side: str) -> str:
         rec = self.baseline if side == "baseline" else self.candidate
-        return str((rec or {}).get("reason") or "")
+        return "" if rec is None else rec.reason or ""
 
     @property
     def regressed(self) -> bool:
@@ -146,10 +148,17 @@ class CellComparison:
         }
 
 
-def _record_ref(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+def _record_ref(rec: Record | None) -> dict[str, Any] | None:
     if rec is None:
         return None
-    return {k: rec.get(k) for k in ("run_id", "sweep", "cluster", "status", "reason", "_path")}
+    return {
+        "run_id": rec.run_id,
+        "sweep": rec.sweep,
+        "cluster": rec.cluster,
+        "status": rec.status,
+        "reason": rec.reason,
+        "_path": rec.path,
+    }
 
 
 @dataclass

@@ -67,11 +67,12 @@ from harness.compare.metrics import (
     deviation_growth,
     metric_value,
     select_metrics,
-    value_at,
     watched_deviation,
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES, run_level_p
 from harness.core.errors import InputError, Problem
+from harness.results.record import Record
+from harness.results.store import as_record
 
 _ALL: tuple[Metric, ...] = select_metrics(None)
 
@@ -93,8 +94,8 @@ def _worse_factor(metric: Metric, b: float, c: float) -> float:
     return math.inf if worse else 0.0
 
 
-def _null_note(rec: Mapping[str, Any], metric: Metric, side: str) -> str:
-    why = value_at(rec, metric.null_reason or ("metrics", "null_reasons", metric.name))
+def _null_note(rec: Record, metric: Metric, side: str) -> str:
+    why = metric.why_null(rec)
     return f"null in {side}" + (f" ({why})" if why else "")
 
 
@@ -119,8 +120,8 @@ def basis_of(n_baseline: int, n_candidate: int, *, min_runs: int) -> str:
 
 def compare_metric(
     metric: Metric,
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Record,
+    candidate: Record,
     *,
     threshold: float,
     alpha: float,
@@ -240,8 +241,8 @@ def _holm(cells: Sequence[CellComparison], *, alpha: float) -> None:
                 _timing_verdict(row, worse=worse, alpha=alpha, raw=p, cells=m)
 
 
-def _values(rec: Mapping[str, Any]) -> RunValues:
-    return {m.name: v for m in _ALL if (v := metric_value(rec, m)) is not None} if rec.get("status") == "ok" else {}
+def _values(rec: Record) -> RunValues:
+    return {m.name: v for m in _ALL if (v := metric_value(rec, m)) is not None} if rec.ok else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,8 +281,8 @@ def _settings(
 
 
 def compare(
-    baseline_records: Iterable[Mapping[str, Any]],
-    candidate_records: Iterable[Mapping[str, Any]],
+    baseline_records: Iterable[Record | Mapping[str, Any]],
+    candidate_records: Iterable[Record | Mapping[str, Any]],
     *,
     thresholds: Mapping[str, float] | None = None,
     alpha: float = DEFAULT_ALPHA,
@@ -310,8 +311,8 @@ def compare(
         watch_deviation=watch_deviation,
     )
     ignore = tuple(ignore_spec_keys)
-    base = SideIndex(side="baseline", ignore=ignore).add_all(baseline_records)
-    cand = SideIndex(side="candidate", ignore=ignore).add_all(candidate_records)
+    base = SideIndex(side="baseline", ignore=ignore).add_all(as_record(r) for r in baseline_records)
+    cand = SideIndex(side="candidate", ignore=ignore).add_all(as_record(r) for r in candidate_records)
     return compare_indexed(
         base,
         cand,
@@ -349,8 +350,8 @@ def compare_indexed(
         watch_deviation=watch_deviation,
     )
     notes = base.warnings() + cand.warnings()
-    specs = {k: r["spec"] for k, r in base.chosen.items()}
-    specs.update({k: r["spec"] for k, r in cand.chosen.items()})
+    specs = {k: r.spec.as_dict() for k, r in base.chosen.items()}
+    specs.update({k: r.spec.as_dict() for k, r in cand.chosen.items()})
     labels = cell_labels(specs)
     timing = any(m.kind == SAMPLED for m in judged)
 
@@ -363,7 +364,7 @@ def compare_indexed(
         elif b is None:
             cell.state = ADDED
         else:
-            b_ok, c_ok = b.get("status") == "ok", c.get("status") == "ok"
+            b_ok, c_ok = b.ok, c.ok
             cell.state = {
                 (True, True): BOTH_OK,
                 (True, False): NEWLY_FAILING,
@@ -421,14 +422,14 @@ def _failed_runs_notes(base: SideIndex, cand: SideIndex, key: str) -> list[str]:
     return out
 
 
-def _env_notes(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[str]:
+def _env_notes(b: Record, c: Record) -> list[str]:
     out = []
     for k in ENV_KEYS:
-        vb, vc = value_at(b, ("env", k)), value_at(c, ("env", k))
+        vb, vc = b.env.field(k), c.env.field(k)
         if vb != vc and (vb is not None or vc is not None):
             out.append(f"env.{k}: {vb} → {vc}")
-    if b.get("cluster") != c.get("cluster"):
-        out.append(f"cluster: {b.get('cluster')} → {c.get('cluster')}")
+    if b.cluster != c.cluster:
+        out.append(f"cluster: {b.cluster} → {c.cluster}")
     return out
 
 

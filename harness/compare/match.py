@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from harness.compare.metrics import METRICS, metric_value
+from harness.results.record import Record
 
 _PLAIN = frozenset({str, int, bool, type(None)})
 
@@ -55,9 +57,21 @@ def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
     return json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
 
 
-def record_origin(rec: Mapping[str, Any]) -> str:
-    """Where a record came from, for messages: its file, else its run_id."""
-    return str(rec.get("_path") or rec.get("run_id") or "<record>")
+@dataclass(frozen=True)
+class RunFile:
+    """Where one ok run came from, and what names it (what `compare --promote` copies into a baseline)."""
+
+    path: str | None
+    """its file (None: a record not read from a file)"""
+    sweep: str | None
+    run_id: str
+    repeat: int
+    """which run of its cell (1: the first)"""
+    spec: dict[str, Any]
+
+    @classmethod
+    def of(cls, rec: Record) -> RunFile:
+        return cls(rec.path, rec.sweep, rec.run_id, rec.repeat_index, rec.spec.as_dict())
 
 
 RunValues = dict[str, float]
@@ -77,49 +91,42 @@ class SideIndex:
         self.ignore = tuple(ignore)
         self.records = 0
         """records added, including skipped ones"""
-        self.chosen: dict[str, dict[str, Any]] = {}
+        self.chosen: dict[str, Record] = {}
         self._latest: dict[str, str] = {}  # key → finished_at of the chosen record
         self._skipped: list[str] = []
         self.runs: dict[str, list[RunValues]] = {}
         """key → the values of each ok run of the cell"""
         self.failed_runs: dict[str, list[str]] = {}
         """key → the status of each run that was not ok (and not skipped)"""
-        self.run_files: dict[str, list[dict[str, Any]]] = {}
-        """key → where each ok run came from (`_path`, sweep, run_id, repeat): what --promote copies"""
+        self.run_files: dict[str, list[RunFile]] = {}
+        """key → where each ok run came from: what --promote copies"""
         self._attempts: set[tuple[str, str, Any]] = set()
         self._copies: list[str] = []
 
-    def add(self, rec: Mapping[str, Any]) -> None:
+    def add(self, rec: Record) -> None:
         self.records += 1
-        spec = rec.get("spec")
-        if not isinstance(spec, dict):
-            self._skipped.append(f"{record_origin(rec)}: {self.side}: 'spec' is not a mapping; record skipped")
-            return
+        spec = rec.spec.as_dict()
         key = spec_key(spec, ignore=self.ignore)
-        attempt = rec.get("attempt")
-        if attempt:
-            ident = (key, str(attempt), rec.get("repeat"))
+        if rec.attempt:
+            ident = (key, str(rec.attempt), rec.repeat)
             if ident in self._attempts:
-                self._copies.append(f"{self.side}: {record_origin(rec)} is a copy of a run already read; counted once")
+                self._copies.append(f"{self.side}: {rec.origin} is a copy of a run already read; counted once")
                 return
             self._attempts.add(ident)
-        status = rec.get("status")
-        if status == "ok":
+        if rec.status == "ok":
             self.runs.setdefault(key, []).append(
                 {m.name: v for m in METRICS if (v := metric_value(rec, m)) is not None}
             )
-            self.run_files.setdefault(key, []).append(
-                {k: rec.get(k) for k in ("_path", "sweep", "run_id", "repeat", "spec")}
-            )
-        elif status != "skipped":
-            self.failed_runs.setdefault(key, []).append(str(status))
-        finished = str(rec.get("finished_at") or "")
+            self.run_files.setdefault(key, []).append(RunFile.of(rec))
+        elif rec.status != "skipped":
+            self.failed_runs.setdefault(key, []).append(str(rec.status))
+        finished = str(rec.finished_at or "")
         # NOTE: >= as a stable sort by finish time would have it: of equal finish times the last one added wins
         if key not in self._latest or finished >= self._latest[key]:
-            self.chosen[key] = dict(rec)
+            self.chosen[key] = rec
             self._latest[key] = finished
 
-    def add_all(self, records: Iterable[Mapping[str, Any]]) -> SideIndex:
+    def add_all(self, records: Iterable[Record]) -> SideIndex:
         for rec in records:
             self.add(rec)
         return self
@@ -131,8 +138,8 @@ class SideIndex:
 
 
 def index_by_spec(
-    records: Iterable[Mapping[str, Any]], *, side: str, ignore: Iterable[str], warnings_out: list[str]
-) -> dict[str, dict[str, Any]]:
+    records: Iterable[Record], *, side: str, ignore: Iterable[str], warnings_out: list[str]
+) -> dict[str, Record]:
     """key → record; of several records with one spec the one finished last wins (a rerun), with a warning."""
     index = SideIndex(side=side, ignore=ignore).add_all(records)
     warnings_out.extend(index.warnings())

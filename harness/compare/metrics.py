@@ -1,8 +1,8 @@
-"""The metric model of `harness compare`: which record values are compared, their unit, their good direction,
-and how each is judged (sampled, thresholded or exact), plus the thresholds that apply to them.
+"""The metrics `harness compare` judges (the judged ones of the registry, harness.results.metrics: which record
+values, their unit, their good direction, how each is judged), and the thresholds that apply to them.
 
-It exists so that every other part of compare (judging, rendering, the github-benchmark entries) reads a metric
-from a record the same way: `metric_value` and `metric_samples` are the only readers of a record's metrics.
+Every other part of compare (judging, rendering, the github-benchmark entries) reads a metric from a record
+through the registry's `Metric.value` (`metric_value`) and `metric_samples`.
 
 - sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): timing, one value per run;
   threshold + a test on the runs' values (harness.compare.judge), never on one run's per-step samples;
@@ -16,62 +16,40 @@ from a record the same way: `metric_value` and `metric_samples` are the only rea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from harness.core.errors import InputError, Problem, did_you_mean, one_of
+from harness.results.metrics import (
+    COMPARED,
+    DEVIATION,
+    EXACT,
+    SAMPLED,
+    THRESHOLDED,
+    WATCHED,
+    Metric,
+    finite_number,
+    step_samples,
+    value_at,
+)
+from harness.results.record import Record
+
+__all__ = [
+    "DEVIATION",
+    "EXACT",
+    "SAMPLED",
+    "THRESHOLDED",
+    "WATCHED",
+    "Metric",
+    "finite_number",
+    "step_samples",
+    "value_at",
+]  # re-exported from the registry (harness.results.metrics): compare's readers need no second import
 
 DEFAULT_THRESHOLD = 0.05
 """relative change (fraction) beyond which a non-deterministic metric counts as changed"""
 
-SAMPLED, THRESHOLDED, EXACT, WATCHED = "sampled", "thresholded", "exact", "watched"
-DEVIATION = "predicted.step_time_deviation"
-"""the watched metric: measured median step time / predicted − 1 (fraction; 0.25 = 25% slower than predicted)"""
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One compared quantity: where it sits in a record, its unit, its good direction and how it is judged."""
-
-    name: str
-    """key in the output and in `--threshold NAME=FRACTION`"""
-    path: tuple[str, ...]
-    """keys from the record root to the value"""
-    unit: str
-    lower_is_better: bool
-    kind: str
-    """sampled (timing: threshold + a test on run-level values), thresholded (threshold only), exact (any change
-    counts) or watched (information; a regression only when asked: `--watch-deviation`)"""
-    null_reason: tuple[str, ...] | None = None
-    """where a record says why the value is null (default: metrics.null_reasons.<name>)"""
-
-    @property
-    def better(self) -> str:
-        return "lower" if self.lower_is_better else "higher"
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("step_time_s", ("metrics", "step_time_s", "median"), "s", True, SAMPLED),
-    Metric("tokens_per_s", ("metrics", "tokens_per_s"), "tokens/s", False, SAMPLED),
-    Metric("tokens_per_s_per_gpu", ("metrics", "tokens_per_s_per_gpu"), "tokens/s/GPU", False, SAMPLED),
-    Metric("mfu", ("metrics", "mfu"), "fraction", False, SAMPLED),
-    Metric("peak_memory_allocated_gib", ("metrics", "peak_memory_allocated_gib"), "GiB", True, THRESHOLDED),
-    Metric("peak_memory_reserved_gib", ("metrics", "peak_memory_reserved_gib"), "GiB", True, THRESHOLDED),
-    Metric("comm.bytes_per_step", ("comm", "bytes_per_step"), "bytes", True, EXACT),
-    Metric("predicted.memory_gib.total", ("predicted", "memory_gib", "total"), "GiB", True, EXACT),
-    Metric("predicted.comm_bytes_per_step", ("predicted", "comm_bytes_per_step"), "bytes", True, EXACT),
-    # NOTE: lower_is_better: a smaller |deviation| (the model nearer the machine); the sign says which way it is off
-    Metric(
-        DEVIATION,
-        ("predicted", "step_time_deviation"),
-        "fraction",
-        True,
-        WATCHED,
-        null_reason=("predicted", "time_null_reasons", "step_time_s"),
-    ),
-)
+METRICS: tuple[Metric, ...] = COMPARED
+"""what compare judges: the registry's judged metrics (harness.results.metrics), in its order"""
 METRICS_BY_NAME = {m.name: m for m in METRICS}
 THRESHOLD_METRICS = tuple(m.name for m in METRICS if m.kind in (SAMPLED, THRESHOLDED))
 
@@ -80,38 +58,11 @@ THRESHOLD_METRICS = tuple(m.name for m in METRICS if m.kind in (SAMPLED, THRESHO
 # reading a record
 
 
-def finite_number(value: Any) -> float | None:
-    """`value` as a float when it is a finite int or float (not a bool), else None."""
-    if type(value) is float:  # the common case, first
-        return value if math.isfinite(value) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+def metric_value(rec: Record, metric: Metric) -> float | None:
+    return metric.value(rec)
 
 
-def value_at(rec: Mapping[str, Any], path: Sequence[str]) -> Any:
-    """The value at `path` (keys from the record root), None where a key or a mapping is missing."""
-    node: Any = rec
-    for k in path:
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(k)
-    return node
-
-
-def metric_value(rec: Mapping[str, Any], metric: Metric) -> float | None:
-    return finite_number(value_at(rec, metric.path))
-
-
-def step_samples(rec: Mapping[str, Any]) -> list[float]:
-    """The record's per-step times (s), finite and positive ones only: what every sampled metric derives from."""
-    step = value_at(rec, ("metrics", "step_time_s"))
-    raw = step.get("samples") if isinstance(step, Mapping) else None
-    return [x for x in (finite_number(v) for v in (raw or [])) if x is not None and x > 0]
-
-
-def metric_samples(rec: Mapping[str, Any], metric: Metric, *, times: list[float] | None = None) -> list[float]:
+def metric_samples(rec: Record, metric: Metric, *, times: list[float] | None = None) -> list[float]:
     """Per-step samples of a sampled metric: step times as recorded; a throughput-like metric v (tokens/s,
     tokens/s/GPU, MFU — each inversely proportional to step time) as v * median_step_time / step_time_i, i.e.
     tokens per step / step time for tokens/s. `times`: the record's `step_samples`, when already read."""
@@ -119,9 +70,9 @@ def metric_samples(rec: Mapping[str, Any], metric: Metric, *, times: list[float]
         times = step_samples(rec)
     if metric.name == "step_time_s":
         return times
-    step = value_at(rec, ("metrics", "step_time_s"))
-    value = metric_value(rec, metric)
-    median = finite_number(step.get("median")) if isinstance(step, Mapping) else None
+    step = rec.metrics.step_time_s
+    value = metric.value(rec)
+    median = finite_number(step.median) if step is not None else None
     if value is None or not median:
         return []
     per_step = value * median  # e.g. tokens per step for tokens/s

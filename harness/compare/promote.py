@@ -14,14 +14,14 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.compare.match import spec_key
-from harness.compare.metrics import value_at
+from harness.compare.match import RunFile, spec_key
 from harness.core.errors import InputError, Problem
-from harness.results.store import atomic_write_json, iter_record_files, record_name, repeat_of, utc_now
+from harness.results.record import Record
+from harness.results.store import atomic_write_json, record_files, record_name, record_or_none, utc_now
 
 PROMOTED_FILE = ".promoted.json"
 """provenance written into a promoted baseline (hidden, so record loading skips it)"""
@@ -62,7 +62,7 @@ def _exchange(a: Path, b: Path) -> bool:
 def _keep_files(baseline: Path) -> list[Path]:
     """Files of an old baseline that are not records (README, .gitattributes): carried into the new one.
     Not carried: records, sweep manifests, the old provenance, temp files, anything under a hidden dir."""
-    records = {p.resolve() for p in iter_record_files(baseline)}
+    records = {Path(p).resolve() for p in record_files(baseline)}
     keep = []
     for p in sorted(baseline.rglob("*")):
         if not p.is_file() or p.resolve() in records or p.name in (PROMOTED_FILE, "manifest.json"):
@@ -91,9 +91,9 @@ def check_promote_target(baseline_dir: str | Path, *, sources: Sequence[str | Pa
 
 
 def promote_baseline(
-    records: Sequence[Mapping[str, Any]], baseline_dir: str | Path, *, sources: Sequence[str] = ()
+    records: Sequence[Record | RunFile], baseline_dir: str | Path, *, sources: Sequence[str] = ()
 ) -> Path:
-    """Make `records` the baseline: write them (original bytes when a record has `_path`) into a staging dir
+    """Make `records` the baseline: write them (original bytes when a record has a file) into a staging dir
     beside `baseline_dir` as `<sweep>/<run_id>.json` (a repeat k >= 2: `<run_id>.r<k>.json`; several runs of one
     cell under one name, from several dirs: the next free `.r<k>` name), carry over non-record files, then swap
     the staging dir in
@@ -108,25 +108,36 @@ def promote_baseline(
             for p in _keep_files(baseline_dir):
                 _copy_durably(p, staging / p.relative_to(baseline_dir))
         written = set()
-        for rec in records:
-            digest = hashlib.sha256(spec_key(rec.get("spec") or {}).encode()).hexdigest()[:10]
-            sweep = _safe_name(rec.get("sweep"), "records")
-            stem = _safe_name(rec.get("run_id"), f"cell-{digest}")
-            k = repeat_of(rec)
+        shas: set[str] = set()
+        for item in records:
+            run = RunFile.of(item) if isinstance(item, Record) else item
+            digest = hashlib.sha256(spec_key(run.spec).encode()).hexdigest()[:10]
+            sweep = _safe_name(run.sweep, "records")
+            stem = _safe_name(run.run_id, f"cell-{digest}")
+            k = run.repeat
             rel = Path(sweep, record_name(stem, k))
             while rel in written:  # NOTE: runs of one cell from several dirs: each keeps its bytes, a name of its own
                 k += 1
                 rel = Path(sweep, record_name(stem, k))
             written.add(rel)
-            src = rec.get("_path")
-            if src and Path(src).is_file():
-                _copy_durably(Path(src), staging / rel)
+            if run.path and Path(run.path).is_file():
+                _copy_durably(Path(run.path), staging / rel)
+                rec = item if isinstance(item, Record) else record_or_none(run.path)
+            elif isinstance(item, Record):
+                rec = item
+                atomic_write_json(staging / rel, item.to_json_dict())
             else:
-                atomic_write_json(staging / rel, {k: v for k, v in rec.items() if k != "_path"})
-        shas = sorted({str(sha) for r in records if (sha := value_at(r, ("env", "harness_git_sha")))})
+                continue
+            if rec is not None and rec.env.harness_git_sha:
+                shas.add(rec.env.harness_git_sha)
         atomic_write_json(
             staging / PROMOTED_FILE,
-            {"promoted_at": utc_now(), "sources": list(sources), "records": len(records), "harness_git_sha": shas},
+            {
+                "promoted_at": utc_now(),
+                "sources": list(sources),
+                "records": len(records),
+                "harness_git_sha": sorted(shas),
+            },
         )
         for d in sorted({p.parent for p in staging.rglob("*")} | {staging}, key=lambda p: -len(p.parts)):
             _fsync_dir(d)

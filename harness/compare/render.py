@@ -213,8 +213,9 @@ def _cell_sections(cmp: Comparison) -> list[tuple[str, list[str]]]:
         )
 
     def plain(c: CellComparison) -> str:
-        rec = c.baseline or c.candidate or {}
-        return f"{c.label} [{rec.get('status')}]" + (f" — {'; '.join(c.notes)}" if c.notes else "")
+        rec = c.baseline or c.candidate
+        status = None if rec is None else rec.status
+        return f"{c.label} [{status}]" + (f" — {'; '.join(c.notes)}" if c.notes else "")
 
     return [
         ("newly failing (regression)", [failing(c) for c in cmp.newly_failing]),
@@ -516,7 +517,7 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
     entries = []
     for cell in cmp.cells:
         rec = cell.candidate
-        if rec is None or rec.get("status") != "ok":
+        if rec is None or not rec.ok:
             continue
         rows = {m.metric: m for m in cell.metrics}
         notable = [m for m in cell.metrics if m.verdict in NOTABLE]
@@ -530,7 +531,7 @@ def benchmark_entries(cmp: Comparison, direction: str) -> list[dict[str, Any]]:
             if value is None:
                 continue
             entry: dict[str, Any] = {
-                "name": f"{rec.get('run_id') or cell.label} {name}",
+                "name": f"{rec.run_id or cell.label} {name}",
                 "unit": metric.unit,
                 "value": value,
             }

@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.compare.match import spec_key
-from harness.compare.metrics import EXACT, METRICS, SAMPLED, Metric, metric_value
+from harness.results.metrics import EXACT, STORED, Metric
+from harness.results.record import Record
 from harness.scenario.schema import LEGACY_GPUS_KEY
 
-HISTORY_METRICS: tuple[Metric, ...] = (
-    *METRICS,
-    Metric("tflops_per_gpu", ("metrics", "tflops_per_gpu"), "TFLOPS", False, SAMPLED),
-)
-"""what each run stores: compare's metrics (same names, units, directions) and TFLOPS per GPU"""
+HISTORY_METRICS: tuple[Metric, ...] = STORED
+"""what each run stores: the registry's judged metrics (harness.results.metrics: compare's, and TFLOPS per GPU),
+same names, units and directions"""
 HISTORY_METRICS_BY_NAME = {m.name: m for m in HISTORY_METRICS}
 MACHINE_FIELDS = ("cluster", "device_type", "device_name", "device_count", "driver")
 SOFTWARE_FIELDS = ("python", "torch", "cuda", "nccl", "deepspeed", "harness_sha")
@@ -80,39 +79,30 @@ def cell_label(spec: Mapping[str, Any], *, key: str | None = None) -> str:
     return " ".join([core, *extra])
 
 
+def machine_of(rec: Record) -> dict[str, Any]:
+    env = rec.env
+    return {
+        "cluster": str(rec.cluster or ""),
+        "device_type": env.device_type,
+        "device_name": env.device_name,
+        "device_count": env.device_count,
+        "driver": _text(env.field("driver") or env.field("cuda_driver")),
+    }
+
+
 def _text(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _env(rec: Mapping[str, Any]) -> Mapping[str, Any]:
-    env = rec.get("env")
-    return env if isinstance(env, Mapping) else {}
-
-
-def machine_of(rec: Mapping[str, Any]) -> dict[str, Any]:
-    env = _env(rec)
+def software_of(rec: Record) -> dict[str, Any]:
+    env = rec.env
     return {
-        "cluster": str(rec.get("cluster") or ""),
-        "device_type": _text(env.get("device_type")),
-        "device_name": _text(env.get("device_name")),
-        "device_count": _int(env.get("device_count")),
-        "driver": _text(env.get("driver") or env.get("cuda_driver")),
-    }
-
-
-def software_of(rec: Mapping[str, Any]) -> dict[str, Any]:
-    env = _env(rec)
-    return {
-        "python": _text(env.get("python")),
-        "torch": _text(env.get("torch")),
-        "cuda": _text(env.get("cuda")),
-        "nccl": _text(env.get("nccl")),
-        "deepspeed": _text(env.get("deepspeed")),
-        "harness_sha": _text(env.get("harness_git_sha")),
+        "python": env.python,
+        "torch": env.torch,
+        "cuda": env.cuda,
+        "nccl": env.nccl,
+        "deepspeed": env.deepspeed,
+        "harness_sha": env.harness_git_sha,
     }
 
 
@@ -121,17 +111,12 @@ def identity_key(fields: Mapping[str, Any]) -> str:
     return json.dumps(dict(fields), sort_keys=True, separators=(",", ":"))
 
 
-def run_uid(rec: Mapping[str, Any]) -> int:
+def run_uid(rec: Record) -> int:
     """63-bit identity of one run of one cell: the same record added twice has the same uid."""
-    attempt = rec.get("attempt")
     parts = (
-        [str(rec.get("run_id")), str(attempt)]
-        if attempt
-        else [
-            str(rec.get("run_id")),
-            str(rec.get("started_at")),
-            str(rec.get("finished_at")),
-        ]
+        [str(rec.run_id), str(rec.attempt)]
+        if rec.attempt
+        else [str(rec.run_id), str(rec.started_at), str(rec.finished_at)]
     )
     digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
@@ -154,13 +139,13 @@ def iso(seconds: int) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def run_values(rec: Mapping[str, Any]) -> dict[str, float]:
+def run_values(rec: Record) -> dict[str, float]:
     """metric name → value, for the metrics the record has (ok records only; others measured nothing)."""
-    if rec.get("status") != "ok":
+    if not rec.ok:
         return {}
     out = {}
     for m in HISTORY_METRICS:
-        v = metric_value(rec, m)
+        v = m.value(rec)
         if v is not None:
             out[m.name] = v
     return out
@@ -187,27 +172,25 @@ class Entry:
     """the record's file (messages)"""
 
 
-def entry_of(rec: Mapping[str, Any]) -> Entry:
-    """A record as a history entry. ValueError when it has no usable spec or time."""
-    spec = rec.get("spec")
-    if not isinstance(spec, Mapping):
-        raise ValueError("'spec' is not a mapping")
-    time = epoch_s(rec.get("finished_at")) or epoch_s(rec.get("started_at"))
+def entry_of(rec: Record) -> Entry:
+    """A record as a history entry. ValueError when it has no usable time."""
+    spec = rec.spec.as_dict()
+    time = epoch_s(rec.finished_at) or epoch_s(rec.started_at)
     if time is None:
         raise ValueError("no readable finished_at/started_at time")
     key = cell_key(spec)
     return Entry(
         uid=run_uid(rec),
-        run_id=str(rec.get("run_id")),
+        run_id=str(rec.run_id),
         cell=key,
         label=cell_label(spec, key=key),
         spec=history_spec(spec),
         machine=machine_of(rec),
         software=software_of(rec),
         time=time,
-        status=str(rec.get("status")),
+        status=str(rec.status),
         values=run_values(rec),
-        origin=str(rec.get("_path") or rec.get("run_id") or "<record>"),
+        origin=rec.origin,
     )
 
 

@@ -16,7 +16,6 @@ the zygote are the launcher's business.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -25,29 +24,28 @@ from pathlib import Path
 from typing import Any
 
 from harness.launch.local import prefork
+from harness.results.payload import Payload
 from harness.results.store import fragment_dir
 from harness.worker.runner import run
 
 
-def _forget_earlier_run(payload: dict, job_env: Any) -> None:
+def _forget_earlier_run(payload: Payload, job_env: Any) -> None:
     """A requeued SLURM job runs again with the same payload: this rank's fragment and submitit result file from
     the run that was interrupted (requeue, preemption) must not be taken for this run's."""
     if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
         rank = job_env.global_rank
-        (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json").unlink(
-            missing_ok=True
-        )
+        (fragment_dir(payload.results, payload.sweep, payload.run_id) / f"rank{rank}.json").unlink(missing_ok=True)
         job_env.paths.result_pickle.unlink(missing_ok=True)
 
 
-def submitit_entry(payload: dict[str, Any]) -> None:
+def submitit_entry(payload: Payload) -> None:
     """Entry point of every submitit task: rank and rendezvous come from submitit's job environment."""
     import submitit
 
     job_env = submitit.JobEnvironment()
-    port = payload.get("master_port")
+    port = payload.master_port
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        payload = dict(payload, job_id=job_env.job_id)
+        payload = payload.model_copy(update={"job_id": job_env.job_id})
         _forget_earlier_run(payload, job_env)
     if port is None:
         # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
@@ -57,7 +55,7 @@ def submitit_entry(payload: dict[str, Any]) -> None:
         rank=job_env.global_rank,
         world_size=job_env.num_tasks,
         local_rank=job_env.local_rank,
-        master_addr=job_env.hostnames[0] if payload.get("master_port") is None else "127.0.0.1",
+        master_addr=job_env.hostnames[0] if payload.master_port is None else "127.0.0.1",
         master_port=int(port),
     )
     code = prefork.run_forked(payload, **rank)  # a warm fork of this rank, when a local sweep started a zygote
@@ -72,7 +70,7 @@ def submitit_entry(payload: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m harness.launch.entry PAYLOAD.json` under torchrun-style environment variables."""
     argv = sys.argv[1:] if argv is None else argv
-    payload = json.loads(Path(argv[0]).read_text())
+    payload = Payload.model_validate_json(Path(argv[0]).read_bytes())
     rank: dict[str, Any] = dict(
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),

@@ -45,8 +45,8 @@ from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
 from harness.report.trends import trends_figure
 from harness.report.tune import is_tune_log, read_tune_logs, tune_figure, tune_figure_names
-from harness.results.fastload import read_file, record_files
-from harness.results.store import read_record
+from harness.results.record import Record
+from harness.results.store import read_record, record_files
 
 __all__ = ["build_report", "output_problem"]
 
@@ -99,28 +99,15 @@ consecutive shares of them while this one reads the first"""
 MAX_LOAD_PROCESSES = 4
 
 
-def _records_of(files: list[str], warnings: list[str]) -> Iterator[dict[str, Any]]:
-    """The records of `files` (a slice of fastload.record_files' list), one at a time, with the warnings
-    fastload.iter_records(*dirs) gives for those files. NOTE: a folder (or a dangling link) named like a record,
-    which the walk lists as one, fails fastload.read_file's open; it is read as store.read_record reads it
-    (fastload's messages are read_record's), so it fails with the same warning as through iter_records."""
+def _records_of(files: list[str], warnings: list[str], fields: list[str]) -> Iterator[Record]:
+    """The records of `files` (a slice of store.record_files' list), one at a time, with the warnings
+    store.iter_records(*dirs) gives for those files: unreadable files to `warnings`, wrong-typed fields to
+    `fields`."""
     for path in files:
         try:
-            rec = read_file(path)
+            yield read_record(path, warnings=fields)
         except ValueError as e:
-            why = str(e)
-            if not os.path.isfile(path):  # NOTE: rare (a folder named like a record): read_record's own words
-                try:
-                    rec = dict(read_record(path))
-                except ValueError as e2:
-                    why = str(e2)
-                else:
-                    why = ""
-            if why:
-                warnings.append(f"{path}: {why}")
-                continue
-        rec.setdefault("_path", path)
-        yield rec
+            warnings.append(f"{path}: {e}")
 
 
 def _read_share(files: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
@@ -128,7 +115,7 @@ def _read_share(files: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
     that are not readable records, warnings on fields of the wrong type)."""
     unreadable: list[str] = []
     wrong: list[str] = []
-    return flatten_records(_records_of(files, unreadable), wrong), unreadable, wrong
+    return flatten_records(_records_of(files, unreadable, wrong), wrong), unreadable, wrong
 
 
 def _share_read(

@@ -1,8 +1,10 @@
 """Records → one pandas DataFrame, one row per record of any status; the cell table the report shows.
 
-Every metric is copied as the record has it: a null (or a field the record lacks, such as a missing `comm`
-or `predicted` section) stays NaN here and becomes "n/a" in the tables, never 0. A field of the wrong type
-is a warning and NaN, not a crash.
+The columns are the cell's identity (from its spec), every quantity of the metric registry
+(harness.results.metrics: a metric added there is a column here, in table.csv and table.parquet), and where it
+ran. Every metric is copied as the record has it: a null (or a field the record lacks, such as a missing `comm`
+or `predicted` section) stays NaN here and becomes "n/a" in the tables, never 0. A field of the wrong type was
+read as null, with a warning, by harness.results.store.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ import numpy as np
 import pandas as pd
 
 from harness.core.catalogue import CATALOGUE
-from harness.results.fastload import iter_records
+from harness.results.metrics import METRICS, PREDICTED_PARTS, Metric, finite_number
+from harness.results.record import Record
+from harness.results.store import iter_records
 from harness.scenario.schema import PRECISIONS, STRATEGIES, canonical_setting
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
@@ -39,17 +43,12 @@ record without them (written before layouts existed) ran tp 1, pp 1"""
 CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
 """`strategy` is the label with the layout (strategy_label), so two layouts of one strategy are two cells"""
 ROW_KEYS = ("strategy", "precision", "variant")
-PREDICTED_PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
-"""the parts of the predicted step time (predicted.time_s, harness.plan.time) that add up to it"""
 PREDICTED_TIME_COLUMNS: tuple[str, ...] = tuple(f"predicted_{p}_s" for p in PREDICTED_PARTS)
 PREDICTION_BAND = 0.15
 """the ± band around exact that the report counts a prediction within (and draws around the prediction figure's
 diagonal): issue 16's accuracy target, MAPE <= 15 %"""
 
-# Scalar columns of the frame and of table.csv / table.parquet, in order. Units are in the names:
-# _s seconds, _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %). A column copied from the
-# record keeps the record's words for it (harness.results.schema): metrics.step_time_s.median → step_time_median_s.
-SCALAR_COLUMNS: tuple[str, ...] = (
+IDENTITY_COLUMNS: tuple[str, ...] = (
     "sweep",
     "cluster",
     "run_id",
@@ -67,11 +66,22 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "gpus",
     "variant",
     *VARIANT_FIELDS,
+)
+"""what the cell is, from its record's spec"""
+TEXT_COLUMNS: dict[str, str] = {
+    "mfu_null_reason": "mfu",
+    "memory_measure": "device_memory_gib",
+    "prediction_source": "step_time_deviation",
+    "predicted_time_null_reason": "prediction_source",
+}
+"""a text column of the table → the column it follows"""
+PLACE_AFTER_LOSS = "loss"
+"""where the columns of metrics the layout does not place go: after the loss, before where the record ran"""
+_LAYOUT: tuple[str, ...] = (
     "tokens_per_s",
     "tokens_per_s_per_gpu",
     "tflops_per_gpu",
     "mfu",
-    "mfu_null_reason",
     "step_time_median_s",
     "step_time_p10_s",
     "step_time_p90_s",
@@ -81,16 +91,16 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "peak_memory_reserved_gib",
     "predicted_memory_gib",
     "device_memory_gib",
-    "memory_measure",
     "comm_bytes_per_step",
     "comm_calls_per_step",
     "predicted_comm_bytes_per_step",
     "predicted_step_time_s",
-    *PREDICTED_TIME_COLUMNS,
+    *(f"predicted_{p}_s" for p in PREDICTED_PARTS),
     "step_time_deviation",
-    "prediction_source",
-    "predicted_time_null_reason",
     "loss",
+)
+"""the order of the registry's columns in the table (the registry's order is compare's)"""
+ENV_COLUMNS: tuple[str, ...] = (
     "device_name",
     "device_type",
     "backend",
@@ -99,6 +109,25 @@ SCALAR_COLUMNS: tuple[str, ...] = (
     "finished_at",
     "path",
 )
+"""where and when it ran, and the record's file"""
+METRIC_COLUMNS: dict[str, Metric] = {m.column: m for m in METRICS}
+"""the registry's quantities by their column"""
+
+
+def _measurement_columns() -> tuple[str, ...]:
+    """The registry's columns in the layout's order (a metric the layout does not name after the loss), with the
+    text columns after the column each follows."""
+    placed = [c for c in _LAYOUT if c in METRIC_COLUMNS]
+    at = placed.index(PLACE_AFTER_LOSS) + 1
+    placed[at:at] = [c for c in METRIC_COLUMNS if c not in placed]
+    for text, after in TEXT_COLUMNS.items():
+        placed.insert(placed.index(after) + 1, text)
+    return tuple(placed)
+
+
+# Scalar columns of the frame and of table.csv / table.parquet, in order. Units are in the names: _s seconds,
+# _gib GiB (2**30 bytes), _bytes bytes; mfu is a fraction (0.412 = 41.2 %).
+SCALAR_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS, *_measurement_columns(), *ENV_COLUMNS)
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "repeat",
     "failed_rank",
@@ -111,32 +140,9 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "micro_batch",
     "seq_len",
     "grad_accum",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "tflops_per_gpu",
-    "mfu",
-    "step_time_median_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "step_time_mean_s",
-    "n_step_samples",
-    "peak_memory_allocated_gib",
-    "peak_memory_reserved_gib",
-    "predicted_memory_gib",
-    "device_memory_gib",
-    "comm_bytes_per_step",
-    "comm_calls_per_step",
-    "predicted_comm_bytes_per_step",
-    "predicted_step_time_s",
-    *PREDICTED_TIME_COLUMNS,
-    "step_time_deviation",
-    "loss",
+    *(c for c in SCALAR_COLUMNS if c in METRIC_COLUMNS),
 )
-FRACTIONAL_COLUMNS = frozenset(
-    c
-    for c in NUMERIC_COLUMNS
-    if c.endswith(("_s", "_gib", "_per_s", "_per_gpu")) or c in ("mfu", "loss", "tokens_per_s_per_gpu")
-)
+FRACTIONAL_COLUMNS = frozenset(c for c, m in METRIC_COLUMNS.items() if m.fractional)
 """measured quantities that stay float in table.csv even when a value happens to be whole (152000.0 tok/s)"""
 SAMPLES_COLUMN = "step_time_samples_s"
 """list of per-step times (s) per row; in the frame and table.parquet, not in table.csv"""
@@ -151,37 +157,13 @@ COMM_PREFIX = "comm_bytes."
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-class _Reader:
-    """Typed getters that turn a wrong-typed field into None plus one warning per (file, field)."""
-
-    def __init__(self, path: str, warnings: list[str]):
-        self.path, self.warnings = path, warnings
-
-    def num(self, where: str, x: Any) -> float | None:
-        if type(x) is float and x - x == 0.0:  # NOTE: the common case first (x - x is nan for inf and nan)
-            return x
-        if x is None:
-            return None
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            self.warnings.append(f"{self.path}: {where} is {x!r}, not a number; shown as n/a")
-            return None
-        return float(x)
-
-    def text(self, x: Any) -> str | None:
-        return None if x is None else str(x)
-
-
-def _memory_measure(alloc: float | None, env: dict[str, Any], null_reasons: dict[str, Any]) -> str | None:
+def _memory_measure(rec: Record) -> str | None:
     """MEMORY_RSS when the record's peak_memory_allocated_gib is a CPU process's peak RSS (env.device_type cpu,
     or the worker's null reason for the reserved peak says so), MEMORY_DEVICE otherwise; None without a value."""
-    if alloc is None:
+    if finite_number(rec.metrics.peak_memory_allocated_gib) is None:
         return None
-    why = null_reasons.get("peak_memory_reserved_gib")
-    if env.get("device_type") == "cpu" or (isinstance(why, str) and "RSS" in why):
+    why = rec.metrics.null_reason("peak_memory_reserved_gib")
+    if rec.env.device_type == "cpu" or (why is not None and "RSS" in why):
         return MEMORY_RSS
     return MEMORY_DEVICE
 
@@ -213,102 +195,65 @@ def base_strategy(label: str) -> str:
     return label.split(LAYOUT_SEP, 1)[0]
 
 
-def _flatten(rec: Mapping[str, Any], warnings: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
+def _num(value: Any) -> float | None:
+    return None if value is None else finite_number(value)
+
+
+def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
     """One record → (scalar row, {collective: bytes per step})."""
-    path = str(rec.get("_path", "?"))
-    r = _Reader(path, warnings)
-    spec, metrics = _dict(rec.get("spec")), _dict(rec.get("metrics"))
-    env, comm, predicted = _dict(rec.get("env")), _dict(rec.get("comm")), _dict(rec.get("predicted"))
-    parts = _dict(predicted.get("time_s"))
-    time_null = _dict(predicted.get("time_null_reasons"))
-    step = _dict(metrics.get("step_time_s"))
-    samples = step.get("samples")
-    if isinstance(samples, list):
-        finite = [s for s in samples if type(s) is float and s - s == 0.0]  # NOTE: the common case: finite floats
-        if len(finite) < len(samples):
-            finite = [
-                float(s)
-                for s in samples
-                if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
-            ]
-        samples = finite
-    else:
-        samples = []
-    null_reasons = _dict(metrics.get("null_reasons"))
-    ac = spec.get("activation_checkpointing")
-    tp, pp = r.num("spec.tp", spec.get("tp", 1)), r.num("spec.pp", spec.get("pp", 1))
-    microbatches = r.num("spec.microbatches", spec.get("microbatches", 0))
-    schedule = r.text(spec.get("pp_schedule")) if pp is not None and pp > 1 else None
-    sp = spec.get("sequence_parallel") is True and tp is not None and tp > 1
+    spec = rec.spec
+    tp, pp = _num(1 if spec.tp is None else spec.tp), _num(1 if spec.pp is None else spec.pp)
+    microbatches = _num(0 if spec.microbatches is None else spec.microbatches)
+    schedule = spec.pp_schedule if pp is not None and pp > 1 else None
+    sp = spec.sequence_parallel is True and tp is not None and tp > 1
     layout = layout_label(tp, pp, schedule, microbatches, sp)
-    strategy = r.text(spec.get("strategy"))
-    alloc = r.num("metrics.peak_memory_allocated_gib", metrics.get("peak_memory_allocated_gib"))
-    row = {
-        "sweep": r.text(rec.get("sweep")),
-        "cluster": r.text(rec.get("cluster")),
-        "run_id": r.text(rec.get("run_id")),
-        "repeat": r.num("repeat", rec.get("repeat", 1)),
-        "status": rec.get("status"),
-        "reason": r.text(rec.get("reason")),
-        "failed_rank": r.num("failed_rank", rec.get("failed_rank")),
-        "model": r.text(spec.get("model")),
-        "n_params": r.num("metrics.n_params", metrics.get("n_params")),
-        "strategy": strategy_label(strategy, layout),
-        "base_strategy": strategy,
+    ac = spec.activation_checkpointing
+    predicted = rec.predicted
+    row: dict[str, Any] = {
+        "sweep": rec.sweep,
+        "cluster": rec.cluster,
+        "run_id": rec.run_id,
+        "repeat": _num(rec.repeat_index),
+        "status": rec.status,
+        "reason": rec.reason,
+        "failed_rank": _num(rec.failed_rank),
+        "model": spec.model,
+        "n_params": _num(rec.metrics.n_params),
+        "strategy": strategy_label(spec.strategy, layout),
+        "base_strategy": spec.strategy,
         "layout": layout,
         "tp": tp,
         "pp": pp,
         "pp_schedule": schedule,
         "microbatches": microbatches if pp is not None and pp > 1 else None,
         "sequence_parallel": sp if tp is not None and tp > 1 else None,
-        "precision": r.text(spec.get("precision")),
-        "gpus": r.num("spec.gpus", spec.get("gpus")),
-        "nodes": r.num("spec.nodes", spec.get("nodes")),
-        "micro_batch": r.num("spec.micro_batch", spec.get("micro_batch")),
-        "seq_len": r.num("spec.seq_len", spec.get("seq_len")),
-        "grad_accum": r.num("spec.grad_accum", spec.get("grad_accum")),
+        "precision": spec.precision,
+        "gpus": _num(spec.gpus),
+        "nodes": _num(spec.nodes),
+        "micro_batch": _num(spec.micro_batch),
+        "seq_len": _num(spec.seq_len),
+        "grad_accum": _num(spec.grad_accum),
         "activation_checkpointing": None if ac is None else str(canonical_setting("activation_checkpointing", ac)),
-        "offload": r.text(spec.get("offload")),
-        "tokens_per_s": r.num("metrics.tokens_per_s", metrics.get("tokens_per_s")),
-        "tokens_per_s_per_gpu": r.num("metrics.tokens_per_s_per_gpu", metrics.get("tokens_per_s_per_gpu")),
-        "tflops_per_gpu": r.num("metrics.tflops_per_gpu", metrics.get("tflops_per_gpu")),
-        "mfu": r.num("metrics.mfu", metrics.get("mfu")),
-        "mfu_null_reason": r.text(null_reasons.get("mfu")),
-        "step_time_median_s": r.num("metrics.step_time_s.median", step.get("median")),
-        "step_time_p10_s": r.num("metrics.step_time_s.p10", step.get("p10")),
-        "step_time_p90_s": r.num("metrics.step_time_s.p90", step.get("p90")),
-        "step_time_mean_s": r.num("metrics.step_time_s.mean", step.get("mean")),
-        "n_step_samples": float(len(samples)) if samples else None,
-        "peak_memory_allocated_gib": alloc,
-        "peak_memory_reserved_gib": r.num("metrics.peak_memory_reserved_gib", metrics.get("peak_memory_reserved_gib")),
-        "predicted_memory_gib": r.num("predicted.memory_gib.total", _dict(predicted.get("memory_gib")).get("total")),
-        "device_memory_gib": r.num("env.device_memory_gib", env.get("device_memory_gib")),
-        "memory_measure": _memory_measure(alloc, env, null_reasons),
-        "comm_bytes_per_step": r.num("comm.bytes_per_step", comm.get("bytes_per_step")),
-        "comm_calls_per_step": r.num("comm.calls_per_step", comm.get("calls_per_step")),
-        "predicted_comm_bytes_per_step": r.num("predicted.comm_bytes_per_step", predicted.get("comm_bytes_per_step")),
-        "predicted_step_time_s": r.num("predicted.step_time_s", predicted.get("step_time_s")),
-        **{
-            f"predicted_{part}_s": r.num(f"predicted.time_s.{part}", parts.get(part))
-            for part in PREDICTED_PARTS
-            if parts
-        },
-        "step_time_deviation": r.num("predicted.step_time_deviation", predicted.get("step_time_deviation")),
-        "prediction_source": r.text(predicted.get("calibration")),
-        "predicted_time_null_reason": r.text(time_null.get("step_time_s")),
-        "loss": r.num("metrics.loss", metrics.get("loss")),
-        "device_name": r.text(env.get("device_name")),
-        "device_type": r.text(env.get("device_type")),
-        "backend": r.text(env.get("backend")),
-        "harness_git_sha": r.text(env.get("harness_git_sha")),
-        "started_at": r.text(rec.get("started_at")),
-        "finished_at": r.text(rec.get("finished_at")),
-        "path": path,
-        SAMPLES_COLUMN: samples,
+        "offload": spec.offload,
+        **{column: m.value(rec) for column, m in METRIC_COLUMNS.items()},
+        "mfu_null_reason": rec.metrics.null_reason("mfu"),
+        "memory_measure": _memory_measure(rec),
+        "prediction_source": None if predicted is None else predicted.calibration,
+        "predicted_time_null_reason": (
+            None if predicted is None else (predicted.time_null_reasons or {}).get("step_time_s")
+        ),
+        "device_name": rec.env.device_name,
+        "device_type": rec.env.device_type,
+        "backend": rec.env.backend,
+        "harness_git_sha": rec.env.harness_git_sha,
+        "started_at": rec.started_at,
+        "finished_at": rec.finished_at,
+        "path": rec.path or "?",
+        SAMPLES_COLUMN: rec.metrics.step_time_s.finite_samples() if rec.metrics.step_time_s is not None else [],
     }
     by_coll = {}
-    for name, c in _dict(comm.get("by_collective")).items():
-        b = r.num(f"comm.by_collective.{name}.bytes", _dict(c).get("bytes"))
+    for name, c in ((rec.comm.by_collective if rec.comm is not None else None) or {}).items():
+        b = finite_number(c.bytes)
         if b is not None:
             by_coll[_NAME_SAFE.sub("_", str(name))] = b
     return row, by_coll
@@ -344,11 +289,11 @@ def _variant_labels(df: pd.DataFrame) -> pd.Series:
     return out.astype(object)
 
 
-def records_frame(records: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
+def records_frame(records: Iterable[Record]) -> tuple[pd.DataFrame, list[str]]:
     """One row per record (columns SCALAR_COLUMNS, SAMPLES_COLUMN, `comm_bytes.<collective>`), + warnings.
 
-    `records` may be a generator (harness.results.fastload.iter_records): each record is flattened into the
-    columns as it comes and then dropped, so only the fields the report uses are ever held for all records."""
+    `records` may be a generator (harness.results.store.iter_records): each record is flattened into the columns
+    as it comes and then dropped, so only the fields the report uses are ever held for all records."""
     warnings: list[str] = []
     return frame_from_flat([flatten_records(records, warnings)], warnings)
 
@@ -358,14 +303,15 @@ FlatRecords = tuple[dict[str, list[Any]], list[dict[str, float]]]
 record"""
 
 
-def flatten_records(records: Iterable[Mapping[str, Any]], warnings: list[str]) -> FlatRecords:
+def flatten_records(records: Iterable[Record], warnings: list[str]) -> FlatRecords:
     """The first half of records_frame, which can run in another process (the result pickles): each record's
-    fields into plain lists, one record at a time; a field of the wrong type appends a warning."""
+    fields into plain lists, one record at a time. (`warnings`: where the frame's own warnings go; a field of the
+    wrong type was already one, from the reader.)"""
     names = [*SCALAR_COLUMNS, SAMPLES_COLUMN]
     columns: dict[str, list[Any]] = {c: [] for c in names}
     comm = []
     for rec in records:
-        row, by_coll = _flatten(rec, warnings)
+        row, by_coll = _flatten(rec)
         for c in names:
             columns[c].append(row.get(c))
         comm.append(by_coll)
@@ -412,8 +358,8 @@ def collective_columns(df: pd.DataFrame) -> list[str]:
 
 
 def load_frame(*dirs: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """Every record under `dirs` (recursively) as a frame, read one at a time (harness.results.fastload);
-    unreadable/partial/unknown-schema files → warnings (first), then the frame's own warnings."""
+    """Every record under `dirs` (recursively) as a frame, read one at a time (harness.results.store);
+    unreadable/partial/unknown-schema files and wrong-typed fields → warnings (first), then the frame's own."""
     warnings: list[str] = []
     df, more = records_frame(iter_records(*dirs, warnings=warnings))
     return df, warnings + more

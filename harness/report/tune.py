@@ -29,8 +29,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from harness.compare.metrics import finite_number
 from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
-from harness.results.fastload import files_named
-from harness.results.store import TUNE_LOG
+from harness.results.store import TUNE_LOG, files_named
 
 __all__ = [
     "TUNE_LOG",

@@ -1,25 +1,34 @@
-"""The record contract: one JSON record per cell, written atomically; loading records back.
+"""The one reader and writer of records: paths, atomic writes, and every record file read back as a typed
+`Record` (harness.results.record), with the same checks and the same warnings for every command.
 
-Record contract v1 (later versions add fields, never rename these): harness.results.schema.Record, with every
+Record contract v1 (later versions add fields, never rename these): harness.results.record.Record, with every
 field's type and unit; the README's "Record contract" table documents the same fields (a test holds them equal).
+
+Reading keeps results: a file that is not a readable v1 record (not JSON, another schema version, no run_id,
+status or spec) is a warning naming the file and why; a field of the wrong type inside a readable record (a
+hand-edited `"mfu": "high"`) is read as null with a warning naming the file, the key path and the value, and the
+record is kept. The walk over result trees uses os.scandir (no pathlib object per file until one is kept) and
+parses each file once; records are yielded one at a time, so a caller that keeps a few fields never holds them all.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import locale
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any
+
+from pydantic import ValidationError
 
 from harness.core.errors import InputError, Problem
-from harness.results.schema import Record, Spec, Status
-from harness.scenario.schema import LEGACY_GPUS_KEY
+from harness.core.typed import data_location, dotted, expected
+from harness.results.record import SCHEMA_VERSION, STATUSES, Fragment, Record, Spec, Status
 
-SCHEMA_VERSION: Final = 1
-STATUSES = ("ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped")
+__all__ = ["SCHEMA_VERSION", "STATUSES", "GIB"]  # re-exported: the contract's version and statuses
 GIB = 2**30
 
 
@@ -40,12 +49,6 @@ def record_name(run_id: str, repeat: int | None = 1) -> str:
 
 def record_path(results: str | Path, sweep: str, run_id: str, *, repeat: int | None = 1) -> Path:
     return sweep_dir(results, sweep) / record_name(run_id, repeat)
-
-
-def repeat_of(record: Mapping[str, Any]) -> int:
-    """Which run of its cell a record is: its `repeat` field, 1 when absent (a sweep without --repeat)."""
-    k = record.get("repeat")
-    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
 
 
 def unwritable_reason(folder: str | Path) -> str | None:
@@ -115,32 +118,36 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 def new_record(
     *,
-    spec: Spec,
+    spec: Spec | dict[str, Any],
     run_id: str,
     sweep: str,
     cluster: str,
     status: Status,
     reason: str | None = None,
     failed_rank: int | None = None,
+    **fields: Any,
 ) -> Record:
-    """A record skeleton: statuses other than ok carry a reason; metrics stay empty until measured."""
+    """A record: statuses other than ok carry a reason; metrics and env stay empty unless given in `fields`."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
     now = utc_now()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_id,
-        "sweep": sweep,
-        "cluster": cluster,
-        "status": status,
-        "reason": reason,
-        "failed_rank": failed_rank,
-        "spec": spec,
-        "metrics": {},
-        "env": {},
-        "started_at": now,
-        "finished_at": now,
-    }
+    return Record.model_validate(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "sweep": sweep,
+            "cluster": cluster,
+            "status": status,
+            "reason": reason,
+            "failed_rank": failed_rank,
+            "spec": spec,
+            "metrics": {},
+            "env": {},
+            "started_at": now,
+            "finished_at": now,
+            **fields,
+        }
+    )
 
 
 def sanitize(obj: Any) -> Any:
@@ -154,43 +161,130 @@ def sanitize(obj: Any) -> Any:
     return obj
 
 
-def write_record(results: str | Path, record: Mapping[str, Any]) -> Path:
-    """Write a record (harness.results.schema.Record) atomically to its path under `results` (a repeat's own name
-    when it has `repeat` >= 2); NaN/inf → null."""
-    path = record_path(results, record["sweep"], record["run_id"], repeat=repeat_of(record))
-    atomic_write_json(path, sanitize(record))
+def write_record(results: str | Path, record: Record | Mapping[str, Any]) -> Path:
+    """Write a record atomically to its path under `results` (a repeat's own name when it has `repeat` >= 2); the
+    Python API also takes a record's JSON document, checked as a read would check it."""
+    record = as_record(sanitize(dict(record)) if not isinstance(record, Record) else record)
+    path = record_path(results, record.sweep or "", record.run_id, repeat=record.repeat_index)
+    atomic_write_json(path, record.to_json_dict())
     return path
 
 
-def read_record(path: str | Path) -> Record:
-    """Parse one record; ValueError (with the reason) when it is not a readable v1 record. Checked here:
-    schema_version, run_id, status, spec; the other fields are as the type says, not checked."""
-    try:
-        rec = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"unreadable: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None
-    return check_record(rec)
+# --------------------------------------------------------------------------------------------------
+# reading
 
 
-def check_record(rec: Any) -> Record:
-    """A parsed document as a record (ValueError with the reason when it is not a readable v1 record), with
-    the spec's pre-2026-12 `world_size` renamed `gpus` (in place), so every reader sees one vocabulary."""
-    if not isinstance(rec, dict):
+class UnknownSchema(ValueError):
+    """A record of a schema version this harness does not read (a newer harness wrote it): comparing around it
+    would silently drop cells, so some readers refuse instead of warning."""
+
+    def __init__(self, version: Any) -> None:
+        self.version = version
+        super().__init__(f"unknown schema_version {version!r}; this harness reads version {SCHEMA_VERSION}")
+
+
+def check_core(doc: Any) -> dict[str, Any]:
+    """`doc` when it is a record this harness reads (a JSON object of schema_version 1 with run_id, a known status
+    and a spec); ValueError with the reason every command words it in otherwise."""
+    if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
-    version = rec.get("schema_version")
+    version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise ValueError(f"unknown schema_version {version!r}; this harness reads version {SCHEMA_VERSION}")
-    missing = [k for k in ("run_id", "status", "spec") if k not in rec]
+        raise UnknownSchema(version)
+    missing = [k for k in ("run_id", "status", "spec") if k not in doc]
     if missing:
         raise ValueError(f"missing keys: {', '.join(missing)}")
-    if rec["status"] not in STATUSES:
-        raise ValueError(f"status {rec['status']!r} is not one of {', '.join(STATUSES)}")
-    spec = rec["spec"]
-    if isinstance(spec, dict) and LEGACY_GPUS_KEY in spec and "gpus" not in spec:
-        spec["gpus"] = spec.pop(LEGACY_GPUS_KEY)
-    return cast(Record, rec)  # NOTE: only the keys above are checked; the rest is trusted to be as Record says
+    if doc["status"] not in STATUSES:
+        raise ValueError(f"status {doc['status']!r} is not one of {', '.join(STATUSES)}")
+    if not isinstance(doc["run_id"], str):
+        raise ValueError(f"run_id {doc['run_id']!r} is not a string")
+    if not isinstance(doc["spec"], dict):
+        raise ValueError(f"spec {doc['spec']!r} is not an object")
+    return doc
+
+
+_CORE = frozenset({"schema_version", "run_id", "status", "spec"})
+
+
+def _set_null(doc: Any, loc: tuple[Any, ...]) -> Any:
+    """A copy of `doc` with the value at `loc` null (only the containers on the way are copied)."""
+    if not loc:
+        return None
+    head, rest = loc[0], loc[1:]
+    out = dict(doc) if isinstance(doc, dict) else list(doc)
+    out[head] = _set_null(out[head], rest)
+    return out
+
+
+def parse_record(doc: Any, *, where: str = "", warnings: list[str] | None = None) -> Record:
+    """A parsed document as a typed record (ValueError with the reason when it is not a readable v1 record). A field
+    of the wrong type is read as null, with the warning `WHERE: KEY.PATH is VALUE, not EXPECTED; read as null`
+    appended to `warnings`: one bad number never costs the rest of a measurement."""
+    doc = check_core(doc)
+    nulled: set[tuple[Any, ...]] = set()
+    while True:  # NOTE: each pass nulls what pydantic refused (or, when null is refused too, its container)
+        try:
+            return Record.model_validate(doc)
+        except ValidationError as e:
+            errors = e.errors()
+        fixes: list[tuple[Any, ...]] = []
+        for err in errors:
+            loc = data_location(doc, err["loc"])
+            while loc in nulled:  # null is not allowed there: the container goes
+                loc = loc[:-1]
+            if not loc or (loc[0] in _CORE and len(loc) == 1):
+                raise ValueError(f"{dotted(err['loc'])}: {err['msg']}") from None
+            if loc not in fixes:
+                fixes.append(loc)
+                if warnings is not None and not any(n[: len(loc)] == loc for n in nulled):
+                    value = _value_at(doc, loc)
+                    warnings.append(f"{where}: {dotted(loc)} is {value!r}, not {expected(err)}; read as null")
+        for loc in fixes:
+            doc = _set_null(doc, loc)
+            nulled.add(loc)
+
+
+def as_record(rec: Record | Mapping[str, Any]) -> Record:
+    """A record given as a typed record or as the JSON document of one (the Python API takes both)."""
+    if isinstance(rec, Record):
+        return rec
+    doc = dict(rec)
+    path = doc.pop("_path", None)
+    parsed = parse_record(doc)
+    return parsed.at(str(path)) if path is not None else parsed
+
+
+def _value_at(doc: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        doc = doc[part]
+    return doc
+
+
+_ENCODING = locale.getpreferredencoding(False)
+"""what Path.read_text decodes with, so a non-UTF-8 file fails the same way wherever it is read"""
+
+
+def read_record(path: str | Path, *, warnings: list[str] | None = None) -> Record:
+    """One record file (ValueError with the reason when it is not a readable v1 record), parsed once and
+    remembered as read from `path`; wrong-typed fields as in parse_record."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode(_ENCODING)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"unreadable: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None
+    return parse_record(doc, where=str(path), warnings=warnings).at(str(path))
+
+
+def record_or_none(path: str | Path) -> Record | None:
+    """The record at `path`, or None where there is none a reader could take (absent, torn, another version)."""
+    try:
+        return read_record(path)
+    except ValueError:
+        return None
 
 
 TUNE_LOG = "tune.json"
@@ -199,35 +293,99 @@ NOT_RECORDS = frozenset({"manifest.json", TUNE_LOG})
 """JSON files a sweep folder holds beside its records: the manifest, and `harness tune`'s log"""
 
 
-def iter_record_files(*dirs: str | Path) -> Iterator[Path]:
-    """Record files under the given dirs (recursively), skipping hidden/temp files, the sweep manifest and the
-    tune log (NOT_RECORDS)."""
+def _is_record(name: str) -> bool:
+    return name.endswith(".json") and name not in NOT_RECORDS
+
+
+def _walk(root: str, rel: tuple[str, ...], out: list[tuple[tuple[str, ...], str]], keep: Callable[[str], bool]) -> None:
+    """Append (relative parts, path) of every entry under root whose name `keep` accepts: symlinked folders are not
+    entered; hidden entries (and everything under a hidden folder: fragments, repeats in staging, temp files) are
+    left out."""
+    try:
+        with os.scandir(root) as it:
+            entries = list(it)
+    except (PermissionError, FileNotFoundError, NotADirectoryError):
+        return
+    for e in entries:
+        if e.name.startswith("."):
+            continue
+        if keep(e.name):
+            out.append(((*rel, e.name), e.path))
+        try:
+            is_dir = e.is_dir() and not e.is_symlink()
+        except OSError:
+            is_dir = False
+        if is_dir:
+            _walk(e.path, (*rel, e.name), out, keep)
+
+
+def _files(keep: Callable[[str], bool], dirs: tuple[str | Path, ...]) -> list[str]:
+    paths: list[str] = []
     for d in dirs:
         d = Path(d)
         if d.is_file():
-            yield d
+            if keep(d.name) or keep is _is_record:
+                paths.append(str(d))
             continue
-        for p in sorted(d.rglob("*.json")):
-            if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name in NOT_RECORDS:
-                continue
-            yield p
+        found: list[tuple[tuple[str, ...], str]] = []
+        _walk(str(d), (), found, keep)
+        found.sort(key=lambda t: t[0])  # NOTE: by path parts, as sorted(Path…) orders them, not by the string
+        paths += [p for _, p in found]
+    return paths
+
+
+def record_files(*dirs: str | Path) -> list[str]:
+    """Paths of the record files under `dirs` (recursively; a path that is a file is taken as one), sorted by
+    path parts within each dir: hidden files and folders, the manifest and the tune log (NOT_RECORDS) left out."""
+    return _files(_is_record, dirs)
+
+
+def files_named(name: str, *dirs: str | Path) -> list[str]:
+    """Paths of the files called `name` under `dirs` (a dir that is itself such a file counts), walked and ordered
+    as record_files walks for records: `harness tune`'s logs (tune.json), which are not records."""
+    return _files(lambda n: n == name, dirs)
+
+
+def iter_records(*dirs: str | Path, warnings: list[str], field_warnings: list[str] | None = None) -> Iterator[Record]:
+    """Every readable record under `dirs`, one at a time; each file that is not a readable record appends
+    `PATH: why` to `warnings`, each wrong-typed field a line to `field_warnings` (default: `warnings`)."""
+    fields = warnings if field_warnings is None else field_warnings
+    for path in record_files(*dirs):
+        try:
+            yield read_record(path, warnings=fields)
+        except ValueError as e:
+            warnings.append(f"{path}: {e}")
 
 
 def load_records(*dirs: str | Path) -> tuple[list[Record], list[str]]:
-    """(records, warnings): every readable record; each unreadable/partial/unknown-schema file is a warning."""
-    records, warnings = [], []
-    for p in iter_record_files(*dirs):
-        try:
-            rec = read_record(p)
-        except ValueError as e:
-            warnings.append(f"{p}: {e}")
-            continue
-        rec.setdefault("_path", str(p))
-        records.append(rec)
-    return records, warnings
+    """(records, warnings): every readable record under `dirs`; each unreadable/partial/unknown-schema file and
+    each wrong-typed field is a warning."""
+    warnings: list[str] = []
+    return list(iter_records(*dirs, warnings=warnings)), warnings
 
 
 def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
     """Where the ranks of a cell write their failure fragments (`rank<k>.json`): the worker writes them, the
     launchers read them to compose the record rank 0 could not write. Hidden from load_records (a dot folder)."""
     return sweep_dir(results, sweep) / ".fragments" / run_id
+
+
+def write_fragment(results: str | Path, sweep: str, run_id: str, fragment: Fragment) -> Path:
+    """A failing rank's fragment, written atomically where the launcher looks for it."""
+    path = fragment_dir(results, sweep, run_id) / f"rank{fragment.rank}.json"
+    atomic_write_json(path, sanitize(fragment.to_json_dict()))
+    return path
+
+
+def read_fragments(results: str | Path, sweep: str, run_id: str, *, attempt: str | None) -> list[Fragment]:
+    """The failure fragments the ranks of launch `attempt` wrote (a fragment without an attempt counts), by rank
+    file name; an unreadable or torn fragment is left out (its rank then counts as silent)."""
+    frags = []
+    for p in sorted(fragment_dir(results, sweep, run_id).glob("rank*.json")):
+        try:
+            frag = Fragment.model_validate_json(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if frag.attempt in (None, attempt):
+            frags.append(frag)
+    return frags

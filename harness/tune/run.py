@@ -318,10 +318,9 @@ def _outcomes(
         except ValueError as e:
             out[(t.spec.run_id, t.repeat)] = ("missing", None, f"no record: {e}")
             continue
-        status = str(rec.get("status"))
         v = metric_value(rec, METRICS_BY_NAME[metric])  # NOTE: compare's reader: the same value compare judges
         value = v if v is not None and v > 0 else None
-        out[(t.spec.run_id, t.repeat)] = (status, value, str(rec.get("reason") or ""))
+        out[(t.spec.run_id, t.repeat)] = (rec.status, value, rec.reason or "")
     return out
 
 

@@ -15,12 +15,13 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from harness.plan.memory import flops_per_step as model_flops_per_step
 from harness.plan.memory import hardware_flops_per_step
-from harness.results.schema import Record, Spec
-from harness.results.store import atomic_write_json, fragment_dir, new_record, sanitize, write_record
+from harness.results.payload import Payload, PayloadCluster
+from harness.results.record import Fragment, Predicted, Record, Status
+from harness.results.store import new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
 from harness.worker.meters import dynamo as dynamo_meter
@@ -36,19 +37,18 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def write_fragment(payload: dict, rank: int, status: str, reason: str, extra: dict | None = None) -> None:
+def report_failure(payload: Payload, rank: int, status: str, reason: str, extra: dict | None = None) -> None:
+    """This rank's fragment: what ended it, written where the launcher looks when rank 0 wrote no record."""
     frag = {
         "rank": rank,
-        "attempt": payload.get("attempt"),
+        "attempt": payload.attempt,
         "status": status,
         "reason": reason,
         "time": time.time(),
         "hostname": node_name(),
         **(extra or {}),
     }
-    atomic_write_json(
-        fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json", sanitize(frag)
-    )
+    write_fragment(payload.results, payload.sweep, payload.run_id, Fragment.model_validate(sanitize(frag)))
 
 
 def _process_start_time() -> float | None:
@@ -123,7 +123,7 @@ def _is_slurm_time_limit(e: BaseException) -> bool:
 
 
 def run(
-    payload: dict[str, Any],
+    payload: Payload,
     *,
     rank: int,
     world_size: int,
@@ -137,8 +137,8 @@ def run(
     `forked`: this rank was forked from the sweep's warm interpreter (harness.launch.local.prefork) instead of
     started cold; recorded as env.prefork."""
     t_entry = time.time()
-    cluster = payload["cluster"]
-    for k, v in cluster.get("env", {}).items():
+    cluster = payload.cluster
+    for k, v in cluster.env.items():
         os.environ.setdefault(k, str(v))
     import torch
     import torch.distributed as dist
@@ -147,13 +147,12 @@ def run(
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from harness.worker import allocator
 
-    allocator_used = allocator.apply(cluster.get("cpu_allocator", "caching"), cluster.get("device", "cpu"))
+    allocator_used = allocator.apply(cluster.cpu_allocator or "caching", cluster.device)
 
-    spec = RunSpec.from_dict(payload["spec"])
+    spec = RunSpec.from_dict(payload.spec.as_dict())
     s = spec.settings
     if spec.gpus != world_size:
         raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
-    record = _ok_record(payload, spec=spec, t_entry=t_entry)
 
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
@@ -182,8 +181,7 @@ def run(
         )
         if rank != 0:
             return None
-        _complete_record(
-            record,
+        record = _measured_record(
             payload=payload,
             spec=spec,
             trainer=trainer,
@@ -198,7 +196,7 @@ def run(
             comm_summary=comm_summary,
             allocator=allocator_used,
         )
-        write_record(payload["results"], record)
+        write_record(payload.results, record)
         return record
     except BaseException as e:
         _write_failure(payload, rank, e)
@@ -212,34 +210,18 @@ def run(
 # the phases of run(), in order
 
 
-def _ok_record(payload: dict[str, Any], *, spec: RunSpec, t_entry: float) -> Record:
-    """The record this rank fills in if the cell ends ok (only rank 0's is written)."""
-    record = new_record(
-        spec=cast(Spec, spec.to_dict()),
-        run_id=payload["run_id"],
-        sweep=payload["sweep"],
-        cluster=payload["cluster"]["name"],
-        status="ok",
-    )
-    record["attempt"] = payload.get("attempt")
-    record["started_at"] = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
-    if payload.get("predicted") is not None:
-        record["predicted"] = payload["predicted"]
-    return record
-
-
 def _join_process_group(
-    cluster: dict[str, Any], *, rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
+    cluster: PayloadCluster, *, rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
 ) -> tuple[Any, str]:
     """(device, backend): this rank's device (cuda:<index> or cpu), set as current, and the world process group
     joined (nccl on CUDA, gloo on CPU) with the cluster's watchdog timeout on every group made later too."""
     import torch
     import torch.distributed as dist
 
-    if cluster["device"] == "cuda":
+    if cluster.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(
-                f"cluster profile {cluster['name']!r} says cuda, but torch.cuda.is_available() "
+                f"cluster profile {cluster.name!r} says cuda, but torch.cuda.is_available() "
                 f"is False here (torch {torch.__version__}, host {node_name()})"
             )
         device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
@@ -255,7 +237,7 @@ def _join_process_group(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(local_rank),
     )
-    timeout = datetime.timedelta(seconds=float(cluster.get("pg_timeout_s", 300)))
+    timeout = datetime.timedelta(seconds=float(cluster.pg_timeout_s))
     # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
     # from these module globals, not from the world group: set them so the watchdog covers every group.
     import torch.distributed.distributed_c10d as c10d
@@ -422,10 +404,9 @@ def _aggregate_over_ranks(
     )
 
 
-def _complete_record(
-    record: Record,
+def _measured_record(
     *,
-    payload: dict[str, Any],
+    payload: Payload,
     spec: RunSpec,
     trainer: Any,
     device: Any,
@@ -438,18 +419,77 @@ def _complete_record(
     ranks: _OverRanks,
     comm_summary: dict,
     allocator: str,
-) -> None:
-    """Rank 0: the record's env, metrics, comm and status (nan when a loss is not finite), from what the ranks
-    measured."""
-    out = cast(dict[str, Any], record)  # filled field by field; tests check the result against the Record type
+) -> Record:
+    """Rank 0: the cell's record — its env, metrics, comm and status (nan when a loss is not finite) — from what
+    the ranks measured."""
     import torch
 
-    from harness.worker import env as envmod
     from harness.worker.meters.timing import summarize
 
     s = spec.settings
-    world_size = spec.gpus
-    mem, dynamo, peaks, per_rank_losses = timed.mem, timed.dynamo, ranks.peaks, ranks.per_rank_losses
+    env = _env(
+        payload, trainer=trainer, device=device, backend=backend, forked=forked, ranks=ranks, allocator=allocator
+    )
+    summary = summarize(ranks.step_times.tolist())
+    metrics = _metrics(spec, summary=summary, env=env, timed=timed, ranks=ranks, warm_times=warm_times)
+    metrics["setup_s"] = t_ready - t_entry
+    start = _process_start_time()
+    metrics["startup_s"] = None if start is None else t_ready - start
+    if start is None:
+        metrics["null_reasons"]["startup_s"] = "process start time unavailable (/proc/self/stat)"
+    fields: dict[str, Any] = {"attempt": payload.attempt}
+    if payload.predicted is not None:
+        fields["predicted"] = _with_deviations(payload.predicted, comm=comm_summary, median_s=summary["median"])
+    fields["comm"] = comm_summary
+    if getattr(trainer, "layout_info", None) is not None:  # a tensor- or pipeline-parallel layout
+        fields["layout"] = trainer.layout_info
+    status: Status = "ok"
+    reason, failed_rank = None, None
+    recompiled = int(ranks.peaks[2])
+    if recompiled > 0:
+        reason = (
+            f"torch.compile compiled {recompiled} frame(s) during the measured steps "
+            "(recompilation): those steps' times include compile time; raise warmup_steps "
+            "or look for the changing guard with TORCH_LOGS=recompiles"
+        )
+    bad = (~torch.isfinite(ranks.per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
+    if bad:
+        failed_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
+        status = "nan"
+        reason = (
+            f"loss is not finite at step {first + 1} "
+            f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {failed_rank}"
+        )
+    started = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
+    return new_record(
+        spec=payload.spec,
+        run_id=payload.run_id,
+        sweep=payload.sweep,
+        cluster=payload.cluster.name,
+        status=status,
+        reason=reason,
+        failed_rank=failed_rank,
+        metrics=sanitize(metrics),
+        env=sanitize(env),
+        started_at=started,
+        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **{k: v if isinstance(v, Predicted) else sanitize(v) for k, v in fields.items()},
+    )
+
+
+def _env(
+    payload: Payload,
+    *,
+    trainer: Any,
+    device: Any,
+    backend: str,
+    forked: bool,
+    ranks: _OverRanks,
+    allocator: str,
+) -> dict[str, Any]:
+    """Where the cell ran, as rank 0 saw it, and every rank's host."""
+    from harness.worker import env as envmod
+
     env = envmod.capture(device.type)
     env["prefork"] = forked  # forked from the sweep's warm interpreter, not started cold
     env["cpu_allocator"] = allocator  # what this rank's malloc does with freed memory (harness.worker.allocator)
@@ -458,35 +498,41 @@ def _complete_record(
     env.update(
         backend=backend,
         hostnames=sorted({h for h in ranks.hosts if h is not None}),
-        harness_git_sha=payload.get("git_sha"),
+        harness_git_sha=payload.git_sha,
     )
-    if payload.get("job_id") is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
-        env.update(slurm_job_id=payload["job_id"], slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-    samples = ranks.step_times.tolist()
-    summary = summarize(samples)
+    if payload.job_id is not None:  # under SLURM: submitit's id (<array>_<index> for array tasks)
+        env.update(slurm_job_id=payload.job_id, slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+    return env
+
+
+def _metrics(
+    spec: RunSpec, *, summary: dict, env: dict[str, Any], timed: _Timed, ranks: _OverRanks, warm_times: list[float]
+) -> dict[str, Any]:
+    """The measured numbers of the cell (harness.results.record.Metrics), from the slowest rank's step times."""
+    s = spec.settings
+    mem, dynamo, peaks = timed.mem, timed.dynamo, ranks.peaks
     tokens = spec.tokens_per_step
     flops_per_step = spec.model_config.flops_per_token(s.seq_len) * tokens
-    tflops_per_gpu = flops_per_step / world_size / summary["median"] / 1e12
+    tflops_per_gpu = flops_per_step / spec.gpus / summary["median"] / 1e12
     null_reasons = dict(mem["null_reasons"])
     mfu, hfu, peak_tflops = utilisation(
         spec,
         tflops_per_gpu,
-        device_type=device.type,
+        device_type=env["device_type"],
         device_name=env["device_name"],
         allow_tf32=env["allow_tf32"],
         null_reasons=null_reasons,
     )
-    start = _process_start_time()
     if s.compile:
         # the first step traces and compiles; what it took beyond a steady step is the compile cost
         compile_s = max(0.0, warm_times[0] - summary["median"])
     else:
         compile_s = None
         null_reasons["compile_s"] = "compile is off for this cell"
-    out["metrics"] = {
+    return {
         "step_time_s": summary,
         "tokens_per_s": tokens / summary["median"],
-        "tokens_per_s_per_gpu": tokens / summary["median"] / world_size,
+        "tokens_per_s_per_gpu": tokens / summary["median"] / spec.gpus,
         "tflops_per_gpu": tflops_per_gpu,
         "mfu": mfu,
         "hfu": hfu,
@@ -499,44 +545,27 @@ def _complete_record(
         "n_params": spec.model_config.n_params(),
         "flops_per_step": flops_per_step,
         "tokens_per_step": tokens,
-        "setup_s": t_ready - t_entry,
+        "setup_s": None,  # NOTE: filled by the caller; here for the field order of the record
         "warmup_step_times_s": warm_times,
         "compile_s": compile_s,
-        "startup_s": None if start is None else t_ready - start,
+        "startup_s": None,
         "dynamo": dict(dynamo, frames_in_measured_steps=int(peaks[2])),
         "null_reasons": null_reasons,
     }
-    if peaks[2] > 0:
-        out["reason"] = (
-            f"torch.compile compiled {int(peaks[2])} frame(s) during the measured steps "
-            "(recompilation): those steps' times include compile time; raise warmup_steps "
-            "or look for the changing guard with TORCH_LOGS=recompiles"
-        )
-    if start is None:
-        null_reasons["startup_s"] = "process start time unavailable (/proc/self/stat)"
-    bad = (~torch.isfinite(per_rank_losses)).nonzero().tolist()  # [rank, step] pairs
-    if bad:
-        bad_rank, first = min(bad, key=lambda rs: (rs[1], rs[0]))
-        out.update(
-            status="nan",
-            failed_rank=bad_rank,
-            reason=f"loss is not finite at step {first + 1} "
-            f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {bad_rank}",
-        )
-    out["comm"] = comm_summary
-    if getattr(trainer, "layout_info", None) is not None:  # a tensor- or pipeline-parallel layout
-        out["layout"] = trainer.layout_info
-    predicted_comm = (out.get("predicted") or {}).get("comm_bytes_per_step")
-    if predicted_comm:
-        out["predicted"]["comm_deviation"] = comm_summary["bytes_per_step"] / predicted_comm - 1.0
-    predicted_step = (out.get("predicted") or {}).get("step_time_s")
-    if predicted_step:
-        out["predicted"]["step_time_deviation"] = summary["median"] / predicted_step - 1.0
-    out["env"] = env
-    out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_failure(payload: dict[str, Any], rank: int, e: BaseException) -> None:
+def _with_deviations(predicted: Predicted, *, comm: dict, median_s: float) -> Predicted:
+    """The prediction with how the measurement compares: measured / predicted − 1 for collective bytes and step
+    time (where the prediction has them)."""
+    update: dict[str, float] = {}
+    if predicted.comm_bytes_per_step:
+        update["comm_deviation"] = comm["bytes_per_step"] / predicted.comm_bytes_per_step - 1.0
+    if predicted.step_time_s:
+        update["step_time_deviation"] = median_s / predicted.step_time_s - 1.0
+    return predicted.model_copy(update=update) if update else predicted
+
+
+def _write_failure(payload: Payload, rank: int, e: BaseException) -> None:
     """This rank's fragment for the exception that ends it (oom, a SLURM time limit, or error), with its traceback
     and, for an oom, the memory in use."""
     import torch
@@ -551,7 +580,7 @@ def _write_failure(payload: dict[str, Any], rank: int, e: BaseException) -> None
             from harness.worker.meters.memory import rss_bytes
 
             extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
-    write_fragment(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
+    report_failure(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
 
 
 def _step_fn(trainer, batches, injector):

@@ -30,7 +30,7 @@ from harness.compare.promote import promote_baseline
 from harness.compare.stats import mann_whitney_p
 from harness.core.errors import InputError
 from harness.core.zoo import ZOO
-from harness.results.store import load_records, write_record
+from harness.results.store import as_record, load_records, write_record
 from harness.scenario.schema import RunSpec, Settings, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -382,7 +382,7 @@ def test_renamed_sweep_in_another_folder_still_matches(tmp_path):
     c = write_set(tmp_path / "elsewhere", cand.values())
     assert run_cli(b, c, "--fail-on-missing") == 0
     recs, _ = load_records(c)
-    assert all("nightly-2026-11-30" in r["_path"] for r in recs)
+    assert all("nightly-2026-11-30" in str(r.path) for r in recs)
     cmp = compare(load_records(b)[0], recs)
     assert len(cmp.matched) == 6 and not cmp.added and not cmp.missing
 
@@ -420,7 +420,7 @@ def test_several_records_of_a_spec_are_its_runs_and_the_latest_is_its_record(tmp
     crashed = {**make_record(status="crashed", finished_at="2026-11-28T01:00:00+00:00"), "attempt": "a0"}
     cmp = compare([make_record()], [new, old, crashed])
     cell = cmp.cell("tiny ddp fp32 g2")
-    assert cell.runs == (1, 2) and cell.candidate["attempt"] == "a2"  # ok runs; the record: the latest
+    assert cell.runs == (1, 2) and cell.candidate is not None and cell.candidate.attempt == "a2"  # the latest
     assert row(cmp, "tiny ddp fp32 g2", "step_time_s").candidate == pytest.approx(0.1 * 1.25)  # median of 2 runs
     assert row(cmp, "tiny ddp fp32 g2", "comm.bytes_per_step").candidate == 7  # exact: the latest record
     assert "candidate: 1 of 3 runs not ok (crashed)" in cell.notes and cmp.warnings == []
@@ -763,13 +763,13 @@ def test_promote_without_atomic_exchange_falls_back_to_renames(tmp_path, monkeyp
     monkeypatch.setattr(hp, "_exchange", lambda a, b: False)
     write_set(tmp_path / "base", [make_record(micro_batch=8)])
     recs = [make_record(), make_record(strategy="zero2")]
-    promote_baseline(recs, tmp_path / "base")
+    promote_baseline([as_record(r) for r in recs], tmp_path / "base")
     names = sorted(p.name for p in (tmp_path / "base" / "nightly").iterdir())
     assert names == sorted(f"{r['run_id']}.json" for r in recs)
     assert [p.name for p in tmp_path.iterdir()] == ["base"]
     # runs of one cell: each its own name; two first runs (from two dirs) do not overwrite each other
     two = [make_record(), {**make_record(), "repeat": 2}, make_record()]
-    promote_baseline(two, tmp_path / "base")
+    promote_baseline([as_record(r) for r in two], tmp_path / "base")
     rid = two[0]["run_id"]
     assert sorted(p.name for p in (tmp_path / "base" / "nightly").iterdir()) == [
         f"{rid}.json",
@@ -1045,20 +1045,22 @@ def test_json_writer_is_json_dumps_indent_2():
 def test_side_index_keeps_the_chosen_record_whole_and_every_runs_values():
     from harness.compare.match import SideIndex, index_by_spec
 
-    first = make_record(finished_at="2026-11-29T01:00:00+00:00")
-    same_second = {**make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00"), "_path": "b.json"}
-    older = {**make_record(samples=scaled(2.0), finished_at="2026-11-28T01:00:00+00:00"), "_path": "c.json"}
-    odd = {**make_record(), "spec": ["not", "a", "mapping"], "_path": "d.json"}
-    index = SideIndex(side="candidate").add_all([first, same_second, older, odd])
-    assert index.records == 4 and len(index.chosen) == 1
+    first = as_record(make_record(finished_at="2026-11-29T01:00:00+00:00"))
+    same_second = as_record(
+        {**make_record(samples=scaled(1.5), finished_at="2026-11-29T01:00:00+00:00"), "_path": "b.json"}
+    )
+    older = as_record({**make_record(samples=scaled(2.0), finished_at="2026-11-28T01:00:00+00:00"), "_path": "c.json"})
+    copy = as_record({**make_record(finished_at="2026-11-27T01:00:00+00:00"), "attempt": "x1", "_path": "d.json"})
+    index = SideIndex(side="candidate").add_all([first, same_second, older, copy, copy])
+    assert index.records == 5 and len(index.chosen) == 1
     (chosen,) = index.chosen.values()
-    assert chosen["_path"] == "b.json"  # of equal finish times, the last one read
+    assert chosen.path == "b.json"  # of equal finish times, the last one read
     (key,) = index.runs
-    assert [r["step_time_s"] for r in index.runs[key]] == pytest.approx([0.1, 0.15, 0.2])
-    assert [f["_path"] for f in index.run_files[key]] == [None, "b.json", "c.json"]
-    assert index.warnings() == ["d.json: candidate: 'spec' is not a mapping; record skipped"]
+    assert [r["step_time_s"] for r in index.runs[key]] == pytest.approx([0.1, 0.15, 0.2, 0.1])
+    assert [f.path for f in index.run_files[key]] == [None, "b.json", "c.json", "d.json"]
+    assert index.warnings() == ["candidate: d.json is a copy of a run already read; counted once"]
     notes: list[str] = []
-    assert index_by_spec([first, same_second, older, odd], side="candidate", ignore=(), warnings_out=notes) == {
+    assert index_by_spec([first, same_second, older, copy, copy], side="candidate", ignore=(), warnings_out=notes) == {
         next(iter(index.chosen)): chosen
     }
     assert notes == index.warnings()

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 
-from harness.launch.core.outcome import describe
+from harness.launch.core.outcome import describe as describe_record
+from harness.results.store import as_record
 from tests.conftest import REPO
+
+
+def describe(rec: dict) -> str:
+    return describe_record(as_record(rec))
 
 
 def real_record() -> dict:

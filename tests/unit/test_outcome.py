@@ -13,6 +13,8 @@ import pytest
 
 from harness.launch.core.outcome import classify, finalize, is_secondary
 from harness.launch.core.payload import make_payload
+from harness.results.payload import Payload
+from harness.results.record import Fragment, Record
 from harness.results.store import fragment_dir, new_record, read_record, record_path, write_record
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
@@ -29,12 +31,12 @@ INJECTED = "RuntimeError: injected exception (rank 1, step 2)"
 CUDA_OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
-def frag(rank: int, status: str, reason: str, time: float) -> dict:
-    return {"rank": rank, "attempt": "a1", "status": status, "reason": reason, "time": time, "hostname": "node1"}
+def frag(rank: int, status: str, reason: str, time: float, *, attempt: str = "a1") -> Fragment:
+    return Fragment(rank=rank, attempt=attempt, status=status, reason=reason, time=time, hostname="node1")
 
 
 def outcome(
-    frags: list[dict],
+    frags: list[Fragment],
     *,
     world_size: int = 2,
     elapsed_s: float = 5.0,
@@ -177,23 +179,23 @@ def test_ranks_that_exit_without_a_record_or_an_exception_are_crashed():
 
 
 @pytest.fixture
-def payload(tmp_path) -> dict:
+def payload(tmp_path) -> Payload:
     spec = make_spec(strategy="ddp")
     return make_payload(spec, sweep="s", cluster=load_cluster("local"), results=tmp_path, sha="abc", predicted=None)
 
 
-def rank0_record(payload: dict, status: str, **fields) -> dict:
+def rank0_record(payload: Payload, status: str, **fields) -> Record:
     rec = new_record(
-        spec=payload["spec"],
-        run_id=payload["run_id"],
-        sweep=payload["sweep"],
-        cluster=payload["cluster"]["name"],
+        spec=payload.spec,
+        run_id=payload.run_id,
+        sweep=payload.sweep,
+        cluster=payload.cluster.name,
         status=status,
+        attempt=payload.attempt,
         **fields,
     )
-    rec["attempt"] = payload["attempt"]
-    write_record(payload["results"], rec)
-    return read_record(record_path(payload["results"], payload["sweep"], payload["run_id"]))
+    write_record(payload.results, rec)
+    return read_record(record_path(payload.results, payload.sweep, payload.run_id))
 
 
 @pytest.mark.parametrize(
@@ -205,25 +207,26 @@ def rank0_record(payload: dict, status: str, **fields) -> dict:
 )
 def test_rank_0s_record_of_this_attempt_is_the_cells_record(payload, status, fields):
     written = rank0_record(payload, status, **fields)
-    write_fragment_file(payload, frag(1, "error", INJECTED, 10.0) | {"attempt": payload["attempt"]})
+    write_fragment_file(payload, frag(1, "error", INJECTED, 10.0, attempt=payload.attempt))
     rec = finalize(payload, elapsed_s=100.0, time_limit_s=60.0)
-    assert rec == written and rec["status"] == status
+    assert rec.to_json_dict() == written.to_json_dict() and rec.status == status
 
 
-def write_fragment_file(payload: dict, fragment: dict) -> None:
-    d = fragment_dir(payload["results"], payload["sweep"], payload["run_id"])
+def write_fragment_file(payload: Payload, fragment: Fragment) -> None:
+    d = fragment_dir(payload.results, payload.sweep, payload.run_id)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank{fragment['rank']}.json").write_text(json.dumps(fragment))
+    (d / f"rank{fragment.rank}.json").write_text(json.dumps(fragment.to_json_dict()))
 
 
 def test_without_rank_0s_record_finalize_composes_one_from_this_attempts_fragments(payload):
-    rank0_record(dict(payload, attempt="an earlier attempt"), "ok")  # an earlier attempt's record is not this one's
-    write_fragment_file(payload, frag(0, "error", GLOO_CLOSED, 11.0) | {"attempt": payload["attempt"]})
-    write_fragment_file(payload, frag(1, "oom", CUDA_OOM, 10.0) | {"attempt": "an earlier attempt"})
+    earlier = payload.model_copy(update={"attempt": "an earlier attempt"})
+    rank0_record(earlier, "ok")  # an earlier attempt's record is not this one's
+    write_fragment_file(payload, frag(0, "error", GLOO_CLOSED, 11.0, attempt=payload.attempt))
+    write_fragment_file(payload, frag(1, "oom", CUDA_OOM, 10.0, attempt="an earlier attempt"))
     rec = finalize(payload, elapsed_s=5.0, time_limit_s=60.0, exit_codes=[1, -9])
     # rank 1's oom belongs to another attempt: this attempt's rank 1 said nothing
-    assert (rec["status"], rec["failed_rank"]) == ("crashed", 1)
-    assert rec["reason"].startswith("rank 1 died without raising an exception")
-    assert [f["rank"] for f in rec["failures"]] == [0]
-    assert rec["attempt"] == payload["attempt"] and rec["env"]["harness_git_sha"] == "abc"
-    assert read_record(record_path(payload["results"], "s", payload["run_id"])) == rec
+    assert (rec.status, rec.failed_rank) == ("crashed", 1)
+    assert rec.reason is not None and rec.reason.startswith("rank 1 died without raising an exception")
+    assert [f.rank for f in rec.failures or []] == [0]
+    assert rec.attempt == payload.attempt and rec.env.harness_git_sha == "abc"
+    assert read_record(record_path(payload.results, "s", payload.run_id)).to_json_dict() == rec.to_json_dict()

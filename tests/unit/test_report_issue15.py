@@ -209,7 +209,7 @@ def test_output_under_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, ca
     def no_work(*args, **kwargs):
         raise AssertionError("records were read before the output was checked")
 
-    monkeypatch.setattr("harness.report.read_file", no_work)  # each record file is read by it
+    monkeypatch.setattr("harness.report.read_record", no_work)  # each record file is read by it
     assert main(["report", str(FIXTURES), "-o", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [

@@ -14,9 +14,9 @@ import pytest
 import harness.report as report
 from harness.report import build_report, figures
 from harness.report.frame import records_frame
-from harness.results.fastload import iter_records
+from harness.results.store import iter_records
 from tests.unit.test_report import FIGURES, PREDICTION_FIGURES
-from tests.unit.test_report_fastload import _tree
+from tests.unit.test_store import _tree
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
@@ -92,7 +92,7 @@ def test_a_dying_figure_process_changes_nothing(serial_report, monkeypatch, tmp_
 
 
 def test_records_read_in_shares_are_the_records_read_in_one(monkeypatch, tmp_path):
-    """The fastload test tree (hidden folders, a manifest, a folder named like a record, a symlinked folder,
+    """The store test tree (hidden folders, a manifest, a folder named like a record, a symlinked folder,
     a latin-1 file): the same frame and the same warnings, in the same order, from one process or from two."""
     root = _tree(tmp_path / "results")
     warnings: list[str] = []

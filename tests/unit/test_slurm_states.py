@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.slurm.jobs import flight_state, pack_verdict, verdict
+from harness.results.record import Fragment
 
 
 def frag(rank: int, status: str, reason: str) -> dict:
@@ -39,6 +40,7 @@ SUBMITIT_TIMEOUT = "UncompletedJobError: Job not requeued because: timed-out too
     ],
 )
 def test_how_a_jobs_end_becomes_a_status(state, frags, errors, stuck, expected):
+    frags = [Fragment.model_validate(f) for f in frags]
     v = verdict(state, frags=frags, errors=errors, minutes=1, job_id="7_1", stopped_stuck=stuck)
     assert (v and v[0]) == expected
     if v:
@@ -83,6 +85,7 @@ def test_slurm_states_as_cell_states():
     ],
 )
 def test_how_a_packs_end_becomes_the_status_of_a_cell_without_a_record(state, started, frags, errors, expected, words):
+    frags = [Fragment.model_validate(f) for f in frags]
     v = pack_verdict(state, started=started, frags=frags, errors=errors, minutes=6, job_id="7", position=2, of=3)
     assert (v and v[0]) == expected
     if v:

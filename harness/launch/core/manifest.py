@@ -10,12 +10,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.results.record import Record
 from harness.results.store import atomic_write_json, sweep_dir, utc_now
 
 
@@ -133,6 +134,6 @@ def cell_runs(cell: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return dict(sorted(runs.items()))
 
 
-def cell_state(rec: Mapping[str, Any]) -> str:
+def cell_state(rec: Record) -> str:
     """The manifest state of a cell that has its record."""
-    return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec["status"], "failed")
+    return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec.status, "failed")

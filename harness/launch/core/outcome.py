@@ -8,13 +8,12 @@ way, so a failure reads the same whichever way the cell ran.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from harness.results.schema import ComposedEnv, Failure, Predicted, Record, Spec, Status
-from harness.results.store import fragment_dir, new_record, read_record, record_path, write_record
+from harness.results.payload import Payload
+from harness.results.record import Fragment, Predicted, Record
+from harness.results.store import new_record, read_fragments, record_or_none, record_path, write_record
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
@@ -22,27 +21,15 @@ FAILED = ("oom", "timeout", "error", "nan", "crashed", "cancelled")
 """the statuses of a cell that ran and failed (not ok, not skipped)"""
 
 
-def read_fragments(payload: dict) -> list[dict]:
+def fragments_of(payload: Payload) -> list[Fragment]:
     """The failure fragments the ranks of this attempt wrote."""
-    d = fragment_dir(payload["results"], payload["sweep"], payload["run_id"])
-    frags = []
-    for p in sorted(d.glob("rank*.json")):
-        try:
-            frag = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if frag.get("attempt") in (None, payload["attempt"]):
-            frags.append(frag)
-    return frags
+    return read_fragments(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt)
 
 
-def _fresh_record(payload: dict) -> Record | None:
-    path = record_path(payload["results"], payload["sweep"], payload["run_id"])
-    try:
-        rec = read_record(path)
-    except ValueError:
-        return None
-    return rec if rec.get("attempt") == payload["attempt"] else None
+def fresh_record(payload: Payload) -> Record | None:
+    """Rank 0's record of this very attempt, if it wrote one (an earlier attempt's record does not count)."""
+    rec = record_or_none(record_path(payload.results, payload.sweep, payload.run_id))
+    return rec if rec is not None and rec.attempt == payload.attempt else None
 
 
 SECONDARY = (
@@ -59,9 +46,9 @@ SECONDARY = (
 TIMEOUTS = ("timed out", "timeout", "watchdog")
 
 
-def is_secondary(frag: dict) -> bool:
+def is_secondary(frag: Fragment) -> bool:
     """A rank that failed because another one did: its collective broke or timed out."""
-    return any(k in frag["reason"].lower() for k in SECONDARY + TIMEOUTS)
+    return any(k in (frag.reason or "").lower() for k in SECONDARY + TIMEOUTS)
 
 
 def _exception_line(tb: str) -> str:
@@ -70,7 +57,7 @@ def _exception_line(tb: str) -> str:
 
 
 def classify(
-    frags: list[dict],
+    frags: list[Fragment],
     *,
     world_size: int,
     elapsed_s: float,
@@ -92,27 +79,27 @@ def classify(
         return "cancelled", "the job was cancelled before the cell finished", None
     if ended is not None:
         return ended[0], ended[1], None
-    reported = {f["rank"] for f in frags}
+    reported = {f.rank for f in frags}
     silent = sorted(set(range(world_size)) - reported)
     primary = [f for f in frags if not is_secondary(f)]
     if primary:
-        first = min(primary, key=lambda f: f["time"])
-        return first["status"], first["reason"], first["rank"]
+        first = min(primary, key=_when)
+        return str(first.status), str(first.reason), first.rank
     if frags:
-        first = min(frags, key=lambda f: f["time"])
-        culprit = silent[0] if silent else first["rank"]
+        first = min(frags, key=_when)
+        culprit = silent[0] if silent else first.rank
         who = f"rank {', '.join(map(str, silent))}" if silent else f"rank {culprit}"
-        if any(k in f["reason"].lower() for f in frags for k in TIMEOUTS):
+        said = (first.reason or "")[:300]
+        if any(k in (f.reason or "").lower() for f in frags for k in TIMEOUTS):
             return (
                 "timeout",
                 f"collective timed out after the {pg_timeout_s:g} s watchdog: {who} stopped making "
-                f"progress (rank {first['rank']} reported: {first['reason'][:300]})",
+                f"progress (rank {first.rank} reported: {said})",
                 culprit,
             )
         return (
             "crashed",
-            f"{who} died without raising an exception; the others saw its connection close "
-            f"(rank {first['rank']}: {first['reason'][:300]})",
+            f"{who} died without raising an exception; the others saw its connection close (rank {first.rank}: {said})",
             culprit,
         )
     if job_errors:
@@ -124,8 +111,12 @@ def classify(
     return "crashed", f"the ranks exited without a record or an exception{codes}", None
 
 
+def _when(frag: Fragment) -> float:
+    return float(frag.time) if frag.time is not None else float("inf")
+
+
 def finalize(
-    payload: dict,
+    payload: Payload,
     *,
     elapsed_s: float,
     time_limit_s: float,
@@ -137,79 +128,61 @@ def finalize(
 ) -> Record:
     """The cell's record: rank 0's if this attempt wrote one, else one composed from what is known
     (`ended`, `job_errors`: see classify)."""
-    fresh = _fresh_record(payload)
+    fresh = fresh_record(payload)
     if fresh is not None:
         return fresh
-    spec = payload["spec"]
-    frags = read_fragments(payload)
+    frags = fragments_of(payload)
     status, reason, rank = classify(
         frags,
-        world_size=spec["gpus"],
+        world_size=int(payload.spec.gpus or 0),
         elapsed_s=elapsed_s,
         time_limit_s=time_limit_s,
         cancelled=cancelled,
         exit_codes=exit_codes,
-        pg_timeout_s=payload["cluster"].get("pg_timeout_s"),
+        pg_timeout_s=payload.cluster.pg_timeout_s,
         ended=ended,
         job_errors=job_errors,
     )
-    rec = new_record(
-        spec=cast(Spec, spec),
-        run_id=payload["run_id"],
-        sweep=payload["sweep"],
-        cluster=payload["cluster"]["name"],
-        status=cast(Status, status),
-        reason=reason,
-        failed_rank=rank,
-    )
-    rec["attempt"] = payload["attempt"]
-    if payload.get("predicted") is not None:
-        rec["predicted"] = payload["predicted"]
+    fields: dict[str, Any] = {"attempt": payload.attempt}
+    if payload.predicted is not None:
+        fields["predicted"] = payload.predicted
     if frags:
-        rec["failures"] = [
-            cast(
-                Failure,
-                {
-                    k: f.get(k)
-                    for k in (
-                        "rank",
-                        "status",
-                        "reason",
-                        "hostname",
-                        "traceback",
-                        "memory_allocated_gib",
-                        "memory_reserved_gib",
-                        "memory_rss_gib",
-                    )
-                },
-            )
-            for f in frags
-        ]
+        fields["failures"] = [f.failure() for f in frags]
     elif job_errors:
-        rec["failures"] = [
+        fields["failures"] = [
             {"rank": k, "status": "error", "reason": _exception_line(tb), "traceback": tb[-8000:]}
             for k, tb in sorted(job_errors.items())
         ]
     if log_tail:
-        rec["log_tail"] = log_tail[-4000:]
-    rec["env"] = ComposedEnv(harness_git_sha=payload.get("git_sha"), slurm_job_id=payload.get("job_id"))
-    write_record(payload["results"], rec)
+        fields["log_tail"] = log_tail[-4000:]
+    rec = new_record(
+        spec=payload.spec,
+        run_id=payload.run_id,
+        sweep=payload.sweep,
+        cluster=payload.cluster.name,
+        status=status,  # type: ignore[arg-type]  # classify returns one of STATUSES
+        reason=reason,
+        failed_rank=rank,
+        **fields,
+        env={"harness_git_sha": payload.git_sha, "slurm_job_id": payload.job_id},
+    )
+    write_record(payload.results, rec)
     return rec
 
 
 def skipped_record(
-    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: dict | None
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: Predicted | None
 ) -> Record:
+    extra: dict[str, Any] = {} if predicted is None else {"predicted": predicted}
     rec = new_record(
-        spec=cast(Spec, spec.to_dict()),
+        spec=spec.to_dict(),
         run_id=spec.run_id,
         sweep=sweep,
         cluster=cluster.name,
         status="skipped",
         reason=reason,
+        **extra,
     )
-    if predicted is not None:
-        rec["predicted"] = cast(Predicted, predicted)
     write_record(results, rec)
     return rec
 
@@ -227,22 +200,27 @@ def job_log_tail(job, n_tasks: int) -> str:
     return "\n".join(tails)
 
 
-def describe(rec: Mapping[str, Any]) -> str:
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "n/a" if value is None else format(value * scale, spec)
+
+
+def describe(rec: Record) -> str:
     """One line for a terminal: status and the headline numbers."""
-    if rec["status"] != "ok":
-        reason = (rec.get("reason") or "").splitlines()[0][:160] if rec.get("reason") else ""
-        rank = f" (rank {rec['failed_rank']})" if rec.get("failed_rank") is not None else ""
-        return f"{rec['status']}{rank}: {reason}"
-    m = rec["metrics"]
+    if rec.status != "ok":
+        reason = rec.reason.splitlines()[0][:160] if rec.reason else ""
+        rank = f" (rank {rec.failed_rank})" if rec.failed_rank is not None else ""
+        return f"{rec.status}{rank}: {reason}"
+    m = rec.metrics
+    median = m.step_time_s.median if m.step_time_s is not None else None
     parts = [
-        f"ok  {m['step_time_s']['median'] * 1e3:.1f} ms/step",
-        f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu",
-        f"loss {m['loss']:.4f}",
+        f"ok  {_fmt(median, '.1f', 1e3)} ms/step",
+        f"{_fmt(m.tokens_per_s_per_gpu, '.0f')} tok/s/gpu",
+        f"loss {_fmt(m.loss, '.4f')}",
     ]
-    if m.get("mfu") is not None:
-        parts.append(f"MFU {m['mfu'] * 100:.1f}%")
-    if m.get("peak_memory_allocated_gib") is not None:
-        parts.append(f"peak {m['peak_memory_allocated_gib']:.2f} GiB")
-    if rec.get("reason"):  # a caveat on these numbers (e.g. a recompilation timed as step time)
-        parts.append(f"note: {rec['reason'].splitlines()[0][:160]}")
+    if m.mfu is not None:
+        parts.append(f"MFU {m.mfu * 100:.1f}%")
+    if m.peak_memory_allocated_gib is not None:
+        parts.append(f"peak {m.peak_memory_allocated_gib:.2f} GiB")
+    if rec.reason:  # a caveat on these numbers (e.g. a recompilation timed as step time)
+        parts.append(f"note: {rec.reason.splitlines()[0][:160]}")
     return "  ".join(parts)

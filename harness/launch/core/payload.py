@@ -1,5 +1,6 @@
-"""A cell's payload: everything one rank of one cell needs, as plain JSON data — the spec, where results go,
-the cluster's device and environment, this attempt's id, the planner's prediction and (locally) a rendezvous port.
+"""A cell's payload (harness.results.payload.Payload): everything one rank of one cell needs — the spec, where
+results go, the cluster's device and environment, this attempt's id, the planner's prediction and (locally) a
+rendezvous port.
 
 Why a module of its own: every backend starts ranks from the same payload (the local launchers write it to a file
 or pickle it through submitit, SLURM jobs carry it in their pickle, packed jobs in a list), and the records made
@@ -12,8 +13,10 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
+from harness.plan.predict import predict as plan_predict
+from harness.results.payload import Payload
+from harness.results.record import Predicted
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
@@ -24,37 +27,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def predict(spec: RunSpec, cluster: Cluster) -> dict | None:
-    """The planner's prediction for a cell, or None while no planner is installed."""
+def predict(spec: RunSpec, cluster: Cluster) -> Predicted | None:
+    """The planner's prediction for a cell (None, with a warning, when the planner fails on it: a planner bug must
+    not cost the measurement)."""
     try:
-        from harness.plan.predict import predict as _predict
-    except ImportError:
-        return None
-    try:
-        return _predict(spec, cluster)
+        return Predicted.model_validate(plan_predict(spec, cluster))
     except Exception as e:  # noqa: BLE001 - a planner bug must not cost the measurement; it is reported
         print(f"warning: planner failed for {spec.run_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
 
 
 def make_payload(
-    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None, predicted: dict | None
-) -> dict[str, Any]:
-    """Everything a rank needs, as plain JSON data (pickled by submitit, or written to a file)."""
-    return {
-        "spec": spec.to_dict(),
-        "run_id": spec.run_id,
-        "sweep": sweep,
-        "attempt": uuid.uuid4().hex[:12],
-        "results": str(Path(results).resolve()),
-        "cluster": {
-            "name": cluster.name,
-            "device": cluster.device,
-            "pg_timeout_s": cluster.pg_timeout_s,
-            "env": cluster.env,
-            "cpu_allocator": cluster.cpu_allocator,
-        },
-        "git_sha": sha,
-        "predicted": predicted,
-        "master_port": free_port() if cluster.executor == "local" else None,
-    }
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None, predicted: Predicted | None
+) -> Payload:
+    """Everything a rank needs (pickled by submitit, or written to a file as JSON)."""
+    return Payload.model_validate(
+        {
+            "spec": spec.to_dict(),
+            "run_id": spec.run_id,
+            "sweep": sweep,
+            "attempt": uuid.uuid4().hex[:12],
+            "results": str(Path(results).resolve()),
+            "cluster": {
+                "name": cluster.name,
+                "device": cluster.device,
+                "pg_timeout_s": cluster.pg_timeout_s,
+                "env": cluster.env,
+                "cpu_allocator": cluster.cpu_allocator,
+            },
+            "git_sha": sha,
+            "predicted": predicted,
+            "master_port": free_port() if cluster.executor == "local" else None,
+        }
+    )

@@ -11,7 +11,6 @@ may have it forked from the sweep's warm interpreter (prefork.py, beside this mo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,38 +21,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.launch.core.outcome import finalize, job_log_tail, read_fragments
+from harness.launch.core.outcome import finalize, fragments_of, job_log_tail
 from harness.launch.core.payload import free_port
 from harness.plan.placement import parse_visible_devices
-from harness.results.schema import Record
+from harness.results.payload import Payload
+from harness.results.record import Record
+from harness.results.store import atomic_write_json
 from harness.scenario.cluster import Cluster
 
 
-def launch_foreground(payload: dict, *, time_limit_s: float, stream: bool = True) -> Record:
+def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = True) -> Record:
     """Run a cell's ranks as child processes of this one (no scheduler), torchrun-style environment.
 
     All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
     """
-    world = payload["spec"]["gpus"]
+    world = int(payload.spec.gpus or 1)
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         ppath = Path(tmp) / "payload.json"
-        ppath.write_text(json.dumps(payload))
+        atomic_write_json(ppath, payload.to_json_dict())
         procs = []
         base_env = dict(os.environ)
-        base_env.update(payload["cluster"].get("env", {}))
+        base_env.update(payload.cluster.env)
         base_env.update(
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(payload["master_port"] or free_port()),
+            MASTER_PORT=str(payload.master_port or free_port()),
             WORLD_SIZE=str(world),
             PYTHONUNBUFFERED="1",
         )
-        gpn = payload["spec"]["gpus_per_node"]
+        gpn = int(payload.spec.gpus_per_node or 1)
         # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
         out = sys.stderr if stream else subprocess.DEVNULL
         t0 = time.time()
         pgid = None
         for r in range(world):
-            env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload["cluster"]["device"] == "cuda" else r))
+            env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r % gpn if payload.cluster.device == "cuda" else r))
             p = subprocess.Popen(
                 [sys.executable, "-m", "harness.launch.entry", str(ppath)],
                 env=env,
@@ -91,7 +92,7 @@ class FailureWatch:
     """A rank that failed leaves a fragment; ranks still alive `grace_s` later are stuck (a hung peer, a
     collective that will never complete): the launcher ends the cell instead of waiting for its time limit."""
 
-    def __init__(self, payload: dict, grace_s: float = 15.0):
+    def __init__(self, payload: Payload, grace_s: float = 15.0):
         self.payload, self.grace_s = payload, grace_s
         self.first_seen: float | None = None
         self._next_check = 0.0
@@ -102,7 +103,7 @@ class FailureWatch:
             return False
         self._next_check = now + 1.0
         if self.first_seen is None:
-            if read_fragments(self.payload):
+            if fragments_of(self.payload):
                 self.first_seen = now
             return False
         return now - self.first_seen > self.grace_s
@@ -179,7 +180,7 @@ def local_executor_parameters(world: int, *, cluster: Cluster, time_limit_s: flo
 
 
 def launch_submitit(
-    payload: dict,
+    payload: Payload,
     *,
     cluster: Cluster,
     folder: Path,
@@ -192,7 +193,7 @@ def launch_submitit(
 
     from harness.launch.entry import submitit_entry
 
-    world = payload["spec"]["gpus"]
+    world = int(payload.spec.gpus or 1)
     if cluster.executor != "local":
         raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
     executor = submitit.LocalExecutor(folder=folder)

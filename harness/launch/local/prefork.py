@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.catalogue import FAMILY_MODULES
+from harness.results.payload import Payload
 
 SOCKET_ENV = "HARNESS_PREFORK"
 """`<host>:<pid>:<path>` of the zygote and its UNIX socket; set by `zygote()` for the launchers' children (a
@@ -202,7 +203,8 @@ def _run_rank(request: dict[str, Any]) -> int:
     from harness.worker.runner import run
 
     try:
-        run(request["payload"], **request["rank"], forked=True)  # recorded as env.prefork
+        payload = Payload.model_validate(request["payload"])
+        run(payload, **request["rank"], forked=True)  # recorded as env.prefork
     except BaseException:  # noqa: BLE001 - as `python -m harness.launch.entry`: the fragment has the details
         traceback.print_exc()
         return 1
@@ -263,7 +265,7 @@ def _connect(pid: int, path: str) -> socket.socket | None:
         time.sleep(0.05)
 
 
-def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
+def run_forked(payload: Payload, **rank: Any) -> int | None:
     """Have the zygote fork this rank and wait for it: its exit code (negative: the signal that ended it),
     or None when this rank is not to be forked (the caller then runs it itself): no zygote, switched off, a
     GPU cell (CUDA does not survive a fork), or inside a SLURM job (its tasks start their ranks cold)."""
@@ -271,7 +273,7 @@ def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
     if (
         not where
         or os.environ.get(OFF_ENV)
-        or payload["cluster"]["device"] != "cpu"
+        or payload.cluster.device != "cpu"
         or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
     ):
         return None
@@ -286,7 +288,7 @@ def run_forked(payload: dict[str, Any], **rank: Any) -> int | None:
         sys.stdout.flush()
         sys.stderr.flush()
         request = {
-            "payload": payload,
+            "payload": payload.to_json_dict(),
             "rank": rank,
             "env": dict(os.environ),
             "cwd": os.getcwd(),

@@ -15,7 +15,6 @@ for its record is launch/core's, shared with the local launchers, and the sweep 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
@@ -32,8 +31,9 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
 from harness.launch.core.manifest import Manifest, cell_state
-from harness.launch.core.outcome import describe, finalize, is_secondary, job_log_tail, read_fragments
-from harness.results.schema import Record
+from harness.launch.core.outcome import describe, finalize, fragments_of, fresh_record, is_secondary, job_log_tail
+from harness.results.payload import PackPlace, Payload
+from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, write_record
 from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
 
@@ -172,11 +172,26 @@ def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
     return packs
 
 
+def _shape(payload: Payload) -> tuple[int, int]:
+    """(nodes, tasks per node) the cell's job asks for."""
+    return int(payload.spec.nodes or 1), int(payload.spec.gpus_per_node or 1)
+
+
+def _time_limit(payload: Payload) -> float:
+    return float(payload.spec.time_limit_s or 0.0)
+
+
+def _pack_of(payload: Payload) -> PackPlace:
+    if payload.pack is None:
+        raise ValueError(f"{payload.run_id}: not a packed cell")
+    return payload.pack
+
+
 class SlurmCell(submitit.helpers.Checkpointable):
     """What every task of a cell's job runs. Checkpointable, so that submitit requeues a preempted job (USR2 well
     before the time limit) and the cell runs again from its start: a benchmark has no state worth keeping."""
 
-    def __call__(self, payload: dict[str, Any]) -> None:
+    def __call__(self, payload: Payload) -> None:
         from harness.launch.entry import submitit_entry
 
         submitit_entry(payload)
@@ -187,7 +202,7 @@ class SlurmPack(submitit.helpers.Checkpointable):
     (harness.launch.slurm.pack). Checkpointable: a preempted pack is requeued and runs again the cells without a
     record."""
 
-    def __call__(self, cells: list[dict[str, Any]]) -> None:
+    def __call__(self, cells: list[Payload]) -> None:
         from harness.launch.slurm.pack import run_pack
 
         run_pack(cells)
@@ -252,18 +267,18 @@ def task_errors(job: Any, n_tasks: int) -> dict[int, str]:
 
 
 def verdict(
-    state: str, *, frags: list[dict], errors: dict[int, str], minutes: int, job_id: str, stopped_stuck: bool
+    state: str, *, frags: list[Fragment], errors: dict[int, str], minutes: int, job_id: str, stopped_stuck: bool
 ) -> tuple[str, str] | None:
     """(status, reason) when SLURM's end of the job explains the cell's end (time limit, cancel, node failure),
     else None: the ranks' fragments and errors decide (launch.core.outcome.classify)."""
     base = base_state(state)
     hit_limit = (
         base in ("TIMEOUT", "DEADLINE")
-        or any(f["status"] == "timeout" and TIMED_OUT in f["reason"] for f in frags)
+        or any(f.status == "timeout" and TIMED_OUT in (f.reason or "") for f in frags)
         or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values())
     )
     if hit_limit:
-        if any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
+        if any(f.status != "timeout" and not is_secondary(f) for f in frags):
             return None  # a rank failed before the limit: that is the cause
         how = (
             "SLURM killed the ranks"
@@ -290,7 +305,7 @@ def pack_verdict(
     state: str,
     *,
     started: bool,
-    frags: list[dict],
+    frags: list[Fragment],
     errors: dict[int, str],
     minutes: int,
     job_id: str,
@@ -302,7 +317,7 @@ def pack_verdict(
     marker); `errors` are the pack tasks' own (submitit's "timed-out" at the job's limit)."""
     base = base_state(state)
     where = ("while this cell ran" if started else "before this cell ran") + f" (cell {position} of {of})"
-    if started and any(f["status"] != "timeout" and not is_secondary(f) for f in frags):
+    if started and any(f.status != "timeout" and not is_secondary(f) for f in frags):
         return None
     if base in ("TIMEOUT", "DEADLINE") or any(TIMED_OUT in tb and "not requeued" in tb for tb in errors.values()):
         return "timeout", f"the pack's SLURM job {job_id} reached its time limit of {minutes} min {where}"
@@ -329,7 +344,7 @@ def pack_verdict(
 class InFlight:
     """One cell's job, followed until it ends (a packed cell: until its record, or its pack's job, ends)."""
 
-    payload: dict[str, Any]
+    payload: Payload
     job: Any
     """submitit.SlurmJob (one task per rank)"""
     tag: str
@@ -350,16 +365,16 @@ class InFlight:
 
     @property
     def run_id(self) -> str:
-        return self.payload["run_id"]
+        return self.payload.run_id
 
     @property
-    def pack(self) -> dict | None:
-        """{position (1-based), of, minutes} of a packed cell's place in its job, else None"""
-        return self.payload.get("pack")
+    def pack(self) -> PackPlace | None:
+        """A packed cell's place in its job (position, 1-based; of; minutes), else None"""
+        return self.payload.pack
 
     @property
     def world(self) -> int:
-        return self.payload["spec"]["gpus"]
+        return int(self.payload.spec.gpus or 1)
 
     @property
     def results_written(self) -> bool:
@@ -389,31 +404,30 @@ class SlurmSweep:
         if cell.get("state") not in ("submitted", "running") or not cell.get("job_id"):
             return False
         try:
-            payload = json.loads(self.payload_path(run_id).read_text())
-        except (OSError, json.JSONDecodeError):
+            payload = Payload.model_validate_json(self.payload_path(run_id).read_bytes())
+        except (OSError, ValueError):
             return False
-        if payload.get("attempt") != cell.get("attempt") or payload.get("job_id") != cell["job_id"]:
+        if payload.attempt != cell.get("attempt") or payload.job_id is None or payload.job_id != cell["job_id"]:
             return False
-        world = payload["spec"]["gpus"]
-        job: Any = submitit.SlurmJob(folder=self.folder, job_id=payload["job_id"], tasks=list(range(world)))
+        world = int(payload.spec.gpus or 1)
+        job: Any = submitit.SlurmJob(folder=self.folder, job_id=payload.job_id, tasks=list(range(world)))
         self._follow(payload, job, tag)
-        place = f", cell {payload['pack']['position']} of its pack" if payload.get("pack") else ""
+        place = f", cell {payload.pack.position} of its pack" if payload.pack is not None else ""
         self.echo(
-            f"{tag}  re-attached to SLURM job {payload['job_id']}{place} (submitted earlier; last seen "
+            f"{tag}  re-attached to SLURM job {payload.job_id}{place} (submitted earlier; last seen "
             f"{cell.get('slurm_state') or cell['state']})"
         )
         return True
 
-    def submit(self, items: list[tuple[dict, str]], *, pack: bool = False) -> dict[str, Record]:
+    def submit(self, items: list[tuple[Payload, str]], *, pack: bool = False) -> dict[str, Record]:
         """Submit (payload, tag) cells, one job array per group asking for the same nodes, tasks per node and
         time limit — or with `pack`, one job per pack (submit_packs). Returns the records of the cells sbatch
         refused (error, with sbatch's message)."""
         if pack:
             return self.submit_packs(items)
-        groups: dict[tuple[int, int, int], list[tuple[dict, str]]] = {}
+        groups: dict[tuple[int, int, int], list[tuple[Payload, str]]] = {}
         for payload, tag in items:
-            spec = payload["spec"]
-            key = (spec["nodes"], spec["gpus_per_node"], job_minutes(spec["time_limit_s"], self.cluster.slurm))
+            key = (*_shape(payload), job_minutes(_time_limit(payload), self.cluster.slurm))
             groups.setdefault(key, []).append((payload, tag))
         refused: dict[str, Record] = {}
         for (nodes, tasks, minutes), members in groups.items():
@@ -424,19 +438,19 @@ class SlurmSweep:
                     jobs = [ex.submit(SlurmCell(), payload) for payload, _ in members]
             except (FailedJobError, FailedSubmissionError, OSError) as e:
                 for payload, tag in members:
-                    refused[payload["run_id"]] = self._record(
+                    refused[payload.run_id] = self._record(
                         payload, tag, ended=("error", f"sbatch refused the job ({shape}): {str(e).strip()[-2000:]}")
                     )
                 continue
             for (payload, tag), job in zip(members, jobs):
-                payload["job_id"] = job.job_id
+                payload = payload.model_copy(update={"job_id": job.job_id})
                 # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                atomic_write_json(self.payload_path(payload["run_id"]), payload)
+                atomic_write_json(self.payload_path(payload.run_id), payload.to_json_dict())
                 self.manifest.set(
-                    payload["run_id"],
+                    payload.run_id,
                     state="submitted",
                     status=None,
-                    attempt=payload["attempt"],
+                    attempt=payload.attempt,
                     job_id=job.job_id,
                     slurm_state="PENDING",
                     nodes="",
@@ -445,50 +459,52 @@ class SlurmSweep:
                 self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
         return refused
 
-    def submit_packs(self, items: list[tuple[dict, str]]) -> dict[str, Record]:
+    def submit_packs(self, items: list[tuple[Payload, str]]) -> dict[str, Record]:
         """--pack: cells asking for the same nodes and tasks per node share one job and run in it one after another
         (SlurmPack); its --time is the sum of their job minutes, and a group whose sum exceeds the profile's
         time_limit_min is split into packs that each fit. Returns the records of the cells sbatch refused."""
-        groups: dict[tuple[int, int], list[tuple[dict, str]]] = {}
+        groups: dict[tuple[int, int], list[tuple[Payload, str]]] = {}
         for payload, tag in items:
-            groups.setdefault((payload["spec"]["nodes"], payload["spec"]["gpus_per_node"]), []).append((payload, tag))
+            groups.setdefault(_shape(payload), []).append((payload, tag))
         refused: dict[str, Record] = {}
         for (nodes, tasks), group in groups.items():
-            minutes = [job_minutes(p["spec"]["time_limit_s"], self.cluster.slurm) for p, _ in group]
+            minutes = [job_minutes(_time_limit(p), self.cluster.slurm) for p, _ in group]
             for indices in split_packs(minutes, self.cluster.slurm.time_limit_min):
-                members = [group[i] for i in indices]
                 total = sum(minutes[i] for i in indices)
-                for position, (payload, _) in enumerate(members, 1):
-                    payload["pack"] = {"position": position, "of": len(members), "minutes": total}
+                members = [
+                    (p.model_copy(update={"pack": PackPlace(position=k, of=len(indices), minutes=total)}), tag)
+                    for k, (p, tag) in enumerate((group[i] for i in indices), 1)
+                ]
                 shape = f"{nodes} node{'s' if nodes > 1 else ''} x {tasks} task{'s' if tasks > 1 else ''}, {total} min"
                 ex = self._executor_for(nodes=nodes, tasks_per_node=tasks, timeout_min=total)
                 try:
                     job = ex.submit(SlurmPack(), [payload for payload, _ in members])
                 except (FailedJobError, FailedSubmissionError, OSError) as e:
                     for payload, tag in members:
-                        refused[payload["run_id"]] = self._record(
+                        refused[payload.run_id] = self._record(
                             payload,
                             tag,
                             ended=("error", f"sbatch refused the packed job ({shape}): {str(e).strip()[-2000:]}"),
                         )
                     continue
                 for payload, tag in members:
-                    payload["job_id"] = job.job_id
+                    payload = payload.model_copy(update={"job_id": job.job_id})
+                    place = _pack_of(payload)
                     # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                    atomic_write_json(self.payload_path(payload["run_id"]), payload)
+                    atomic_write_json(self.payload_path(payload.run_id), payload.to_json_dict())
                     self.manifest.set(
-                        payload["run_id"],
+                        payload.run_id,
                         state="submitted",
                         status=None,
-                        attempt=payload["attempt"],
+                        attempt=payload.attempt,
                         job_id=job.job_id,
                         slurm_state="PENDING",
                         nodes="",
-                        pack={k: payload["pack"][k] for k in ("position", "of")},
+                        pack={"position": place.position, "of": place.of},
                     )
                     self._follow(payload, job, tag)
                     self.echo(
-                        f"{tag}  submitted: SLURM job {job.job_id}, cell {payload['pack']['position']} of "
+                        f"{tag}  submitted: SLURM job {job.job_id}, cell {place.position} of "
                         f"{len(members)} in one pack ({shape})"
                     )
         return refused
@@ -504,14 +520,12 @@ class SlurmSweep:
         )
         return self._executor
 
-    def _follow(self, payload: dict, job: Any, tag: str) -> None:
+    def _follow(self, payload: Payload, job: Any, tag: str) -> None:
         now = time.time()
         minutes = (
-            payload["pack"]["minutes"]
-            if payload.get("pack")
-            else job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+            payload.pack.minutes if payload.pack is not None else job_minutes(_time_limit(payload), self.cluster.slurm)
         )
-        self.cells[payload["run_id"]] = InFlight(
+        self.cells[payload.run_id] = InFlight(
             payload=payload, job=job, tag=tag, minutes=minutes, since=now, state_since=now
         )
         self._last_change = now
@@ -606,7 +620,7 @@ class SlurmSweep:
         # NOTE: only while RUNNING: the fragments and result files of a requeued job's earlier run are still there
         # while it waits; its ranks delete their fragments as they restart
         running = not cell.stopped_stuck and base_state(cell.state) in RUNNING_STATES
-        failed = running and bool(read_fragments(cell.payload))
+        failed = running and bool(fragments_of(cell.payload))
         returned = running and cell.results_written
         cell.stuck_since = (cell.stuck_since or now) if failed else None
         cell.returned_since = (cell.returned_since or now) if returned else None
@@ -623,7 +637,7 @@ class SlurmSweep:
     def _finalize(self, cell: InFlight) -> Record:
         if cell.pack:
             return self._finalize_packed(cell)
-        frags = read_fragments(cell.payload)
+        frags = fragments_of(cell.payload)
         errors = task_errors(cell.job, cell.world)
         ended = verdict(
             cell.state,
@@ -638,12 +652,12 @@ class SlurmSweep:
     def _finalize_packed(self, cell: InFlight) -> Record:
         """A packed cell whose job ended: its record if task 0 made it, else one from how the job ended and whether
         the cell had begun (pack_verdict)."""
-        from harness.launch.slurm.pack import cell_started, log_tail, this_attempts_record
+        from harness.launch.slurm.pack import cell_started, log_tail
 
-        if this_attempts_record(cell.payload) is not None:
+        if fresh_record(cell.payload) is not None:
             return self._record(cell.payload, cell.tag, ended=None, job=cell.job, since=cell.since, log_tail="")
         started = cell_started(cell.payload)
-        frags = read_fragments(cell.payload) if started else []
+        frags = fragments_of(cell.payload) if started else []
         assert cell.pack is not None, "only packed cells come here"
         ended = pack_verdict(
             cell.state,
@@ -652,15 +666,15 @@ class SlurmSweep:
             errors=task_errors(cell.job, cell.world),
             minutes=cell.minutes,
             job_id=cell.job.job_id,
-            position=cell.pack["position"],
-            of=cell.pack["of"],
+            position=cell.pack.position,
+            of=cell.pack.of,
         )
         tail = log_tail(cell.payload, cell.world) if started else ""
         return self._record(cell.payload, cell.tag, ended=ended, job=cell.job, since=cell.since, log_tail=tail)
 
     def _record(
         self,
-        payload: dict,
+        payload: Payload,
         tag: str,
         *,
         ended: tuple[str, str] | None,
@@ -671,9 +685,9 @@ class SlurmSweep:
     ) -> Record:
         """The cell's one record (finalize: rank 0's when it wrote one), the manifest, a line; the cell is done.
         `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
-        minutes = job_minutes(payload["spec"]["time_limit_s"], self.cluster.slurm)
+        minutes = job_minutes(_time_limit(payload), self.cluster.slurm)
         if log_tail is None:
-            log_tail = job_log_tail(job, payload["spec"]["gpus"]) if job is not None else ""
+            log_tail = job_log_tail(job, int(payload.spec.gpus or 1)) if job is not None else ""
         # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
         # wall-clock rule (for local cells) out of it
         rec = finalize(
@@ -684,20 +698,16 @@ class SlurmSweep:
             job_errors=errors or None,
             log_tail=log_tail,
         )
-        if payload.get("pack") and payload.get("job_id") and "slurm_pack" not in rec.get("env", {}):
-            cast(dict, rec.setdefault("env", {}))["slurm_pack"] = {
-                "job_id": payload["job_id"],
-                "position": payload["pack"]["position"],
-                "of": payload["pack"]["of"],
-            }
-            write_record(payload["results"], rec)
-        self.manifest.set(payload["run_id"], state=cell_state(rec), status=rec["status"], attempt=payload["attempt"])
-        place = f", cell {payload['pack']['position']}/{payload['pack']['of']}" if payload.get("pack") else ""
+        if payload.pack is not None and payload.job_id and rec.env.slurm_pack is None:
+            rec = rec.in_pack(job_id=payload.job_id, position=payload.pack.position, of=payload.pack.of)
+            write_record(payload.results, rec)
+        self.manifest.set(payload.run_id, state=cell_state(rec), status=rec.status, attempt=payload.attempt)
+        place = f", cell {payload.pack.position}/{payload.pack.of}" if payload.pack is not None else ""
         took = (
             f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None else ""
         )
         self.echo(f"{tag}  {describe(rec)}{took}")
-        self.cells.pop(payload["run_id"], None)
+        self.cells.pop(payload.run_id, None)
         return rec
 
     # ---- letting go

@@ -27,7 +27,6 @@ a launcher of its own (fresh processes, limits, kills) that ends each cell with 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -36,11 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated
 
-from harness.launch.core.outcome import finalize, read_fragments
-from harness.results.schema import Record
-from harness.results.store import atomic_write_json, fragment_dir, read_record, record_path, sweep_dir, write_record
+from harness.core.typed import SOMETIMES, Typed
+from harness.launch.core.outcome import finalize, fragments_of, fresh_record
+from harness.results.payload import Payload
+from harness.results.record import Fragment, Record
+from harness.results.store import atomic_write_json, fragment_dir, sweep_dir, write_record
 
 STUCK_GRACE_S = 15.0
 """a rank of the cell failed (left a fragment) and this task's child still runs this long after: it is stuck in a
@@ -57,42 +58,63 @@ def pack_dir(results: str | Path, sweep: str, run_id: str) -> Path:
     return sweep_dir(results, sweep) / ".packs" / run_id
 
 
-def _marker_path(payload: dict, rank: int) -> Path:
-    return pack_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{rank}.json"
+class Marker(Typed):
+    """A pack task's marker for its rank of one cell (`.packs/<run_id>/rank<k>.json`): written when the rank starts
+    and again when it ends; task 0's says when the cell's record is final."""
+
+    attempt: str | None
+    """the launch of the cell it belongs to"""
+    job_id: str
+    """the pack's SLURM job"""
+    restart: int
+    """which run of the job (SLURM_RESTART_COUNT)"""
+    rank: int
+    """the task, = the cell's rank it ran"""
+    position: int
+    """1-based position of the cell in its pack"""
+    of: int
+    """cells in the pack (count)"""
+    started_at: int | float
+    """when the rank started (s since the epoch)"""
+    ended_at: int | float | None
+    """when it ended (s since the epoch); null while it runs"""
+    exit_code: Annotated[int | None, SOMETIMES] = None
+    """the rank's exit code (negative: the signal that ended it)"""
+    elapsed_s: Annotated[int | float | None, SOMETIMES] = None
+    """how long it ran (s)"""
+    killed: Annotated[str | None, SOMETIMES] = None
+    """why this task killed it (time_limit, stuck, exit_hang), else null"""
+    recorded: Annotated[bool | None, SOMETIMES] = None
+    """task 0: the cell's record is final"""
 
 
-def read_marker(sweep: Path, run_id: str, rank: int, *, attempt: str | None) -> dict | None:
+def _marker_path(payload: Payload, rank: int) -> Path:
+    return pack_dir(payload.results, payload.sweep, payload.run_id) / f"rank{rank}.json"
+
+
+def read_marker(sweep: Path, run_id: str, rank: int, *, attempt: str | None) -> Marker | None:
     """Task `rank`'s marker for this attempt of the cell, or None."""
     try:
-        marker = json.loads((sweep / ".packs" / run_id / f"rank{rank}.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        marker = Marker.model_validate_json((sweep / ".packs" / run_id / f"rank{rank}.json").read_bytes())
+    except (OSError, ValueError):
         return None
-    return marker if isinstance(marker, dict) and marker.get("attempt") == attempt else None
+    return marker if marker.attempt == attempt else None
 
 
-def cell_started(payload: dict) -> bool:
+def _write_marker(path: Path, marker: Marker) -> None:
+    atomic_write_json(path, marker.to_json_dict())
+
+
+def cell_started(payload: Payload) -> bool:
     """Task 0 has started this attempt of the cell (in some run of its pack's job)."""
-    return (
-        read_marker(sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0, attempt=payload["attempt"])
-        is not None
-    )
+    marker = read_marker(sweep_dir(payload.results, payload.sweep), payload.run_id, 0, attempt=payload.attempt)
+    return marker is not None
 
 
-def this_attempts_record(payload: dict) -> Record | None:
-    """The cell's record when it belongs to this attempt (rank 0's, or task 0's composition), else None."""
-    try:
-        rec = read_record(record_path(payload["results"], payload["sweep"], payload["run_id"]))
-    except ValueError:
-        return None
-    return rec if rec.get("attempt") == payload["attempt"] else None
-
-
-def cell_recorded(payload: dict) -> Record | None:
+def cell_recorded(payload: Payload) -> Record | None:
     """The cell's final record once task 0 says it is final (marker `recorded`), else None."""
-    marker = read_marker(
-        sweep_dir(payload["results"], payload["sweep"]), payload["run_id"], 0, attempt=payload["attempt"]
-    )
-    return this_attempts_record(payload) if marker and marker.get("recorded") else None
+    marker = read_marker(sweep_dir(payload.results, payload.sweep), payload.run_id, 0, attempt=payload.attempt)
+    return fresh_record(payload) if marker and marker.recorded else None
 
 
 def cell_port(job_id: str, restart: int, position: int) -> int:
@@ -100,7 +122,7 @@ def cell_port(job_id: str, restart: int, position: int) -> int:
     return random.Random(f"{job_id}/{restart}/{position}").randint(20000, 60000)
 
 
-def log_tail(payload: dict, world: int) -> str:
+def log_tail(payload: Payload, world: int) -> str:
     """The end of each rank's child output (for records composed without rank 0's)."""
     tails = []
     for k in range(world):
@@ -144,7 +166,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 class PackRun:
     """One task's run of a pack's cells."""
 
-    def __init__(self, cells: list[dict[str, Any]]):
+    def __init__(self, cells: list[Payload]):
         import submitit
 
         env = submitit.JobEnvironment()
@@ -157,9 +179,9 @@ class PackRun:
         self._result_pickle = env.paths.result_pickle
         self._sigterm = False
         self._stop_file = (
-            sweep_dir(cells[0]["results"], cells[0]["sweep"])
+            sweep_dir(cells[0].results, cells[0].sweep)
             / ".packs"
-            / f"job-{self.job_id}.{self.restart}.{cells[0]['attempt']}.stop"
+            / f"job-{self.job_id}.{self.restart}.{cells[0].attempt}.stop"
         )
 
     def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002 - signal handler
@@ -190,20 +212,20 @@ class PackRun:
     def _run_cells(self) -> None:
         # NOTE: decided once, before any cell of this run starts: every task skips the same cells (a record of this
         # run can only appear after every task has started that cell)
-        done = {p["run_id"] for p in self.cells if this_attempts_record(p) is not None}
+        done = {p.run_id for p in self.cells if fresh_record(p) is not None}
         n = len(self.cells)
         self._say(f"{n} cells, {len(done)} already recorded (restart {self.restart})")
         with tempfile.TemporaryDirectory(prefix="harness-pack-") as tmp:
             for position, payload in enumerate(self.cells):
                 if self.stopping:
                     break
-                if payload["run_id"] in done:
+                if payload.run_id in done:
                     continue
-                payload = dict(payload, job_id=self.job_id)
+                payload = payload.model_copy(update={"job_id": self.job_id})
                 marker = self._run_cell(payload, position=position, tmp=Path(tmp))
                 if marker is None:  # stopped mid-cell: the driver records it from the job's end
                     break
-                markers = self._barrier(payload, deadline=marker["started_at"] + payload["spec"]["time_limit_s"])
+                markers = self._barrier(payload, deadline=marker.started_at + _time_limit(payload))
                 if markers is None:
                     break
                 if self.rank == 0 and not self.stopping:
@@ -211,19 +233,18 @@ class PackRun:
 
     # ---- one cell, this task's rank of it
 
-    def _run_cell(self, payload: dict, *, position: int, tmp: Path) -> dict | None:
+    def _run_cell(self, payload: Payload, *, position: int, tmp: Path) -> Marker | None:
         """Run this task's rank of the cell to its end; its end marker, or None when the job is stopping."""
-        spec = payload["spec"]
-        (fragment_dir(payload["results"], payload["sweep"], payload["run_id"]) / f"rank{self.rank}.json").unlink(
+        (fragment_dir(payload.results, payload.sweep, payload.run_id) / f"rank{self.rank}.json").unlink(
             missing_ok=True
         )  # an interrupted run's
-        ppath = tmp / f"{payload['run_id']}.json"
-        ppath.write_text(json.dumps(payload))
+        ppath = tmp / f"{payload.run_id}.json"
+        atomic_write_json(ppath, payload.to_json_dict())
         env = dict(os.environ)
         # NOTE: a local sweep's warm interpreter (HARNESS_PREFORK, copied by sbatch from the submitter) lives on the
         # submitting host: a pack's ranks start cold, in the allocation
         env.pop("HARNESS_PREFORK", None)
-        env.update({k: str(v) for k, v in payload["cluster"].get("env", {}).items()})
+        env.update({k: str(v) for k, v in payload.cluster.env.items()})
         env.update(
             MASTER_ADDR=self.master,
             MASTER_PORT=str(cell_port(self.job_id, self.restart, position)),
@@ -233,19 +254,19 @@ class PackRun:
             PYTHONUNBUFFERED="1",
         )
         mpath = _marker_path(payload, self.rank)
-        marker = {
-            "attempt": payload["attempt"],
-            "job_id": self.job_id,
-            "restart": self.restart,
-            "rank": self.rank,
-            "position": position + 1,
-            "of": len(self.cells),
-            "started_at": time.time(),
-            "ended_at": None,
-        }
-        atomic_write_json(mpath, marker)
-        t0 = marker["started_at"]
-        deadline = t0 + spec["time_limit_s"]
+        marker = Marker(
+            attempt=payload.attempt,
+            job_id=self.job_id,
+            restart=self.restart,
+            rank=self.rank,
+            position=position + 1,
+            of=len(self.cells),
+            started_at=time.time(),
+            ended_at=None,
+        )
+        _write_marker(mpath, marker)
+        t0 = marker.started_at
+        deadline = t0 + _time_limit(payload)
         with mpath.with_suffix(".log").open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.launch.entry", str(ppath)],
@@ -272,7 +293,7 @@ class PackRun:
                         next_check = now + 1.0
                         if failed_at is None and self._fresh_fragments(payload):
                             failed_at = now
-                        if recorded_at is None and this_attempts_record(payload) is not None:
+                        if recorded_at is None and fresh_record(payload) is not None:
                             recorded_at = now
                     if failed_at is not None and now - failed_at > STUCK_GRACE_S:
                         killed = "stuck"
@@ -291,33 +312,31 @@ class PackRun:
                 time.sleep(0.05)
         if killed == "stopped" or self.stopping:
             return None
-        marker.update(ended_at=time.time(), exit_code=proc.returncode, elapsed_s=time.time() - t0, killed=killed)
-        atomic_write_json(mpath, marker)
+        elapsed = time.time() - t0
+        marker = marker.model_copy(
+            update=dict(ended_at=time.time(), exit_code=proc.returncode, elapsed_s=elapsed, killed=killed)
+        )
+        _write_marker(mpath, marker)
         self._say(
-            f"cell {position + 1}/{len(self.cells)} {payload['run_id']}: exit {proc.returncode} after "
-            f"{marker['elapsed_s']:.1f} s" + (f" (killed: {killed})" if killed else "")
+            f"cell {position + 1}/{len(self.cells)} {payload.run_id}: exit {proc.returncode} after "
+            f"{elapsed:.1f} s" + (f" (killed: {killed})" if killed else "")
         )
         return marker
 
-    def _fresh_fragments(self, payload: dict) -> list[dict]:
+    def _fresh_fragments(self, payload: Payload) -> list[Fragment]:
         """Fragments of this attempt written in this run of the job (an interrupted run's are older than it)."""
-        return [f for f in read_fragments(payload) if f.get("time", 0) >= self.started]
+        return [f for f in fragments_of(payload) if (f.time or 0) >= self.started]
 
-    def _barrier(self, payload: dict, *, deadline: float) -> list[dict | None] | None:
+    def _barrier(self, payload: Payload, *, deadline: float) -> list[Marker | None] | None:
         """Every task's end marker of this cell in this run (None for a task that wrote none in time), or None when
         the job is being stopped."""
-        sweep = sweep_dir(payload["results"], payload["sweep"])
+        sweep = sweep_dir(payload.results, payload.sweep)
         until = max(deadline, time.time()) + BARRIER_GRACE_S
         while True:
-            markers = [read_marker(sweep, payload["run_id"], k, attempt=payload["attempt"]) for k in range(self.world)]
+            found = [read_marker(sweep, payload.run_id, k, attempt=payload.attempt) for k in range(self.world)]
             markers = [
-                m
-                if m
-                and m.get("restart") == self.restart
-                and m.get("job_id") == self.job_id
-                and m.get("ended_at") is not None
-                else None
-                for m in markers
+                m if m and m.restart == self.restart and m.job_id == self.job_id and m.ended_at is not None else None
+                for m in found
             ]
             if self.stopping:
                 return None
@@ -325,29 +344,29 @@ class PackRun:
                 return markers
             time.sleep(0.5)
 
-    def _record(self, payload: dict, markers: list[dict | None], marker: dict, *, position: int) -> None:
+    def _record(self, payload: Payload, markers: list[Marker | None], marker: Marker, *, position: int) -> None:
         """Task 0: the cell's one record, exactly as the local launcher makes it, plus `env.slurm_pack`."""
         ended = [m for m in markers if m]
         rec = finalize(
             payload,
-            elapsed_s=max(m["elapsed_s"] for m in ended),
-            time_limit_s=payload["spec"]["time_limit_s"],
-            exit_codes=[m["exit_code"] if m else None for m in markers],
+            elapsed_s=max(float(m.elapsed_s or 0.0) for m in ended),
+            time_limit_s=_time_limit(payload),
+            exit_codes=[m.exit_code if m else None for m in markers],
             log_tail=log_tail(payload, self.world),
         )
-        cast(dict, rec.setdefault("env", {}))["slurm_pack"] = {
-            "job_id": self.job_id,
-            "position": position + 1,
-            "of": len(self.cells),
-        }
-        write_record(payload["results"], rec)
-        atomic_write_json(_marker_path(payload, 0), dict(marker, recorded=True))
-        self._say(f"cell {position + 1}/{len(self.cells)} {payload['run_id']}: recorded {rec['status']}")
+        rec = rec.in_pack(job_id=self.job_id, position=position + 1, of=len(self.cells))
+        write_record(payload.results, rec)
+        _write_marker(_marker_path(payload, 0), marker.model_copy(update={"recorded": True}))
+        self._say(f"cell {position + 1}/{len(self.cells)} {payload.run_id}: recorded {rec.status}")
 
     def _say(self, line: str) -> None:
         print(f"pack {self.job_id} task {self.rank}: {line}", flush=True)
 
 
-def run_pack(cells: list[dict[str, Any]]) -> None:
+def _time_limit(payload: Payload) -> float:
+    return float(payload.spec.time_limit_s or 0.0)
+
+
+def run_pack(cells: list[Payload]) -> None:
     """Entry point of every task of a packed job: its rank of each cell, in order (see the module's docstring)."""
     PackRun(cells).run()

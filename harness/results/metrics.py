@@ -1,0 +1,182 @@
+"""Every quantity a record yields, in one registry: where it sits in the record, its unit, its good direction, how
+it is judged, and its column in the report's table.
+
+A metric is added here, once, and reaches every reader: `harness report`'s table (table.csv, table.parquet, the
+frame every figure draws from: harness.report.frame), `harness compare` and its JSON/Markdown/github-benchmark
+outputs (harness.compare.metrics), and the results history (harness.history: a column per stored metric, added
+to an existing database when it opens for writing). tests/unit/test_metric_registry.py adds one and finds it in
+all four.
+
+Kinds (how compare and the history judge a metric):
+- sampled: timing, one value per run (step time, and tokens/s, tokens/s/GPU, MFU, TFLOPS derived from it); a
+  threshold plus a test on the runs' values, never on one run's per-step samples;
+- thresholded: one value per run, threshold only (measured peak memory);
+- exact: deterministic (collective bytes, predicted memory and bytes): any change counts;
+- watched: information (the time model's deviation), a regression only when asked (`--watch-deviation`);
+- shown: the report's table only (percentiles, the predicted breakdown, the loss): not judged, not stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.core.typed import Typed
+from harness.results.record import Record
+
+SAMPLED, THRESHOLDED, EXACT, WATCHED, SHOWN = "sampled", "thresholded", "exact", "watched", "shown"
+KINDS = (SAMPLED, THRESHOLDED, EXACT, WATCHED, SHOWN)
+JUDGED = (SAMPLED, THRESHOLDED, EXACT, WATCHED)
+"""the kinds compare and the history read (the others are the report's)"""
+
+
+def finite_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite int or float (not a bool), else None."""
+    if type(value) is float:  # the common case, first
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def value_at(node: Any, path: Sequence[str]) -> Any:
+    """The value at `path` (field names from the record root; keys inside a mapping), None where a step is
+    missing. Works on a typed record and on plain data alike."""
+    for k in path:
+        if node is None:
+            return None
+        if isinstance(node, Typed):
+            node = node.field(k)
+        elif isinstance(node, Mapping):
+            node = node.get(k)
+        else:
+            return None
+    return node
+
+
+def _old_fractional_rule(column: str) -> bool:
+    return column.endswith(("_s", "_gib", "_per_s", "_per_gpu")) or column in ("mfu", "loss")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One quantity of a record: where it sits, its unit, its good direction, how it is judged, its report column."""
+
+    name: str
+    """its name in compare and the history, and in `--threshold NAME=FRACTION`, `--metric NAME`"""
+    path: tuple[str, ...]
+    """field names from the record root to the value"""
+    unit: str
+    lower_is_better: bool
+    kind: str
+    """one of KINDS (the module docstring)"""
+    column: str = ""
+    """its column in the report's table (units in the name); default: `name` with dots as underscores"""
+    null_reason: tuple[str, ...] | None = None
+    """where a record says why the value is null (default: metrics.null_reasons.<name>)"""
+    compared: bool = True
+    """judged by `harness compare` (a judged kind that compare leaves out is still stored by the history)"""
+    fractional: bool | None = None
+    """stays a float in table.csv even when a value is whole (default: by the column's unit suffix)"""
+    get: Callable[[Record], Any] | None = None
+    """how to read it when it is not a plain field (a count derived from a list)"""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"metric {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if not self.column:
+            object.__setattr__(self, "column", self.name.replace(".", "_"))
+        if self.fractional is None:
+            object.__setattr__(self, "fractional", _old_fractional_rule(self.column))
+
+    @property
+    def better(self) -> str:
+        return "lower" if self.lower_is_better else "higher"
+
+    @property
+    def judged(self) -> bool:
+        return self.kind in JUDGED
+
+    def raw(self, rec: Record) -> Any:
+        """The value as the record holds it (None where absent)."""
+        return self.get(rec) if self.get is not None else value_at(rec, self.path)
+
+    def value(self, rec: Record) -> float | None:
+        """The value as a finite number, or None (null, absent, or not a finite number)."""
+        return finite_number(self.raw(rec))
+
+    def why_null(self, rec: Record) -> str | None:
+        """Why the record has no value, when it says."""
+        why = value_at(rec, self.null_reason or ("metrics", "null_reasons", self.name))
+        return why if isinstance(why, str) else None
+
+
+def _samples_count(rec: Record) -> int | None:
+    step = rec.metrics.step_time_s
+    n = len(step.finite_samples()) if step is not None else 0
+    return n or None
+
+
+DEVIATION = "predicted.step_time_deviation"
+"""the watched metric: measured median step time / predicted − 1 (fraction; 0.25 = 25% slower than predicted)"""
+
+PREDICTED_PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
+"""the parts of the predicted step time (predicted.time_s, harness.plan.time) that add up to it"""
+
+METRICS: tuple[Metric, ...] = (
+    Metric("step_time_s", ("metrics", "step_time_s", "median"), "s", True, SAMPLED, column="step_time_median_s"),
+    Metric("tokens_per_s", ("metrics", "tokens_per_s"), "tokens/s", False, SAMPLED),
+    Metric("tokens_per_s_per_gpu", ("metrics", "tokens_per_s_per_gpu"), "tokens/s/GPU", False, SAMPLED),
+    Metric("mfu", ("metrics", "mfu"), "fraction", False, SAMPLED),
+    Metric("peak_memory_allocated_gib", ("metrics", "peak_memory_allocated_gib"), "GiB", True, THRESHOLDED),
+    Metric("peak_memory_reserved_gib", ("metrics", "peak_memory_reserved_gib"), "GiB", True, THRESHOLDED),
+    Metric("comm.bytes_per_step", ("comm", "bytes_per_step"), "bytes", True, EXACT),
+    Metric(
+        "predicted.memory_gib.total",
+        ("predicted", "memory_gib", "total"),
+        "GiB",
+        True,
+        EXACT,
+        column="predicted_memory_gib",
+    ),
+    Metric("predicted.comm_bytes_per_step", ("predicted", "comm_bytes_per_step"), "bytes", True, EXACT),
+    # NOTE: lower_is_better: a smaller |deviation| (the model nearer the machine); the sign says which way it is off
+    Metric(
+        DEVIATION,
+        ("predicted", "step_time_deviation"),
+        "fraction",
+        True,
+        WATCHED,
+        column="step_time_deviation",
+        null_reason=("predicted", "time_null_reasons", "step_time_s"),
+    ),
+    # NOTE: stored by the history, not judged by compare (its verdict would repeat tokens/s's: both follow step time)
+    Metric("tflops_per_gpu", ("metrics", "tflops_per_gpu"), "TFLOPS", False, SAMPLED, compared=False),
+    # the report's table only
+    Metric("step_time_p10_s", ("metrics", "step_time_s", "p10"), "s", True, SHOWN),
+    Metric("step_time_p90_s", ("metrics", "step_time_s", "p90"), "s", True, SHOWN),
+    Metric("step_time_mean_s", ("metrics", "step_time_s", "mean"), "s", True, SHOWN),
+    Metric("n_step_samples", ("metrics", "step_time_s", "samples"), "count", False, SHOWN, get=_samples_count),
+    Metric("device_memory_gib", ("env", "device_memory_gib"), "GiB", False, SHOWN),
+    Metric("comm_calls_per_step", ("comm", "calls_per_step"), "count", True, SHOWN),
+    Metric("predicted_step_time_s", ("predicted", "step_time_s"), "s", True, SHOWN),
+    *(Metric(f"predicted_{p}_s", ("predicted", "time_s", p), "s", True, SHOWN) for p in PREDICTED_PARTS),
+    Metric("loss", ("metrics", "loss"), "nats", True, SHOWN),
+)
+"""every quantity, in the order compare lists the judged ones (then the report's own)"""
+METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+STORED: tuple[Metric, ...] = tuple(m for m in METRICS if m.judged)
+"""what the history stores per run"""
+COMPARED: tuple[Metric, ...] = tuple(m for m in STORED if m.compared)
+"""what `harness compare` judges"""
+
+
+def step_samples(rec: Record) -> list[float]:
+    """The record's per-step times (s), finite and positive ones only: what every sampled metric derives from."""
+    step = rec.metrics.step_time_s
+    if step is None:
+        return []
+    return [x for x in (finite_number(v) for v in step.samples or ()) if x is not None and x > 0]

@@ -1,0 +1,625 @@
+"""The record: one JSON file per cell (`results/<sweep>/<run_id>.json`), as typed models with their units.
+
+Rank 0 of the cell writes it (harness.worker.runner); when rank 0 could not, the launcher composes it from the
+ranks' failure fragments and the job's logs (harness.launch.core.outcome); a cell never launched gets a `skipped`
+record. Every reader gets these objects from harness.results.store, never the raw JSON.
+
+Record contract v1: later versions of the harness add fields and never rename one. A field added after the first
+records were written, or written only in some cases, is marked SOMETIMES (a file may lack it); the others are in
+every record of their kind (possibly null). `metrics` and `env` are `{}` (or nearly) in records rank 0 did not
+write, which is why their fields default to None here and `Record.contract_problems` says what a record of each
+kind must hold. The README's "Record contract" table documents every field below; tests/unit/test_record_schema.py
+holds the two, the example record and the stored records to each other.
+
+The numbers a record holds are `Num` (int or float as written: a file's `6000` stays an int, so what compare and
+history print of it does not change).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from harness.core.typed import SOMETIMES, Typed, sometimes
+from harness.scenario.schema import LEGACY_GPUS_KEY
+
+SCHEMA_VERSION: Final = 1
+STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped")
+Status = Literal["ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped"]
+"""a cell's outcome (STATUSES, in the same order)"""
+Num = int | float
+"""a JSON number as written (an int stays an int)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# spec: the cell (harness.scenario.schema.RunSpec.to_dict)
+
+
+class ModelDims(Typed):
+    """The model's dimensions (harness.core.zoo.ModelConfig)."""
+
+    d_model: int | None = None
+    """hidden size (features)"""
+    n_layers: int | None = None
+    """transformer blocks"""
+    n_heads: int | None = None
+    """attention (query) heads"""
+    ffn: int | None = None
+    """SwiGLU hidden size (features)"""
+    vocab: int | None = None
+    """vocabulary size (tokens)"""
+    n_kv_heads: int | None = None
+    """key/value heads (grouped-query attention); null = n_heads"""
+
+
+class Spec(Typed):
+    """One cell, flat: what it is and its settings (harness.scenario.schema.Settings); run_id is its digest."""
+
+    model: str | None = None
+    """model name (zoo or scenario-defined)"""
+    model_config_: Annotated[ModelDims | None, Field(alias="model_config")] = None
+    """the model's dimensions (`model_config` in the file; pydantic reserves the name)"""
+    strategy: str | None = None
+    """parallelism family and variant, e.g. fsdp.full_shard (harness.scenario.schema.STRATEGIES)"""
+    precision: str | None = None
+    """fp32 | bf16 | fp16 (harness.scenario.schema.PRECISIONS)"""
+    gpus: int | None = None
+    """ranks = GPUs (records written before 2026-12 call it `world_size`; read as `gpus`)"""
+    nodes: int | None = None
+    """nodes (ceil(gpus / gpus_per_node))"""
+    gpus_per_node: int | None = None
+    """ranks per node, from the cluster profile"""
+    micro_batch: int | None = None
+    """sequences per rank per micro-step"""
+    seq_len: int | None = None
+    """tokens per sequence"""
+    grad_accum: int | None = None
+    """micro-steps per optimizer step"""
+    warmup_steps: int | None = None
+    """optimizer steps run before timing"""
+    measure_steps: int | None = None
+    """timed optimizer steps (each one a sample)"""
+    activation_checkpointing: str | bool | None = None
+    """none | full | selective (older records: false/true, read as none/full by the readers that compare it)"""
+    compile: Annotated[bool | None, SOMETIMES] = None
+    """torch.compile the model (absent in older records: false)"""
+    offload: str | None = None
+    """CPU offload: none | optimizer | optimizer+params"""
+    seed: int | None = None
+    """seed of weights and synthetic batches"""
+    lr: Num | None = None
+    """AdamW learning rate"""
+    time_limit_s: Num | None = None
+    """wall-clock limit of the whole cell (s)"""
+    inject: Annotated[dict[str, Any] | None, SOMETIMES] = None
+    """fault injection {fault, rank, step}; null: none (absent in older records)"""
+    tp: Annotated[int | None, SOMETIMES] = None
+    """tensor-parallel ranks (absent in older records: 1)"""
+    pp: Annotated[int | None, SOMETIMES] = None
+    """pipeline-parallel ranks (absent in older records: 1)"""
+    pp_schedule: Annotated[str | None, SOMETIMES] = None
+    """gpipe | 1f1b | interleaved_1f1b (meaningful with pp > 1; absent in older records)"""
+    microbatches: Annotated[int | None, SOMETIMES] = None
+    """pipeline microbatches per micro-step; 0: one per pipeline rank (absent in older records)"""
+    sequence_parallel: Annotated[bool | None, SOMETIMES] = None
+    """tp > 1: the norms run on sequence shards (absent in older records: false)"""
+
+    model_config = ConfigDict(**Typed.model_config, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus_named_gpus(cls, data: Any) -> Any:
+        """A spec written before the rename says `world_size`: read it as `gpus`."""
+        if isinstance(data, dict) and LEGACY_GPUS_KEY in data and "gpus" not in data:
+            data = dict(data)
+            data["gpus"] = data.pop(LEGACY_GPUS_KEY)
+        return data
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec as the file has it (the legacy `world_size` as `gpus`): what cell matching canonicalises."""
+        return self.to_json_dict()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# metrics: what rank 0 measured (over every rank)
+
+
+class StepTime(Typed):
+    """Optimizer step time, each measured step between device synchronisations, the slowest rank's (s)."""
+
+    median: Num | None = None
+    """median step time (s)"""
+    p10: Num | None = None
+    """10th percentile (s, linear interpolation)"""
+    p90: Num | None = None
+    """90th percentile (s)"""
+    mean: Num | None = None
+    """mean step time (s)"""
+    samples: list[Num | None] | None = None
+    """every measured step's time (s), in order"""
+
+    def finite_samples(self) -> list[float]:
+        """The samples that are numbers (a value a reader could not take is null)."""
+        return [float(s) for s in self.samples or () if s is not None]
+
+
+class Dynamo(Typed):
+    """What torch.compile compiled (counts)."""
+
+    frames: int | None = None
+    """frames dynamo compiled on rank 0, recompilations included (count)"""
+    graphs: int | None = None
+    """distinct graphs on rank 0 (count)"""
+    graph_breaks: int | None = None
+    """graph breaks on rank 0 (count)"""
+    frames_in_measured_steps: int | None = None
+    """frames compiled during the measured steps, max over ranks (count; > 0: recompilation timed)"""
+
+
+class Metrics(Typed):
+    """What rank 0 measured (status ok, or nan: the numbers of the steps that ran); `{}` in a record rank 0 did not
+    write (composed from failures, or skipped)."""
+
+    step_time_s: StepTime | None = None
+    """seconds per optimizer step"""
+    tokens_per_s: Num | None = None
+    """global throughput at the median step time (tokens/s)"""
+    tokens_per_s_per_gpu: Num | None = None
+    """tokens_per_s / gpus (tokens/s)"""
+    tflops_per_gpu: Num | None = None
+    """model FLOPs per GPU per second / 1e12 (TFLOPS)"""
+    mfu: Num | None = None
+    """model FLOPs utilisation: fraction of the device's dense peak (0.412 = 41.2 %); null: peak unknown"""
+    hfu: Num | None = None
+    """hardware FLOPs utilisation: MFU plus checkpointing's recompute (fraction); null: peak unknown"""
+    mfu_peak_tflops: Annotated[Num | None, SOMETIMES] = None
+    """the dense peak MFU divides by (TFLOPS); null: unknown"""
+    peak_memory_allocated_gib: Num | None = None
+    """max over ranks of the peak allocated after warmup (GiB, 2**30 B); CPU: peak RSS"""
+    peak_memory_reserved_gib: Num | None = None
+    """max over ranks of the allocator's peak reserved (GiB); null on CPU"""
+    alloc_retries: Annotated[int | None, SOMETIMES] = None
+    """rank 0's cudaMalloc retries during the measured steps (count); null on CPU"""
+    loss: Num | None = None
+    """the last step's loss, mean over ranks; null when not finite"""
+    losses: list[Num | None] | None = None
+    """every step's (warmup and measured) loss, mean over ranks"""
+    n_params: int | None = None
+    """model parameters (count)"""
+    flops_per_step: Num | None = None
+    """model FLOPs per optimizer step, all ranks (FLOP)"""
+    tokens_per_step: Annotated[int | None, SOMETIMES] = None
+    """tokens per optimizer step, all ranks (tokens)"""
+    setup_s: Annotated[Num | None, SOMETIMES] = None
+    """rank 0's worker entry → first step (s)"""
+    warmup_step_times_s: Annotated[list[Num] | None, SOMETIMES] = None
+    """each warmup step's time on rank 0 (s)"""
+    compile_s: Annotated[Num | None, SOMETIMES] = None
+    """the first warmup step's excess over the median step (s); null: not compiled"""
+    startup_s: Annotated[Num | None, SOMETIMES] = None
+    """rank 0's process start → first step (s); null: start time unavailable"""
+    dynamo: Annotated[Dynamo | None, SOMETIMES] = None
+    """torch.compile's counts"""
+    null_reasons: dict[str, str] | None = None
+    """metric name → why it is null"""
+
+    def null_reason(self, name: str) -> str | None:
+        """Why the metric `name` is null, when the record says."""
+        return (self.null_reasons or {}).get(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# env: where it ran
+
+
+class SlurmPack(Typed):
+    """A cell's place in a packed SLURM job (`harness sweep --pack`)."""
+
+    job_id: str | None = None
+    """the pack's SLURM job id"""
+    position: int | None = None
+    """1-based position of the cell in its pack"""
+    of: int | None = None
+    """cells in the pack (count)"""
+
+
+class Env(Typed):
+    """Versions, device and hosts, as rank 0 saw them (harness.worker.env.capture and the worker). A record the
+    launcher composed has only harness_git_sha and slurm_job_id (and slurm_pack); a skipped one none."""
+
+    python: str | None = None
+    """Python version"""
+    torch: str | None = None
+    """torch version"""
+    cuda: str | None = None
+    """CUDA version torch was built with; null: CPU build"""
+    nccl: str | None = None
+    """NCCL version; null on CPU"""
+    deepspeed: str | None = None
+    """DeepSpeed version; null: not installed"""
+    device_type: str | None = None
+    """cuda | cpu"""
+    device_name: str | None = None
+    """e.g. NVIDIA H100 80GB HBM3; cpu on CPU"""
+    device_count: Annotated[int | None, SOMETIMES] = None
+    """CUDA devices visible to rank 0 (count); null on CPU"""
+    device_memory_gib: Num | None = None
+    """rank 0's device's total memory (GiB); null on CPU"""
+    cpu_count: Annotated[int | None, SOMETIMES] = None
+    """os.cpu_count() on rank 0's host (count)"""
+    torch_num_threads: Annotated[int | None, SOMETIMES] = None
+    """torch's intra-op threads on rank 0 (count)"""
+    allow_tf32: Annotated[bool | None, SOMETIMES] = None
+    """fp32 matmuls may use TF32"""
+    hostname: Annotated[str | None, SOMETIMES] = None
+    """rank 0's host"""
+    slurm_job_id: str | None = None
+    """the SLURM job (submitit's id: <array>_<index> for array tasks); null outside SLURM"""
+    slurm_restart_count: Annotated[int | None, SOMETIMES] = None
+    """times SLURM requeued the job (count); only under SLURM"""
+    prefork: Annotated[bool | None, SOMETIMES] = None
+    """the ranks were forked from the sweep's warm interpreter"""
+    cpu_allocator: Annotated[str | None, SOMETIMES] = None
+    """what rank 0's malloc does with freed memory: 'caching (glibc ... mallopt ...)' or 'system ...' on a CPU
+    (the profile's cpu_allocator, harness.worker.allocator); the CUDA caching allocator on a GPU"""
+    deepspeed_config: Annotated[dict[str, Any] | None, SOMETIMES] = None
+    """the config DeepSpeed ran with (ZeRO cells)"""
+    backend: str | None = None
+    """torch.distributed backend: nccl | gloo"""
+    hostnames: list[str] | None = None
+    """every rank's node, sorted, once each"""
+    harness_git_sha: str | None = None
+    """the harness commit (-dirty: uncommitted changes); null outside a checkout"""
+    slurm_pack: Annotated[SlurmPack | None, SOMETIMES] = None
+    """the cell's place in its packed job"""
+
+
+COMPOSED_ENV: frozenset[str] = frozenset({"harness_git_sha", "slurm_job_id", "slurm_pack"})
+"""the env fields of a record the launcher composed (rank 0 wrote none): what the payload knew"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# comm: the collectives of one counted step (harness.worker.meters.comm.CommMeter.summary)
+
+
+class CollectiveStats(Typed):
+    """One collective type (all_gather, reduce_scatter, …) per step."""
+
+    calls: Num | None = None
+    """calls per step (count)"""
+    bytes: Num | None = None
+    """bytes per step (B, nccl-tests convention)"""
+    dtypes: Annotated[dict[str, Num] | None, SOMETIMES] = None
+    """dtype → bytes per step (B)"""
+    time_s: Annotated[Num | None, SOMETIMES] = None
+    """its calls' time per step, each timed on its own (s)"""
+    algbw_gbps: Annotated[Num | None, SOMETIMES] = None
+    """algorithm bandwidth (GB/s, 1e9 B/s)"""
+    busbw_gbps: Annotated[Num | None, SOMETIMES] = None
+    """bus bandwidth, nccl-tests factors (GB/s)"""
+    dtype: str | None = None
+    """the dtype with the most bytes"""
+
+
+class GroupStats(Typed):
+    """The collectives of one group kind (intra | inter | mixed | unknown) per step."""
+
+    calls: Num | None = None
+    """calls per step (count)"""
+    bytes: Num | None = None
+    """bytes per step (B)"""
+
+
+class CommGroup(Typed):
+    """One process group's collectives per step."""
+
+    ranks: list[int] | None = None
+    """its global ranks"""
+    kind: str | None = None
+    """intra | inter | mixed | unknown"""
+    calls: Num | None = None
+    """calls per step (count)"""
+    bytes: Num | None = None
+    """bytes per step (B)"""
+
+
+class Comm(Typed):
+    """Collectives counted over one untimed step after the measured ones."""
+
+    time_s_per_step: Annotated[Num | None, SOMETIMES] = None
+    """time in collectives per step, each timed on its own (s); null: not timed"""
+    bytes_per_step: Num | None = None
+    """bytes per step, every collective (B)"""
+    calls_per_step: Num | None = None
+    """collective calls per step (count)"""
+    by_collective: dict[str, CollectiveStats] | None = None
+    """collective name → its totals"""
+    by_group: dict[str, GroupStats] | None = None
+    """group kind → its totals"""
+    groups: Annotated[list[CommGroup] | None, SOMETIMES] = None
+    """every process group that ran a collective"""
+    measured_steps: Annotated[int | None, SOMETIMES] = None
+    """steps counted (count)"""
+    counted_step: Annotated[int | None, SOMETIMES] = None
+    """1-based number of the counted step (warmup + measured + 1)"""
+    counted_step_time_s: Annotated[Num | None, SOMETIMES] = None
+    """the counted step's time, meter on (s)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# predicted: the planner's prediction (harness.plan.predict.predict) and how the measurement compares
+
+
+class PredictedMemory(Typed):
+    """Predicted memory per rank at its peak (GiB, 2**30 B)."""
+
+    params: Annotated[Num | None, SOMETIMES] = None
+    """parameters (GiB)"""
+    grads: Annotated[Num | None, SOMETIMES] = None
+    """gradients live at the peak (GiB)"""
+    optimizer: Annotated[Num | None, SOMETIMES] = None
+    """optimizer states (GiB)"""
+    activations: Annotated[Num | None, SOMETIMES] = None
+    """activations (GiB)"""
+    buffers: Annotated[Num | None, SOMETIMES] = None
+    """transient buffers (GiB)"""
+    total: Num | None = None
+    """their sum (GiB)"""
+
+
+class PredictedTime(Typed):
+    """The predicted step time's breakdown (s per optimizer step on one rank; harness.plan.time): compute +
+    recompute + optimizer + comm_exposed + other = step_time_s. Null: a rate the part needs is unknown."""
+
+    compute: Num | None = None
+    """matmuls, attention and elementwise work of forward and backward (s)"""
+    recompute: Num | None = None
+    """activation checkpointing's recomputed forward (s)"""
+    optimizer: Num | None = None
+    """the optimizer step (s)"""
+    comm_exposed: Num | None = None
+    """collective time not hidden behind compute (s)"""
+    comm_total: Num | None = None
+    """every collective's time, hidden or not (s)"""
+    other: Num | None = None
+    """per-op host overhead and the strategy's framework overhead (s)"""
+
+
+class Predicted(Typed):
+    """What the planner predicted for the cell."""
+
+    memory_gib: PredictedMemory | None = None
+    """memory per rank at its peak (GiB)"""
+    peak_at: Annotated[str | None, SOMETIMES] = None
+    """the moment of the step the peak falls in"""
+    grads_after_backward_gib: Annotated[Num | None, SOMETIMES] = None
+    """the gradients' full size per rank (GiB)"""
+    cpu_memory_gib: Annotated[Num | None, SOMETIMES] = None
+    """host memory per rank under offload (GiB)"""
+    device_memory_gib: Annotated[Num | None, SOMETIMES] = None
+    """the profile's device memory (GiB); null: unknown"""
+    fits: Annotated[bool | None, SOMETIMES] = None
+    """fits the usable device memory; null: capacity unknown"""
+    flops_per_step: Annotated[Num | None, SOMETIMES] = None
+    """model FLOPs per optimizer step, all ranks (FLOP)"""
+    hardware_flops_per_step: Annotated[Num | None, SOMETIMES] = None
+    """flops_per_step plus checkpointing's recompute (FLOP)"""
+    comm_bytes_per_step: Annotated[Num | None, SOMETIMES] = None
+    """collective bytes per step (B); null: no model for the strategy"""
+    reason: Annotated[str | None, SOMETIMES] = None
+    """the breakdown when it does not fit, else null"""
+    notes: Annotated[dict[str, str] | None, SOMETIMES] = None
+    """memory part → how it was counted"""
+    step_time_s: Annotated[Num | None, SOMETIMES] = None
+    """predicted time of one optimizer step (s); null: see time_null_reasons"""
+    tokens_per_s_per_gpu: Annotated[Num | None, SOMETIMES] = None
+    """predicted tokens per second per GPU (tokens/s)"""
+    mfu: Annotated[Num | None, SOMETIMES] = None
+    """predicted model FLOPs utilisation (fraction); null: peak unknown or step time unknown"""
+    time_s: Annotated[PredictedTime | None, SOMETIMES] = None
+    """the step time's breakdown (s)"""
+    calibration: Annotated[str | None, SOMETIMES] = None
+    """the rates' source: "calibrated <file> <date>" or "uncalibrated: profile figures (<sources>)" """
+    time_null_reasons: Annotated[dict[str, str] | None, SOMETIMES] = None
+    """step time field or part → why it is null"""
+    comm_deviation: Annotated[Num | None, SOMETIMES] = None
+    """measured / predicted collective bytes - 1 (fraction; 0.0: exact)"""
+    step_time_deviation: Annotated[Num | None, SOMETIMES] = None
+    """measured median step time / predicted - 1 (fraction; 0.0: exact)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# layout: a tensor- or pipeline-parallel cell's mesh and stages (harness.worker.strategies.layouts)
+
+
+class LayoutInfo(Typed):
+    """How the cell's ranks split into data × tensor × pipeline parallel groups, and the model into stages."""
+
+    tp: int | None = None
+    """tensor-parallel ranks"""
+    pp: int | None = None
+    """pipeline-parallel ranks"""
+    dp: int | None = None
+    """data-parallel replicas: gpus / (tp × pp)"""
+    dp_shard: int | None = None
+    """ranks the data-parallel strategy shards over (the rest of a node beside tp for a hybrid)"""
+    dp_replicate: int | None = None
+    """replicas of the sharded state (1 unless hybrid)"""
+    mesh: dict[str, int] | None = None
+    """mesh dimension → size, outermost first (pp, dp, tp; pp, dp_replicate, dp_shard, tp for a hybrid)"""
+    pp_schedule: str | None = None
+    """the pipeline schedule; null without a pipeline"""
+    n_stages: int | None = None
+    """pipeline stages (pp × stages per rank; 1 without a pipeline)"""
+    microbatches: int | None = None
+    """pipeline microbatches per step; null without a pipeline"""
+    sequence_parallel: bool | None = None
+    """the norms ran on sequence shards"""
+    loss_parallel: bool | None = None
+    """cross-entropy ran on vocabulary-sharded logits"""
+    stages: list[int] | None = None
+    """blocks per stage, in stage order: the stage balance"""
+    stage_blocks: list[list[int]] | None = None
+    """the blocks of each stage"""
+    stage_params: list[int] | None = None
+    """parameters per stage (whole, before tensor- or data-parallel sharding)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# failures: what each failed rank reported (composed records)
+
+
+class Failure(Typed):
+    """One rank's failure (its fragment), or a task's traceback the scheduler kept."""
+
+    rank: int | None = None
+    """the rank"""
+    status: str | None = None
+    """oom | timeout | error (its own verdict)"""
+    reason: str | None = None
+    """exception type and message"""
+    traceback: str | None = None
+    """its traceback (text)"""
+    hostname: Annotated[str | None, SOMETIMES] = None
+    """its node"""
+    memory_allocated_gib: Annotated[Num | None, SOMETIMES] = None
+    """CUDA memory allocated at an OOM (GiB)"""
+    memory_reserved_gib: Annotated[Num | None, SOMETIMES] = None
+    """CUDA memory reserved at an OOM (GiB)"""
+    memory_rss_gib: Annotated[Num | None, SOMETIMES] = None
+    """host RSS at a CPU OOM (GiB)"""
+
+
+class Fragment(Failure):
+    """What a failing rank writes before it dies (`.fragments/<run_id>/rank<k>.json`, harness.worker.runner), from
+    which the launcher composes the record when rank 0 wrote none (harness.launch.core.outcome)."""
+
+    attempt: str | None = None
+    """the launch it belongs to (a stale attempt's fragments are ignored)"""
+    time: Num | None = None
+    """when it failed (s since the epoch): the first failure is the root cause"""
+
+    def failure(self) -> Failure:
+        """The part the record keeps (`failures[]`)."""
+        keep = ("rank", "status", "reason", "hostname", "traceback")
+        memory = ("memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")
+        return Failure.model_validate({**{k: getattr(self, k) for k in keep + memory}})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the record
+
+
+class Record(Typed):
+    """One cell's record, schema_version 1."""
+
+    schema_version: Literal[1]
+    """the contract's version"""
+    run_id: str
+    """<model>-<strategy>-<precision>-g<N>-<digest of spec>"""
+    sweep: str | None = None
+    """scenario name"""
+    cluster: str | None = None
+    """cluster profile name"""
+    status: Status
+    """the cell's outcome"""
+    reason: str | None = None
+    """why the status is not ok (or a note on ok numbers); null: none"""
+    failed_rank: int | None = None
+    """the first rank to fail; null: none or unknown"""
+    spec: Spec
+    """the cell"""
+    metrics: Metrics = Field(default_factory=Metrics)
+    """what was measured; {} when rank 0 wrote no record"""
+    env: Env = Field(default_factory=Env)
+    """where it ran"""
+    started_at: str | None = None
+    """ISO-8601 UTC, to the second"""
+    finished_at: str | None = None
+    """ISO-8601 UTC, to the second"""
+    attempt: Annotated[str | None, SOMETIMES] = None
+    """the launch's id (12 hex digits): tells this launch's record and fragments from an earlier one's; null: a
+    payload without one (written by hand for `python -m harness.worker.runner`)"""
+    repeat: Annotated[int | None, SOMETIMES] = None
+    """which run of its cell (`harness sweep --repeat K`, k >= 2); absent: the first"""
+    predicted: Annotated[Predicted | None, SOMETIMES] = None
+    """the planner's prediction; absent when no planner ran"""
+    comm: Annotated[Comm | None, SOMETIMES] = None
+    """collectives of one counted step; absent when rank 0 wrote no record"""
+    layout: Annotated[LayoutInfo | None, SOMETIMES] = None
+    """a tensor- or pipeline-parallel cell's mesh and stage balance; absent for every other cell"""
+    failures: Annotated[list[Failure] | None, SOMETIMES] = None
+    """each failed rank's report (composed records)"""
+    log_tail: Annotated[str | None, SOMETIMES] = None
+    """the job's last output, at most 4000 characters (composed records)"""
+
+    _path: str | None = PrivateAttr(default=None)
+
+    @property
+    def path(self) -> str | None:
+        """Not in the file: where harness.results.store read the record from (None: not read from a file)."""
+        return self._path
+
+    def at(self, path: str) -> Record:
+        """This record, remembered as read from `path`."""
+        self._path = path
+        return self
+
+    @property
+    def origin(self) -> str:
+        """Where the record came from, for messages: its file, else its run_id."""
+        return self._path or self.run_id or "<record>"
+
+    @property
+    def repeat_index(self) -> int:
+        """Which run of its cell the record is: `repeat`, 1 when absent (a sweep without --repeat)."""
+        k = self.repeat
+        return k if k is not None and k >= 1 else 1
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def in_pack(self, *, job_id: str, position: int, of: int) -> Record:
+        """This record with `env.slurm_pack`: the cell's place in its packed SLURM job."""
+        pack = SlurmPack(job_id=job_id, position=position, of=of)
+        return self.model_copy(update={"env": self.env.model_copy(update={"slurm_pack": pack})})
+
+    def contract_problems(self) -> list[str]:
+        """What this record lacks, or has beyond, the contract of its kind (the record the worker writes, one the
+        launcher composed, a skipped one): empty for a record the harness wrote. Tests hold the writers to it."""
+        problems = _missing(self, "record")
+        problems += _missing(self.spec, "record.spec") + _extra(self, "record")
+        measured = bool(self.metrics.model_fields_set)
+        if measured:
+            problems += _missing(self.metrics, "record.metrics")
+        env_fields = self.env.model_fields_set
+        if env_fields and not env_fields <= COMPOSED_ENV:
+            problems += _missing(self.env, "record.env")
+        elif env_fields:
+            problems += [f"record.env.{k}: missing" for k in sorted({"harness_git_sha", "slurm_job_id"} - env_fields)]
+        return problems
+
+
+def _missing(model: Typed, where: str) -> list[str]:
+    """The fields every file of `model`'s kind holds that this one lacks."""
+    return [
+        f"{where}.{f.alias or name}: missing"
+        for name, f in type(model).model_fields.items()
+        if name not in model.model_fields_set and not sometimes(type(model), name)
+    ]
+
+
+def _extra(model: Typed, where: str) -> list[str]:
+    """Fields of `model` and of every model inside it that no model declares (a newer harness's, or a typo)."""
+    out = [f"{where}.{k}: not a field of {type(model).__name__}" for k in sorted(model.model_extra or {})]
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        if isinstance(value, Typed):
+            out += _extra(value, f"{where}.{name}")
+        for k, v in items:
+            if isinstance(v, Typed):
+                out += _extra(v, f"{where}.{name}.{k}")
+    return out
