@@ -20,7 +20,7 @@ from harness.scenario.cluster import load_cluster
     "cluster_name",
     default="local",
     show_default=True,
-    help="cluster profile name (scenarios/clusters/NAME.yaml) or path",
+    help="cluster profile: a name (`harness list clusters`) or a path",
 )
 @click.option("--quick", is_flag=True, help="a smaller grid and fewer message sizes (seconds, for tests)")
 @click.option(

@@ -33,7 +33,7 @@ _FREEZE_AT_EXIT: list = []
     "cluster_name",
     default="local",
     show_default=True,
-    help="cluster profile name (scenarios/clusters/NAME.yaml) or path",
+    help="cluster profile: a name (`harness list clusters`) or a path",
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--force-calibration", is_flag=True, help="use the cluster's calibration even if another machine made it")

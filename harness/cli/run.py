@@ -15,7 +15,7 @@ import click
 
 from harness.core.errors import InputError, Problem, one_of
 from harness.core.zoo import ZOO, ModelConfig
-from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
+from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
 from harness.scenario.schema import STRATEGIES, load_scenario
 
 
@@ -25,7 +25,7 @@ def _cluster_option(f):
         "cluster_name",
         default="local",
         show_default=True,
-        help="cluster profile: a name in scenarios/clusters/ or a path",
+        help="cluster profile: a name (`harness list clusters`) or a path",
     )(f)
 
 
@@ -219,7 +219,8 @@ def list_(what: str, scenario: str | None, cluster_name: str) -> int:
         for name in available_clusters():
             c = load_cluster(name)
             click.echo(f"{name:12s} {c.executor:6s} {c.device:5s} {c.gpus_per_node} per node  {c.description}")
-        click.echo("\nknown devices for MFU: " + ", ".join(p.name for p in PEAKS))
+        click.echo(f"\nprofiles: ./{PROJECT_DIR}/NAME.yaml (this project's, first), then {SHIPPED_DIR}/ (shipped)")
+        click.echo("known devices for MFU: " + ", ".join(p.name for p in PEAKS))
     else:
         if not scenario:
             raise InputError([Problem("harness list cells", "SCENARIO", "missing: give a scenario file")])

@@ -16,7 +16,6 @@ were set), so files stay byte-for-byte what the harness wrote before the models 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,20 +32,19 @@ class Typed(BaseModel):
     def field(self, key: str) -> Any:
         """The value of the field the file calls `key` (its alias, or its name; a kept unknown field too), None
         when absent."""
-        name = _aliases(type(self)).get(key, key)
-        if name in type(self).model_fields:
-            return getattr(self, name)
-        return (self.model_extra or {}).get(key)
+        name = FIELD_NAMES.get(key, key)
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            return (self.__pydantic_extra__ or {}).get(key)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON-able dict of the fields that were set (as read, or as given), in declaration order."""
         return self.model_dump(mode="python", exclude_unset=True, by_alias=True)
 
 
-@functools.cache
-def _aliases(model: type[BaseModel]) -> dict[str, str]:
-    """A model's field names by the key the file uses, where the two differ."""
-    return {f.alias: name for name, f in model.model_fields.items() if f.alias and f.alias != name}
+FIELD_NAMES: dict[str, str] = {"model_config": "model_config_"}
+"""a file's key → the field's name, where pydantic reserves the key (Spec's `model_config`)"""
 
 
 class _Sometimes:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.typed import Typed
+from harness.core.typed import FIELD_NAMES, Typed
 from harness.results.record import Record
 
 SAMPLED, THRESHOLDED, EXACT, WATCHED, SHOWN = "sampled", "thresholded", "exact", "watched", "shown"
@@ -43,11 +43,9 @@ def finite_number(value: Any) -> float | None:
 
 
 def value_at(node: Any, path: Sequence[str]) -> Any:
-    """The value at `path` (field names from the record root; keys inside a mapping), None where a step is
+    """The value at `path` (the file's keys from the record root; keys inside a mapping), None where a step is
     missing. Works on a typed record and on plain data alike."""
     for k in path:
-        if node is None:
-            return None
         if isinstance(node, Typed):
             node = node.field(k)
         elif isinstance(node, Mapping):
@@ -55,6 +53,25 @@ def value_at(node: Any, path: Sequence[str]) -> Any:
         else:
             return None
     return node
+
+
+def path_getter(path: Sequence[str]) -> Callable[[Any], Any]:
+    """`value_at(node, path)` as one function, for a path read for every record (the fields' dicts directly; a
+    mapping or a kept unknown field on the way takes value_at's general route)."""
+    names = tuple(FIELD_NAMES.get(k, k) for k in path)
+    keys = tuple(path)
+
+    def get(node: Any) -> Any:
+        for i, name in enumerate(names):
+            if node is None:
+                return None
+            try:
+                node = node.__dict__[name]
+            except (KeyError, AttributeError):
+                return value_at(node, keys[i:])
+        return node
+
+    return get
 
 
 def _old_fractional_rule(column: str) -> bool:
@@ -82,9 +99,11 @@ class Metric:
     fractional: bool | None = None
     """stays a float in table.csv even when a value is whole (default: by the column's unit suffix)"""
     get: Callable[[Record], Any] | None = None
-    """how to read it when it is not a plain field (a count derived from a list)"""
+    """how to read it: `path`'s value by default (path_getter); a function for a derived value (a count)"""
 
     def __post_init__(self) -> None:
+        if self.get is None:
+            object.__setattr__(self, "get", path_getter(self.path))
         if self.kind not in KINDS:
             raise ValueError(f"metric {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if not self.column:
@@ -102,11 +121,13 @@ class Metric:
 
     def raw(self, rec: Record) -> Any:
         """The value as the record holds it (None where absent)."""
-        return self.get(rec) if self.get is not None else value_at(rec, self.path)
+        assert self.get is not None  # NOTE: set in __post_init__
+        return self.get(rec)
 
     def value(self, rec: Record) -> float | None:
         """The value as a finite number, or None (null, absent, or not a finite number)."""
-        return finite_number(self.raw(rec))
+        assert self.get is not None
+        return finite_number(self.get(rec))
 
     def why_null(self, rec: Record) -> str | None:
         """Why the record has no value, when it says."""

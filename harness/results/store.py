@@ -273,6 +273,12 @@ def read_record(path: str | Path, *, warnings: list[str] | None = None) -> Recor
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"unreadable: {e}") from None
     try:
+        # NOTE: the common case in one pass of pydantic's own parser; anything it refuses is read again the slow way,
+        # for the reasons and warnings every reader gives
+        return Record.model_validate_json(text).at(str(path))
+    except ValidationError:
+        pass
+    try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None

@@ -1,4 +1,9 @@
-"""Cluster profiles (scenarios/clusters/*.yaml) and the dense peak-FLOPS table used for MFU.
+"""Cluster profiles and the dense peak-FLOPS table used for MFU.
+
+A profile is named (`--cluster a100`) or given by path. A name is looked up in the project's own profiles first,
+`scenarios/clusters/NAME.yaml` under the current directory (a site's edited copy), then in the profiles shipped
+with the package (harness/scenario/clusters/, package data: `local`, `local-gpu`, `local-slurm`, `a100`, `h100`,
+`h200`). Nothing here reaches outside the package by path.
 
 Pure: no torch import.
 """
@@ -14,7 +19,10 @@ from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.scenario.performance import Performance, parse_performance
 from harness.scenario.schema import NAME_RE, load_yaml
 
-CLUSTERS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "clusters"
+SHIPPED_DIR = Path(__file__).resolve().parent / "clusters"
+"""the profiles shipped with the package"""
+PROJECT_DIR = Path("scenarios") / "clusters"
+"""a project's own profiles, relative to the current directory; a name found there wins over a shipped one"""
 EXECUTORS = ("local", "slurm")
 DEVICES = ("cpu", "cuda")
 CPU_ALLOCATORS = ("caching", "system")
@@ -351,16 +359,25 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
     )
 
 
+def cluster_dirs() -> tuple[Path, ...]:
+    """Where profile names are looked up, first match wins: the project's, then the shipped ones."""
+    return (PROJECT_DIR, SHIPPED_DIR)
+
+
 def available_clusters() -> list[str]:
-    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+    return sorted({p.stem for d in cluster_dirs() for p in d.glob("*.yaml")})
+
+
+def profile_path(name: str) -> Path | None:
+    """The file of the profile called `name` (cluster_dirs' first match), or None."""
+    return next((p for d in cluster_dirs() if (p := d / f"{name}.yaml").is_file()), None)
 
 
 def load_cluster(name_or_path: str) -> Cluster:
-    """A profile by name (scenarios/clusters/NAME.yaml) or by path."""
-    p = Path(name_or_path)
-    if p.suffix not in (".yaml", ".yml"):
-        p = CLUSTERS_DIR / f"{name_or_path}.yaml"
-        if not p.exists():
-            names = available_clusters()
-            raise InputError([Problem("--cluster", "", one_of(name_or_path, names))])
+    """A profile by name (the project's scenarios/clusters/NAME.yaml, else the shipped one) or by path."""
+    p: Path | None = Path(name_or_path)
+    if p is not None and p.suffix not in (".yaml", ".yml"):
+        p = profile_path(name_or_path)
+        if p is None:
+            raise InputError([Problem("--cluster", "", one_of(name_or_path, available_clusters()))])
     return parse_cluster(load_yaml(p), str(p))

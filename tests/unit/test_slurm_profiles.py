@@ -10,7 +10,7 @@ import yaml
 
 from harness.core.errors import InputError
 from harness.launch.slurm.jobs import executor_parameters, job_minutes, split_packs
-from harness.scenario.cluster import CLUSTERS_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
+from harness.scenario.cluster import SHIPPED_DIR, available_clusters, load_cluster, min_job_minutes, parse_cluster
 from harness.scenario.schema import load_yaml
 
 
@@ -35,7 +35,7 @@ def test_every_shipped_profile_loads(name):
 
 def test_gpu_profiles_are_placeholders_a_user_edits():
     for name in ("a100", "h100", "h200"):
-        raw = load_yaml(CLUSTERS_DIR / f"{name}.yaml")
+        raw = load_yaml(SHIPPED_DIR / f"{name}.yaml")
         assert set(raw["slurm"]) == {
             "partition",
             "account",
@@ -49,7 +49,7 @@ def test_gpu_profiles_are_placeholders_a_user_edits():
             "setup",
             "additional_parameters",
         }
-        assert "EDIT" in (CLUSTERS_DIR / f"{name}.yaml").read_text()
+        assert "EDIT" in (SHIPPED_DIR / f"{name}.yaml").read_text()
 
 
 def test_every_problem_in_a_slurm_block_is_reported_once():
