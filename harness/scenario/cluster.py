@@ -375,9 +375,10 @@ def profile_path(name: str) -> Path | None:
 
 def load_cluster(name_or_path: str) -> Cluster:
     """A profile by name (the project's scenarios/clusters/NAME.yaml, else the shipped one) or by path."""
-    p: Path | None = Path(name_or_path)
-    if p is not None and p.suffix not in (".yaml", ".yml"):
-        p = profile_path(name_or_path)
-        if p is None:
+    p = Path(name_or_path)
+    if p.suffix not in (".yaml", ".yml"):
+        found = profile_path(name_or_path)
+        if found is None:
             raise InputError([Problem("--cluster", "", one_of(name_or_path, available_clusters()))])
+        p = found
     return parse_cluster(load_yaml(p), str(p))
