@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness.results.record import Record
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import RunSpec, parse_scenario
 
@@ -24,13 +26,35 @@ def make_spec(
     return spec
 
 
+def as_doc(rec: Record) -> dict[str, Any]:
+    """A record as the JSON document its file holds (read through harness.results.store), with `_path`: what tests
+    of what was written assert on."""
+    return {**rec.to_json_dict(), "_path": rec.path}
+
+
+def load_docs(*dirs: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """harness.results.store.load_records, each record as its document (as_doc)."""
+    from harness.results.store import load_records
+
+    records, warnings = load_records(*dirs)
+    return [as_doc(r) for r in records], warnings
+
+
+def read_doc(path: str | Path) -> dict[str, Any]:
+    """harness.results.store.read_record, as its document (as_doc)."""
+    from harness.results.store import read_record
+
+    return as_doc(read_record(path))
+
+
 def run_cell(spec: RunSpec, results: Path, *, sweep: str = "t", cluster: str = "local") -> dict:
-    """Run one cell in the foreground launcher (real processes, real gloo group) and return its record."""
+    """Run one cell in the foreground launcher (real processes, real gloo group) and return its record's document
+    (as_doc)."""
     from harness.launch.core.payload import make_payload
     from harness.launch.local.launchers import launch_foreground
 
     payload = make_payload(spec, sweep=sweep, cluster=load_cluster(cluster), results=results, sha=None, predicted=None)
-    return launch_foreground(payload, time_limit_s=spec.settings.time_limit_s, stream=False)
+    return as_doc(launch_foreground(payload, time_limit_s=spec.settings.time_limit_s, stream=False))
 
 
 @pytest.fixture
@@ -47,7 +71,6 @@ def smoke_sweep(tmp_path_factory) -> dict:
     import time
 
     from harness.cli import main
-    from harness.results.store import load_records
 
     results = tmp_path_factory.mktemp("smoke") / "results"
     extensions = tmp_path_factory.mktemp("torch_extensions")
@@ -55,7 +78,7 @@ def smoke_sweep(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
         code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
-    records, warnings = load_records(results)
+    records, warnings = load_docs(results)
     return {
         "code": code,
         "results": results,

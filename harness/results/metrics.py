@@ -195,6 +195,18 @@ COMPARED: tuple[Metric, ...] = tuple(m for m in STORED if m.compared)
 """what `harness compare` judges"""
 
 
+def register(metric: Metric) -> None:
+    """Add a metric to the registry (a site's own quantity, or a test's), before the read side is imported: the
+    report, compare and the history take their views of the registry when they are imported."""
+    global METRICS, METRICS_BY_NAME, STORED, COMPARED
+    if metric.name in METRICS_BY_NAME or any(m.column == metric.column for m in METRICS):
+        raise ValueError(f"metric {metric.name!r} (column {metric.column!r}) is already registered")
+    METRICS = (*METRICS, metric)
+    METRICS_BY_NAME = {m.name: m for m in METRICS}
+    STORED = tuple(m for m in METRICS if m.judged)
+    COMPARED = tuple(m for m in STORED if m.compared)
+
+
 def step_samples(rec: Record) -> list[float]:
     """The record's per-step times (s), finite and positive ones only: what every sampled metric derives from."""
     step = rec.metrics.step_time_s

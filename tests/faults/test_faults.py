@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results.store import load_records
+from tests.conftest import load_docs
 
 pytestmark = pytest.mark.dist
 
@@ -66,7 +66,7 @@ def fault_sweep(tmp_path_factory):
     t0 = time.time()
     code = main(["sweep", str(scenario), "--cluster", str(cluster), "--results", str(results)])
     wall = time.time() - t0
-    records, warnings = load_records(results)
+    records, warnings = load_docs(results)
     by_fault = {(r["spec"]["strategy"], (r["spec"].get("inject") or {}).get("fault")): r for r in records}
     return {"code": code, "records": by_fault, "warnings": warnings, "wall": wall, "results": results}
 
@@ -167,7 +167,7 @@ def test_interrupted_sweep_resumes_to_exactly_one_record_per_cell(tmp_path):
     assert str(results) not in ps  # the interrupted cell's ranks are gone
 
     assert main(["sweep", str(scenario), "--results", str(results)]) == 0
-    records, warnings = load_records(results)
+    records, warnings = load_docs(results)
     assert not warnings
     assert sorted(r["spec"]["strategy"] for r in records) == ["ddp", "fsdp.full_shard", "zero1"]
     assert all(r["status"] == "ok" for r in records)
@@ -182,7 +182,7 @@ def test_two_sweeps_into_one_results_dir(tmp_path):
     a, b = sweep_proc(scenario, results), sweep_proc(scenario, results)
     outs = [p.communicate(timeout=600)[0] for p in (a, b)]
     assert a.returncode == 0 and b.returncode == 0, outs
-    records, warnings = load_records(results)
+    records, warnings = load_docs(results)
     assert not warnings and len(records) == 3 and all(r["status"] == "ok" for r in records)
     assert sum(o.count("another sweep") for o in outs) >= 1  # one of them waited instead of rerunning
     cells = json.loads((results / "twice" / "manifest.json").read_text())["cells"]
@@ -259,7 +259,7 @@ def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err
     cells = json.loads(manifest.read_text())["cells"]
     assert [c["state"] for c in cells.values()] == ["done", "cancelled"]
-    first = {r["spec"]["strategy"]: r for r in load_records(results)[0]}
+    first = {r["spec"]["strategy"]: r for r in load_docs(results)[0]}
     assert first["fsdp.full_shard"]["status"] == "cancelled"
 
     again = subprocess.run(
@@ -271,7 +271,7 @@ def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "ok (already recorded; --force reruns)" in again.stdout  # the done cell is not rerun
-    records = {r["spec"]["strategy"]: r for r in load_records(results)[0]}
+    records = {r["spec"]["strategy"]: r for r in load_docs(results)[0]}
     assert records["ddp"]["attempt"] == first["ddp"]["attempt"]
     assert records["fsdp.full_shard"]["status"] == "ok"
     assert [c["state"] for c in json.loads(manifest.read_text())["cells"].values()] == ["done", "done"]
@@ -293,7 +293,7 @@ def test_a_cell_the_machine_cannot_host_is_skipped_and_the_rest_runs(tmp_path):
     proc = sweep_proc(scenario, results)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    records = {r["spec"]["gpus"]: r for r in load_records(results)[0]}
+    records = {r["spec"]["gpus"]: r for r in load_docs(results)[0]}
     assert (records[2]["status"], records[100000]["status"]) == ("ok", "skipped"), out
     assert records[100000]["reason"].startswith("needs 100000 ranks on this machine; it hosts at most ")
     cells = json.loads((results / "huge" / "manifest.json").read_text())["cells"]

@@ -23,7 +23,8 @@ import pytest
 from scipy.stats import norm
 
 from harness.cli import main
-from harness.results.store import atomic_write_json, load_records, read_record
+from harness.results.store import atomic_write_json
+from tests.conftest import load_docs, read_doc
 
 pytestmark = pytest.mark.dist
 
@@ -69,7 +70,7 @@ def night(tmp_path_factory) -> dict:
     scenario.write_text(SCENARIO)
     results = root / "results"
     assert main(["sweep", str(scenario), "--results", str(results)]) == 0
-    records, _ = load_records(results)
+    records, _ = load_docs(results)
     by_precision = {r["spec"]["precision"]: r for r in records}
     assert by_precision["bf16"]["spec"]["inject"] == {"fault": "slow", "factor": 8, "rank": 0}
     db = str(root / "h.db")
@@ -91,7 +92,7 @@ def tonight(night: dict, name: str, *, keep_slowed: bool) -> Path:
     shutil.copytree(night["results"], dest)
     fast = night["records"]["fp32"]
     path = dest / "conf" / f"{fast['run_id']}.json"
-    rec = read_record(path)
+    rec = read_doc(path)
     atomic_write_json(
         path, scaled(rec, 8.0, when=dt.datetime.fromisoformat(rec["finished_at"]), attempt=rec["attempt"])
     )
@@ -123,7 +124,7 @@ def test_a_real_slowdown_persists_and_fails_a_one_off_does_not(night, capsys):
     rid = night["records"]["fp32"]["run_id"]
     reruns = sorted(p.name for p in (results / "conf").glob(f"{rid}*.json"))
     assert reruns == [f"{rid}.json", f"{rid}.r2.json", f"{rid}.r3.json"]  # the re-runs, beside the first run
-    assert [read_record(results / "conf" / n).get("repeat") for n in reruns] == [None, 2, 3]
+    assert [read_doc(results / "conf" / n).get("repeat") for n in reruns] == [None, 2, 3]
 
 
 def test_confirm_needs_the_sweeps_manifest(night, tmp_path, capsys):

@@ -11,8 +11,8 @@ import pytest
 
 from harness.cli import main
 from harness.compare.judge import compare
-from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
+from tests.conftest import load_docs
 
 pytestmark = pytest.mark.dist
 
@@ -44,7 +44,7 @@ def test_every_cell_runs_k_times_in_rounds_each_run_its_own_record(swept):
     assert sorted(p.name for p in folder.glob("*.json")) == sorted(
         [f"{first}.json", f"{first}.r2.json", f"{second}.json", f"{second}.r2.json", "manifest.json"]
     )
-    records, warnings = load_records(swept["results"])
+    records, warnings = load_docs(swept["results"])
     assert warnings == [] and len(records) == 4
     assert all(r["status"] == "ok" for r in records)
     by_name = {r["_path"].rsplit("/", 1)[1]: r for r in records}
@@ -77,7 +77,7 @@ def test_a_rerun_runs_nothing_and_status_counts_runs(swept, capsys):
 
 
 def test_compare_judges_two_runs_a_side_as_reported_not_judged(swept):
-    records, _ = load_records(swept["results"])
+    records, _ = load_docs(swept["results"])
     cmp = compare(records, records)
     assert [c.runs for c in cmp.cells] == [(2, 2), (2, 2)]
     assert all(c.basis == "2 vs 2 runs: reported, not judged (3 per side needed)" for c in cmp.cells)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results.store import load_records
+from tests.conftest import load_docs
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 
 pytestmark = pytest.mark.slurm
@@ -163,7 +163,7 @@ def dispatch_sweep(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
             proc.kill()
     wall = time.perf_counter() - t0
     slurm_timings["dispatch sweep (7 cells, 2 requeued)"] = wall
-    records, warnings = load_records(results)
+    records, warnings = load_docs(results)
     return {
         "code": proc.returncode,
         "output": log.read_text(),
@@ -316,7 +316,7 @@ def test_no_wait_then_status_then_rerun_picks_up(slurm_cluster, tmp_path, capsys
     assert main(args) == 1  # the cancelled cell counts as failed
     out = capsys.readouterr().out
     assert out.count("re-attached to SLURM job") == 2 and "submitted:" not in out, out
-    records = {r["run_id"]: r for r in load_records(results)[0]}
+    records = {r["run_id"]: r for r in load_docs(results)[0]}
     assert records[hang]["status"] == "cancelled" and "was cancelled" in records[hang]["reason"]
     ok = next(r for r in records if r != hang)
     assert records[ok]["status"] == "ok" and records[ok]["env"]["slurm_job_id"] == job_ids[ok]
@@ -362,7 +362,7 @@ def test_an_interrupted_sweep_cancels_its_jobs(slurm_cluster, tmp_path):
             proc.kill()
     assert proc.returncode == 130, out
     assert manifest_cells(results, "stop")[run_id]["state"] == "cancelled"
-    (rec,), warnings = load_records(results)
+    (rec,), warnings = load_docs(results)
     assert not warnings and rec["status"] == "cancelled" and "the sweep was interrupted" in rec["reason"]
     job_id = cell["job_id"]
     state = wait_for(

@@ -18,7 +18,7 @@ import pytest
 
 from harness.cli import main
 from harness.launch.slurm.pack import cell_started
-from harness.results.store import load_records
+from tests.conftest import load_docs
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 
 pytestmark = pytest.mark.slurm
@@ -92,7 +92,7 @@ def sweeps(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
     slurm_timings["pack sweeps (3 packed, 3 unpacked, 3 packed faults)"] = time.perf_counter() - t0
     out = {}
     for name in runs:
-        records, warnings = load_records(tmp / name)
+        records, warnings = load_docs(tmp / name)
         sweep = "faults" if name == "faults" else "same"
         out[name] = {
             "code": procs[name].returncode,
@@ -234,7 +234,7 @@ def test_a_cancelled_pack_records_every_cell_left_cancelled(slurm_cluster, tmp_p
     assert main(args) == 1  # re-attaches and collects; the cancelled cells count as failed
     out = capsys.readouterr().out
     assert out.count("re-attached to SLURM job") == 3 and "submitted:" not in out, out
-    records = {r["run_id"]: r for r in load_records(results)[0]}
+    records = {r["run_id"]: r for r in load_docs(results)[0]}
     assert records[hang]["status"] == "cancelled", records[hang]["reason"]
     assert "was cancelled" in records[hang]["reason"] and "while this cell ran" in records[hang]["reason"]
     assert records[waiting]["status"] == "cancelled", records[waiting]["reason"]
