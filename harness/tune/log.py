@@ -183,7 +183,8 @@ class CandidateLog(LogPart):
 
     def prediction(self, metric: str) -> float | None:
         """Its prediction of the searched `metric` (tokens/s per GPU, or step time in s); None: none."""
-        return self.predicted_tokens_per_s_per_gpu if metric == "tokens_per_s_per_gpu" else self.predicted_step_time_s
+        value: float | None = getattr(self, PREDICTION_OF[metric])
+        return value
 
     def trial_counts(self) -> tuple[int, int]:
         """(trials that ran ok, trials)."""

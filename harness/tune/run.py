@@ -148,6 +148,7 @@ class Search:
     """why the search stopped early: budget | interrupted"""
 
     def log(self, *, finished: bool) -> TuneLog:
+        """The log as tune.json has it now (`finished`: the search is over, `finished_at` is now)."""
         tune = self.scenario.tune or TuneSpec()
         metric, better = METRIC[tune.objective]
         return TuneLog.model_validate(

@@ -23,6 +23,7 @@ there and goes on where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -85,6 +86,11 @@ class Candidate:
     def label(self) -> str:
         return cell_label(self.spec)
 
+    @functools.cached_property
+    def log_spec(self) -> Spec:
+        """The cell as a record's spec, as the log has it (made once: the log is written after every batch)."""
+        return Spec.model_validate(self.spec.to_dict())
+
     def add_trial(self, rnd: int, spec: RunSpec) -> Trial:
         """A new run of `spec`: the next repeat of its run_id (two rounds at the same steps are two runs)."""
         k = 1 + max((t.repeat for t in self.trials if t.spec.run_id == spec.run_id), default=0)
@@ -112,7 +118,7 @@ class Candidate:
             {
                 "run_id": self.spec.run_id,
                 "label": self.label,
-                "spec": spec_of(self.spec),
+                "spec": self.log_spec,
                 "predicted_step_time_s": self.plan.get("step_time_s"),
                 "predicted_tokens_per_s_per_gpu": self.plan.get("tokens_per_s_per_gpu"),
                 "predicted_memory_gib": mem.get("total") if isinstance(mem, Mapping) else None,
@@ -125,11 +131,6 @@ class Candidate:
                 "trials": [t.to_log() for t in self.trials],
             }
         )
-
-
-def spec_of(spec: RunSpec) -> Spec:
-    """A cell as a record's spec (the form records and the log share)."""
-    return Spec.model_validate(spec.to_dict())
 
 
 def cell_label(spec: RunSpec) -> str:
