@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harness.compare.stats import run_level_p
 from harness.results.store import load_records
+from harness.tune.log import check_tune_log
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC = "tokens_per_s_per_gpu"
@@ -53,10 +54,10 @@ def grid_cells(folder: Path) -> dict[str, dict]:
     records, _ = load_records(folder)
     cells: dict[str, dict] = {}
     for r in records:
-        c = cells.setdefault(r["run_id"], {"spec": r["spec"], "runs": [], "predicted": None})
-        if r["status"] == "ok" and (r.get("metrics") or {}).get(METRIC):
-            c["runs"].append(r["metrics"][METRIC])
-        c["predicted"] = (r.get("predicted") or {}).get("tokens_per_s_per_gpu") or c["predicted"]
+        c = cells.setdefault(r.run_id, {"spec": r.spec, "runs": [], "predicted": None})
+        if r.ok and r.metrics.tokens_per_s_per_gpu:
+            c["runs"].append(r.metrics.tokens_per_s_per_gpu)
+        c["predicted"] = (r.predicted.tokens_per_s_per_gpu if r.predicted else None) or c["predicted"]
     return cells
 
 
@@ -91,7 +92,7 @@ def main() -> None:
     groups: dict[tuple[str, int], dict[str, dict]] = {}
     for rid, c in cells.items():
         if len(c["runs"]) >= 2:
-            groups.setdefault((c["spec"]["model"], c["spec"]["gpus"]), {})[rid] = c
+            groups.setdefault((c["spec"].model, c["spec"].gpus), {})[rid] = c
     best = {}
     for key, cs in sorted(groups.items()):
         rid = max(cs, key=lambda r: statistics.median(cs[r]["runs"]))
@@ -120,14 +121,14 @@ def main() -> None:
         tune_s = time.time() - t0
         if p.returncode not in (0, 1):
             sys.exit(f"tune seed {seed} exited {p.returncode}: {p.stderr[-2000:]}")
-        log = json.loads(p.stdout)
+        log = check_tune_log(json.loads(p.stdout))
         fractions.append(tune_s / grid_s)
-        for g in log["groups"]:
-            key = (g["model"], g["gpus"])
+        for g in log.groups:
+            key = (g.model, g.gpus)
             cs, b = groups[key], best[key]
-            w = g["winner"]
+            w = g.winner
             if w is None or w not in cs:
-                rows.append((seed, key, "no winner", None, None, None, g["verdict"], log["trials"], tune_s, False))
+                rows.append((seed, key, "no winner", None, None, None, g.verdict, log.trials, tune_s, False))
                 continue
             vw, vb = cs[w]["runs"], cs[b]["runs"]
             ratio = statistics.median(vw) / statistics.median(vb)
@@ -135,9 +136,9 @@ def main() -> None:
             rank = 1 + sum(statistics.median(c["runs"]) > statistics.median(vw) for c in cs.values())
             ok = ratio >= 0.95 or pv >= 0.05
             passes += ok
-            label = next(c["label"] for c in g["candidates"] if c["run_id"] == w)
-            rows.append((seed, key, label, rank, ratio, pv, g["verdict"], log["trials"], tune_s, ok))
-        print(f"tune seed {seed}: {tune_s:.0f} s ({tune_s / grid_s:.1%} of the grid), {log['trials']} trials; "
+            label = g.label_of("winner")
+            rows.append((seed, key, label, rank, ratio, pv, g.verdict, log.trials, tune_s, ok))
+        print(f"tune seed {seed}: {tune_s:.0f} s ({tune_s / grid_s:.1%} of the grid), {log.trials} trials; "
               f"{load()}", flush=True)  # fmt: skip
 
     print()

@@ -15,7 +15,6 @@ import math
 import shlex
 import signal
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -69,6 +68,7 @@ def tune_command(
     from harness.cli.history import stdout_to_stderr
     from harness.results.store import check_writable_dir, sweep_dir
     from harness.tune.run import run_tune, tune_sweep_name
+    from harness.tune.summary import format_tune
 
     problems = []
     if budget_cells is not None and budget_cells < 1:
@@ -106,67 +106,11 @@ def tune_command(
             pack=pack,
         )
     if fmt == "json":
-        click.echo(json.dumps({**res.log, "tuned_file": str(res.tuned_file) if res.tuned_file else None}, indent=1))
+        doc = {**res.log.to_json_dict(), "tuned_file": str(res.tuned_file) if res.tuned_file else None}
+        click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(format_tune(res.log))
         if res.tuned_file is not None:
             click.echo(f"winners: {res.tuned_file}  (harness sweep {shlex.quote(str(res.tuned_file))})")
         click.echo(f"trials and tune.json: {res.folder}/  (harness report {shlex.quote(str(results))})")
-    return 0 if all(g["winner"] for g in res.log["groups"]) else 1
-
-
-FATE_SHOWN = {
-    "winner": "winner",
-    "runner_up": "runner-up",
-    "eliminated": "eliminated",
-    "failed": "failed",
-}
-
-
-def format_tune(log: dict[str, Any]) -> str:
-    """The ranked table per group: the measured candidates (measured and predicted, the round each reached, its
-    fate), then what was pruned without a measurement."""
-    per_gpu = log["metric"] == "tokens_per_s_per_gpu"
-    unit = "tok/s/GPU" if per_gpu else "step ms"
-
-    def shown(v: Any) -> str:
-        if not isinstance(v, (int, float)):
-            return "n/a"
-        return f"{v:,.0f}" if per_gpu else f"{v * 1e3:.1f}"
-
-    lines = [
-        f"tune {log['scenario']} on {log['cluster']}: objective {log['objective']} ({log['better']} {unit} is "
-        f"better), {log['trials']} trial runs, {log['measured_s']:.0f} s measuring"
-        + (f"; stopped: {log['stopped']}" if log.get("stopped") else "")
-    ]
-    for g in log["groups"]:
-        cands = g["candidates"]
-        win = next((c for c in cands if c["fate"] == "winner"), None)
-        p = f", p = {g['p_value']:.3g}" if g.get("p_value") is not None else ""
-        lines.append("")
-        lines.append(
-            f"{g['model']} on {g['gpus']} GPUs: "
-            + (f"{win['label']} ({g['verdict']}{p})" if win else f"no winner ({g['verdict']})")
-        )
-        header = ["#", "cell", f"predicted {unit}", f"measured {unit}", "runs", "round", "fate"]
-        rows = []
-        for i, c in enumerate([c for c in cands if c["trials"]], 1):
-            runs = sum(1 for t in c["trials"] if t["round"] == c["round"] and t["status"] == "ok")
-            pred = c["predicted_tokens_per_s_per_gpu"] if per_gpu else c["predicted_step_time_s"]
-            fate = FATE_SHOWN.get(c["fate"], c["fate"])
-            if c["fate"] == "failed":
-                fate += f": {c['reason'][:60]}"
-            rows.append([str(i), c["label"], shown(pred), shown(c["measured"]), str(runs), str(c["round"]), fate])
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        for r in [header, *rows]:
-            lines.append("  " + "  ".join(v.rjust(w) if i in (0, 2, 3, 4, 5) else v.ljust(w) for i, (v, w) in
-                                          enumerate(zip(r, widths))).rstrip())  # fmt: skip
-        counts: dict[str, int] = {}
-        for c in cands:
-            counts[c["fate"]] = counts.get(c["fate"], 0) + 1
-        lines.append(
-            f"  not measured: {counts.get('pruned_prediction', 0)} by predicted rank, {counts.get('pruned_memory', 0)} "
-            f"predicted not to fit, {counts.get('dropped_oom_neighbour', 0)} beside an OOM, "
-            f"{counts.get('unsupported', 0)} unsupported; first round {g['first_round']}, steps {g['steps']}"
-        )
-    return "\n".join(lines)
+    return 0 if res.log.every_group_won() else 1

@@ -1,25 +1,21 @@
-"""The report's search view: what `harness tune` did, read from its log (RESULTS/<sweep>/tune.json, version 1).
+"""The report's search view: what `harness tune` did, drawn and tabled from its log (harness.tune.log.TuneLog).
 
 `harness tune` searches a scenario's matrix per (model, GPU count): it drops the cells the catalogue does not
 support and those the memory model says will not fit, ranks the rest by predicted step time, measures the top
 ones in rounds of successive halving, and confirms the leader against the runner-up with repeated runs. Its
-trials are ordinary records (the report shows them as cells); the log says how each candidate fared. Here: the
-logs found under the result dirs (`read_tune_logs`), per group the funnel (`tune_summary`), the measured
-candidates ranked (`ranked_candidates`), and one figure per log (`tune_figure`: predicted against measured).
-
-A log that cannot be read, or is of another version, is a warning (as a file that is not a readable record is),
-never a crash. Imports nothing of harness.tune: the log is the contract.
+trials are ordinary records (the report shows them as cells); the log says how each candidate fared. harness.tune
+reads the logs (`read_tune_logs`: a log that cannot be read is a warning, as a file that is not a readable record
+is) and summarises them (harness.tune.summary: the funnel, the ranking); here is what the report draws of them,
+one figure per log (`tune_figure`: predicted against measured), and the names harness.report.render tables them
+with.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -27,39 +23,22 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import StrMethodFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from harness.compare.metrics import finite_number
 from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
-from harness.results.store import TUNE_LOG, files_named
+from harness.tune import summary
+from harness.tune.log import CandidateLog, GroupLog, TuneLog, is_tune_log, read_tune_logs
 
 __all__ = [
-    "TUNE_LOG",
-    "TUNE_VERSION",
     "is_tune_log",
+    "metric_unit",
+    "predicted_value",
     "ranked_candidates",
-    "read_tune_files",
     "read_tune_logs",
+    "trial_counts",
     "tune_figure",
     "tune_figure_names",
-    "tune_log_files",
     "tune_summary",
 ]
 
-TUNE_VERSION = 1
-FATES = (
-    "winner",
-    "runner_up",
-    "eliminated",
-    "pruned_memory",
-    "pruned_prediction",
-    "unsupported",
-    "failed",
-    "dropped_oom_neighbour",
-    "unmeasured",
-    "measured",
-)
-"""a candidate's fate in a version-1 log ("measured": still in the search, in a log written between batches)"""
-METRICS = {"tokens_per_s_per_gpu": "predicted_tokens_per_s_per_gpu", "step_time_s": "predicted_step_time_s"}
-"""the searched metric → the candidate's prediction of it"""
 MAX_TUNE_PANELS = 9
 """(model, GPU count) groups drawn per log at most; the tables have all"""
 
@@ -73,228 +52,29 @@ _STRIP_PRUNED, _STRIP_FAILED = 0.035, 0.09
 """heights (axes fraction) of the bottom strip's rows: the candidates with no measurement to draw"""
 
 
-# --- reading ------------------------------------------------------------------------------------------------
+# --- what harness.report.render tables ----------------------------------------------------------------------
+# NOTE: render holds the logs it is given (TuneLog) under dict annotations, and reads the funnel rows as dicts;
+# these take Any until it reads the typed log (then it can call harness.tune.summary itself).
 
 
-def is_tune_log(path: str | Path) -> bool:
-    return os.path.basename(path) == TUNE_LOG
+def tune_summary(log: Any) -> list[dict[str, Any]]:
+    """The funnel of each group of a TuneLog (harness.tune.summary.funnel) as the rows the report's table reads."""
+    return [dataclasses.asdict(row) for row in summary.funnel(log)]
 
 
-def tune_log_files(*dirs: str | Path) -> list[str]:
-    """Paths of the tune logs under `dirs` (a dir that is itself a tune.json counts), in path order: walked as the
-    records are (hidden entries and symlinked folders left out)."""
-    return files_named(TUNE_LOG, *dirs)
+def ranked_candidates(group: Any, *, better: str) -> list[CandidateLog]:
+    """A GroupLog's measured candidates, best first (harness.tune.summary.ranked_candidates)."""
+    return summary.ranked_candidates(group, better=better)
 
 
-def _number(v: Any) -> bool:
-    return finite_number(v) is not None
-
-
-def _check(ok: bool, where: str, value: Any, what: str) -> None:
-    if not ok:
-        raise ValueError(f"{where}: {value!r} is not {what}")
-
-
-def _check_candidate(c: Any, where: str) -> None:
-    _check(isinstance(c, dict), where, type(c).__name__, "an object")
-    missing = [k for k in ("run_id", "label", "fate", "round") if k not in c]
-    if missing:
-        raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
-    _check(isinstance(c["run_id"], str), f"{where}.run_id", c["run_id"], "a string")
-    _check(isinstance(c["label"], str), f"{where}.label", c["label"], "a string")
-    _check(c["fate"] in FATES, f"{where}.fate", c["fate"], f"one of {', '.join(FATES)}")
-    _check(isinstance(c["round"], int) and not isinstance(c["round"], bool), f"{where}.round", c["round"], "an int")
-    for k in ("measured", *METRICS.values(), "predicted_memory_gib", "predicted_rank"):
-        v = c.get(k)
-        _check(v is None or _number(v), f"{where}.{k}", v, "a number or null")
-    _check(c.get("reason") is None or isinstance(c["reason"], str), f"{where}.reason", c.get("reason"), "a string")
-    _check(c.get("spec") is None or isinstance(c["spec"], dict), f"{where}.spec", c.get("spec"), "an object")
-    trials = c.get("trials", [])
-    _check(isinstance(trials, list), f"{where}.trials", trials, "a list")
-    for n, t in enumerate(trials):
-        tw = f"{where}.trials[{n}]"
-        _check(isinstance(t, dict), tw, type(t).__name__, "an object")
-        _check(isinstance(t.get("round"), int), f"{tw}.round", t.get("round"), "an int")
-        _check(t.get("value") is None or _number(t["value"]), f"{tw}.value", t.get("value"), "a number or null")
-
-
-def check_tune_log(doc: Any) -> dict[str, Any]:
-    """A parsed document as a version-1 tune log; ValueError naming the key and what is wrong when it is not."""
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    version = doc.get("tune_version")
-    if version != TUNE_VERSION:
-        raise ValueError(f"unknown tune_version {version!r}; this harness reads version {TUNE_VERSION}")
-    missing = [k for k in ("objective", "metric", "better", "groups") if k not in doc]
-    if missing:
-        raise ValueError(f"missing keys: {', '.join(missing)}")
-    _check(doc["metric"] in METRICS, "metric", doc["metric"], f"one of {', '.join(METRICS)}")
-    _check(doc["better"] in ("higher", "lower"), "better", doc["better"], "higher or lower")
-    for k in ("trials", "measured_s"):
-        _check(doc.get(k) is None or _number(doc[k]), k, doc.get(k), "a number or null")
-    _check(isinstance(doc["groups"], list), "groups", type(doc["groups"]).__name__, "a list")
-    for i, g in enumerate(doc["groups"]):
-        where = f"groups[{i}]"
-        _check(isinstance(g, dict), where, type(g).__name__, "an object")
-        missing = [k for k in ("model", "gpus", "verdict", "candidates") if k not in g]
-        if missing:
-            raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
-        _check(_number(g["gpus"]), f"{where}.gpus", g["gpus"], "a number")
-        _check(g.get("p_value") is None or _number(g["p_value"]), f"{where}.p_value", g.get("p_value"), "a number")
-        steps = g.get("steps", [])
-        _check(isinstance(steps, list), f"{where}.steps", steps, "a list")
-        _check(isinstance(g["candidates"], list), f"{where}.candidates", type(g["candidates"]).__name__, "a list")
-        for j, c in enumerate(g["candidates"]):
-            _check_candidate(c, f"{where}.candidates[{j}]")
-    return doc
-
-
-def read_tune_file(path: str | Path) -> dict[str, Any]:
-    """One tune log, checked (`check_tune_log`), with `_path` set; ValueError with the reason."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"unreadable: {e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON (truncated or corrupt?): {e}") from None
-    log = check_tune_log(doc)
-    log["_path"] = str(path)
-    return log
-
-
-def read_tune_files(paths: Iterable[str | Path], warnings: list[str]) -> list[dict[str, Any]]:
-    """The logs at `paths` that are readable version-1 tune logs; one warning line for each other."""
-    logs = []
-    for p in paths:
-        try:
-            logs.append(read_tune_file(p))
-        except ValueError as e:
-            warnings.append(f"{p}: not a readable harness tune log, its search is not shown: {e}")
-    return logs
-
-
-def read_tune_logs(dirs: Iterable[str | Path], *, warnings: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every readable tune log under `dirs` (each sweep folder's tune.json), in path order; a log that is not
-    readable is a line appended to `warnings`."""
-    return read_tune_files(tune_log_files(*dirs), [] if warnings is None else warnings)
-
-
-# --- tables -------------------------------------------------------------------------------------------------
-
-
-def _measured_rounds(c: dict[str, Any]) -> set[int]:
-    """The rounds a candidate was measured in: its trials' rounds, or 0…round when the log lists no trials."""
-    trials = c.get("trials") or []
-    if trials:
-        return {t["round"] for t in trials}
-    return set(range(c["round"] + 1))
-
-
-def _n_rounds(group: dict[str, Any]) -> int:
-    seen = [r for c in group["candidates"] for r in _measured_rounds(c)]
-    return max([len(group.get("steps") or []), *(r + 1 for r in seen)])
-
-
-def _label_of(group: dict[str, Any], key: str) -> str | None:
-    """The label of the group's `key` ("winner" or "runner_up"): the candidate its run_id names, else the one of
-    that fate; None when the group has none."""
-    run_id = group.get(key)
-    named = [c for c in group["candidates"] if run_id and c["run_id"] == run_id]
-    named += [c for c in group["candidates"] if c["fate"] == key]
-    return named[0]["label"] if named else None
-
-
-def tune_summary(log: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per (model, GPU count) group, the funnel: how many candidates, how many the catalogue does not support,
-    the memory model pruned, the ranking pruned, were dropped beside an out-of-memory neighbour, were measured in
-    each round (`measured_per_round`, round 0 first), failed, were left unmeasured; the winner's label (None
-    without one), the runner-up's, the verdict and its p-value."""
-    rows = []
-    for g in log["groups"]:
-        cands = g["candidates"]
-
-        def count(fate: str, cands: list[dict[str, Any]] = cands) -> int:
-            return sum(c["fate"] == fate for c in cands)
-
-        n_rounds = _n_rounds(g)
-        rows.append(
-            {
-                "model": g["model"],
-                "gpus": g["gpus"],
-                "candidates": len(cands),
-                "unsupported": count("unsupported"),
-                "pruned_memory": count("pruned_memory"),
-                "pruned_prediction": count("pruned_prediction"),
-                "dropped_oom_neighbour": count("dropped_oom_neighbour"),
-                "measured_per_round": [sum(r in _measured_rounds(c) for c in cands) for r in range(n_rounds)],
-                "failed": count("failed"),
-                "unmeasured": count("unmeasured"),
-                "winner": _label_of(g, "winner"),
-                "runner_up": _label_of(g, "runner_up"),
-                "verdict": g["verdict"],
-                "p_value": g.get("p_value"),
-                "steps": list(g.get("steps") or []),
-            }
-        )
-    return rows
-
-
-_FATE_ORDER = {"winner": 0, "runner_up": 1}
-
-
-def measured(c: dict[str, Any]) -> bool:
-    """Whether the search ran the candidate at all (successfully or not)."""
-    return c["round"] >= 0 or bool(c.get("trials"))
-
-
-def predicted_value(c: dict[str, Any], metric: str) -> float | None:
+def predicted_value(c: CandidateLog, metric: str) -> float | None:
     """The candidate's prediction of the searched metric (tokens/s per GPU or step time in seconds)."""
-    return c.get(METRICS[metric])
+    return c.prediction(metric)
 
 
-def ranked_candidates(group: dict[str, Any], *, better: str) -> list[dict[str, Any]]:
-    """The group's measured candidates, best first: the winner, the runner-up, then by round reached (highest
-    first), by the measured metric (best first; `better` is "higher" or "lower"), the failed last."""
-    sign = -1.0 if better == "higher" else 1.0
-
-    def key(c: dict[str, Any]) -> tuple:
-        v = c.get("measured")
-        return (
-            _FATE_ORDER.get(c["fate"], 3 if c["fate"] == "failed" else 2),
-            -c["round"],
-            v is None,
-            0.0 if v is None else sign * v,
-            c.get("predicted_rank") is None,
-            c.get("predicted_rank") or 0,
-            c["label"],
-        )
-
-    return sorted((c for c in group["candidates"] if measured(c)), key=key)
-
-
-def trial_counts(c: dict[str, Any]) -> tuple[int, int]:
+def trial_counts(c: CandidateLog) -> tuple[int, int]:
     """(trials that ran ok, trials) of a candidate."""
-    trials = c.get("trials") or []
-    return sum(t.get("status") == "ok" for t in trials), len(trials)
-
-
-# --- figure -------------------------------------------------------------------------------------------------
-
-
-def tune_figure_names(logs: list[dict[str, Any]]) -> list[str]:
-    """One file stem per log: `tune` for one log, else `tune-<sweep>` (made unique, safe as a file name)."""
-    if len(logs) == 1:
-        return ["tune"]
-    names: list[str] = []
-    for i, log in enumerate(logs):
-        stem = "tune-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", str(log.get("sweep") or "")) or str(i + 1))
-        name, k = stem, 2
-        while name in names:
-            name, k = f"{stem}-{k}", k + 1
-        names.append(name)
-    return names
+    return c.trial_counts()
 
 
 def metric_unit(metric: str) -> tuple[float, str]:
@@ -304,9 +84,26 @@ def metric_unit(metric: str) -> tuple[float, str]:
     return 1.0, "tokens/s per GPU"
 
 
-def _verdict_text(g: dict[str, Any]) -> str:
-    p = g.get("p_value")
-    return str(g["verdict"]) + ("" if p is None else f", p = {p:.3g}")
+# --- figure -------------------------------------------------------------------------------------------------
+
+
+def tune_figure_names(logs: list[TuneLog]) -> list[str]:
+    """One file stem per log: `tune` for one log, else `tune-<sweep>` (made unique, safe as a file name)."""
+    if len(logs) == 1:
+        return ["tune"]
+    names: list[str] = []
+    for i, log in enumerate(logs):
+        stem = "tune-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", log.sweep or "") or str(i + 1))
+        name, k = stem, 2
+        while name in names:
+            name, k = f"{stem}-{k}", k + 1
+        names.append(name)
+    return names
+
+
+def _verdict_text(g: GroupLog) -> str:
+    p = g.p_value
+    return str(g.verdict) + ("" if p is None else f", p = {p:.3g}")
 
 
 def _round_colour(r: int, n_rounds: int) -> tuple[float, float, float, float]:
@@ -332,19 +129,19 @@ def _strip_mark(ax, x: float, height: float, **kw: Any) -> None:
     ax.plot([x], [height], transform=strip, linestyle="none", markeredgewidth=1.6, clip_on=False, **kw)
 
 
-def _panel(ax, g: dict[str, Any], *, metric: str, n_rounds: int, drawn: _Drawn) -> None:
+def _panel(ax, g: GroupLog, *, metric: str, n_rounds: int, drawn: _Drawn) -> None:
     """One group: predicted (x) against measured (y); the candidates with no measurement on the bottom strip."""
     scale, _ = metric_unit(metric)
     xs: list[float] = []
     ys: list[float] = []
-    for c in g["candidates"]:
-        p = predicted_value(c, metric)
-        v, fate = c.get("measured"), c["fate"]
+    for c in g.candidates:
+        p = c.prediction(metric)
+        v, fate = c.measured, c.fate
         if p is None:
-            drawn.no_prediction += measured(c) and v is not None
+            drawn.no_prediction += c.was_run() and v is not None
             continue
         x = p * scale
-        if fate == "failed" or (v is None and measured(c)):
+        if fate == "failed" or (v is None and c.was_run()):
             _strip_mark(ax, x, _STRIP_FAILED, marker="x", color=_FAILED, markersize=7, zorder=3)
             drawn.fates.add("failed")
         elif v is None and fate in ("pruned_prediction", "unmeasured", "dropped_oom_neighbour"):
@@ -366,21 +163,21 @@ def _panel(ax, g: dict[str, Any], *, metric: str, n_rounds: int, drawn: _Drawn) 
                 edgecolors="black",
                 linewidths=1.0,
             )
-            ax.annotate(c["label"], (x, v * scale), xytext=(7, 5), textcoords="offset points", fontsize=7, zorder=6)
+            ax.annotate(c.label, (x, v * scale), xytext=(7, 5), textcoords="offset points", fontsize=7, zorder=6)
             drawn.fates.add(fate)
         else:
-            strategy = str((c.get("spec") or {}).get("strategy", ""))
+            strategy = str(c.spec.strategy or "") if c.spec is not None else ""
             ax.scatter(
                 [x],
                 [v * scale],
                 marker="o",
                 s=90,
-                facecolors=[_round_colour(c["round"], n_rounds)],
+                facecolors=[_round_colour(c.round, n_rounds)],
                 edgecolors=style(strategy)[0],
                 linewidths=2.0,
                 zorder=4,
             )
-            drawn.rounds.add(c["round"])
+            drawn.rounds.add(c.round)
             drawn.strategies.add(strategy)
         xs.append(x)
         if v is not None and fate != "failed":
@@ -457,28 +254,28 @@ def _legend_handles(drawn: _Drawn, n_rounds: int) -> list[Line2D]:
     return out
 
 
-def tune_figure(log: dict[str, Any], *, name: str = "tune") -> Figure:
+def tune_figure(log: TuneLog, *, name: str = "tune") -> Figure:
     """Per (model, GPU count) group one panel: each candidate's predicted metric (x) against the metric measured
     at the highest round it reached (y); the winner a star, the runner-up a diamond, the eliminated circles
     coloured by the round they reached (ringed in their strategy's colour); the candidates with no measurement
     on a strip at the bottom (failed ×, pruned by prediction |)."""
-    metric, unit = log["metric"], metric_unit(log["metric"])[1]
-    title = f"Search (harness tune): {log.get('sweep') or log.get('scenario') or 'sweep'}"
+    metric, unit = log.metric, metric_unit(log.metric)[1]
+    title = f"Search (harness tune): {log.sweep or log.scenario or 'sweep'}"
     caption = (
         f"One panel per model and GPU count: each candidate's predicted {unit} (x) against the {unit} measured at "
-        f"the highest round it reached (y, the median over its runs there; {log['better']} is better). ★ = the "
+        f"the highest round it reached (y, the median over its runs there; {log.better} is better). ★ = the "
         "winner, ◆ = the runner-up, circles = eliminated, darker the further they got, ringed in their strategy's "
         "colour; on the strip at the bottom, at their predicted value: × failed, | pruned by the prediction (grey) "
         "or not measured (pale). Dashed: measured = predicted. Candidates pruned by the memory model or not "
         "supported are counted in the funnel table, not drawn."
     )
-    groups = [g for g in log["groups"] if any(predicted_value(c, metric) is not None for c in g["candidates"])]
+    groups = [g for g in log.groups if any(c.prediction(metric) is not None for c in g.candidates)]
     if not groups:
         return _no_data(name, title, caption, "no candidate of the search has a prediction to place it")
     shown = groups[:MAX_TUNE_PANELS]
     notes = []
-    if len(shown) < len(log["groups"]):
-        notes.append(f"{len(shown)} of {len(log['groups'])} groups drawn; the tables have all.")
+    if len(shown) < len(log.groups):
+        notes.append(f"{len(shown)} of {len(log.groups)} groups drawn; the tables have all.")
     ncols = min(3, len(shown))
     nrows = math.ceil(len(shown) / ncols)
     fig, axes = plt.subplots(
@@ -487,21 +284,21 @@ def tune_figure(log: dict[str, Any], *, name: str = "tune") -> Figure:
     for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)
     drawn = _Drawn()
-    n_rounds = max(_n_rounds(g) for g in shown)
+    n_rounds = max(g.n_rounds() for g in shown)
     for ax, g in zip(axes.flat, shown):
         _panel(ax, g, metric=metric, n_rounds=n_rounds, drawn=drawn)
-        gpus = g["gpus"]
-        ax.set_title(f"{g['model']} · {gpus:g} GPU{'' if gpus == 1 else 's'}: {_verdict_text(g)}", fontsize=9)
+        gpus = g.gpus
+        ax.set_title(f"{g.model} · {gpus:g} GPU{'' if gpus == 1 else 's'}: {_verdict_text(g)}", fontsize=9)
         ax.set_xlabel(f"predicted {unit}")
         ax.set_ylabel(f"measured {unit}")
     if drawn.no_prediction:
         notes.append(f"{drawn.no_prediction} measured candidate(s) have no prediction and are not drawn.")
-    measured_s, stopped = log.get("measured_s"), log.get("stopped")
+    measured_s, stopped = log.measured_s, log.stopped
     fig.suptitle(
-        f"harness tune ({log['objective']}): {log.get('trials', 'n/a')} trials, "
+        f"harness tune ({log.objective}): {'n/a' if log.trials is None else log.trials} trials, "
         + ("n/a" if measured_s is None else f"{measured_s:,.0f} s")
         + " measuring"
-        + (f", stopped: {stopped}" if stopped else ("" if log.get("finished", True) else ", not finished"))
+        + (f", stopped: {stopped}" if stopped else (", not finished" if log.finished is False else ""))
     )
     handles = _legend_handles(drawn, n_rounds)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(2 * ncols, 4, len(handles)), frameon=False)

@@ -17,23 +17,33 @@ which and why), for `harness sweep` as for `harness tune`, so the grid a sweep m
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from harness.core.errors import Problem, one_of, unknown
 
-OBJECTIVES: tuple[str, ...] = ("throughput", "step_time")
+Objective = Literal["throughput", "step_time"]
 """throughput: maximise tokens/s per GPU; step_time: minimise the median step time"""
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 
 
 @dataclass(frozen=True)
 class TuneSpec:
-    objective: str = "throughput"
+    """The `tune:` section, defaults filled in (the log keeps it as harness.tune.log.TuneSettings)."""
+
+    objective: Objective = "throughput"
+    """what the search optimises (OBJECTIVES)"""
     global_batch: int | None = None
+    """sequences per optimizer step over the data-parallel ranks; None: grad_accum as the scenario says"""
     memory_headroom: float = 0.0
+    """fraction of the usable device memory the predicted peak must leave free (0.1 = 10%)"""
     first_round: int = 8
+    """candidates per (model, gpus) measured in round 0"""
     confirm_runs: int = 3
+    """runs of the leader and the runner-up before they are judged"""
     max_runs: int = 5
+    """the most runs either gets while they cannot be told apart"""
     alpha: float = 0.05
+    """significance of "ahead beyond noise" (p < alpha)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -33,9 +33,9 @@ from harness.results.store import (
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec, Scenario
 from harness.scenario.tune import TuneSpec
-from harness.tune.search import METRIC, Candidate, Group, rank_candidates, search_cost
+from harness.tune.log import TUNE_VERSION, Budget, LeftOut, TuneLog, TuneSettings
+from harness.tune.search import METRIC, Candidate, Group, Trial, rank_candidates, search_cost
 
-TUNE_VERSION = 1
 TUNED_FILE = "tuned.yaml"
 EXPLICIT = ("micro_batch", "grad_accum", "activation_checkpointing")
 """settings a winner's entry in tuned.yaml always names: what the search chose, even where it is the default"""
@@ -43,9 +43,12 @@ EXPLICIT = ("micro_batch", "grad_accum", "activation_checkpointing")
 
 @dataclass
 class TuneResult:
-    log: dict[str, Any]
+    log: TuneLog
+    """the log as written last"""
     folder: Path
+    """the tune's sweep folder: its trials' records, tune.json"""
     tuned_file: Path | None
+    """the winners' scenario file; None: no group has a winner"""
 
 
 def tune_sweep_name(scenario: Scenario) -> str:
@@ -119,6 +122,90 @@ def _final_steps(cands: list[Candidate]) -> int:
     return max((c.spec.settings.measure_steps for c in cands), default=SETTING_DEFAULTS["measure_steps"])
 
 
+@dataclass
+class Search:
+    """One `harness tune` run over its groups: what it searches and what it has spent so far (`log` is a snapshot
+    of both, as tune.json has it)."""
+
+    scenario: Scenario
+    cluster: Cluster
+    groups: list[Group]
+    left_out: list[tuple[dict[str, Any], str]]
+    """matrix cells that are no candidate, and why"""
+    seed: int
+    budget: Budget
+    started_at: str
+    """ISO-8601 UTC, to the second"""
+    started_s: float
+    """time.time() at the start (s since the epoch): what --budget-minutes counts from"""
+    batches: int = 0
+    """batches of trials run so far"""
+    trials: int = 0
+    """trial runs so far"""
+    measured_s: float = 0.0
+    """wall time of their sweeps (s)"""
+    stopped: str | None = None
+    """why the search stopped early: budget | interrupted"""
+
+    def log(self, *, finished: bool) -> TuneLog:
+        """The log as tune.json has it now (`finished`: the search is over, `finished_at` is now)."""
+        tune = self.scenario.tune or TuneSpec()
+        metric, better = METRIC[tune.objective]
+        return TuneLog.model_validate(
+            {
+                "tune_version": TUNE_VERSION,
+                "scenario": self.scenario.name,
+                "scenario_file": str(Path(self.scenario.path).resolve()),
+                "sweep": tune_sweep_name(self.scenario),
+                "cluster": self.cluster.name,
+                "objective": tune.objective,
+                "metric": metric,
+                "better": better,
+                "seed": self.seed,
+                "tune": TuneSettings.model_validate(tune.to_dict()),
+                "budget": self.budget,
+                "started_at": self.started_at,
+                "finished_at": utc_now() if finished else None,
+                "trials": self.trials,
+                "measured_s": round(self.measured_s, 3),
+                "finished": finished,
+                "stopped": self.stopped,
+                "left_out": [LeftOut(cell=cell, reason=why) for cell, why in self.left_out],
+                "groups": [g.to_log() for g in self.groups],
+            }
+        )
+
+    def over_budget(self, n: int) -> str | None:
+        """Why the next batch of `n` trials would overspend the budget; None: it would not."""
+        cells, minutes = self.budget.cells, self.budget.minutes
+        if cells is not None and self.trials + n > cells:
+            return f"{self.trials} of {cells} trial runs spent (--budget-cells), the next batch needs {n}"
+        if minutes is not None:
+            spent = time.time() - self.started_s
+            per_trial = self.measured_s / self.trials if self.trials else 0.0
+            if spent + n * per_trial > minutes * 60:
+                return (
+                    f"{spent / 60:.1f} of {minutes:g} minutes spent (--budget-minutes), the next batch needs "
+                    f"~{n * per_trial / 60:.1f}"
+                )
+        return None
+
+    def stop(self, why: str, batch: list[tuple[Group, Candidate, Trial]]) -> None:
+        """The budget cannot pay for `batch`: it is not run, and every group ends on its best measured so far."""
+        for _, c, t in batch:
+            c.trials.remove(t)
+        self.stopped = "budget"
+        for g in self.groups:
+            g.stop(why)
+
+    def interrupted(self) -> None:
+        """Ctrl-C or SIGTERM: the trials that did not run are forgotten (a re-run asks for them again)."""
+        self.stopped = "interrupted"
+        for g in self.groups:
+            for c in g.candidates:
+                c.trials = [t for t in c.trials if t.status is not None]
+
+
 def run_tune(
     scenario: Scenario,
     cluster: Cluster,
@@ -136,74 +223,42 @@ def run_tune(
     from harness.launch.sweep import run_sweep
 
     tune = scenario.tune or TuneSpec()
-    metric, better = METRIC[tune.objective]
+    metric = METRIC[tune.objective][0]
     name = tune_sweep_name(scenario)
     folder = sweep_dir(results, name)
     groups, left_out = build_groups(scenario, cluster, seed=seed, budget_cells=budget_cells)
-    started, t0 = utc_now(), time.time()
-    state: dict[str, Any] = {"trials": 0, "measured_s": 0.0, "stopped": None}
-
-    def log(finished: bool) -> dict[str, Any]:
-        return {
-            "tune_version": TUNE_VERSION,
-            "scenario": scenario.name,
-            "scenario_file": str(Path(scenario.path).resolve()),
-            "sweep": name,
-            "cluster": cluster.name,
-            "objective": tune.objective,
-            "metric": metric,
-            "better": better,
-            "seed": seed,
-            "tune": tune.to_dict(),
-            "budget": {"cells": budget_cells, "minutes": budget_minutes},
-            "started_at": started,
-            "finished_at": utc_now() if finished else None,
-            "trials": state["trials"],
-            "measured_s": round(state["measured_s"], 3),
-            "finished": finished,
-            "stopped": state["stopped"],
-            "left_out": [{"cell": cell, "reason": why} for cell, why in left_out],
-            "groups": [g.to_dict() for g in groups],
-        }
-
+    budget = Budget(cells=budget_cells, minutes=budget_minutes)
+    search = Search(scenario, cluster, groups, left_out, seed, budget, started_at=utc_now(), started_s=time.time())
     _echo_funnel(groups, left_out, echo)
-    batch_no = 0
+    sweep = functools.partial(run_sweep, pack=pack)
     try:
         while True:
             batch = [(g, c, t) for g in groups for c, t in g.next_trials()]
             if not batch:
                 break
-            why = _over_budget(len(batch), state, t0, budget_cells, budget_minutes)
+            why = search.over_budget(len(batch))
             if why:
-                for _, c, t in batch:
-                    c.trials.remove(t)
-                state["stopped"] = "budget"
                 echo(f"budget: {why}; stopping with the best measured so far")
-                for g in groups:
-                    g.stop(why)
+                search.stop(why, batch)
                 break
             rounds = sorted({(t.round, g.final) for g, _, t in batch})
             shown = ", ".join(_round_name(r, f) for r, f in rounds)
-            echo(f"tune: batch {batch_no + 1}: {len(batch)} trial(s), {shown}")
-            sweep = functools.partial(run_sweep, pack=pack)
+            echo(f"tune: batch {search.batches + 1}: {len(batch)} trial(s), {shown}")
             wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], sweep, echo)
-            state["trials"] += len(batch)
-            state["measured_s"] += wall
-            batch_no += 1
+            search.batches += 1
+            search.trials += len(batch)
+            search.measured_s += wall
             for g in groups:
                 g.absorb(_outcomes(results, name, [t for gg, _, t in batch if gg is g], metric))
-            atomic_write_json(folder / TUNE_LOG, log(False))
+            _write_log(folder, search.log(finished=False))
     except KeyboardInterrupt:
-        state["stopped"] = "interrupted"
-        for g in groups:
-            for c in g.candidates:
-                c.trials = [t for t in c.trials if t.status is not None]
-        atomic_write_json(folder / TUNE_LOG, log(False))
+        search.interrupted()
+        _write_log(folder, search.log(finished=False))
         raise
     for g in groups:
         g.close()
-    final = log(True)
-    atomic_write_json(folder / TUNE_LOG, final)
+    final = search.log(finished=True)
+    _write_log(folder, final)
     out: Path | None = None
     if any(g.winner for g in groups):
         out = Path(tuned_file) if tuned_file is not None else folder / TUNED_FILE
@@ -211,22 +266,13 @@ def run_tune(
     return TuneResult(log=final, folder=folder, tuned_file=out)
 
 
+def _write_log(folder: Path, log: TuneLog) -> None:
+    """tune.json, atomically: a reader sees the log of the last batch or of this one, whole."""
+    atomic_write_json(folder / TUNE_LOG, log.to_json_dict())
+
+
 def _round_name(rnd: int, final: bool) -> str:
     return f"round {rnd}" + (" (final)" if final else "")
-
-
-def _over_budget(n: int, state: dict[str, Any], t0: float, cells: int | None, minutes: float | None) -> str | None:
-    if cells is not None and state["trials"] + n > cells:
-        return f"{state['trials']} of {cells} trial runs spent (--budget-cells), the next batch needs {n}"
-    if minutes is not None:
-        spent = time.time() - t0
-        per_trial = state["measured_s"] / state["trials"] if state["trials"] else 0.0
-        if spent + n * per_trial > minutes * 60:
-            return (
-                f"{spent / 60:.1f} of {minutes:g} minutes spent (--budget-minutes), the next batch needs "
-                f"~{n * per_trial / 60:.1f}"
-            )
-    return None
 
 
 def _echo_funnel(groups: list[Group], left_out: list, echo: Callable[[str], None]) -> None:
@@ -324,7 +370,7 @@ def _outcomes(
     return out
 
 
-def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], log: dict[str, Any]) -> str:
+def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], log: TuneLog) -> str:
     """The winners as a ready scenario file: one include entry per (model, gpus), with the searched knobs (EXPLICIT)
     and every setting that differs from the file's `settings` (grad_accum explicit: the file has no tune
     section)."""
@@ -343,7 +389,7 @@ def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], lo
     used = {e["model"] for e in entries}
     doc: dict[str, Any] = {
         "name": f"{scenario.name}-tuned"[:64],
-        "description": f"harness tune winners of {scenario.name} on {cluster.name} ({log['objective']})",
+        "description": f"harness tune winners of {scenario.name} on {cluster.name} ({log.objective})",
     }
     models = {k: v.to_dict() for k, v in scenario.models.items() if k in used}
     if models:
@@ -353,10 +399,10 @@ def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], lo
     if settings:
         doc["settings"] = settings
     head = [
-        f"# Written by `harness tune` ({log['finished_at']}): the fastest cell found per model and GPU count of "
+        f"# Written by `harness tune` ({log.finished_at}): the fastest cell found per model and GPU count of "
         f"{Path(scenario.path).name} on cluster {cluster.name},",
-        f"# objective {log['objective']} ({log['metric']}, {log['better']} is better), seed {log['seed']}, "
-        f"{log['trials']} trial runs in {log['measured_s']:.0f} s. `harness sweep` runs it as it is.",
+        f"# objective {log.objective} ({log.metric}, {log.better} is better), seed {log.seed}, "
+        f"{log.trials} trial runs in {log.measured_s or 0:.0f} s. `harness sweep` runs it as it is.",
         *notes,
     ]
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False)

@@ -23,6 +23,7 @@ there and goes on where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -30,8 +31,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.results.record import Spec
 from harness.scenario.schema import RunSpec
 from harness.scenario.tune import TuneSpec
+from harness.tune.log import CandidateLog, GroupLog, TrialLog
 
 METRIC = {"throughput": ("tokens_per_s_per_gpu", "higher"), "step_time": ("step_time_s", "lower")}
 """objective → (the record metric judged, its good direction)"""
@@ -51,16 +54,19 @@ class Trial:
     value: float | None = None
     reason: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "run_id": self.spec.run_id,
-            "repeat": self.repeat,
-            "steps": self.spec.settings.measure_steps,
-            "status": self.status,
-            "value": self.value,
-            **({"reason": self.reason} if self.reason else {}),
-        }
+    def to_log(self) -> TrialLog:
+        """The trial as the log has it (a reason only where there is one)."""
+        return TrialLog.model_validate(
+            {
+                "round": self.round,
+                "run_id": self.spec.run_id,
+                "repeat": self.repeat,
+                "steps": self.spec.settings.measure_steps,
+                "status": self.status,
+                "value": self.value,
+                **({"reason": self.reason} if self.reason else {}),
+            }
+        )
 
 
 @dataclass
@@ -79,6 +85,11 @@ class Candidate:
     @property
     def label(self) -> str:
         return cell_label(self.spec)
+
+    @functools.cached_property
+    def log_spec(self) -> Spec:
+        """The cell as a record's spec, as the log has it (made once: the log is written after every batch)."""
+        return Spec.model_validate(self.spec.to_dict())
 
     def add_trial(self, rnd: int, spec: RunSpec) -> Trial:
         """A new run of `spec`: the next repeat of its run_id (two rounds at the same steps are two runs)."""
@@ -100,24 +111,26 @@ class Candidate:
         vals = self.ok_values(self.round)
         return statistics.median(vals) if vals else None
 
-    def to_dict(self) -> dict[str, Any]:
-        spec = self.spec
+    def to_log(self) -> CandidateLog:
+        """The candidate as the log has it: its cell, prediction, fate and trials."""
         mem = self.plan.get("memory_gib")
-        return {
-            "run_id": spec.run_id,
-            "label": self.label,
-            "spec": spec.to_dict(),
-            "predicted_step_time_s": self.plan.get("step_time_s"),
-            "predicted_tokens_per_s_per_gpu": self.plan.get("tokens_per_s_per_gpu"),
-            "predicted_memory_gib": mem.get("total") if isinstance(mem, Mapping) else None,
-            "rank_source": self.rank_source,
-            "predicted_rank": self.predicted_rank,
-            "fate": self.fate,
-            "reason": self.reason,
-            "round": self.round,
-            "measured": self.measured,
-            "trials": [t.to_dict() for t in self.trials],
-        }
+        return CandidateLog.model_validate(
+            {
+                "run_id": self.spec.run_id,
+                "label": self.label,
+                "spec": self.log_spec,
+                "predicted_step_time_s": self.plan.get("step_time_s"),
+                "predicted_tokens_per_s_per_gpu": self.plan.get("tokens_per_s_per_gpu"),
+                "predicted_memory_gib": mem.get("total") if isinstance(mem, Mapping) else None,
+                "rank_source": self.rank_source,
+                "predicted_rank": self.predicted_rank,
+                "fate": self.fate,
+                "reason": self.reason,
+                "round": self.round,
+                "measured": self.measured,
+                "trials": [t.to_log() for t in self.trials],
+            }
+        )
 
 
 def cell_label(spec: RunSpec) -> str:
@@ -362,18 +375,21 @@ class Group:
             elif c.fate == "measured":  # a search stopped between rounds
                 c.fate, c.reason = "eliminated", c.reason or "the search stopped"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.key[0],
-            "gpus": self.key[1],
-            "verdict": self.verdict,
-            "p_value": self.p_value,
-            "winner": self.winner.spec.run_id if self.winner else None,
-            "runner_up": self.runner_up.spec.run_id if self.runner_up else None,
-            "first_round": self.n0,
-            "steps": self.steps,
-            "candidates": [c.to_dict() for c in _shown_order(self)],
-        }
+    def to_log(self) -> GroupLog:
+        """The group as the log has it: its verdict and every candidate (winner, runner-up, then as measured)."""
+        return GroupLog.model_validate(
+            {
+                "model": self.key[0],
+                "gpus": self.key[1],
+                "verdict": self.verdict,
+                "p_value": self.p_value,
+                "winner": self.winner.spec.run_id if self.winner else None,
+                "runner_up": self.runner_up.spec.run_id if self.runner_up else None,
+                "first_round": self.n0,
+                "steps": self.steps,
+                "candidates": [c.to_log() for c in _shown_order(self)],
+            }
+        )
 
 
 def _shown_order(g: Group) -> list[Candidate]:
@@ -430,8 +446,11 @@ def rank_candidates(
                     c.rank_key, c.rank_source = k, f"proxy: {name}"
                     break
     live = [c for c in cands if c.fate == "unmeasured"]
-    tiebreak = {id(c): rng.random() for c in live}
-    ranked = sorted((c for c in live if c.rank_key is not None), key=lambda c: (c.rank_key, tiebreak[id(c)]))
+    draw = [rng.random() for _ in live]  # NOTE: one draw per live candidate, in order, ranked or not: the seed's
+    ranked_at = sorted(
+        (i for i, c in enumerate(live) if c.rank_key is not None), key=lambda i: (live[i].rank_key, draw[i])
+    )
+    ranked = [live[i] for i in ranked_at]
     for i, c in enumerate(ranked, 1):
         c.predicted_rank = i
     unranked = [c for c in live if c.rank_key is None]

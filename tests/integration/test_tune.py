@@ -21,6 +21,7 @@ from harness.cli import main
 from harness.compare.stats import run_level_p
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
+from harness.tune.log import check_tune_log, read_tune_file
 
 pytestmark = pytest.mark.dist
 
@@ -62,62 +63,65 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     results = tmp_path / "results"
     args = ["tune", str(sc_file), "--cluster", str(prof), "--results", str(results), "--format", "json"]
     assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)  # stdout is one JSON document
-    (g,) = out["groups"]
-    by_label = {c["label"]: c for c in g["candidates"]}
-    fates = {label: c["fate"] for label, c in by_label.items()}
+    out = check_tune_log(json.loads(capsys.readouterr().out))  # stdout is one JSON document: the log
+    # ... as tune.json has it, with the winners' file beside
+    on_disk = read_tune_file(results / "tn-tune" / "tune.json").to_json_dict()
+    assert {**on_disk, "tuned_file": out.field("tuned_file")} == out.to_json_dict()
+    (g,) = out.groups
+    by_label = {c.label: c for c in g.candidates}
+    fates = {label: c.fate for label, c in by_label.items()}
     assert fates["zero2 fp32 mb 1 ga 4 ckpt none"] == "pruned_memory"
     assert fates["ddp fp32 mb 4 ga 1 ckpt none"] == "pruned_memory"
-    assert "GiB usable" in by_label["ddp fp32 mb 4 ga 1 ckpt none"]["reason"]
-    assert "10% headroom" in by_label["ddp fp32 mb 2 ga 2 ckpt none"]["reason"]
+    assert "GiB usable" in (by_label["ddp fp32 mb 4 ga 1 ckpt none"].reason or "")
+    assert "10% headroom" in (by_label["ddp fp32 mb 2 ga 2 ckpt none"].reason or "")
     assert sum(f == "pruned_memory" for f in fates.values()) == 5
 
     records, warnings = load_records(results / "tn-tune")
     assert not warnings
     # pruning never launched a cell predicted not to fit: no record's spec is a pruned cell's at any step count
-    pruned = {_sans_steps(c["spec"]) for c in g["candidates"] if c["fate"] == "pruned_memory"}
-    assert not [r["run_id"] for r in records if _sans_steps(r["spec"]) in pruned]
+    pruned = {_sans_steps(c.spec.as_dict()) for c in g.candidates if c.fate == "pruned_memory" and c.spec}
+    assert not [r.run_id for r in records if _sans_steps(r.spec.as_dict()) in pruned]
 
     # the injected OOM is a record with its status; the candidate failed and the search went on
     oom = by_label["fsdp.full_shard fp32 mb 1 ga 4 ckpt none"]
-    assert oom["fate"] == "failed" and "oom" in oom["reason"]
-    (oom_rec,) = [r for r in records if r["run_id"] == oom["trials"][0]["run_id"]]
-    assert oom_rec["status"] == "oom"
+    assert oom.fate == "failed" and "oom" in (oom.reason or "")
+    (oom_rec,) = [r for r in records if r.run_id == oom.trials[0].run_id]
+    assert oom_rec.status == "oom"
 
     # one record per trial; the winner's value and p are the records' own figures
-    assert len(records) == out["trials"] == sum(len(c["trials"]) for c in g["candidates"])
-    by_run = {(r["run_id"], r.get("repeat", 1)): r for r in records}
-    win = next(c for c in g["candidates"] if c["fate"] == "winner")
-    runner = next(c for c in g["candidates"] if c["fate"] == "runner_up")
-    assert win["run_id"] == g["winner"] and g["verdict"] in ("ahead", "tied")
+    assert len(records) == out.trials == sum(len(c.trials) for c in g.candidates)
+    by_run = {(r.run_id, r.repeat_index): r for r in records}
+    win = next(c for c in g.candidates if c.fate == "winner")
+    runner = next(c for c in g.candidates if c.fate == "runner_up")
+    assert win.run_id == g.winner and g.verdict in ("ahead", "tied")
 
     def final_values(c):
-        ts = [t for t in c["trials"] if t["round"] == c["round"]]
-        assert {t["steps"] for t in ts} == {3} and len(ts) == 3
-        return [by_run[(t["run_id"], t["repeat"])]["metrics"]["tokens_per_s_per_gpu"] for t in ts]
+        ts = [t for t in c.trials if t.round == c.round]
+        assert {t.steps for t in ts} == {3} and len(ts) == 3
+        return [by_run[(t.run_id, t.repeat)].metrics.tokens_per_s_per_gpu for t in ts]
 
     vw, vr = final_values(win), final_values(runner)
-    assert win["measured"] == pytest.approx(statistics.median(vw))
+    assert win.measured == pytest.approx(statistics.median(vw))
     assert statistics.median(vw) >= statistics.median(vr)
-    assert g["p_value"] == pytest.approx(run_level_p(vw, vr))
+    assert g.p_value == pytest.approx(run_level_p(vw, vr))
 
     # the winner file is a valid scenario whose one cell is the winner, and `harness sweep` runs it
-    tuned = Path(out["tuned_file"])
+    tuned = Path(out.field("tuned_file"))
     assert tuned == results / "tn-tune" / "tuned.yaml"
     (spec,) = load_scenario(tuned).expand(gpus_per_node=2)
-    assert spec.run_id == win["run_id"]
-    assert yaml.safe_load(tuned.read_text())["matrix"]["include"][0]["grad_accum"] == win["spec"]["grad_accum"]
-    tie = f" with {runner['label']}" if g["verdict"] == "tied" else ""
-    assert f"{win['label']} ({g['verdict']}{tie}, p = {g['p_value']:.3g})" in tuned.read_text()
+    assert spec.run_id == win.run_id and win.spec is not None
+    assert yaml.safe_load(tuned.read_text())["matrix"]["include"][0]["grad_accum"] == win.spec.grad_accum
+    tie = f" with {runner.label}" if g.verdict == "tied" else ""
+    assert f"{win.label} ({g.verdict}{tie}, p = {g.p_value:.3g})" in tuned.read_text()
     assert main(["sweep", str(tuned), "--cluster", str(prof), "--results", str(tmp_path / "swept")]) == 0
     (rec,) = load_records(tmp_path / "swept")[0]
-    assert rec["run_id"] == win["run_id"] and rec["status"] == "ok"
+    assert rec.run_id == win.run_id and rec.status == "ok"
 
     # a re-run replays the search over the records (the failed trial is retried, as a sweep retries a failure)
     before = {p.name for p in (results / "tn-tune").glob("*.json")}
     capsys.readouterr()
     assert main(args) == 0
-    again = json.loads(capsys.readouterr().out)
+    again = check_tune_log(json.loads(capsys.readouterr().out))
     after = {p.name for p in (results / "tn-tune").glob("*.json")}
     assert after == before
-    assert again["groups"][0]["winner"] == g["winner"] and again["groups"][0]["p_value"] == pytest.approx(g["p_value"])
+    assert again.groups[0].winner == g.winner and again.groups[0].p_value == pytest.approx(g.p_value)

@@ -13,6 +13,7 @@ import pytest
 
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
+from harness.tune.log import check_tune_log
 from tests.slurm.conftest import write
 
 pytestmark = pytest.mark.slurm
@@ -37,19 +38,19 @@ def test_tune_on_slurm_packs_each_batch_and_finds_a_winner(slurm_cluster, tmp_pa
     )
     slurm_timings["tune --pack (3 candidates, 7 trials)"] = time.perf_counter() - t0
     assert p.returncode == 0, p.stderr[-3000:]
-    log = json.loads(p.stdout)
-    (g,) = log["groups"]
-    assert g["verdict"] in ("ahead", "tied") and g["steps"] == [2, 3]
+    log = check_tune_log(json.loads(p.stdout))
+    (g,) = log.groups
+    assert g.verdict in ("ahead", "tied") and g.steps == [2, 3]
     # 3 candidates at 2 steps, then the final two at 3 steps, 2 runs each
-    assert log["trials"] == 3 + 2 * 2
+    assert log.trials == 3 + 2 * 2
     records, warnings = load_records(results / "tslurm-tune")
-    assert not warnings and len(records) == 7 and {r["status"] for r in records} == {"ok"}
+    assert not warnings and len(records) == 7 and {r.status for r in records} == {"ok"}
     # round 0's three trials share one job (a pack), in positions 1..3
-    first = [r for r in records if r["spec"]["measure_steps"] == 2]
-    (job,) = {r["env"]["slurm_job_id"] for r in first}
-    assert sorted(r["env"]["slurm_pack"]["position"] for r in first) == [1, 2, 3]
+    first = [r for r in records if r.spec.measure_steps == 2]
+    (job,) = {r.env.slurm_job_id for r in first}
+    assert sorted(r.env.slurm_pack.position for r in first if r.env.slurm_pack) == [1, 2, 3]
     # the final runs ran as SLURM jobs too, each finalist's run 2 after its run 1
-    final = [r for r in records if r["spec"]["measure_steps"] == 3]
-    assert len(final) == 4 and all(r["env"]["slurm_job_id"] not in (None, job) for r in final)
-    (spec,) = load_scenario(log["tuned_file"]).expand(gpus_per_node=2)
-    assert spec.run_id == g["winner"]
+    final = [r for r in records if r.spec.measure_steps == 3]
+    assert len(final) == 4 and all(r.env.slurm_job_id not in (None, job) for r in final)
+    (spec,) = load_scenario(log.field("tuned_file")).expand(gpus_per_node=2)
+    assert spec.run_id == g.winner

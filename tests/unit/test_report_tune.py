@@ -1,5 +1,6 @@
-"""The report's search view (`harness tune`'s RESULTS/<sweep>/tune.json, version 1): a synthetic log beside the
-fixture sweep's records → the funnel, the ranked candidates, the figure and the warnings, checked by their numbers."""
+"""The report's search view (`harness tune`'s RESULTS/<sweep>/tune.json, version 1, read as harness.tune.log.TuneLog):
+a synthetic log beside the fixture sweep's records → the funnel, the ranked candidates, the figure and the warnings,
+checked by their numbers."""
 
 from __future__ import annotations
 
@@ -13,14 +14,9 @@ from typing import Any
 import pytest
 
 from harness.report import build_report
-from harness.report.tune import (
-    FATES,
-    ranked_candidates,
-    read_tune_logs,
-    tune_figure,
-    tune_figure_names,
-    tune_summary,
-)
+from harness.report.tune import tune_figure, tune_figure_names
+from harness.tune.log import FATES, TuneLog, check_tune_log, read_tune_logs
+from harness.tune.summary import Funnel, funnel, ranked_candidates
 from tests.unit.test_report import PNG_MAGIC, _has_colour, md_rows, md_section
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "fixture-h100"
@@ -158,6 +154,11 @@ def tune_log() -> dict[str, Any]:
     }
 
 
+def typed(doc: dict[str, Any]) -> TuneLog:
+    """The log document as harness tune's readers get it."""
+    return check_tune_log(doc)
+
+
 def results_with(tmp_path: Path, log: dict[str, Any] | str | None) -> Path:
     """RESULTS/ with the fixture sweep's records in RESULTS/<SWEEP>/ and `log` (a dict as JSON, a str as it is)
     as its tune.json."""
@@ -195,7 +196,7 @@ def test_the_log_is_found_and_is_not_read_as_a_record(report, plain, tmp_path):
     assert len(report["frame"]) == len(plain["frame"]) == 24
     assert warnings_of(report) == warnings_of(plain)  # no "unknown schema_version" line for tune.json
     logs = read_tune_logs([results_with(tmp_path, tune_log())])
-    assert [(log["sweep"], Path(log["_path"]).parent.name) for log in logs] == [(SWEEP, SWEEP)]
+    assert [(log.sweep, Path(log.path or "").parent.name) for log in logs] == [(SWEEP, SWEEP)]
     hidden = tmp_path / "results" / ".trash"
     hidden.mkdir()
     (hidden / "tune.json").write_text(json.dumps(tune_log()))
@@ -203,31 +204,26 @@ def test_the_log_is_found_and_is_not_read_as_a_record(report, plain, tmp_path):
 
 
 def test_funnel_counts_are_the_logs():
-    first, second = tune_summary(tune_log())
-    assert first == {
-        "model": "125m",
-        "gpus": 2,
-        "candidates": 11,
-        "unsupported": 2,
-        "pruned_memory": 1,
-        "pruned_prediction": 2,
-        "dropped_oom_neighbour": 0,
-        "measured_per_round": [5, 3, 2],
-        "failed": 1,
-        "unmeasured": 1,
-        "winner": "zero2 mb 3",
-        "runner_up": "ddp mb 1",
-        "verdict": "ahead",
-        "p_value": 0.012,
-        "steps": [2, 2, 5],
-    }
-    assert (second["candidates"], second["failed"], second["measured_per_round"]) == (2, 2, [2])
-    assert (second["winner"], second["runner_up"], second["verdict"], second["p_value"]) == (
-        None,
-        None,
-        "no winner",
-        None,
+    first, second = funnel(typed(tune_log()))
+    assert first == Funnel(
+        model="125m",
+        gpus=2,
+        candidates=11,
+        unsupported=2,
+        pruned_memory=1,
+        pruned_prediction=2,
+        dropped_oom_neighbour=0,
+        measured_per_round=(5, 3, 2),
+        failed=1,
+        unmeasured=1,
+        winner="zero2 mb 3",
+        runner_up="ddp mb 1",
+        verdict="ahead",
+        p_value=0.012,
+        steps=(2, 2, 5),
     )
+    assert (second.candidates, second.failed, second.measured_per_round) == (2, 2, (2,))
+    assert (second.winner, second.runner_up, second.verdict, second.p_value) == (None, None, "no winner", None)
 
 
 def test_funnel_table_in_the_markdown(md):
@@ -241,7 +237,7 @@ def test_funnel_table_in_the_markdown(md):
 
 
 def test_the_winner_row_is_first_then_by_round_and_measurement(md):
-    order = [c["label"] for c in ranked_candidates(tune_log()["groups"][0], better="higher")]
+    order = [c.label for c in ranked_candidates(typed(tune_log()).groups[0], better="higher")]
     assert order == ["zero2 mb 3", "ddp mb 1", "fsdp2.full_shard mb 2", "ddp mb 4", "ddp mb 5"]
     rows = md_rows(md_section(md, "### 125m · 2 GPUs: ahead (p = 0.012)").split("\n### ")[0])
     # #, candidate, predicted rank, predicted, measured, vs predicted, round, runs ok, fate, reason
@@ -251,10 +247,10 @@ def test_the_winner_row_is_first_then_by_round_and_measurement(md):
     assert len(rows) == 5  # the pruned, unsupported and unmeasured were never run
     # the fate and the round come before the value: a runner-up measured faster (a tie the confirmation settled
     # on its runs) stays second, and one eliminated in round 0 stays below one that reached round 1
-    group = tune_log()["groups"][0]
-    by_label = {c["label"]: c for c in group["candidates"]}
+    log = tune_log()
+    by_label = {c["label"]: c for c in log["groups"][0]["candidates"]}
     by_label["ddp mb 1"]["measured"], by_label["ddp mb 4"]["measured"] = 150_000, 125_000
-    order = [c["label"] for c in ranked_candidates(group, better="higher")]
+    order = [c.label for c in ranked_candidates(typed(log).groups[0], better="higher")]
     assert order == ["zero2 mb 3", "ddp mb 1", "fsdp2.full_shard mb 2", "ddp mb 4", "ddp mb 5"]
 
 
@@ -265,9 +261,9 @@ def test_step_time_ranks_the_lowest_first():
         c["fate"] = {"winner": "eliminated", "runner_up": "eliminated"}.get(c["fate"], c["fate"])
         if c["measured"] is not None:
             c["measured"] = 8 * 2048 / c["measured"]  # seconds per step: the fastest has the lowest
-    labels = [c["label"] for c in ranked_candidates(group, better="lower")]
+    labels = [c.label for c in ranked_candidates(typed(log).groups[0], better="lower")]
     assert labels == ["zero2 mb 3", "ddp mb 1", "fsdp2.full_shard mb 2", "ddp mb 4", "ddp mb 5"]
-    labels = [c["label"] for c in ranked_candidates(group, better="higher")]
+    labels = [c.label for c in ranked_candidates(typed(log).groups[0], better="higher")]
     assert labels[:2] == ["ddp mb 1", "zero2 mb 3"]  # same round: the slower step time is "higher"
 
 
@@ -288,13 +284,13 @@ def test_the_figure_is_in_the_search_section_once(report, md):
 
 def test_the_figure_is_deterministic_and_stars_only_a_winner(tmp_path):
     log = tune_log()
-    one, two = tune_figure(log), tune_figure(copy.deepcopy(log))
+    one, two = tune_figure(typed(log)), tune_figure(typed(copy.deepcopy(log)))
     assert one.png == two.png
     (tmp_path / "both.png").write_bytes(one.png)
     assert _has_colour(tmp_path / "both.png", WINNER_COLOUR)
     no_winner = tune_log()
     no_winner["groups"] = no_winner["groups"][1:]
-    lone = tune_figure(no_winner)
+    lone = tune_figure(typed(no_winner))
     (tmp_path / "lone.png").write_bytes(lone.png)
     assert not _has_colour(tmp_path / "lone.png", WINNER_COLOUR)
     assert one.png != lone.png
@@ -305,15 +301,19 @@ def test_a_log_without_predictions_draws_nothing_and_says_why():
     for g in log["groups"]:
         for c in g["candidates"]:
             c["predicted_tokens_per_s_per_gpu"] = None
-    fig = tune_figure(log)
+    fig = tune_figure(typed(log))
     assert fig.png is None and "no candidate of the search has a prediction" in fig.note
 
 
 def test_several_logs_get_one_figure_each():
     a, b, c = tune_log(), tune_log(), tune_log()
     c["sweep"] = "other sweep/x"
-    assert tune_figure_names([a]) == ["tune"]
-    assert tune_figure_names([a, b, c]) == [f"tune-{SWEEP}", f"tune-{SWEEP}-2", "tune-other_sweep_x"]
+    assert tune_figure_names([typed(a)]) == ["tune"]
+    assert tune_figure_names([typed(a), typed(b), typed(c)]) == [
+        f"tune-{SWEEP}",
+        f"tune-{SWEEP}-2",
+        "tune-other_sweep_x",
+    ]
 
 
 def _other_version() -> str:
@@ -352,6 +352,6 @@ def test_every_fate_of_the_contract_is_read():
     extra = log["groups"][1]["candidates"]
     for n, fate in enumerate(FATES):
         extra.append({**extra[0], "run_id": f"x{n}", "label": f"x {n}", "fate": fate, "round": -1, "trials": []})
-    (_, second) = tune_summary(log)
-    assert second["candidates"] == 2 + len(FATES)
-    assert second["dropped_oom_neighbour"] == 1 and second["failed"] == 3
+    (_, second) = funnel(typed(log))
+    assert second.candidates == 2 + len(FATES)
+    assert second.dropped_oom_neighbour == 1 and second.failed == 3
