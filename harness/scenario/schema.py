@@ -53,32 +53,10 @@ class FrozenDict(dict[str, Any]):
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(frozenset(self.items()))
 
-    def _refuse(self) -> NoReturn:
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(f"a setting's mapping is frozen: {dict(self)!r}")
 
-    def __setitem__(self, key: str, value: Any) -> NoReturn:
-        self._refuse()
-
-    def __delitem__(self, key: str) -> NoReturn:
-        self._refuse()
-
-    def __ior__(self, other: Any) -> NoReturn:  # type: ignore[misc]
-        self._refuse()
-
-    def clear(self) -> NoReturn:
-        self._refuse()
-
-    def pop(self, *args: Any) -> NoReturn:
-        self._refuse()
-
-    def popitem(self) -> NoReturn:
-        self._refuse()
-
-    def setdefault(self, *args: Any) -> NoReturn:
-        self._refuse()
-
-    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse()
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
 
     def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
         # NOTE: pickle's default for a dict subclass fills it with __setitem__, which refuses
