@@ -32,6 +32,7 @@ from harness.core.errors import InputError
 from harness.plan import calibration as cal
 from harness.plan import comm as cm
 from harness.plan import memory as mb
+from harness.plan import overlap as ov
 from harness.scenario import schema
 from tests.conftest import make_spec
 
@@ -86,7 +87,7 @@ def test_every_entry_is_well_formed(name):
     assert e.mesh in MESHES and e.mixed in MIXED_MODES
     assert e.memory_model in MEMORY_MODELS and e.memory_model in mb.MEMORY_MODELS
     assert e.comm_model in COMM_MODELS and e.comm_model in cm.COMM_MODELS
-    assert e.overlap in OVERLAPS
+    assert e.overlap in OVERLAPS and e.overlap in ov.OVERLAP_RULES
     # the framework overhead it is priced with is a strategy that `harness calibrate` measures (its own entry names
     # itself), so a new entry cannot point at a figure no calibration holds
     assert CATALOGUE[e.framework_cost].framework_cost == e.framework_cost
@@ -97,6 +98,7 @@ def test_every_entry_is_well_formed(name):
 
 def test_the_model_key_tables_match_the_planner():
     assert set(MEMORY_MODELS) == set(mb.MEMORY_MODELS) and set(COMM_MODELS) == set(cm.COMM_MODELS)
+    assert set(OVERLAPS) == set(ov.OVERLAP_RULES)
 
 
 def test_the_framework_families_are_the_ones_calibrate_measures():
