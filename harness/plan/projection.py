@@ -1,7 +1,7 @@
 """Scale-out projection: every (model, strategy, layout, settings) of a scenario predicted at other GPU counts
 (`harness plan SCENARIO --project 8,16,…,4096`), from the cluster's rates — its calibration, else its profile's
 figures: matmul and memory rates, `gpus_per_node`, and the intra- and inter-node bus bandwidth and latency. A group
-that spans nodes is priced at the inter-node figures (harness.plan.time.link_of), so a hybrid's replicate group, a
+that spans nodes is priced at the inter-node figures (harness.plan.links.link_of), so a hybrid's replicate group, a
 pipeline across nodes and any flat group beyond one node change rate where the cell outgrows a node.
 
 A point is null with its reason when the model cannot say: the layout does not divide the GPU count, the strategy

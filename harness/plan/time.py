@@ -63,6 +63,8 @@ def cell_time(spec: RunSpec, *, view: ClusterView, rates: Rates, overlap: bool, 
     """`predict_time` from everything it depends on: the cell, what is read of the cluster, the rates, whether
     collectives may overlap compute, and the ZeRO-3 coordinator's knobs its collectives are modelled with
     (harness.plan.comm.ZERO3)."""
+    # NOTE: `zero3` is read below through harness.plan.comm.ZERO3 (CommCell.of): passed here so that the cache
+    # cannot serve a prediction made with other knobs
     parts: dict[str, float | None] = dict.fromkeys(PARTS)
     reasons: dict[str, str] = {}
     why = unmodelled_reason(spec)
