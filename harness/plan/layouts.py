@@ -300,15 +300,6 @@ def no_model_reason(spec: RunSpec) -> str | None:
     return None
 
 
-def cache_key(spec: RunSpec) -> tuple:
-    """What a layout cell's collectives depend on beyond the plain models' cache key (harness.plan.comm): () for a
-    cell without tensor or pipeline parallelism."""
-    if spec.layout.is_default:
-        return ()
-    s = spec.settings
-    return (s.tp, s.pp, s.pp_schedule, s.microbatches, s.sequence_parallel, s.micro_batch, s.seq_len)
-
-
 def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list, list]:
     """(items, notes) for harness.plan.comm's Ledger: `layout_collectives`, each item built with `item` (its Item)."""
     items, notes = layout_collectives(spec, ddp_buckets=ddp_buckets)
