@@ -76,11 +76,15 @@ def inner(args: argparse.Namespace) -> None:
     rates = rates_for(cluster)
     cells = plan_cells(specs, cluster, rates=rates)
     t3 = time.perf_counter()
-    text = json.dumps(cells, indent=2, allow_nan=False) if args.json else format_table(cells, cluster)
+    text = (
+        json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False)
+        if args.json
+        else format_table(cells, cluster)
+    )
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     t4 = time.perf_counter()
-    timed = sum(1 for c in cells if c.get("step_time_s") is not None)
+    timed = sum(1 for c in cells if c.prediction.step_time_s is not None)
     phases = {"imports": t1 - t0, "expand": t2 - t1, "plan": t3 - t2, "render": t4 - t3, "cells": len(cells)}
     print(json.dumps({**phases, "timed": timed, "cpu_s": time.process_time()}), file=sys.stderr)
 
@@ -157,7 +161,11 @@ def main() -> None:
     for r in range(args.repeat + 1):
         t = time.perf_counter()
         cells = plan_cells(specs, cluster, rates=rates_for(cluster))
-        text = json.dumps(cells, indent=2, allow_nan=False) if args.json else format_table(cells, cluster)
+        text = (
+            json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False)
+            if args.json
+            else format_table(cells, cluster)
+        )
         if r:  # the first pass fills the caches
             warm.append(time.perf_counter() - t)
     size = f"{len(text) / 1e6:.1f} MB"

@@ -117,7 +117,7 @@ def main() -> None:
     rows = []
     for r in records:
         if args.recompute and r["status"] == "ok":
-            r["predicted"] = predict(RunSpec.from_dict(r["spec"]), cluster)
+            r["predicted"] = predict(RunSpec.from_dict(r["spec"]), cluster).to_dict()
         pred = (r.get("predicted") or {}).get("step_time_s")
         if r["status"] != "ok" or not pred:
             why = "" if pred else f" no prediction: {(r.get('predicted') or {}).get('time_null_reasons')}"

@@ -84,15 +84,15 @@ def plan_command(
             rows = pj.project(specs, cluster, gpus, rates=rates)
             doc = pj.projection_document(rows, cluster, gpus, rates)
             if fmt == "json":
-                click.echo(json.dumps(doc, indent=2, allow_nan=False))
+                click.echo(json.dumps(doc.to_dict(), indent=2, allow_nan=False))
             else:
                 click.echo(pj.format_projection(rows, cluster, gpus, rates))
             if figure_path is not None:
-                _draw(doc, figure_path)
+                _draw(doc.to_dict(), figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
         if fmt == "json":
-            click.echo(json.dumps(cells, indent=2, allow_nan=False))
+            click.echo(json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False))
         else:
             click.echo(format_table(cells, cluster))
     finally:

@@ -3,8 +3,9 @@
 One entry per strategy, in the order everything lists them (scenario validation, `harness list`, the report's
 rows and colours). An entry names the module under harness/worker/strategies/ that implements it (its family),
 the device mesh it runs on, which precisions, CPU offload modes and torch.compile it supports (the refusals
-are the sentences a `skipped` record carries), the planner's memory and collective models that apply to it,
-and, from its position, its report colour. docs/strategies.md has the recipe for adding one.
+are the sentences a `skipped` record carries), the planner's memory and collective models that apply to it, the
+step-time model's overlap rule and framework-cost entry, and, from its position, its report colour.
+docs/strategies.md has the recipe for adding one.
 
 Rules that hold for every strategy (an injected fault's rank must exist, a hybrid needs whole nodes) stay code
 in `harness.scenario.schema.RunSpec.unsupported_reason`; what differs per strategy is data here.
@@ -29,6 +30,11 @@ MEMORY_MODELS: tuple[str, ...] = ("ddp", "fsdp1", "fsdp2", "zero")
 """keys of harness.plan.memory.MEMORY_MODELS"""
 COMM_MODELS: tuple[str, ...] = ("ddp", "fsdp1", "fsdp2", "zero12", "zero3")
 """keys of harness.plan.comm.COMM_MODELS"""
+OVERLAPS: tuple[str, ...] = ("ddp_buckets", "fsdp_prefetch", "zero3_prefetch", "none")
+"""keys of harness.plan.overlap.OVERLAP_RULES: how much of a strategy's collective time hides behind its compute
+(docs/time-model.md): DDP's gradient buckets under the rest of the backward; FSDP's gathers one unit ahead and
+reduce-scatters under the next unit's backward; ZeRO-3's prefetched gathers and asynchronous reduce buckets; none
+(every collective exposed: ZeRO-1/2, whose overlap_comm is off)"""
 MIXED_MODES: tuple[str, ...] = ("autocast", "lowp")
 """how a bf16/fp16 cell computes: autocast (fp32 parameters, matmuls in 16 bit) or lowp (16-bit parameters)"""
 
@@ -50,6 +56,12 @@ class Strategy:
     """which per-rank memory model of harness.plan.memory applies (one of MEMORY_MODELS)"""
     comm_model: str
     """which collective model of harness.plan.comm applies (one of COMM_MODELS)"""
+    overlap: str
+    """which overlap rule of the step-time model its collectives follow (one of OVERLAPS)"""
+    framework_cost: str
+    """the strategy whose calibrated framework overhead (hooks, flattening, an engine's bookkeeping per step and
+    per block: the calibration's `framework` entry `<framework_cost>/<precision>`) stands for this one's; a
+    strategy's own name when `harness calibrate` measures it (harness.worker.calibrate.FRAMEWORK_STRATEGIES)"""
     mesh: str = FLAT
     """the device mesh it runs on (one of MESHES)"""
     shards: bool = True
@@ -147,6 +159,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="ddp",
         memory_model="ddp",
         comm_model="ddp",
+        overlap="ddp_buckets",
+        framework_cost="ddp",
         shards=False,
         mixed="autocast",
         offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD},
@@ -158,6 +172,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp",
         memory_model="fsdp1",
         comm_model="fsdp1",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp.full_shard",
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
         tp_refusal=_FSDP1_TP,
         pp_refusal=_FSDP1_PP,
@@ -167,6 +183,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp",
         memory_model="fsdp1",
         comm_model="fsdp1",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp.full_shard",
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
         tp_refusal=_FSDP1_TP,
@@ -177,6 +195,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp",
         memory_model="fsdp1",
         comm_model="fsdp1",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp.full_shard",
         shards=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
         tp_refusal=_FSDP1_TP,
@@ -187,6 +207,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp",
         memory_model="fsdp1",
         comm_model="fsdp1",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp.full_shard",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
         tp_refusal=_FSDP1_TP,
@@ -197,6 +219,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp",
         memory_model="fsdp1",
         comm_model="fsdp1",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp.full_shard",
         mesh=HYBRID,
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
@@ -208,6 +232,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp2",
         memory_model="fsdp2",
         comm_model="fsdp2",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp2.full_shard",
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
         tp_refusal=None,
         pp_refusal=None,
@@ -217,6 +243,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="fsdp2",
         memory_model="fsdp2",
         comm_model="fsdp2",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp2.full_shard",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
         tp_refusal=None,
@@ -227,6 +255,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="zero",
         memory_model="zero",
         comm_model="zero12",
+        overlap="none",
+        framework_cost="zero1",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
         tp_refusal=_ZERO_LAYOUT,
@@ -237,6 +267,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="zero",
         memory_model="zero",
         comm_model="zero12",
+        overlap="none",
+        framework_cost="zero2",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
         tp_refusal=_ZERO_LAYOUT,
@@ -247,6 +279,8 @@ _ENTRIES: tuple[Strategy, ...] = (
         family="zero",
         memory_model="zero",
         comm_model="zero3",
+        overlap="zero3_prefetch",
+        framework_cost="zero3",
         compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC,
         device_refusals=_DS_CPU_FP16,
         tp_refusal=_ZERO_LAYOUT,

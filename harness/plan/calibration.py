@@ -17,6 +17,9 @@ Units: seconds, bytes; bandwidths in GB/s (1e9 B/s), matmul rates in TFLOPS (1e1
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -24,10 +27,11 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from harness.core.catalogue import CATALOGUE
 from harness.core.errors import InputError, Problem
-from harness.scenario.cluster import Cluster
+from harness.scenario.performance import Performance
 
 FORMAT = "harness-calibration/1"
 CALIBRATION_DIR_ENV = "HARNESS_CALIBRATION_DIR"
@@ -69,6 +73,52 @@ class CalibrationMismatch(InputError):
     """A calibration file that belongs to another machine or cluster (exit 2 from the CLI)."""
 
 
+class ClusterProfile(Protocol):
+    """What the rates read of a cluster profile (harness.scenario.cluster.Cluster, or its `RatesSource`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def executor(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def cpu_allocator(self) -> str: ...
+
+    @property
+    def performance(self) -> Performance: ...
+
+
+@dataclass(frozen=True)
+class RatesSource:
+    """Exactly what `rates_for` reads of a cluster profile: frozen and hashable, so the rates are cached on it (the
+    profile itself holds dicts: its environment, its SLURM options)."""
+
+    name: str
+    path: str
+    executor: str
+    device: str
+    cpu_allocator: str
+    performance: Performance
+
+    @classmethod
+    def of(cls, cluster: ClusterProfile) -> RatesSource:
+        return cls(
+            name=cluster.name,
+            path=cluster.path,
+            executor=cluster.executor,
+            device=cluster.device,
+            cpu_allocator=cluster.cpu_allocator,
+            performance=cluster.performance,
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # where files live, and this host's fingerprint
 
@@ -80,7 +130,7 @@ def user_dir() -> Path:
     return Path(base) / "harness" / "calibration"
 
 
-def candidate_paths(cluster: Cluster) -> list[Path]:
+def candidate_paths(cluster: ClusterProfile) -> list[Path]:
     """Where a calibration of `cluster` is looked for, in order."""
     name = f"{cluster.name}{SUFFIX}"
     override = os.environ.get(CALIBRATION_DIR_ENV)
@@ -89,7 +139,7 @@ def candidate_paths(cluster: Cluster) -> list[Path]:
     return [Path(cluster.path).resolve().parent / name, user_dir() / name]
 
 
-def write_path(cluster: Cluster) -> Path:
+def write_path(cluster: ClusterProfile) -> Path:
     """Where `harness calibrate` writes: next to the profile when that folder is writable, else the user dir."""
     first, fallback = candidate_paths(cluster)[0], None
     if os.environ.get(CALIBRATION_DIR_ENV):
@@ -144,7 +194,7 @@ def describe_fingerprint(fp: dict[str, Any]) -> str:
     return f"host {fp.get('hostname')} ({cpus}, torch {fp.get('torch')})"
 
 
-def mismatch_reason(data: dict[str, Any], cluster: Cluster) -> str | None:
+def mismatch_reason(data: dict[str, Any], cluster: ClusterProfile) -> str | None:
     """Why a calibration does not describe this cluster (and, for a local profile, this host), or None."""
     if data.get("cluster") != cluster.name:
         return f"it calibrates cluster {data.get('cluster')!r}, not {cluster.name!r}"
@@ -192,7 +242,7 @@ class Found:
     """the mismatch that --force accepted, else None"""
 
 
-def find_calibration(cluster: Cluster, *, force: bool = False) -> Found | None:
+def find_calibration(cluster: ClusterProfile, *, force: bool = False) -> Found | None:
     """The calibration of `cluster`, or None when there is none. A file of another machine or cluster raises
     CalibrationMismatch with the reason, unless `force`."""
     for path in candidate_paths(cluster):
@@ -292,7 +342,11 @@ class CollectiveCurve:
 
 
 class Rates:
-    """What the time model asks of a cluster: each method returns seconds or raises Unknown(reason)."""
+    """What the time model asks of a cluster: each method returns seconds or raises Unknown(reason).
+
+    Frozen and hashable by content: equal (and of equal hash) when they answer alike, i.e. of the same kind, from the
+    same figures (a digest of the calibration file's data, or of the profile's figures) and the same source, so the
+    time model's caches (functools.cache) key on the rates themselves, never on the object's id."""
 
     source: str
     """"calibrated <file> <date>" or "uncalibrated: profile figures (<sources>)" """
@@ -301,6 +355,26 @@ class Rates:
     """cores the ranks of one host share (CPU devices); None on GPUs"""
     device_name: str | None = None
     """the GPU's name as torch reports it (MFU's peak), when the rates were measured on one"""
+    digest: str
+    """sha-256 of everything the rates answer from (set once, by `_seal`)"""
+
+    def _seal(self, content: Any) -> None:
+        """Freeze the rates: their digest from `content` (JSON data: the figures and the source), no more changes."""
+        blob = json.dumps([type(self).__name__, content], sort_keys=True, separators=(",", ":"), default=str)
+        self.digest = hashlib.sha256(blob.encode()).hexdigest()
+        self._hash = hash(self.digest)
+        self._sealed = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_sealed", False):
+            raise AttributeError(f"{type(self).__name__} is frozen: {name} cannot change")
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, Rates) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
         raise NotImplementedError
@@ -356,15 +430,6 @@ class Rates:
         return 0.0
 
 
-FRAMEWORK_KEYS = {
-    "ddp": "ddp",
-    "fsdp1": "fsdp.full_shard",
-    "fsdp2": "fsdp2.full_shard",
-}
-"""memory model (the family as the planner knows it) → the strategy whose world-1 overhead stands for the family;
-ZeRO stages are calibrated one by one"""
-
-
 def _per_ranks(pts: list[tuple[int, float]], ranks: int) -> float:
     """A figure measured at some rank counts (sorted), at `ranks`: the first point's at or below it, linear between
     measured counts, and beyond the largest proportional to the ranks (each rank's share of the host shrinks as
@@ -376,10 +441,6 @@ def _per_ranks(pts: list[tuple[int, float]], ranks: int) -> float:
             return f0 + (f1 - f0) * (ranks - r0) / (r1 - r0)
     r_max, f_max = pts[-1]
     return f_max * ranks / r_max
-
-
-def framework_key(strategy: str, memory_model: str) -> str:
-    return FRAMEWORK_KEYS.get(memory_model, strategy)
 
 
 class CalibratedRates(Rates):
@@ -402,7 +463,6 @@ class CalibratedRates(Rates):
             self._gemm.setdefault((p["dtype"], p["layout"]), []).append(
                 (math.log2(p["m"]), math.log2(p["n"]), math.log2(p["k"]), flops / p["s"])
             )
-        self._gemm_memo: dict[tuple, float] = {}
         self._attention = c.get("attention", [])
         self._elementwise: dict[str, tuple[list[float], list[float]]] = {}
         for dtype in {p["dtype"] for p in c.get("elementwise", [])}:
@@ -433,7 +493,6 @@ class CalibratedRates(Rates):
         waits = [(r, e["sync_wait_s"]) for r, e in shared.items() if r > 1 and "sync_wait_s" in e]
         self._sync_wait: list[tuple[int, float]] = sorted([(1, 0.0), *waits]) if waits else []
         self._comm: dict[tuple[str, str, str], list[CollectiveCurve]] = {}
-        self._comm_memo: dict[tuple, float] = {}
         for e in d.get("comm", []):
             pts = sorted(zip(e["sizes"], e["times"]))
             curve = CollectiveCurve(
@@ -444,6 +503,7 @@ class CalibratedRates(Rates):
                 busbw_gbps=e["busbw_gbps"],
             )
             self._comm.setdefault((e["link"], e["collective"], e.get("dtype", "float32")), []).append(curve)
+        self._seal([self.source, str(found.path), d])
 
     def sync_wait_s(self, *, ranks_on_host: int) -> float:
         """The measured wait per collective call at `ranks_on_host` ranks, 0 at one rank, interpolated as `share`."""
@@ -461,16 +521,7 @@ class CalibratedRates(Rates):
         return _per_ranks(pts, ranks)
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
-        key = (dtype, m, n, k, layout)
-        hit = self._gemm_memo.get(key)
-        if hit is not None:
-            return hit
-        pts = self._gemm.get((dtype, layout)) or self._gemm.get((dtype, "nt"))
-        if not pts:
-            raise Unknown(f"no {dtype} matmul measured in {self.path.name}")
-        s = 2.0 * m * n * k / _grid_rate(pts, math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
-        self._gemm_memo[key] = s
-        return s
+        return _calibrated_gemm_s(self, dtype, m, n, k, layout)
 
     def attention_s(self, dtype: str, *, batch: int, heads: int, seq: int, head_dim: int, phase: str) -> float:
         pts = sorted((p["seq"], p[f"{phase}_s"] / (p["batch"] * p["heads"] * p["head_dim"] * p["seq"] ** 2))
@@ -498,22 +549,17 @@ class CalibratedRates(Rates):
         return o["per_tensor_s"] * tensors + o["per_element_s"] * elements
 
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
-        from harness.core.catalogue import CATALOGUE
-
-        key = f"{framework_key(strategy, CATALOGUE[strategy].memory_model)}/{precision}"
+        key = f"{CATALOGUE[strategy].framework_cost}/{precision}"
         f = self._framework.get(key)
         if f is None:
             raise Unknown(f"no framework overhead measured for {key} in {self.path.name}")
         return f["fixed_s"] + f["per_block_s"] * blocks + f.get("per_element_s", 0.0) * elements
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
-        key = (collective, link, ranks, nbytes, dtype)
-        hit = self._comm_memo.get(key)
-        if hit is None:
-            hit = self._comm_memo[key] = self._collective_s(collective, link, ranks, nbytes, dtype)
-        return hit
+        return _calibrated_collective_s(self, collective, link, ranks, nbytes, dtype)
 
-    def _collective_s(self, collective: str, link: str, ranks: int, nbytes: float, dtype: str) -> float:
+    def interpolated_collective_s(self, collective: str, link: str, ranks: int, nbytes: float, dtype: str) -> float:
+        """`collective_s` computed (not cached): the curve of `ranks` ranks, or the nearest group size's."""
         curves = self._comm.get((link, collective, dtype)) or self._comm.get((link, collective, "float32"))
         if not curves:
             raise Unknown(f"no {collective} measured on the {link} link in {self.path.name}")
@@ -531,6 +577,24 @@ class CalibratedRates(Rates):
         return c.latency_s * steps + (c.seconds(collective, nbytes) - c.latency_s) * factor_ratio
 
 
+@functools.cache
+def _calibrated_gemm_s(rates: CalibratedRates, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+    """One GEMM's seconds at the calibrated grid's interpolated throughput (cached: planning prices each shape of a
+    model once per rates)."""
+    pts = rates._gemm.get((dtype, layout)) or rates._gemm.get((dtype, "nt"))
+    if not pts:
+        raise Unknown(f"no {dtype} matmul measured in {rates.path.name}")
+    return 2.0 * m * n * k / _grid_rate(pts, math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
+
+
+@functools.cache
+def _calibrated_collective_s(
+    rates: CalibratedRates, collective: str, link: str, ranks: int, nbytes: float, dtype: str
+) -> float:
+    """One collective call's seconds (cached: ledgers repeat their sizes)."""
+    return rates.interpolated_collective_s(collective, link, ranks, nbytes, dtype)
+
+
 PROFILE_DTYPE_KEY = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -539,20 +603,20 @@ class ProfileRates(Rates):
     latency and bus bandwidth per link. No per-op overhead or framework figure exists for a profile; on a GPU the
     host runs ahead of the device, so those are taken as hidden (zero) — stated in docs/time-model.md."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: ClusterProfile) -> None:
         perf = cluster.performance
+        self.name = cluster.name  # the profile's, in a null reason's advice
         self.perf = perf
         self.device = cluster.device
         self.host_cores = None
         srcs = "; ".join(f"{k}: {v}" for k, v in perf.sources.items()) or "none given"
         self.source = f"uncalibrated: profile figures ({srcs})"
+        self._seal([self.source, self.name, self.device, dataclasses.asdict(perf)])
 
     def _need(self, value: float | None, what: str) -> float:
         if value is None:
             raise Unknown(
-                f"uncalibrated: the {self.cluster.name} profile has no {what}; run `harness calibrate --cluster "
-                f"{self.cluster.name}`"
+                f"uncalibrated: the {self.name} profile has no {what}; run `harness calibrate --cluster {self.name}`"
             )
         return value
 
@@ -573,8 +637,8 @@ class ProfileRates(Rates):
     def dispatch_s(self) -> tuple[float, float]:
         if self.device == "cuda":
             return 0.0, 0.0
-        raise Unknown(f"uncalibrated: the {self.cluster.name} profile has no per-op overhead; run `harness calibrate "
-                      f"--cluster {self.cluster.name}`")  # fmt: skip
+        raise Unknown(f"uncalibrated: the {self.name} profile has no per-op overhead; run `harness calibrate "
+                      f"--cluster {self.name}`")  # fmt: skip
 
     def optimizer_s(self, *, elements: float, tensors: int) -> float:
         # AdamW reads parameter, gradient and two moments and writes three of them: 28 bytes per fp32 element
@@ -594,26 +658,32 @@ class ProfileRates(Rates):
         return lat * 1e-6 + nbytes * bus_factor(collective, ranks) / (bw * 1e9)
 
 
-def rates_for(cluster: Cluster, *, force: bool = False) -> Rates:
+def rates_for(cluster: ClusterProfile, *, force: bool = False) -> Rates:
     """The calibrated rates of `cluster` when it has a calibration file, else its profile figures. Raises
-    CalibrationMismatch for another machine's file unless `force`. Cached per file version: a sweep or a plan asks
-    once per cell."""
-    stamps: list[tuple[str, int | None]] = []
+    CalibrationMismatch for another machine's file unless `force`. Cached per file version (its path, modification
+    time and size) and per what is read of the profile: a sweep or a plan asks once per cell."""
+    stamps: list[tuple[str, int | None, int | None]] = []
     for path in candidate_paths(cluster):
         try:
-            stamps.append((str(path), path.stat().st_mtime_ns))
+            st = path.stat()
+            stamps.append((str(path), st.st_mtime_ns, st.st_size))
         except OSError:
-            stamps.append((str(path), None))
-    key = (cluster.name, cluster.path, cluster.executor, cluster.device, cluster.cpu_allocator, tuple(stamps), force)
-    hit = _RATES.get(key)
-    if hit is None:
-        found = find_calibration(cluster, force=force)
-        hit = CalibratedRates(found) if found is not None else ProfileRates(cluster)
-        _RATES[key] = hit
-    return hit
+            stamps.append((str(path), None, None))
+    return _rates_of(RatesSource.of(cluster), tuple(stamps), force)
 
 
-_RATES: dict[tuple, Rates] = {}
+@functools.cache
+def _rates_of(source: RatesSource, stamps: tuple[tuple[str, int | None, int | None], ...], force: bool) -> Rates:
+    """`rates_for` of one profile and one version of its candidate files (`stamps`: what makes a cached answer
+    stale)."""
+    found = find_calibration(source, force=force)
+    return CalibratedRates(found) if found is not None else ProfileRates(source)
+
+
+def clear_caches() -> None:
+    """Forget the rates read from files and every rate computed from them (tests compare cold and warm)."""
+    for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s):
+        f.cache_clear()
 
 
 def example_calibration(
@@ -623,8 +693,6 @@ def example_calibration(
     1 GB/s busbw and 100 us latency per collective, 1 ms + 1 ms/block framework overhead) for this host, dated
     now: what tests and benches use where a measured file would make results depend on the machine."""
     import datetime
-
-    from harness.core.catalogue import CATALOGUE
 
     dims = (64, 256, 1024, 4096, 32768)
     gemm = [
@@ -642,7 +710,7 @@ def example_calibration(
         return {"dtype": dt, **shape, "forward_s": fwd, "backward_s": 2.5 * fwd}
 
     attention = [att(dt, s) for dt in ("float32", "bfloat16", "float16") for s in (128, 512, 2048)]
-    keys = {framework_key(name, e.memory_model) for name, e in CATALOGUE.items()}
+    keys = {e.framework_cost for e in CATALOGUE.values()}
     comm = [
         {"link": link, "collective": c, "dtype": "float32", "ranks": n, "sizes": [1024.0, 2.0**30],
          "times": [1e-4, 1e-4 + 2.0**30 * (bus_factor(c, n) or 1.0) / 1e9], "latency_s": 1e-4, "busbw_gbps": 1.0}

@@ -118,6 +118,10 @@ def activation_dtype(spec: RunSpec) -> str:
     return PRECISION_DTYPE[spec.precision]
 
 
+AddItem = Callable[[str, str, str, int, float, str, int, str], None]
+"""adds one Item: (what, collective, dtype, bytes per call, calls, group kind, group ranks, role)"""
+
+
 def layout_collectives(
     spec: RunSpec, *, ddp_buckets: Callable[[list[int]], list[int]], pp_rank: int = 0
 ) -> tuple[list[Item], list[str]]:
@@ -125,7 +129,7 @@ def layout_collectives(
     docstring), or with `pp_rank`, the first rank of that pipeline rank (its stages; tp and dp coordinates 0: every
     rank of a stage issues the same). `ddp_buckets` is harness.plan.comm's DDP bucket assignment (bytes per bucket
     from gradient bytes)."""
-    lay, s, cfg = spec.layout, spec.settings, spec.model_config
+    lay, s = spec.layout, spec.settings
     gpn = spec.gpus_per_node
     items: list[Item] = []
     notes: list[str] = []
@@ -137,96 +141,21 @@ def layout_collectives(
 
     tp_g = group_kind(lay.group(rank, ("tp",)), gpn)
     pp_g = group_kind(lay.group(rank, ("pp",)), gpn)
-    act = activation_dtype(spec)
-    ab = DTYPE_BYTES[act]
     if lay.pp > 1:
         m = effective_microbatches(s.microbatches, lay.pp)
         forwards, tokens = m, s.micro_batch // m * s.seq_len
     else:
         forwards, tokens = s.grad_accum, s.micro_batch * s.seq_len
-    x = tokens * cfg.d_model * ab  # one (tokens, d_model) activation
-    sp = s.sequence_parallel
     local_stages = lay.stages_of(pp_rank)
-    split = stage_blocks(cfg.n_layers, lay.n_stages)
     for st in local_stages:
-        first, last, nb = st == 0, st == lay.n_stages - 1, len(split[st])
         where = f"stage {st}" if lay.pp > 1 else "model"
         if lay.tp > 1:
-            if sp:
-                gathers = 4 * nb + (1 if first else 0) + (1 if last else 0)
-                add(
-                    f"{where}: TP all_gather into attention/MLP/head (fwd+bwd)",
-                    "all_gather",
-                    act,
-                    x,
-                    gathers * forwards,
-                    tp_g,
-                    lay.tp,
-                    "tp",
-                )
-                add(
-                    f"{where}: TP reduce_scatter out of embedding/attention/MLP (fwd+bwd)",
-                    "reduce_scatter",
-                    act,
-                    x,
-                    gathers * forwards,
-                    tp_g,
-                    lay.tp,
-                    "tp",
-                )
-                norms = 2 * nb + (1 if last else 0)
-                add(
-                    f"{where}: sequence-parallel norm weight gradients",
-                    "all_reduce",
-                    PRECISION_DTYPE[spec.precision],
-                    cfg.d_model * DTYPE_BYTES[PRECISION_DTYPE[spec.precision]],
-                    norms,
-                    tp_g,
-                    lay.tp,
-                    "tp_step",
-                )
-            else:
-                reduces = 7 * nb + (1 if first else 0) + (1 if last else 0)
-                add(
-                    f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)",
-                    "all_reduce",
-                    act,
-                    x,
-                    reduces * forwards,
-                    tp_g,
-                    lay.tp,
-                    "tp",
-                )
-            if last:
-                add(
-                    f"{where}: loss parallel cross-entropy (max, sum exp, target logit)",
-                    "all_reduce",
-                    "float32",
-                    tokens * 4,
-                    LOSS_PARALLEL_VALUES_PER_TOKEN * forwards,
-                    tp_g,
-                    lay.tp,
-                    "tp",
-                )
+            _tensor_parallel(spec, stage=st, where=where, forwards=forwards, tokens=tokens, group=tp_g, add=add)
         if lay.pp > 1:
-            boundary = x // lay.tp if sp else x
-            if not first:
-                add(
-                    f"{where}: receive activations, send their gradients",
-                    "recv",
-                    act,
-                    boundary,
-                    forwards,
-                    pp_g,
-                    2,
-                    "p2p",
-                )
-                add(f"{where}: send input gradients", "send", act, boundary, forwards, pp_g, 2, "p2p")
-            if not last:
-                add(f"{where}: send activations", "send", act, boundary, forwards, pp_g, 2, "p2p")
-                add(f"{where}: receive output gradients", "recv", act, boundary, forwards, pp_g, 2, "p2p")
+            _pipeline_transfers(spec, stage=st, where=where, forwards=forwards, tokens=tokens, group=pp_g, add=add)
         _data_parallel(spec, stage=st, rank=rank, add=add, notes=notes, ddp_buckets=ddp_buckets)
     what = []
+    sp = s.sequence_parallel
     if lay.tp > 1:
         what.append(f"TP {lay.tp} ({'sequence parallel, ' if sp else ''}loss parallel) on a {tp_g} group")
     if lay.pp > 1:
@@ -235,7 +164,91 @@ def layout_collectives(
     return items, notes
 
 
-def _data_parallel(spec: RunSpec, *, stage: int, rank: int, add, notes: list[str], ddp_buckets) -> None:
+def _tensor_parallel(
+    spec: RunSpec, *, stage: int, where: str, forwards: int, tokens: int, group: str, add: AddItem
+) -> None:
+    """Tensor parallelism's collectives of one stage over `forwards` forwards (+ backwards) of `tokens` tokens."""
+    lay, cfg = spec.layout, spec.model_config
+    first, last = stage == 0, stage == lay.n_stages - 1
+    nb = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])
+    act = activation_dtype(spec)
+    x = tokens * cfg.d_model * DTYPE_BYTES[act]  # one (tokens, d_model) activation
+    if spec.settings.sequence_parallel:
+        gathers = 4 * nb + (1 if first else 0) + (1 if last else 0)
+        add(
+            f"{where}: TP all_gather into attention/MLP/head (fwd+bwd)",
+            "all_gather",
+            act,
+            x,
+            gathers * forwards,
+            group,
+            lay.tp,
+            "tp",
+        )
+        add(
+            f"{where}: TP reduce_scatter out of embedding/attention/MLP (fwd+bwd)",
+            "reduce_scatter",
+            act,
+            x,
+            gathers * forwards,
+            group,
+            lay.tp,
+            "tp",
+        )
+        norms = 2 * nb + (1 if last else 0)
+        pdt = PRECISION_DTYPE[spec.precision]
+        add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt, cfg.d_model * DTYPE_BYTES[pdt],
+            norms, group, lay.tp, "tp_step")  # fmt: skip
+    else:
+        reduces = 7 * nb + (1 if first else 0) + (1 if last else 0)
+        add(
+            f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)",
+            "all_reduce",
+            act,
+            x,
+            reduces * forwards,
+            group,
+            lay.tp,
+            "tp",
+        )
+    if last:
+        add(
+            f"{where}: loss parallel cross-entropy (max, sum exp, target logit)",
+            "all_reduce",
+            "float32",
+            tokens * 4,
+            LOSS_PARALLEL_VALUES_PER_TOKEN * forwards,
+            group,
+            lay.tp,
+            "tp",
+        )
+
+
+def _pipeline_transfers(
+    spec: RunSpec, *, stage: int, where: str, forwards: int, tokens: int, group: str, add: AddItem
+) -> None:
+    """A pipeline stage's sends and receives to its neighbours, per microbatch (`forwards` of them)."""
+    lay = spec.layout
+    act = activation_dtype(spec)
+    x = tokens * spec.model_config.d_model * DTYPE_BYTES[act]
+    boundary = x // lay.tp if spec.settings.sequence_parallel else x
+    if stage != 0:
+        add(f"{where}: receive activations, send their gradients", "recv", act, boundary, forwards, group, 2, "p2p")
+        add(f"{where}: send input gradients", "send", act, boundary, forwards, group, 2, "p2p")
+    if stage != lay.n_stages - 1:
+        add(f"{where}: send activations", "send", act, boundary, forwards, group, 2, "p2p")
+        add(f"{where}: receive output gradients", "recv", act, boundary, forwards, group, 2, "p2p")
+
+
+def _data_parallel(
+    spec: RunSpec,
+    *,
+    stage: int,
+    rank: int,
+    add: AddItem,
+    notes: list[str],
+    ddp_buckets: Callable[[list[int]], list[int]],
+) -> None:
     lay, cfg = spec.layout, spec.model_config
     gpn = spec.gpus_per_node
     entry = CATALOGUE[spec.strategy]
@@ -285,15 +298,6 @@ def no_model_reason(spec: RunSpec) -> str | None:
             "TP collectives (the checkpoint stops early, before the last one); not modelled"
         )
     return None
-
-
-def cache_key(spec: RunSpec) -> tuple:
-    """What a layout cell's collectives depend on beyond the plain models' cache key (harness.plan.comm): () for a
-    cell without tensor or pipeline parallelism."""
-    if spec.layout.is_default:
-        return ()
-    s = spec.settings
-    return (s.tp, s.pp, s.pp_schedule, s.microbatches, s.sequence_parallel, s.micro_batch, s.seq_len)
 
 
 def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list, list]:

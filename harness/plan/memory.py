@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.constants import (
@@ -76,30 +78,31 @@ beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes pe
 
 
 def unit_numels(cfg: ModelConfig) -> dict[str, int]:
-    """Elements per FSDP unit: 'root' and 'blocks.0'…'blocks.<L-1>'."""
-    return dict(_unit_numels(cfg))
+    """Elements per FSDP unit: 'root' and 'blocks.0'…'blocks.<L-1>' (a new dict: the caller's to change)."""
+    return dict(unit_sizes(cfg))
 
 
-@functools.lru_cache(maxsize=256)
-def _unit_numels(cfg: ModelConfig) -> dict[str, int]:
-    # NOTE: cached per model (the planner asks for every cell); unit_numels hands out copies
+@functools.cache
+def unit_sizes(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
+    """(unit, elements) per FSDP unit, in the order the parameters first name them (cached per model: the planner
+    asks for every cell)."""
     units: dict[str, int] = {}
     for p in parameters(cfg):
         units[p.unit] = units.get(p.unit, 0) + p.numel
-    return units
+    return tuple(units.items())
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache
 def unit_summary(cfg: ModelConfig) -> tuple[int, int]:
-    """(largest block unit, root unit) in elements: what every FSDP cell of the model reads (cached per model)."""
-    units = _unit_numels(cfg)
+    """(largest block unit, root unit) in elements: what every FSDP cell of the model reads."""
+    units = dict(unit_sizes(cfg))
     return max(v for k, v in units.items() if k != "root"), units["root"]
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.cache
 def sharded_units(cfg: ModelConfig, nshard: int) -> int:
     """Elements of one rank's FSDP1 flat-parameter shards: every unit cut into `nshard` (rounded up), summed."""
-    return sum(_ceil_div(u, nshard) for u in _unit_numels(cfg).values())
+    return sum(_ceil_div(u, nshard) for _, u in unit_sizes(cfg))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -335,12 +338,17 @@ Held = dict[str, list[tuple[str, int]]]
 def shard_degree(spec: RunSpec) -> int:
     """Ranks a parameter / gradient / optimizer shard is split over: the world, or one node for hybrids,
     or 1 for replicating strategies (the catalogue entry's `shards` and `mesh`)."""
-    entry = CATALOGUE[spec.strategy]
+    return shard_degree_of(spec.strategy, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node)
+
+
+def shard_degree_of(strategy: str, *, gpus: int, gpus_per_node: int) -> int:
+    """`shard_degree` from what it reads: the strategy, the GPUs and the GPUs per node."""
+    entry = CATALOGUE[strategy]
     if not entry.shards:
         return 1
     if entry.mesh == HYBRID:
-        return min(spec.gpus_per_node, spec.gpus)
-    return spec.gpus
+        return min(gpus_per_node, gpus)
+    return gpus
 
 
 def memory(spec: RunSpec) -> Memory:
@@ -377,15 +385,15 @@ def _assemble(
     the first block's gradients, all but the root's and one block's in the last block's backward, all of
     them from backward end on.
     """
-    fraction = _grad_fractions(spec.model_config)
     s = spec.settings
     mode = precision_mode(spec.strategy, spec.precision)
-    windows = _windows(spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing)
+    windows = activation_windows(spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing)
+    fraction = grad_fractions(spec.model_config)
     best: tuple[int, str, int, int, list[tuple[str, int]]] | None = None
-    for window, (activations, own) in windows.items():
+    for window, activations, own in windows:
         present = grads if grads_persistent else int(grads * fraction.get(window, 0.0))
         extra = held.get(window)
-        both = own + extra if extra else own
+        both = list(own) + extra if extra else list(own)
         live = activations + present + sum([b for _, b in both])
         if best is None or live > best[0]:
             best = (live, window, activations, present, both)
@@ -409,17 +417,21 @@ def _assemble(
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _grad_fractions(cfg: ModelConfig) -> dict[str, float]:
-    """Share of the gradients complete at each window where freed gradients have grown back (cached per model)."""
+@functools.cache
+def grad_fractions(cfg: ModelConfig) -> Mapping[str, float]:
+    """Share of the gradients complete at each window where freed gradients have grown back (absent: none yet)."""
     blocks_done = (cfg.n_layers - 1) * cfg.block_params() / cfg.n_params()
-    return {LAST_BLOCK: blocks_done, BACKWARD_END: 1.0, OPTIMIZER_STEP: 1.0}
+    return MappingProxyType({LAST_BLOCK: blocks_done, BACKWARD_END: 1.0, OPTIMIZER_STEP: 1.0})
 
 
-@functools.lru_cache(maxsize=4096)
-def _windows(cfg: ModelConfig, mode: str, tokens: int, policy: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
-    # NOTE: cached (strategies of one precision mode share it); _assemble reads it, never changes it
-    return ActivationModel(cfg, mode, tokens).windows(checkpointing=policy)
+@functools.cache
+def activation_windows(
+    cfg: ModelConfig, mode: str, tokens: int, policy: str
+) -> tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...]:
+    """(window, activation bytes, the backward's own transients) at each moment of WINDOWS (ActivationModel.windows),
+    cached: strategies of one precision mode share it."""
+    windows = ActivationModel(cfg, mode, tokens).windows(checkpointing=policy)
+    return tuple((w, acts, tuple(own)) for w, (acts, own) in windows.items())
 
 
 def _ddp(spec: RunSpec) -> Memory:
@@ -594,62 +606,70 @@ def _zero(spec: RunSpec) -> Memory:
     clone an fp32 master partition (stage_1_and_2.py clones the partition whatever its dtype); ZeRO-3
     uses the fp32 params as the master when the dtypes match (stage3.py `_create_fp32_partitions`).
     """
-    cfg, s = spec.model_config, spec.settings
     stage = int(spec.strategy[-1])
+    if stage == 3:
+        return _zero3(spec)
+    cfg, s = spec.model_config, spec.settings
+    nshard = spec.gpus
+    b = BYTES[spec.precision]
+    off_opt = s.offload in ("optimizer", "optimizer+params")
+    bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
+    notes: dict[str, str] = {}
+
+    n = cfg.n_params()
+    part = _ceil_div(n, nshard)  # this rank's partition of the flat parameter group
+    grads = b * n if stage == 1 else b * part
+    master, moments = 4 * part, 8 * part
+    # the contiguous reduce bucket is allocated at each backward's start and released at its end; the
+    # step then casts this rank's gradient partition to fp32
+    held: Held = {
+        LOSS_BACKWARD: [bucket],
+        BLOCK_BACKWARD: [bucket],
+        BLOCK_REDUCE: [bucket],
+        LAST_BLOCK: [bucket],
+        BACKWARD_END: [bucket],
+        OPTIMIZER_STEP: [("fp32 gradient partition for the step", 0 if off_opt else 4 * part)],
+    }
+    cpu = 0
+    if off_opt:
+        # ZeRO-Offload: master, moments and an fp32 gradient partition in host memory, with a 16-bit
+        # staging copy of the partition; ZeRO-2 copies each reduced bucket straight to the host
+        cpu = master + moments + 4 * part + b * part
+        grads = 0 if stage == 2 else grads
+        master = moments = 0
+        notes["cpu"] = "offload_optimizer: fp32 master, moments, fp32 gradient partition, 16-bit staging copy"
+    notes.update(
+        {
+            "params": f"{spec.precision} parameters, full replica",
+            "grads": f"{spec.precision} gradients, "
+            + ("full (ZeRO-1)" if stage == 1 else f"partitioned {nshard} ways")
+            + ("; reduced straight into host memory" if off_opt and stage == 2 else "")
+            + "; produced during backward, freed by the step",
+            "optimizer": f"fp32 master + AdamW moments (12 B/param) / {nshard}" + ("; offloaded" if off_opt else ""),
+        }
+    )
+    return _assemble(
+        spec,
+        params=b * n,
+        grads=grads,
+        grads_persistent=False,
+        optimizer=master + moments,
+        held=held,
+        cpu=cpu,
+        notes=notes,
+    )
+
+
+def _zero3(spec: RunSpec) -> Memory:
+    """DeepSpeed ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
+    persistence threshold also stay gathered on every rank."""
+    cfg, s = spec.model_config, spec.settings
     nshard = spec.gpus
     b = BYTES[spec.precision]
     off_opt = s.offload in ("optimizer", "optimizer+params")
     off_par = s.offload == "optimizer+params"
     bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
     notes: dict[str, str] = {}
-
-    if stage < 3:
-        n = cfg.n_params()
-        part = _ceil_div(n, nshard)  # this rank's partition of the flat parameter group
-        grads = b * n if stage == 1 else b * part
-        master, moments = 4 * part, 8 * part
-        # the contiguous reduce bucket is allocated at each backward's start and released at its end; the
-        # step then casts this rank's gradient partition to fp32
-        held: Held = {
-            LOSS_BACKWARD: [bucket],
-            BLOCK_BACKWARD: [bucket],
-            BLOCK_REDUCE: [bucket],
-            LAST_BLOCK: [bucket],
-            BACKWARD_END: [bucket],
-            OPTIMIZER_STEP: [("fp32 gradient partition for the step", 0 if off_opt else 4 * part)],
-        }
-        cpu = 0
-        if off_opt:
-            # ZeRO-Offload: master, moments and an fp32 gradient partition in host memory, with a 16-bit
-            # staging copy of the partition; ZeRO-2 copies each reduced bucket straight to the host
-            cpu = master + moments + 4 * part + b * part
-            grads = 0 if stage == 2 else grads
-            master = moments = 0
-            notes["cpu"] = "offload_optimizer: fp32 master, moments, fp32 gradient partition, 16-bit staging copy"
-        notes.update(
-            {
-                "params": f"{spec.precision} parameters, full replica",
-                "grads": f"{spec.precision} gradients, "
-                + ("full (ZeRO-1)" if stage == 1 else f"partitioned {nshard} ways")
-                + ("; reduced straight into host memory" if off_opt and stage == 2 else "")
-                + "; produced during backward, freed by the step",
-                "optimizer": f"fp32 master + AdamW moments (12 B/param) / {nshard}"
-                + ("; offloaded" if off_opt else ""),
-            }
-        )
-        return _assemble(
-            spec,
-            params=b * n,
-            grads=grads,
-            grads_persistent=False,
-            optimizer=master + moments,
-            held=held,
-            cpu=cpu,
-            notes=notes,
-        )
-
-    # ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
-    # persistence threshold also stay gathered on every rank
     partitions, persistent, largest_module = _zero3_sizes(cfg, nshard)
     master = 0 if spec.precision == "fp32" else 4 * partitions
     moments = 8 * partitions
@@ -698,13 +718,13 @@ def _zero(spec: RunSpec) -> Memory:
     )
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.cache
 def _fsdp2_sharded(cfg: ModelConfig, nshard: int) -> int:
     """Elements of one rank's FSDP2 shards: every parameter's dim 0 padded to a multiple of `nshard`."""
     return sum(_ceil_div(ps.shape[0], nshard) * math.prod(ps.shape[1:]) for ps in parameters(cfg))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.cache
 def _zero3_sizes(cfg: ModelConfig, nshard: int) -> tuple[int, int, int]:
     """(partition elements, persistent elements, largest parameter) of ZeRO-3 over `nshard` ranks."""
     shapes = parameters(cfg)
@@ -718,7 +738,15 @@ MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}
 
 def clear_caches() -> None:
     """Forget every per-model structure this module remembers (tests compare cold and warm predictions)."""
-    for f in (_unit_numels, unit_summary, sharded_units, _grad_fractions, _windows, _fsdp2_sharded, _zero3_sizes):
+    for f in (
+        unit_sizes,
+        unit_summary,
+        sharded_units,
+        grad_fractions,
+        activation_windows,
+        _fsdp2_sharded,
+        _zero3_sizes,
+    ):
         f.cache_clear()
 
 

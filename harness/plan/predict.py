@@ -10,29 +10,25 @@ from __future__ import annotations
 
 import gc
 import math
-from typing import Any
 
+from harness.plan import calibration as cal
 from harness.plan import comm as cm
 from harness.plan import memory as mb
 from harness.plan import time as tm
 from harness.plan.calibration import Rates
 from harness.plan.placement import Capacity, capacity, placement_refusal
-from harness.plan.time import TIME_COLUMNS, time_columns, time_footer, time_prediction
+from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
+from harness.plan.time import time_prediction
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
-def _comm_bytes_per_step(spec: RunSpec) -> float | None:
-    """Predicted collective bytes per step (harness.plan.comm's `predict_comm(spec)["bytes_per_step"]`, from its
-    cached ledger: no summary per cell), or None where no accounting model exists."""
-    return cm.ledger_bytes(spec)
-
-
 def clear_caches() -> None:
-    """Forget everything the planner's modules remember between cells (comm's ledgers, memory's and time's
-    per-model structures and predictions): what a fresh process starts from."""
+    """Forget everything the planner's modules remember between cells (the rates read from files, comm's ledgers,
+    memory's and time's per-model structures and predictions): what a fresh process starts from."""
+    cal.clear_caches()
     cm.clear_caches()
     mb.clear_caches()
     tm.clear_caches()
@@ -45,7 +41,7 @@ def usable_memory_gib(cluster: Cluster) -> float | None:
     return cluster.device_memory_gib - mb.DEVICE_RESERVE_GIB
 
 
-def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> dict[str, Any]:
+def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
     """Predicted memory (GiB per rank), FLOPs per step (global) and whether the cell fits.
 
     `memory_gib` holds the five parts live at the rank's peak (they add up to `total`); `peak_at` names
@@ -54,8 +50,9 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> d
     memory per rank for offload. `fits` is None when the cluster's device memory is unknown; `reason` is
     the one-line breakdown used in a `skipped` record when the cell does not fit, else None.
     `hardware_flops_per_step` adds activation checkpointing's recompute (HFU) to `flops_per_step` (MFU).
-    The step-time fields (`step_time_s`, `tokens_per_s_per_gpu`, `mfu`, `time_s`, `calibration`,
-    `time_null_reasons`) are harness.plan.time's, at `rates` (default: the cluster's calibration or profile).
+    `comm_bytes_per_step` is harness.plan.comm's (None where no collective model applies). The step-time fields
+    (`step_time_s`, `tokens_per_s_per_gpu`, `mfu`, `time_s`, `calibration`, `time_null_reasons`) are
+    harness.plan.time's, at `rates` (default: the cluster's calibration or profile).
     """
     mem = mb.memory(spec)
     gib = mem.gib()
@@ -69,8 +66,8 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> d
             f"({cluster.device_memory_gib:.1f} GiB device memory - {mb.DEVICE_RESERVE_GIB:.1f} GiB "
             "CUDA context/NCCL reserve)"
         )
-    return {
-        "memory_gib": {k: round(v, 6) for k, v in gib.items()},
+    fields = {
+        "memory_gib": PredictedMemory(**{k: round(v, 6) for k, v in gib.items()}),
         "peak_at": mem.window,
         "grads_after_backward_gib": round(mem.grads_after_backward / mb.GIB, 6),
         "cpu_memory_gib": round(mem.cpu / mb.GIB, 6),
@@ -78,19 +75,35 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> d
         "fits": fits,
         "flops_per_step": mb.flops_per_step(spec),
         "hardware_flops_per_step": mb.hardware_flops_per_step(spec),
-        "comm_bytes_per_step": _comm_bytes_per_step(spec),
+        "comm_bytes_per_step": cm.ledger_bytes(spec),
         "reason": reason,
         "notes": dict(mem.notes),
-        **time_prediction(spec, cluster, rates=rates),
     }
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+
+
+def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
+    """What `harness plan` shows of a cell that cannot run: its model FLOPs and its (null) step time, nothing of
+    memory or collectives."""
+    fields = dict.fromkeys(
+        ("memory_gib", "peak_at", "grads_after_backward_gib", "cpu_memory_gib", "device_memory_gib", "fits")
+    )
+    fields.update(
+        device_memory_gib=cluster.device_memory_gib,
+        flops_per_step=mb.flops_per_step(spec),
+        hardware_flops_per_step=None,
+        comm_bytes_per_step=None,
+        reason=None,
+    )
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
 
 
 def plan_cells(
     specs: list[RunSpec], cluster: Cluster, *, cap: Capacity | None = None, rates: Rates | None = None
-) -> list[dict[str, Any]]:
-    """One JSON-able object per cell, in order. Unsupported cells carry `unsupported` (the reason) and no
-    prediction; the others carry predict()'s fields. `cannot_place` is why the cluster cannot place the cell (the
-    sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None."""
+) -> list[PlannedCell]:
+    """One planned cell per spec, in order. Unsupported cells carry `unsupported` (the reason) and no memory or
+    collective prediction; the others predict()'s fields. `cannot_place` is why the cluster cannot place the cell
+    (the sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None."""
     cap = capacity(cluster) if cap is None else cap
     # NOTE: planning allocates about a hundred objects per cell that live to the end (the cells, the caches); the
     # cyclic collector's passes over them took a quarter of a 10,000-cell plan, and none of them is in a cycle
@@ -98,40 +111,19 @@ def plan_cells(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _plan_cells(specs, cluster, cap=cap, rates=rates)
+        cells = []
+        for spec in specs:
+            why = spec.unsupported_reason()
+            pred = (
+                predict(spec, cluster, rates=rates)
+                if why is None
+                else unsupported_prediction(spec, cluster, rates=rates)
+            )
+            cells.append(PlannedCell(spec, placement_refusal(spec, cluster, cap), why, pred))
+        return cells
     finally:
         if collecting:
             gc.enable()
-
-
-def _plan_cells(specs: list[RunSpec], cluster: Cluster, *, cap: Capacity, rates: Rates | None) -> list[dict[str, Any]]:
-    cells = []
-    for spec in specs:
-        cell: dict[str, Any] = {"run_id": spec.run_id, "spec": spec.to_dict()}
-        cell["cannot_place"] = placement_refusal(spec, cluster, cap)
-        why = spec.unsupported_reason()
-        if why is not None:
-            cell.update(
-                {
-                    "unsupported": why,
-                    "memory_gib": None,
-                    "peak_at": None,
-                    "grads_after_backward_gib": None,
-                    "cpu_memory_gib": None,
-                    "device_memory_gib": cluster.device_memory_gib,
-                    "fits": None,
-                    "flops_per_step": mb.flops_per_step(spec),
-                    "hardware_flops_per_step": None,
-                    "comm_bytes_per_step": None,
-                    "reason": None,
-                    **time_prediction(spec, cluster, rates=rates),
-                }
-            )
-        else:
-            cell["unsupported"] = None
-            cell.update(predict(spec, cluster, rates=rates))
-        cells.append(cell)
-    return cells
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +139,83 @@ def _fmt(v: float | None, spec: str = "") -> str:
     return format(v, ".1f") if v >= 1 or v == 0 else format(v, ".3g")
 
 
-def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
+TIME_COLUMNS = ("ms/step", "tok/s/gpu", "MFU")
+
+
+def time_columns(pred: Prediction) -> list[str]:
+    """The table's predicted step time (ms), tokens/s per GPU and MFU of a planned cell; "-" where null."""
+    step, tps, mfu = pred.step_time_s, pred.tokens_per_s_per_gpu, pred.mfu
+    return [
+        "-" if step is None else f"{step * 1e3:.4g}",
+        "-" if tps is None else f"{tps:.4g}",
+        "-" if mfu is None else f"{mfu:.1%}",
+    ]
+
+
+def time_footer(cells: list[PlannedCell]) -> str:
+    """The table's last line: where the rates came from, and why step times are null where they are."""
+    sources = sorted({c.prediction.calibration or "" for c in cells if c.prediction.calibration})
+    null: dict[str, int] = {}
+    for c in cells:
+        if c.prediction.step_time_s is None and not c.unsupported:
+            why = (c.prediction.time_null_reasons or {}).get("step_time_s", "unknown")
+            null[why] = null.get(why, 0) + 1
+    line = "step time: " + ("; ".join(sources) or "no rates")
+    if null:
+        line += "; null for " + "; ".join(f"{n} cell(s): {why}" for why, n in sorted(null.items(), key=lambda x: -x[1]))
+    return line
+
+
+def cell_options(spec: RunSpec) -> str:
+    """The table's `opts` column: checkpointing, offload, layout, and micro-batch × sequence."""
+    s = spec.settings
+    ac = s.activation_checkpointing
+    return ",".join(
+        o
+        for o in (
+            (f"ac={ac}" if ac != "none" else ""),
+            (f"offload={s.offload}" if s.offload != "none" else ""),
+            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
+            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+            f"mb{s.micro_batch}x{s.seq_len}",
+        )
+        if o
+    )
+
+
+def table_row(cell: PlannedCell) -> list[str]:
+    """One cell's row: every column, or (name, opts, why it is not predicted) for a cell that cannot run or be
+    placed."""
+    spec, p = cell.spec, cell.prediction
+    name = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
+    opts = cell_options(spec)
+    if cell.unsupported:
+        return [name, opts, f"unsupported: {cell.unsupported}"]
+    if cell.cannot_place:
+        return [name, opts, f"CANNOT PLACE (skipped): {cell.cannot_place}"]
+    m = p.memory_gib or PredictedMemory()
+    fits = {True: "yes", False: "NO", None: "?"}[p.fits]
+    comm = p.comm_bytes_per_step
+    return [
+        name,
+        opts,
+        _fmt(m.params),
+        _fmt(m.grads),
+        _fmt(m.optimizer),
+        _fmt(m.activations),
+        _fmt(m.buffers),
+        _fmt(m.total),
+        fits,
+        p.peak_at or "",
+        _fmt(p.cpu_memory_gib) if p.cpu_memory_gib else "-",
+        _fmt((p.flops_per_step or 0.0) / 1e12, ".3g"),
+        _fmt(None if comm is None else comm / 1e9, ".3g"),
+        *time_columns(p),
+    ]
+
+
+def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
+    """`harness plan`'s table: a head line, one row per cell, the counts and where the step times came from."""
     usable = usable_memory_gib(cluster)
     head = (
         f"cluster {cluster.name}: "
@@ -175,49 +243,7 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
         "comm GB",
         *TIME_COLUMNS,
     ]
-    rows = []
-    for c in cells:
-        s = c["spec"]
-        name = f"{s['model']} {s['strategy']} {s['precision']} g{s['gpus']}"
-        ac = s["activation_checkpointing"]
-        opts = ",".join(
-            o
-            for o in (
-                (f"ac={ac}" if ac != "none" else ""),
-                (f"offload={s['offload']}" if s["offload"] != "none" else ""),
-                (f"tp{s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""),
-                (f"pp{s['pp']}:{s['pp_schedule']}" if s.get("pp", 1) > 1 else ""),
-                f"mb{s['micro_batch']}x{s['seq_len']}",
-            )
-            if o
-        )
-        if c["unsupported"]:
-            rows.append([name, opts, f"unsupported: {c['unsupported']}"])
-            continue
-        if c["cannot_place"]:
-            rows.append([name, opts, f"CANNOT PLACE (skipped): {c['cannot_place']}"])
-            continue
-        m = c["memory_gib"]
-        fits = {True: "yes", False: "NO", None: "?"}[c["fits"]]
-        comm = c["comm_bytes_per_step"]
-        rows.append(
-            [
-                name,
-                opts,
-                _fmt(m["params"]),
-                _fmt(m["grads"]),
-                _fmt(m["optimizer"]),
-                _fmt(m["activations"]),
-                _fmt(m["buffers"]),
-                _fmt(m["total"]),
-                fits,
-                c["peak_at"],
-                _fmt(c["cpu_memory_gib"]) if c["cpu_memory_gib"] else "-",
-                _fmt(c["flops_per_step"] / 1e12, ".3g"),
-                _fmt(None if comm is None else comm / 1e9, ".3g"),
-                *time_columns(c),
-            ]
-        )
+    rows = [table_row(c) for c in cells]
     full = [r for r in rows if len(r) == len(cols)]
     widths = [
         max([len(cols[i])] + [len(r[i]) for r in full] + [len(r[i]) for r in rows if len(r) < len(cols) and i < 2])
@@ -229,9 +255,9 @@ def format_table(cells: list[dict[str, Any]], cluster: Cluster) -> str:
             lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2]]))
         else:
             lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    n_no = sum(1 for c in cells if c["fits"] is False)
-    n_unsupported = sum(1 for c in cells if c["unsupported"])
-    n_unplaced = sum(1 for c in cells if c["cannot_place"] and not c["unsupported"])
+    n_no = sum(1 for c in cells if c.prediction.fits is False)
+    n_unsupported = sum(1 for c in cells if c.unsupported)
+    n_unplaced = sum(1 for c in cells if c.cannot_place and not c.unsupported)
     lines.append(
         f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
         + (f", {n_unsupported} unsupported" if n_unsupported else "")

@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -43,6 +43,24 @@ LEGACY_GPUS_KEY = "world_size"
 """what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings", "tune")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class FrozenDict(dict[str, Any]):
+    """A dict that cannot change and hashes by its content: the value of a mapping setting (`inject`) inside a frozen,
+    hashable `Settings`, so a RunSpec can key the planner's caches (functools.cache). Still a dict (JSON, equality
+    with a plain dict, key order as written), so records, plans and run_ids read exactly as before."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(f"a setting's mapping is frozen: {dict(self)!r}")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        # NOTE: pickle's default for a dict subclass fills it with __setitem__, which refuses
+        return FrozenDict, (dict(self),)
 
 
 SETTING_DEFAULTS: dict[str, Any] = {}
@@ -110,6 +128,9 @@ class Settings:
             object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
         if self.tp == 1:
             object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
+        # NOTE: frozen all the way down, so that a RunSpec hashes (the planner's caches key on it)
+        if isinstance(self.inject, dict) and not isinstance(self.inject, FrozenDict):
+            object.__setattr__(self, "inject", FrozenDict(self.inject))
 
     @property
     def checkpointing(self) -> bool:
@@ -559,14 +580,45 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
     description = doc.get("description", "") or ""
 
     models = _check_models(doc.get("models"), file, problems)
-    model_names = list(ZOO) + list(models)
+    settings = _check_settings(doc.get("settings") or {}, file, problems)
+    axes, include, exclude = _check_matrix(doc.get("matrix"), file, list(ZOO) + list(models), problems)
+    tune = parse_tune(doc.get("tune"), file, problems)
+    if tune is not None and tune.global_batch is not None:
+        _check_one_grad_accum(
+            tune.global_batch, settings=settings, axes=axes, include=include, file=file, problems=problems
+        )
 
-    settings_raw = doc.get("settings") or {}
+    cells: list[dict[str, Any]] = []
+    if not problems:
+        cells = _expand_cells(axes, include, exclude, settings=settings, models=models, file=file, problems=problems)
+    if problems:
+        raise InputError(problems)
+    sc = Scenario(
+        name=name,
+        path=file,
+        models=models,
+        cells=tuple(cells),
+        settings=settings,
+        description=str(description),
+        tune=tune,
+    )
+    if tune is not None and tune.global_batch is not None:
+        # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile
+        kept, left_out = sc.expand_all(gpus_per_node=1)
+        if kept:
+            return sc
+        why = left_out[0][1]
+        raise InputError([Problem(file, "tune.global_batch", f"leaves no cell: {why} (and every other cell alike)")])
+    return sc
+
+
+def _check_settings(raw: Any, file: str, problems: list[Problem]) -> dict[str, Any]:
+    """The scenario-level `settings:` overrides that are valid (each bad one is a problem)."""
     settings: dict[str, Any] = {}
-    if not isinstance(settings_raw, dict):
+    if not isinstance(raw, dict):
         problems.append(Problem(file, "settings", "must be a mapping of setting name to value"))
-        settings_raw = {}
-    for k, v in settings_raw.items():
+        return settings
+    for k, v in raw.items():
         if k not in SETTING_FIELDS:
             problems.append(unknown(file, f"settings.{k}", k, SETTING_FIELDS, what="setting"))
             continue
@@ -574,8 +626,13 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         _check_setting(k, v, f"settings.{k}", file, problems)
         if len(problems) == before:
             settings[k] = v
+    return settings
 
-    matrix = doc.get("matrix")
+
+def _check_matrix(
+    matrix: Any, file: str, model_names: list[str], problems: list[Problem]
+) -> tuple[dict[str, list[Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(axes, include, exclude) of the `matrix:` section, each entry valid (each bad one is a problem)."""
     axes: dict[str, list[Any]] = {}
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
@@ -624,59 +681,59 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
                     _check_axis_value(k, v, f"{where}.{k}", file, model_names, problems)
             if len(problems) == before:
                 target.append(entry)
+    return axes, include, exclude
 
-    tune = parse_tune(doc.get("tune"), file, problems)
-    if tune is not None and tune.global_batch is not None:
-        # NOTE: one source for grad_accum: a value written beside the global batch would be silently overridden
-        written = ["settings.grad_accum"] if "grad_accum" in settings else []
-        written += ["matrix.grad_accum"] if "grad_accum" in axes else []
-        written += [f"matrix.include[{i}].grad_accum" for i, e in enumerate(include) if "grad_accum" in e]
-        for where in written:
+
+def _check_one_grad_accum(
+    global_batch: int,
+    *,
+    settings: dict[str, Any],
+    axes: dict[str, list[Any]],
+    include: list[dict[str, Any]],
+    file: str,
+    problems: list[Problem],
+) -> None:
+    """`tune.global_batch` derives every cell's grad_accum: a grad_accum written anywhere else is a problem."""
+    # NOTE: one source for grad_accum: a value written beside the global batch would be silently overridden
+    written = ["settings.grad_accum"] if "grad_accum" in settings else []
+    written += ["matrix.grad_accum"] if "grad_accum" in axes else []
+    written += [f"matrix.include[{i}].grad_accum" for i, e in enumerate(include) if "grad_accum" in e]
+    for where in written:
+        problems.append(Problem(file, where, f"tune.global_batch ({global_batch}) derives grad_accum; remove this key"))
+
+
+def _expand_cells(
+    axes: dict[str, list[Any]],
+    include: list[dict[str, Any]],
+    exclude: list[dict[str, Any]],
+    *,
+    settings: dict[str, Any],
+    models: dict[str, ModelConfig],
+    file: str,
+    problems: list[Problem],
+) -> list[dict[str, Any]]:
+    """The matrix's cells (`expand_matrix`), each with every core axis and a layout that can be built (else
+    problems)."""
+    cells = expand_matrix(axes, include, exclude)
+    inc_index = {id(e): i for i, e in enumerate(include)}
+    for cell in cells:
+        missing = [a for a in CORE_AXES if a not in cell]
+        if missing:
+            src = next((f"matrix.include[{inc_index[id(e)]}]" for e in include if _matches(cell, e)), "matrix")
             problems.append(
-                Problem(file, where, f"tune.global_batch ({tune.global_batch}) derives grad_accum; remove this key")
-            )
-
-    cells: list[dict[str, Any]] = []
-    if not problems:
-        cells = expand_matrix(axes, include, exclude)
-        inc_index = {id(e): i for i, e in enumerate(include)}
-        for cell in cells:
-            missing = [a for a in CORE_AXES if a not in cell]
-            if missing:
-                src = next((f"matrix.include[{inc_index[id(e)]}]" for e in include if _matches(cell, e)), "matrix")
-                problems.append(
-                    Problem(
-                        file,
-                        src,
-                        f"cell {cell} has no {', '.join(missing)} "
-                        "(give the axis in the matrix or in the include entry)",
-                    )
+                Problem(
+                    file,
+                    src,
+                    f"cell {cell} has no {', '.join(missing)} (give the axis in the matrix or in the include entry)",
                 )
-        if not cells and not problems:
-            problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
-        if not problems:
-            _check_layouts(
-                cells, settings=settings, axes=axes, include=include, models=models, file=file, problems=problems
             )
-    if problems:
-        raise InputError(problems)
-    sc = Scenario(
-        name=name,
-        path=file,
-        models=models,
-        cells=tuple(cells),
-        settings=settings,
-        description=str(description),
-        tune=tune,
-    )
-    if tune is not None and tune.global_batch is not None:
-        # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile
-        kept, left_out = sc.expand_all(gpus_per_node=1)
-        if kept:
-            return sc
-        why = left_out[0][1]
-        raise InputError([Problem(file, "tune.global_batch", f"leaves no cell: {why} (and every other cell alike)")])
-    return sc
+    if not cells and not problems:
+        problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
+    if not problems:
+        _check_layouts(
+            cells, settings=settings, axes=axes, include=include, models=models, file=file, problems=problems
+        )
+    return cells
 
 
 def _source(key: str, cell: dict[str, Any], *, settings: dict, axes: dict, include: list[dict]) -> str:

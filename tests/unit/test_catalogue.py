@@ -19,6 +19,7 @@ from harness.core.catalogue import (
     MESHES,
     MIXED_MODES,
     OFFLOADS,
+    OVERLAPS,
     PALETTE,
     PRECISIONS,
     STRATEGIES,
@@ -28,8 +29,10 @@ from harness.core.catalogue import (
     strategy_colours,
 )
 from harness.core.errors import InputError
+from harness.plan import calibration as cal
 from harness.plan import comm as cm
 from harness.plan import memory as mb
+from harness.plan import overlap as ov
 from harness.scenario import schema
 from tests.conftest import make_spec
 
@@ -84,6 +87,10 @@ def test_every_entry_is_well_formed(name):
     assert e.mesh in MESHES and e.mixed in MIXED_MODES
     assert e.memory_model in MEMORY_MODELS and e.memory_model in mb.MEMORY_MODELS
     assert e.comm_model in COMM_MODELS and e.comm_model in cm.COMM_MODELS
+    assert e.overlap in OVERLAPS and e.overlap in ov.OVERLAP_RULES
+    # the framework overhead it is priced with is a strategy that `harness calibrate` measures (its own entry names
+    # itself), so a new entry cannot point at a figure no calibration holds
+    assert CATALOGUE[e.framework_cost].framework_cost == e.framework_cost
     assert set(e.precisions) <= set(PRECISIONS)
     assert set(e.offload_refusals) <= set(OFFLOADS) - {"none"} and "none" in e.offloads
     assert all(d in ("cpu", "cuda") and p in PRECISIONS for d, p in e.device_refusals)
@@ -91,6 +98,37 @@ def test_every_entry_is_well_formed(name):
 
 def test_the_model_key_tables_match_the_planner():
     assert set(MEMORY_MODELS) == set(mb.MEMORY_MODELS) and set(COMM_MODELS) == set(cm.COMM_MODELS)
+    assert set(OVERLAPS) == set(ov.OVERLAP_RULES)
+
+
+def test_the_framework_families_are_the_ones_calibrate_measures():
+    """Every entry's `framework_cost` is a strategy `harness calibrate` measures at one rank, and the example
+    calibration (what tests and benches price with) holds a figure for each, in every precision."""
+    from harness.worker.calibrate import FRAMEWORK_STRATEGIES
+
+    families = {e.framework_cost for e in CATALOGUE.values()}
+    assert families == set(FRAMEWORK_STRATEGIES)
+    figures = cal.example_calibration("local")["compute"]["framework"]
+    assert {f"{f}/{p}" for f in families for p in PRECISIONS} == set(figures)
+
+
+def test_todays_overlap_rules_and_framework_families():
+    """The step-time model's behaviour per strategy, as it was when it dispatched on names (docs/time-model.md)."""
+    assert {n: e.overlap for n, e in CATALOGUE.items()} == {
+        "ddp": "ddp_buckets",
+        **{n: "fsdp_prefetch" for n in TODAY if n.startswith("fsdp")},
+        "zero1": "none",
+        "zero2": "none",
+        "zero3": "zero3_prefetch",
+    }
+    assert {n: e.framework_cost for n, e in CATALOGUE.items()} == {
+        "ddp": "ddp",
+        **{n: "fsdp.full_shard" for n in TODAY if n.startswith("fsdp.")},
+        **{n: "fsdp2.full_shard" for n in TODAY if n.startswith("fsdp2.")},
+        "zero1": "zero1",
+        "zero2": "zero2",
+        "zero3": "zero3",
+    }
 
 
 def test_names_match_scenario_validation():
@@ -133,6 +171,8 @@ def test_refusals_read_the_entry(monkeypatch):
         family="fsdp2",
         memory_model="fsdp2",
         comm_model="fsdp2",
+        overlap="fsdp_prefetch",
+        framework_cost="fsdp2.full_shard",
         precisions=("bf16",),
         offload_refusals={"optimizer": "{strategy}: no optimizer offload"},
         compile=False,

@@ -13,17 +13,13 @@ from harness.plan import predict as planner
 from harness.plan.comm import (
     DDP_BUCKET_CAP_BYTES,
     DDP_FIRST_BUCKET_BYTES,
-    Zero3Config,
     ddp_buckets,
-    ds_ipg_buckets,
     fsdp1_flat_numel,
     fsdp2_padded_numel,
     no_comm_model_reason,
     predict_comm,
-    zero3_module_trace,
-    zero3_sub_groups,
-    zero3_trace,
 )
+from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_module_trace, zero3_sub_groups, zero3_trace
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
 
@@ -76,7 +72,7 @@ def test_output_contract():
 
 def test_planner_fills_predicted_comm():
     s = spec("fsdp.full_shard", "bf16")
-    assert planner.predict(s, load_cluster("local"))["comm_bytes_per_step"] == predict_comm(s)["comm_bytes_per_step"]
+    assert planner.predict(s, load_cluster("local")).comm_bytes_per_step == predict_comm(s)["comm_bytes_per_step"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import pytest
 
 from harness.core.zoo import ZOO
 from harness.plan import calibration as cal
+from harness.plan import compute as cp
+from harness.plan import layout_time as lt
 from harness.plan import predict as planner
 from harness.plan import time as tm
 from harness.plan.layouts import layout_collectives
@@ -57,7 +59,7 @@ def test_tp_collectives_are_bytes_over_busbw_plus_latency_and_exposed():
     # loss parallel: 3 fp32 values per token
     expected = (7 * cfg.n_layers + 2) * one + 3 * (LAT_INTRA_S + 1024 * 4 * factor / (BW_INTRA * 1e9))
     for overlap in (True, False):
-        pred = tm.predict_time(spec, cluster, rates, overlap=overlap)
+        pred = tm.predict_time(spec, cluster, rates, overlap=overlap).to_dict()
         t = pred["time_s"]
         assert t["comm_total"] == pytest.approx(expected, rel=1e-12)
         assert t["comm_exposed"] == t["comm_total"]  # TP's collectives are on the critical path: never hidden
@@ -68,13 +70,13 @@ def test_tp_collectives_are_bytes_over_busbw_plus_latency_and_exposed():
 def test_tp_splits_the_matmuls():
     cluster = profile()
     rates = cal.ProfileRates(cluster)
-    one = tm.micro_step_compute(layout_spec(gpus=8, tp=1), rates)
-    eight = tm.micro_step_compute(layout_spec(gpus=8, tp=8), rates)
+    one = cp.micro_step_compute(layout_spec(gpus=8, tp=1), rates)
+    eight = cp.micro_step_compute(layout_spec(gpus=8, tp=8), rates)
     # ProfileRates price a GEMM at 800 TFLOPS whatever its shape: the block's matmul time divides by tp exactly
     cfg = ZOO["1.3b"]
     tokens = 8 * 1024
-    block_mm = sum(6 * tokens * o * i for _, o, i in tm.block_linears(cfg)) / 800e12
-    block_mm8 = sum(6 * tokens * o * i for _, o, i in tm.tp_linears(cfg, 8)) / 800e12
+    block_mm = sum(6 * tokens * o * i for _, o, i in cp.block_linears(cfg)) / 800e12
+    block_mm8 = sum(6 * tokens * o * i for _, o, i in cp.tp_linears(cfg, 8)) / 800e12
     assert block_mm8 == pytest.approx(block_mm / 8, rel=1e-12)
     # the rest of the block (attention ÷ 8, elementwise partly) shrinks too, but less than 8x
     assert one.block_fwd / 8 < eight.block_fwd < one.block_fwd
@@ -87,7 +89,7 @@ def test_tp_with_data_parallel_across_nodes_uses_both_links():
     items, _ = layout_collectives(spec, ddp_buckets=lambda sizes: sizes)
     kinds = {(it.role, it.group, it.ranks) for it in items}
     assert ("tp", "intra", 8) in kinds and ("dp", "inter", 2) in kinds
-    lc = tm.layout_comm(spec, cluster, rates)
+    lc = lt.layout_comm(spec, cluster, rates)
     dp = sum(c.seconds * n for c, n in lc.dp)
     expected = sum(
         it.calls * (LAT_INTER_S + it.bytes_per_call * cal.bus_factor(it.collective, 2) / (BW_INTER * 1e9))
@@ -95,8 +97,8 @@ def test_tp_with_data_parallel_across_nodes_uses_both_links():
         if it.role == "dp"
     )
     assert dp == pytest.approx(expected, rel=1e-12)
-    off = tm.predict_time(spec, cluster, rates, overlap=False)["time_s"]
-    on = tm.predict_time(spec, cluster, rates)["time_s"]
+    off = tm.predict_time(spec, cluster, rates, overlap=False).to_dict()["time_s"]
+    on = tm.predict_time(spec, cluster, rates).to_dict()["time_s"]
     assert off["comm_exposed"] == pytest.approx(off["comm_total"], rel=1e-12)
     assert on["comm_total"] == pytest.approx(off["comm_total"], rel=1e-12)
     assert lc.tp <= on["comm_exposed"] < off["comm_exposed"]  # FSDP2's gathers hide behind compute, TP's do not
@@ -106,10 +108,10 @@ def test_tp_with_data_parallel_across_nodes_uses_both_links():
 
 
 def test_bubble_fraction_formula():
-    assert tm.bubble_fraction(8, 4) == pytest.approx(3 / 11)  # (pp - 1) / (m + pp - 1)
-    assert tm.bubble_fraction(4, 2) == pytest.approx(1 / 5)
-    assert tm.bubble_fraction(4, 4, virtual=2) == pytest.approx(3 / 11)  # (pp - 1) / (v m + pp - 1)
-    assert tm.pipeline_weights(8, 4, 1) == (8.0, 0.75)
+    assert lt.bubble_fraction(8, 4) == pytest.approx(3 / 11)  # (pp - 1) / (m + pp - 1)
+    assert lt.bubble_fraction(4, 2) == pytest.approx(1 / 5)
+    assert lt.bubble_fraction(4, 4, virtual=2) == pytest.approx(3 / 11)  # (pp - 1) / (v m + pp - 1)
+    assert lt.pipeline_weights(8, 4, 1) == (8.0, 0.75)
 
 
 @pytest.mark.parametrize("schedule,virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])
@@ -117,19 +119,19 @@ def test_pipeline_step_is_m_times_the_slowest_rank_plus_the_bubble(schedule, vir
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     spec = layout_spec(model="7b", gpus=32, pp=4, pp_schedule=schedule, microbatches=8)
-    parts: dict = dict.fromkeys(tm.PARTS)
-    info = tm.layout_parts(spec, cluster, rates, parts, overlap=True)
-    T, m, pp = info["rank_s"], info["microbatches"], 4
+    step = lt.layout_parts(spec, cluster, rates, overlap=True)
+    parts = step.parts
+    T, m, pp = step.rank_s, step.microbatches, 4
     assert m == 8 and len(T) == pp
     pipeline = m * max(T) + (pp - 1) / virtual * sum(T) / pp
     busy = parts["compute"] + parts["recompute"] + parts["other"]
     rest = parts["comm_exposed"] + parts["optimizer"] + busy - pipeline  # the data-parallel tail and the optimizer
     assert rest > 0
-    assert info["bubble_s"] == pytest.approx((pp - 1) / virtual * sum(T) / pp, rel=1e-12)
+    assert step.bubble_s == pytest.approx((pp - 1) / virtual * sum(T) / pp, rel=1e-12)
     # 7b's 32 blocks split evenly; the first and last stages carry the embedding and the head: near balance, the
     # idle share is the textbook (pp - 1) / (v m + pp - 1)
-    assert info["bubble_s"] / pipeline == pytest.approx(tm.bubble_fraction(m, pp, virtual), rel=0.05)
-    pred = tm.predict_time(spec, cluster, rates)
+    assert step.bubble_s / pipeline == pytest.approx(lt.bubble_fraction(m, pp, virtual), rel=0.05)
+    pred = tm.predict_time(spec, cluster, rates).to_dict()
     assert pred["step_time_s"] == pytest.approx(sum(parts[k] for k in tm.PARTS if k != "comm_total"), rel=1e-12)
 
 
@@ -137,13 +139,13 @@ def test_more_microbatches_shrink_the_bubble():
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     steps = [
-        tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, microbatches=m), cluster, rates)["step_time_s"]
+        tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, microbatches=m), cluster, rates).to_dict()["step_time_s"]
         for m in (4, 8)
     ]
     # same tokens per step; per microbatch half the work: (4 + 3) T vs (8 + 3) T / 2 (plus fixed per-step parts)
     assert steps[1] < steps[0]
-    gpipe = tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, pp_schedule="gpipe"), cluster, rates)
-    one_f = tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, pp_schedule="1f1b"), cluster, rates)
+    gpipe = tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, pp_schedule="gpipe"), cluster, rates).to_dict()
+    one_f = tm.predict_time(layout_spec(model="7b", gpus=32, pp=4, pp_schedule="1f1b"), cluster, rates).to_dict()
     assert gpipe["step_time_s"] == one_f["step_time_s"]  # same bubble; they differ in memory, not time
 
 
@@ -152,7 +154,7 @@ def test_pipeline_receives_are_priced_as_two_rank_transfers():
     rates = cal.ProfileRates(cluster)
     assert rates.p2p_s(link="inter", nbytes=40e9, dtype="bfloat16") == pytest.approx(LAT_INTER_S + 1.0)
     spec = layout_spec(model="7b", gpus=32, pp=4)  # a stage per node: the pipeline's links are inter-node
-    lc = tm.layout_comm(spec, cluster, rates, pp_rank=1)
+    lc = lt.layout_comm(spec, cluster, rates, pp_rank=1)
     x = (8 // 4) * 1024 * 4096 * 2  # a microbatch's (tokens, d_model) bf16 activation
     # a middle stage receives its input and its output's gradient per microbatch: 2 x 4 microbatches
     assert lc.recv == pytest.approx(8 * (LAT_INTER_S + x / (BW_INTER * 1e9)), rel=1e-12)
@@ -165,11 +167,11 @@ def test_layout_cells_that_are_not_modelled_say_why(tmp_path, monkeypatch):
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     ckpt = layout_spec(gpus=8, tp=8, activation_checkpointing="full")
-    pred = tm.predict_time(ckpt, cluster, rates)
+    pred = tm.predict_time(ckpt, cluster, rates).to_dict()
     assert pred["step_time_s"] is None
     assert "activation checkpointing under tensor parallelism" in pred["time_null_reasons"]["step_time_s"]
     no_memory = profile(memory_gbps=None)
-    pred = tm.predict_time(layout_spec(gpus=8, tp=8), no_memory, cal.ProfileRates(no_memory))
+    pred = tm.predict_time(layout_spec(gpus=8, tp=8), no_memory, cal.ProfileRates(no_memory)).to_dict()
     assert pred["step_time_s"] is None and "memory_gbps" in pred["time_null_reasons"]["step_time_s"]
     # a CPU host: DTensor's and the schedule's host work is not calibrated
     monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
@@ -177,8 +179,8 @@ def test_layout_cells_that_are_not_modelled_say_why(tmp_path, monkeypatch):
     cpu = cal.CalibratedRates(cal.Found(Path("x.json"), cal.example_calibration("local"), None))
     for kw in (dict(tp=2), dict(pp=2)):
         spec = make_spec(strategy="fsdp2.full_shard", gpus=2, gpus_per_node=2, **kw)
-        pred = tm.predict_time(spec, local, cpu)
-        assert pred["step_time_s"] is None and pred["time_null_reasons"]["step_time_s"] == tm.LAYOUT_ON_CPU
+        pred = tm.predict_time(spec, local, cpu).to_dict()
+        assert pred["step_time_s"] is None and pred["time_null_reasons"]["step_time_s"] == lt.LAYOUT_ON_CPU
 
 
 # ---- the default layout is unchanged
@@ -207,10 +209,10 @@ def test_tp1_pp1_predictions_are_unchanged():
             strategy=strategy, precision="bf16", gpus=16, model=model, gpus_per_node=8, micro_batch=2,
             seq_len=1024, grad_accum=2, activation_checkpointing=ckpt,
         )  # fmt: skip
-        pred = tm.predict_time(spec, cluster, rates)
+        pred = tm.predict_time(spec, cluster, rates).to_dict()
         assert pred["step_time_s"] == step
         assert pred["time_s"]["comm_exposed"] == exposed
-        assert tm.predict_time(spec, cluster, rates, overlap=False)["step_time_s"] == no_overlap
+        assert tm.predict_time(spec, cluster, rates, overlap=False).to_dict()["step_time_s"] == no_overlap
 
 
 # ---- caches
@@ -242,9 +244,11 @@ def test_cached_predictions_equal_cold_ones(tmp_path, monkeypatch):
     assert len(specs) > 25
     rates = cal.ProfileRates(cluster)
     planner.clear_caches()
-    warm = [planner.predict(s, cluster, rates=rates) for s in specs + specs]  # the second pass hits every cache
+    warm = [
+        planner.predict(s, cluster, rates=rates).to_dict() for s in specs + specs
+    ]  # the second pass hits every cache
     for i, spec in enumerate(specs):
         planner.clear_caches()
-        cold = planner.predict(spec, cluster, rates=rates)
+        cold = planner.predict(spec, cluster, rates=rates).to_dict()
         assert cold == warm[i] == warm[len(specs) + i], spec.run_id
     assert sum(1 for p in warm if p["step_time_s"] is not None) >= 20

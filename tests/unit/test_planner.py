@@ -116,7 +116,7 @@ def test_plan_bad_input_exits_2(capsys, tmp_path):
 def test_predict_api_for_the_dispatcher():
     cluster = load_cluster("a100")
     spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero1" and s.gpus == 1)
-    got = planner.predict(spec, cluster)
+    got = planner.predict(spec, cluster).to_dict()
     assert {
         "memory_gib",
         "cpu_memory_gib",
@@ -141,11 +141,11 @@ def test_predict_api_for_the_dispatcher():
 def test_fits_uses_the_reserve():
     base = load_cluster("a100")
     spec = next(s for s in load_scenario(PLAN_7B).expand(gpus_per_node=8) if s.strategy == "zero3" and s.gpus == 8)
-    total = planner.predict(spec, base)["memory_gib"]["total"]
+    total = planner.predict(spec, base).to_dict()["memory_gib"]["total"]
     just_enough = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB + 0.01})
     too_small = type(base)(**{**base.__dict__, "device_memory_gib": total + mb.DEVICE_RESERVE_GIB / 2})
-    assert planner.predict(spec, just_enough)["fits"] is True
-    assert planner.predict(spec, too_small)["fits"] is False
+    assert planner.predict(spec, just_enough).to_dict()["fits"] is True
+    assert planner.predict(spec, too_small).to_dict()["fits"] is False
 
 
 def test_comm_bytes_are_the_comm_models():
@@ -154,12 +154,12 @@ def test_comm_bytes_are_the_comm_models():
     cluster = load_cluster("a100")
     specs = load_scenario(PLAN_7B).expand(gpus_per_node=8)
     for spec in specs[:6]:
-        got = planner.predict(spec, cluster)["comm_bytes_per_step"]
+        got = planner.predict(spec, cluster).to_dict()["comm_bytes_per_step"]
         assert got == predict_comm(spec)["bytes_per_step"] and got > 0
     zero3 = next(s for s in specs if s.strategy == "zero3")
     offload = dataclasses.replace(zero3, settings=dataclasses.replace(zero3.settings, offload="optimizer"))
     assert no_comm_model_reason(offload) is not None  # DeepSpeed's offload paths: no collective model
-    assert planner.predict(offload, cluster)["comm_bytes_per_step"] is None
+    assert planner.predict(offload, cluster).to_dict()["comm_bytes_per_step"] is None
 
 
 def test_plan_does_not_import_torch():

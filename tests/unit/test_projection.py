@@ -12,6 +12,7 @@ from harness.cli import main
 from harness.core.errors import InputError
 from harness.plan import calibration as cal
 from harness.plan import comm as cm
+from harness.plan import overlap as ov
 from harness.plan import projection as pj
 from harness.plan import time as tm
 from harness.scenario.cluster import load_cluster
@@ -55,14 +56,14 @@ def test_ddp_all_reduce_follows_the_ring_factor_on_each_link():
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     base = spec("ddp")
-    buckets = cm.ddp_buckets([n * 4 for n in reversed(cm._numels(base.model_config))])
+    buckets = cm.ddp_buckets([n * 4 for n in reversed(cm.param_numels(base.model_config))])
     for gpus, lat, bw in ((8, LAT_INTRA, BW_INTRA), (64, LAT_INTER, BW_INTER), (4096, LAT_INTER, BW_INTER)):
         cell = pj.at_gpus(base, gpus, cluster)
         expected = sum(lat + b * 2 * (gpus - 1) / gpus / (bw * 1e9) for b in buckets)
-        pred = tm.predict_time(cell, cluster, rates)
+        pred = tm.predict_time(cell, cluster, rates).to_dict()
         assert pred["time_s"]["comm_total"] == pytest.approx(expected, rel=1e-12), gpus
         (row,) = pj.project([base], cluster, [gpus], rates=rates)
-        assert row["points"][0]["step_time_s"] == pred["step_time_s"]
+        assert row.points[0].step_time_s == pred["step_time_s"]
     # 1.3b's 5.4 GB of fp32 gradients: at 64 GPUs on 40 GB/s, 2 x 63/64 x 5.4 GB / 40 GB/s ~ 0.27 s of all_reduce
     total = sum(buckets)
     assert 2 * 63 / 64 * total / 40e9 == pytest.approx(0.266, rel=0.01)
@@ -72,11 +73,11 @@ def test_hybrid_cells_use_inter_node_rates_beyond_one_node():
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     (row,) = pj.project([spec("fsdp2.hybrid_shard", gpus=16)], cluster, [8, 16, 32], rates=rates)
-    one, two, four = row["points"]
-    assert one["step_time_s"] is None and "single node" in one["reason"]
-    assert two["step_time_s"] and four["step_time_s"]
+    one, two, four = row.points
+    assert one.step_time_s is None and "single node" in (one.reason or "")
+    assert two.step_time_s and four.step_time_s
     cell = pj.at_gpus(spec("fsdp2.hybrid_shard", gpus=16), 32, cluster)
-    calls = tm.collective_calls(cell, cluster, rates)
+    calls = ov.collective_calls(cell, cluster, rates)
     shard = [(c, n) for c, n in calls if c.ranks == 8]
     replicate = [(c, n) for c, n in calls if c.ranks == 4]
     assert shard and replicate
@@ -92,9 +93,9 @@ def test_without_inter_node_figures_the_points_beyond_a_node_say_so():
     cluster = profile(inter=False)
     rates = cal.ProfileRates(cluster)
     (row,) = pj.project([spec("fsdp2.full_shard")], cluster, [4, 8, 16], rates=rates)
-    four, eight, sixteen = row["points"]
-    assert four["step_time_s"] and eight["step_time_s"]
-    assert sixteen["step_time_s"] is None and "inter_node.busbw_gbps" in sixteen["reason"]
+    four, eight, sixteen = row.points
+    assert four.step_time_s and eight.step_time_s
+    assert sixteen.step_time_s is None and "inter_node.busbw_gbps" in (sixteen.reason or "")
     text = pj.format_projection([row], cluster, [4, 8, 16], rates)
     assert "-[1]" in text and "[1] uncalibrated: the h100 profile has no inter_node.busbw_gbps" in text
 
@@ -103,9 +104,9 @@ def test_layouts_that_do_not_divide_are_null_with_the_reason():
     cluster = profile()
     rates = cal.ProfileRates(cluster)
     (row,) = pj.project([spec("fsdp2.full_shard", tp=8)], cluster, [4, 8, 16], rates=rates)
-    assert row["layout"] == "fsdp2.full_shard × tp8"
-    assert "does not divide gpus 4" in row["points"][0]["reason"]
-    assert row["points"][1]["step_time_s"] and row["points"][2]["step_time_s"]
+    assert row.layout == "fsdp2.full_shard × tp8"
+    assert "does not divide gpus 4" in (row.points[0].reason or "")
+    assert row.points[1].step_time_s and row.points[2].step_time_s
 
 
 def test_plan_project_json_through_the_cli(tmp_path, monkeypatch, capsys):

@@ -169,6 +169,32 @@ def test_run_id_is_stable_across_processes():
     assert len(out) == 1 and out == {parse_scenario(BASE, "x").expand(gpus_per_node=2)[0].run_id}
 
 
+def test_a_spec_is_frozen_and_hashable_and_still_reads_and_hashes_as_before():
+    """The planner's caches key on the RunSpec itself (functools.cache): an `inject` mapping is frozen too, while the
+    spec's JSON form and run_id stay what the harness wrote before (pinned: computed with the code before the
+    change), and a pickled spec (submitit's payloads) comes back equal."""
+    import copy
+    import json
+    import pickle
+
+    inject = {"fault": "slow", "factor": 1.5, "rank": 1, "step": 3}
+    (spec,) = parse_scenario({**BASE, "settings": {"inject": inject}}, "s.yaml").expand(gpus_per_node=2)
+    assert spec.run_id == "tiny-ddp-fp32-g2-4883092142"
+    assert json.dumps(spec.to_dict()["inject"]) == '{"fault": "slow", "factor": 1.5, "rank": 1, "step": 3}'
+    assert spec.settings.inject == inject and isinstance(spec.settings.inject, dict)
+    with pytest.raises(TypeError, match="frozen"):
+        spec.settings.inject["rank"] = 0
+    twin = RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert twin == spec and hash(twin) == hash(spec) and {spec: 1}[twin] == 1
+    for back in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
+        assert back == spec and hash(back) == hash(spec) and back.settings.inject == inject
+    # the same mapping in another key order is the same cell
+    reordered = RunSpec.from_dict({**spec.to_dict(), "inject": dict(reversed(list(inject.items())))})
+    assert reordered == spec and hash(reordered) == hash(spec) and reordered.run_id == spec.run_id
+    other = RunSpec.from_dict({**spec.to_dict(), "inject": {**inject, "rank": 0}})
+    assert other != spec and other.run_id != spec.run_id
+
+
 def test_expansion_does_not_import_torch():
     code = (
         "import sys; from harness.scenario.schema import load_scenario; "

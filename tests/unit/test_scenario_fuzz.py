@@ -138,13 +138,13 @@ def test_plan_either_plans_placeable_cells_or_raises_input_error(doc, cluster_na
     # a fixed machine (2 cores, 4 GiB available: 8 ranks by cores, 13 by memory), so the limit is known here
     cap = capacity(cluster, gpus=lambda: None, cores=lambda: 2, mem_gib=lambda: 4.0)
     cells = plan_cells(specs, cluster, cap=cap)
-    json.dumps(cells, allow_nan=False)
+    json.dumps([c.to_dict() for c in cells], allow_nan=False)
     format_table(cells, cluster)
     limit = {"local": 8, "local-capped": 3, "local-gpu-capped": 4, "slurm-2-nodes": 16, "slurm-unbounded": None}
     assert cap.ranks == limit[cluster_name]
     for spec, cell in zip(specs, cells, strict=True):
         beyond = cap.ranks is not None and spec.gpus > cap.ranks
         uneven = cluster.executor == "slurm" and spec.gpus % spec.gpus_per_node != 0
-        assert bool(cell["cannot_place"]) == (beyond or uneven), (spec.gpus, cell["cannot_place"])
-        if cell["unsupported"] is None and cell["cannot_place"] is None:  # what the sweep would launch
+        assert bool(cell.cannot_place) == (beyond or uneven), (spec.gpus, cell.cannot_place)
+        if cell.unsupported is None and cell.cannot_place is None:  # what the sweep would launch
             assert not beyond and not uneven

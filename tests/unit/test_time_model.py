@@ -12,6 +12,8 @@ import pytest
 from harness.cli import main
 from harness.core.zoo import ModelConfig
 from harness.plan import calibration as cal
+from harness.plan import compute as cp
+from harness.plan import overlap as ov
 from harness.plan import time as tm
 from harness.plan.comm import predict_comm
 from harness.scenario.cluster import load_cluster
@@ -79,8 +81,8 @@ def test_overlap_switched_off_is_the_sum_of_the_parts(cal_dir):
     rates = cal.rates_for(cluster)
     for strategy in ("ddp", "fsdp.full_shard", "fsdp.shard_grad_op", "fsdp2.full_shard", "zero2", "zero3"):
         spec = make_spec(strategy=strategy, model="125m", gpus=4, precision="bf16", gpus_per_node=8, seq_len=512)
-        off = tm.predict_time(spec, cluster, rates, overlap=False)
-        on = tm.predict_time(spec, cluster, rates, overlap=True)
+        off = tm.predict_time(spec, cluster, rates, overlap=False).to_dict()
+        on = tm.predict_time(spec, cluster, rates, overlap=True).to_dict()
         t = off["time_s"]
         assert t["comm_exposed"] == t["comm_total"] > 0
         parts = t["compute"] + t["recompute"] + t["optimizer"] + t["comm_total"] + t["other"]
@@ -98,14 +100,14 @@ def test_overlap_switched_off_is_the_sum_of_the_parts(cal_dir):
 
 def test_simulate_hides_what_fits_behind_compute():
     # two 1 s segments; a 0.5 s collective issued at the start and needed at the end: hidden
-    assert tm.simulate([1.0, 1.0], [(0.5, 0, 2)]) == pytest.approx(2.0)
+    assert ov.simulate([1.0, 1.0], [(0.5, 0, 2)]) == pytest.approx(2.0)
     # needed before the first segment: exposed in full
-    assert tm.simulate([1.0, 1.0], [(0.5, 0, 0)]) == pytest.approx(2.5)
+    assert ov.simulate([1.0, 1.0], [(0.5, 0, 0)]) == pytest.approx(2.5)
     # issued after the last segment: the reduce tail
-    assert tm.simulate([1.0, 1.0], [(0.5, 2, 2)]) == pytest.approx(2.5)
+    assert ov.simulate([1.0, 1.0], [(0.5, 2, 2)]) == pytest.approx(2.5)
     # one stream: two collectives queue (0.8 + 0.8 from t=0, the second one ends at 1.6, within the 2 s)
-    assert tm.simulate([1.0, 1.0], [(0.8, 0, 2), (0.8, 0, 2)]) == pytest.approx(2.0)
-    assert tm.simulate([1.0, 1.0], [(1.5, 0, 2), (1.5, 0, 2)]) == pytest.approx(3.0)
+    assert ov.simulate([1.0, 1.0], [(0.8, 0, 2), (0.8, 0, 2)]) == pytest.approx(2.0)
+    assert ov.simulate([1.0, 1.0], [(1.5, 0, 2), (1.5, 0, 2)]) == pytest.approx(3.0)
 
 
 def test_no_collectives_at_one_rank_means_no_comm_time(cal_dir):
@@ -114,11 +116,11 @@ def test_no_collectives_at_one_rank_means_no_comm_time(cal_dir):
     rates = cal.rates_for(cluster)
     spec = make_spec(strategy="fsdp2.full_shard", gpus=1)
     assert predict_comm(spec)["calls_per_step"] == 0  # FSDP2 issues nothing on one rank
-    pred = tm.predict_time(spec, cluster, rates)
+    pred = tm.predict_time(spec, cluster, rates).to_dict()
     assert pred["time_s"]["comm_total"] == 0.0 and pred["time_s"]["comm_exposed"] == 0.0
     assert pred["step_time_s"] > 0
     # DDP at one rank still reduces on its one-rank group: timed on the "self" link, not zero
-    ddp = tm.predict_time(make_spec(strategy="ddp", gpus=1), cluster, rates)
+    ddp = tm.predict_time(make_spec(strategy="ddp", gpus=1), cluster, rates).to_dict()
     assert ddp["time_s"]["comm_total"] > 0
 
 
@@ -128,7 +130,9 @@ def test_the_parts_follow_the_settings(cal_dir):
     rates = cal.rates_for(cluster)
 
     def pred(**kw):
-        return tm.predict_time(make_spec(strategy="ddp", gpus=2, model="125m", seq_len=128, **kw), cluster, rates)
+        return tm.predict_time(
+            make_spec(strategy="ddp", gpus=2, model="125m", seq_len=128, **kw), cluster, rates
+        ).to_dict()
 
     base, full, sel = pred(), pred(activation_checkpointing="full"), pred(activation_checkpointing="selective")
     assert base["time_s"]["recompute"] == 0 < sel["time_s"]["recompute"] < full["time_s"]["recompute"]
@@ -141,7 +145,7 @@ def test_the_parts_follow_the_settings(cal_dir):
     )
     # four ranks on two cores (the example calibration records this host's cores) share them
     cores = cal.usable_cores()
-    four = tm.predict_time(make_spec(strategy="ddp", gpus=4, model="125m", seq_len=128), cluster, rates)
+    four = tm.predict_time(make_spec(strategy="ddp", gpus=4, model="125m", seq_len=128), cluster, rates).to_dict()
     assert four["time_s"]["compute"] == pytest.approx(base["time_s"]["compute"] * max(1, 4 / cores) / max(1, 2 / cores))
 
 
@@ -149,11 +153,11 @@ def test_unmodelled_cells_are_null_with_the_reason(cal_dir):
     write_cal(cal_dir)
     cluster = load_cluster("local")
     rates = cal.rates_for(cluster)
-    compiled = tm.predict_time(make_spec(strategy="ddp", compile=True), cluster, rates)
+    compiled = tm.predict_time(make_spec(strategy="ddp", compile=True), cluster, rates).to_dict()
     assert compiled["step_time_s"] is None and "compile" in compiled["time_null_reasons"]["step_time_s"]
-    offload = tm.predict_time(make_spec(strategy="zero2", offload="optimizer"), cluster, rates)
+    offload = tm.predict_time(make_spec(strategy="zero2", offload="optimizer"), cluster, rates).to_dict()
     assert offload["step_time_s"] is None and "offload" in offload["time_null_reasons"]["step_time_s"]
-    cpu_mfu = tm.predict_time(make_spec(strategy="ddp"), cluster, rates)
+    cpu_mfu = tm.predict_time(make_spec(strategy="ddp"), cluster, rates).to_dict()
     assert cpu_mfu["mfu"] is None and "CPU" in cpu_mfu["time_null_reasons"]["mfu"]
 
 
@@ -162,7 +166,7 @@ def test_mfu_on_a_known_gpu(cal_dir):
     write_cal(cal_dir, cluster="a100", device="cuda", fingerprint={"device_name": "NVIDIA A100-SXM4-80GB"})
     rates = cal.rates_for(cluster)
     spec = make_spec(strategy="fsdp.full_shard", model="1.3b", gpus=8, precision="bf16", gpus_per_node=8)
-    p = tm.predict_time(spec, cluster, rates)
+    p = tm.predict_time(spec, cluster, rates).to_dict()
     from harness.plan.memory import flops_per_step
 
     assert p["mfu"] == pytest.approx(flops_per_step(spec) / 8 / p["step_time_s"] / 312e12)
@@ -203,7 +207,7 @@ def test_another_machines_calibration_is_refused(cal_dir, capsys):
     # the sweep's path (predict without rates) does not stop: null with the reason
     from harness.plan.predict import predict
 
-    pred = predict(make_spec(strategy="ddp"), cluster)
+    pred = predict(make_spec(strategy="ddp"), cluster).to_dict()
     assert pred["step_time_s"] is None and "does not apply here" in pred["time_null_reasons"]["step_time_s"]
 
 
@@ -303,25 +307,25 @@ def test_the_traced_inventory_matches_the_torch_model():
             loss.backward()
         runs[layers] = (f, bw)
     (f1, b1), (f2, b2) = runs[1], runs[2]
-    assert (f2.ops - f1.ops, b2.ops - b1.ops) == tm.OPS["fp32"]["block"]
-    assert (2 * f1.ops - f2.ops, 2 * b1.ops - b2.ops) == tm.OPS["fp32"]["root"]
+    assert (f2.ops - f1.ops, b2.ops - b1.ops) == cp.OPS["fp32"]["block"]
+    assert (2 * f1.ops - f2.ops, 2 * b1.ops - b2.ops) == cp.OPS["fp32"]["root"]
     T, hd = b * s, d // nh
     cfg = ModelConfig(d_model=d, n_layers=1, n_heads=nh, ffn=ffn, vocab=vocab)
-    p_block = sum(o * i for _, o, i in tm.block_linears(cfg))
+    p_block = sum(o * i for _, o, i in cp.block_linears(cfg))
     xs = (T * d, T * ffn, T * nh, s * hd, d, p_block)
-    bf, bb = tm.BLOCK_BYTES["fp32"]
-    assert f2.bytes - f1.bytes == pytest.approx(tm._dot(bf, xs), rel=0.01)
-    assert b2.bytes - b1.bytes == pytest.approx(tm._dot(bb, xs), rel=0.01)
+    bf, bb = cp.BLOCK_BYTES["fp32"]
+    assert f2.bytes - f1.bytes == pytest.approx(cp.dot(bf, xs), rel=0.01)
+    assert b2.bytes - b1.bytes == pytest.approx(cp.dot(bb, xs), rel=0.01)
     rx = (T * d, T * vocab, vocab * d, d, T)
-    rf, rb = tm.ROOT_BYTES["fp32"]
+    rf, rb = cp.ROOT_BYTES["fp32"]
     # forward: the trace counts the whole embedding table as the gather's input; the model prices the rows read
-    assert 2 * f1.bytes - f2.bytes - 4 * vocab * d == pytest.approx(tm._dot(rf, rx), rel=0.01)
-    assert 2 * b1.bytes - b2.bytes == pytest.approx(tm._dot(rb, rx), rel=0.01)
+    assert 2 * f1.bytes - f2.bytes - 4 * vocab * d == pytest.approx(cp.dot(rf, rx), rel=0.01)
+    assert 2 * b1.bytes - b2.bytes == pytest.approx(cp.dot(rb, rx), rel=0.01)
     # the matmuls of one block, as (m, n, k, layout), equal the GEMMs the model prices
     block_mm = (f2.mm + b2.mm) - (f1.mm + b1.mm)
     priced: collections.Counter = collections.Counter()
-    for _, out_f, in_f in tm.block_linears(cfg):
-        fwd, bwd = tm.linear_gemms(T, out_f, in_f)
+    for _, out_f, in_f in cp.block_linears(cfg):
+        fwd, bwd = cp.linear_gemms(T, out_f, in_f)
         for g in fwd + bwd:
             priced[(g.m, g.n, g.k, g.layout)] += 1
     assert block_mm == priced
@@ -360,9 +364,9 @@ def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
     assert rates.share("compute", ranks=1) == 1.0 and rates.share("compute", ranks=2) == pytest.approx(1.2)
     assert rates.share("memory", ranks=3) == pytest.approx(3.0)  # linear between measured counts
     assert rates.share("optimizer", ranks=8) == pytest.approx(7.2)  # beyond: proportional to the ranks
-    one = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=1), cluster, rates)
-    four = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=4), cluster, rates)
-    comp = tm.micro_step_compute(make_spec(strategy="fsdp2.full_shard", gpus=4), rates)
+    one = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=1), cluster, rates).to_dict()
+    four = tm.predict_time(make_spec(strategy="fsdp2.full_shard", gpus=4), cluster, rates).to_dict()
+    comp = cp.micro_step_compute(make_spec(strategy="fsdp2.full_shard", gpus=4), rates)
     assert four["time_s"]["compute"] == pytest.approx(2.4 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
     assert one["time_s"]["compute"] == pytest.approx(comp.total)
 
@@ -409,8 +413,8 @@ def test_each_collective_call_waits_the_measured_sync_wait_on_a_crowded_host(cal
             assert rates.sync_wait_s(ranks_on_host=8) == pytest.approx(0.010)  # beyond: proportional to the ranks
         for gpus in (1, 4):
             spec = make_spec(strategy="fsdp.full_shard", gpus=gpus)
-            calls = sum(n for c, n in tm.collective_calls(spec, cluster, rates) if c.ranks > 1)
-            comm[(name, gpus)] = (tm.predict_time(spec, cluster, rates)["time_s"]["comm_total"], calls)
+            calls = sum(n for c, n in ov.collective_calls(spec, cluster, rates) if c.ranks > 1)
+            comm[(name, gpus)] = (tm.predict_time(spec, cluster, rates).to_dict()["time_s"]["comm_total"], calls)
         tm.clear_caches()
     (with4, calls4), (without4, _) = comm[("with", 4)], comm[("without", 4)]
     assert calls4 > 0 and with4 - without4 == pytest.approx(calls4 * 0.005)
@@ -434,18 +438,18 @@ def test_bf16_compute_is_stretched_by_its_own_measured_sharing(cal_dir):
     assert rates.share("compute_bfloat16", ranks=2) == 1.0 and rates.share("compute_bfloat16", ranks=4) == 1.5
     assert rates.share("compute", ranks=2) == pytest.approx(1.3)
     assert rates.share("compute_float16", ranks=2) == pytest.approx(1.3)  # not measured: the fp32 figure
-    assert tm.compute_kind(make_spec(strategy="ddp", precision="bf16")) == "compute_bfloat16"
-    assert tm.compute_kind(make_spec(strategy="ddp", precision="fp32")) == "compute"
+    assert cp.compute_kind("bf16") == "compute_bfloat16"
+    assert cp.compute_kind("fp32") == "compute"
     spec = make_spec(strategy="fsdp2.full_shard", gpus=4, precision="bf16")
-    comp = tm.micro_step_compute(spec, rates)
-    four = tm.predict_time(spec, cluster, rates)
+    comp = cp.micro_step_compute(spec, rates)
+    four = tm.predict_time(spec, cluster, rates).to_dict()
     assert four["time_s"]["compute"] == pytest.approx(1.5 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
     for e in data["sharing"]:
         del e["gemm_bfloat16_s"]
     (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
     old = cal.rates_for(cluster)
     assert old.share("compute_bfloat16", ranks=4) == pytest.approx(2.0)
-    four = tm.predict_time(spec, cluster, old)
+    four = tm.predict_time(spec, cluster, old).to_dict()
     assert four["time_s"]["compute"] == pytest.approx(2.0 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
 
 
