@@ -29,7 +29,7 @@ def make_spec(
 def as_doc(rec: Record) -> dict[str, Any]:
     """A record as the JSON document its file holds (read through harness.results.store), with `_path`: what tests
     of what was written assert on."""
-    return {**rec.to_json_dict(), "_path": rec.path}
+    return {**rec.to_dict(), "_path": rec.path}
 
 
 def load_docs(*dirs: str | Path) -> tuple[list[dict[str, Any]], list[str]]:

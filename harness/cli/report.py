@@ -10,8 +10,8 @@ import click
 
 from harness.compare.metrics import DEVIATION
 from harness.history.keys import HISTORY_METRICS
+from harness.plan.projection import read_projection
 from harness.report import build_report, output_problem
-from harness.report.projection import read_projection
 from harness.results.store import check_writable_dir
 
 TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
@@ -80,7 +80,8 @@ def report_command(
     target = out if out is not None else Path("reports")
     if output_problem(target) is None:
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
-    projection = read_projection(projection_file) if projection_file is not None else None  # bad input: first
+    # bad input: first
+    projection = read_projection(projection_file).to_dict() if projection_file is not None else None
     trends = None
     if history_db is not None:
         from harness.cli.history import database_errors

@@ -200,7 +200,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
             spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(), predicted=predicted
         )
         rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
-    click.echo(json.dumps(rec.to_json_dict(), indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
+    click.echo(json.dumps(rec.to_dict(), indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
     return 0 if rec.status in ("ok", "skipped") else 1
 
 

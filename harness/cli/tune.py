@@ -106,7 +106,7 @@ def tune_command(
             pack=pack,
         )
     if fmt == "json":
-        doc = {**res.log.to_json_dict(), "tuned_file": str(res.tuned_file) if res.tuned_file else None}
+        doc = {**res.log.to_dict(), "tuned_file": str(res.tuned_file) if res.tuned_file else None}
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(format_tune(res.log))

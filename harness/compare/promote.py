@@ -125,7 +125,7 @@ def promote_baseline(
                 rec = item if isinstance(item, Record) else record_or_none(run.path)
             elif isinstance(item, Record):
                 rec = item
-                atomic_write_json(staging / rel, item.to_json_dict())
+                atomic_write_json(staging / rel, item.to_dict())
             else:
                 continue
             if rec is not None and rec.env.harness_git_sha:

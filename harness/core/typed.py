@@ -10,7 +10,7 @@ projections) is a pydantic model in the layer that owns the format; this module 
   cases); every other field of a contract model is written every time (possibly null);
 - `problems_of`: a ValidationError as `Problem` lines (file, dotted key path, the value, what was expected).
 
-Writers dump with `to_json_dict` (Python's own float formatting, keys in declaration order, only the fields that
+Writers dump with `to_dict` (Python's own float formatting, keys in declaration order, only the fields that
 were set), so files stay byte-for-byte what the harness wrote before the models existed.
 """
 
@@ -38,7 +38,7 @@ class Typed(BaseModel):
         except KeyError:
             return (self.__pydantic_extra__ or {}).get(key)
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict of the fields that were set (as read, or as given), in declaration order."""
         return self.model_dump(mode="python", exclude_unset=True, by_alias=True)
 

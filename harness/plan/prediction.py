@@ -8,8 +8,8 @@ rank, seconds per optimizer step on one rank. Every field is optional, so that a
 harness reads back (a field it did not write stays unset, and is not written again: dump with `to_dict`); unknown
 fields (a newer harness's) are kept as they are.
 
-Pydantic models, frozen and strict (`model_config`): an int stays an int (`device_memory_gib: 80` of a profile),
-nothing is coerced; read with `Prediction.model_validate(data)` or `model_validate_json(bytes)`, write with Python's
+Models on harness.core.typed.Typed: frozen and strict (an int stays an int, `device_memory_gib: 80` of a profile;
+nothing is coerced); read with `Prediction.model_validate(data)` or `model_validate_json(bytes)`, write with Python's
 json module from `to_dict()` (pydantic's own JSON formats floats differently, and the outputs must not change).
 """
 
@@ -18,22 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from harness.core.typed import Typed
 from harness.scenario.schema import RunSpec
 
 Number = int | float
 """a JSON number as it was written or computed: an int stays an int, a float a float"""
 
 
-class _Frozen(BaseModel):
-    """Frozen, strict, and keeping fields it does not know (a newer harness's)."""
+class _Frozen(Typed):
+    """harness.core.typed.Typed (frozen, strict, keeping fields it does not know), where a computed value may be
+    non-finite: the record's writer turns it into null (harness.results.store.sanitize)."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: the fields that were set, in declaration order, then unknown ones as read."""
-        return self.model_dump(mode="python", exclude_unset=True)
+    model_config = ConfigDict(**{**Typed.model_config, "allow_inf_nan": True})
 
 
 class PredictedMemory(_Frozen):

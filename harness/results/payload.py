@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from harness.core.typed import SOMETIMES, Typed
-from harness.results.record import Predicted, Spec
+from harness.plan.prediction import Prediction
+from harness.results.record import Spec
 
 
 class PayloadCluster(Typed):
@@ -58,7 +59,7 @@ class Payload(Typed):
     """the cluster profile's part a rank needs"""
     git_sha: str | None
     """the harness commit; null outside a checkout"""
-    predicted: Predicted | None
+    predicted: Prediction | None
     """the planner's prediction; null: none"""
     master_port: int | None
     """rendezvous port (local cells); null: derived from the job id (SLURM)"""

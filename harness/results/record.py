@@ -22,6 +22,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from harness.core.typed import SOMETIMES, Typed, sometimes
+from harness.plan.prediction import Prediction
 from harness.scenario.schema import LEGACY_GPUS_KEY
 
 SCHEMA_VERSION: Final = 1
@@ -105,7 +106,7 @@ class Spec(Typed):
     sequence_parallel: Annotated[bool | None, SOMETIMES] = None
     """tp > 1: the norms run on sequence shards (absent in older records: false)"""
 
-    model_config = ConfigDict(**Typed.model_config, populate_by_name=True, protected_namespaces=())
+    model_config = ConfigDict(**{**Typed.model_config, "populate_by_name": True, "protected_namespaces": ()})
 
     @model_validator(mode="before")
     @classmethod
@@ -118,7 +119,7 @@ class Spec(Typed):
 
     def as_dict(self) -> dict[str, Any]:
         """The spec as the file has it (the legacy `world_size` as `gpus`): what cell matching canonicalises."""
-        return self.to_json_dict()
+        return self.to_dict()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,86 +349,8 @@ class Comm(Typed):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# predicted: the planner's prediction (harness.plan.predict.predict) and how the measurement compares
-
-
-class PredictedMemory(Typed):
-    """Predicted memory per rank at its peak (GiB, 2**30 B)."""
-
-    params: Annotated[Num | None, SOMETIMES] = None
-    """parameters (GiB)"""
-    grads: Annotated[Num | None, SOMETIMES] = None
-    """gradients live at the peak (GiB)"""
-    optimizer: Annotated[Num | None, SOMETIMES] = None
-    """optimizer states (GiB)"""
-    activations: Annotated[Num | None, SOMETIMES] = None
-    """activations (GiB)"""
-    buffers: Annotated[Num | None, SOMETIMES] = None
-    """transient buffers (GiB)"""
-    total: Num | None = None
-    """their sum (GiB)"""
-
-
-class PredictedTime(Typed):
-    """The predicted step time's breakdown (s per optimizer step on one rank; harness.plan.time): compute +
-    recompute + optimizer + comm_exposed + other = step_time_s. Null: a rate the part needs is unknown."""
-
-    compute: Num | None = None
-    """matmuls, attention and elementwise work of forward and backward (s)"""
-    recompute: Num | None = None
-    """activation checkpointing's recomputed forward (s)"""
-    optimizer: Num | None = None
-    """the optimizer step (s)"""
-    comm_exposed: Num | None = None
-    """collective time not hidden behind compute (s)"""
-    comm_total: Num | None = None
-    """every collective's time, hidden or not (s)"""
-    other: Num | None = None
-    """per-op host overhead and the strategy's framework overhead (s)"""
-
-
-class Predicted(Typed):
-    """What the planner predicted for the cell."""
-
-    memory_gib: PredictedMemory | None = None
-    """memory per rank at its peak (GiB)"""
-    peak_at: Annotated[str | None, SOMETIMES] = None
-    """the moment of the step the peak falls in"""
-    grads_after_backward_gib: Annotated[Num | None, SOMETIMES] = None
-    """the gradients' full size per rank (GiB)"""
-    cpu_memory_gib: Annotated[Num | None, SOMETIMES] = None
-    """host memory per rank under offload (GiB)"""
-    device_memory_gib: Annotated[Num | None, SOMETIMES] = None
-    """the profile's device memory (GiB); null: unknown"""
-    fits: Annotated[bool | None, SOMETIMES] = None
-    """fits the usable device memory; null: capacity unknown"""
-    flops_per_step: Annotated[Num | None, SOMETIMES] = None
-    """model FLOPs per optimizer step, all ranks (FLOP)"""
-    hardware_flops_per_step: Annotated[Num | None, SOMETIMES] = None
-    """flops_per_step plus checkpointing's recompute (FLOP)"""
-    comm_bytes_per_step: Annotated[Num | None, SOMETIMES] = None
-    """collective bytes per step (B); null: no model for the strategy"""
-    reason: Annotated[str | None, SOMETIMES] = None
-    """the breakdown when it does not fit, else null"""
-    notes: Annotated[dict[str, str] | None, SOMETIMES] = None
-    """memory part → how it was counted"""
-    step_time_s: Annotated[Num | None, SOMETIMES] = None
-    """predicted time of one optimizer step (s); null: see time_null_reasons"""
-    tokens_per_s_per_gpu: Annotated[Num | None, SOMETIMES] = None
-    """predicted tokens per second per GPU (tokens/s)"""
-    mfu: Annotated[Num | None, SOMETIMES] = None
-    """predicted model FLOPs utilisation (fraction); null: peak unknown or step time unknown"""
-    time_s: Annotated[PredictedTime | None, SOMETIMES] = None
-    """the step time's breakdown (s)"""
-    calibration: Annotated[str | None, SOMETIMES] = None
-    """the rates' source: "calibrated <file> <date>" or "uncalibrated: profile figures (<sources>)" """
-    time_null_reasons: Annotated[dict[str, str] | None, SOMETIMES] = None
-    """step time field or part → why it is null"""
-    comm_deviation: Annotated[Num | None, SOMETIMES] = None
-    """measured / predicted collective bytes - 1 (fraction; 0.0: exact)"""
-    step_time_deviation: Annotated[Num | None, SOMETIMES] = None
-    """measured median step time / predicted - 1 (fraction; 0.0: exact)"""
-
+# predicted: the planner's prediction (harness.plan.prediction.Prediction, its one model: the worker adds how the
+# measurement compares, comm_deviation and step_time_deviation)
 
 # ---------------------------------------------------------------------------------------------------------------
 # layout: a tensor- or pipeline-parallel cell's mesh and stages (harness.worker.strategies.layouts)
@@ -543,7 +466,7 @@ class Record(Typed):
     payload without one (written by hand for `python -m harness.worker.runner`)"""
     repeat: Annotated[int | None, SOMETIMES] = None
     """which run of its cell (`harness sweep --repeat K`, k >= 2); absent: the first"""
-    predicted: Annotated[Predicted | None, SOMETIMES] = None
+    predicted: Annotated[Prediction | None, SOMETIMES] = None
     """the planner's prediction; absent when no planner ran"""
     comm: Annotated[Comm | None, SOMETIMES] = None
     """collectives of one counted step; absent when rank 0 wrote no record"""

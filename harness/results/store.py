@@ -166,7 +166,7 @@ def write_record(results: str | Path, record: Record | Mapping[str, Any]) -> Pat
     Python API also takes a record's JSON document, checked as a read would check it."""
     record = as_record(sanitize(dict(record)) if not isinstance(record, Record) else record)
     path = record_path(results, record.sweep or "", record.run_id, repeat=record.repeat_index)
-    atomic_write_json(path, record.to_json_dict())
+    atomic_write_json(path, record.to_dict())
     return path
 
 
@@ -379,7 +379,7 @@ def fragment_dir(results: str | Path, sweep: str, run_id: str) -> Path:
 def write_fragment(results: str | Path, sweep: str, run_id: str, fragment: Fragment) -> Path:
     """A failing rank's fragment, written atomically where the launcher looks for it."""
     path = fragment_dir(results, sweep, run_id) / f"rank{fragment.rank}.json"
-    atomic_write_json(path, sanitize(fragment.to_json_dict()))
+    atomic_write_json(path, sanitize(fragment.to_dict()))
     return path
 
 

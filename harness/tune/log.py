@@ -111,7 +111,7 @@ class LogPart(Typed):
             value = (self.model_extra or {})[key]
         else:
             return default
-        return value.to_json_dict() if isinstance(value, Typed) and not isinstance(value, LogPart) else value
+        return value.to_dict() if isinstance(value, Typed) and not isinstance(value, LogPart) else value
 
     def __getitem__(self, key: str) -> Any:
         absent = object()

@@ -74,19 +74,20 @@ def build_groups(
 
     specs, left_out = scenario.expand_all(gpus_per_node=cluster.gpus_per_node)
     cap = capacity(cluster, gpus=local_gpus)
-    plans = {p["run_id"]: p for p in plan_cells(specs, cluster, cap=cap)}
+    plans = {c.spec.run_id: c for c in plan_cells(specs, cluster, cap=cap)}
     usable = usable_memory_gib(cluster)
     limit = usable * (1.0 - tune.memory_headroom) if usable is not None else None
     by_group: dict[tuple[str, int], list[Candidate]] = {}
     for spec in specs:
-        plan = plans[spec.run_id]
+        planned = plans[spec.run_id]
+        plan = planned.prediction
         c = Candidate(spec=spec, plan=plan)
-        why = spec.unsupported_reason(cluster.device) or plan.get("cannot_place")
-        total = (plan.get("memory_gib") or {}).get("total")
+        why = spec.unsupported_reason(cluster.device) or planned.cannot_place
+        total = plan.memory_gib.total if plan.memory_gib is not None else None
         if why:
             c.fate, c.reason = "unsupported", str(why)
-        elif plan.get("fits") is False:
-            c.fate, c.reason = "pruned_memory", str(plan.get("reason"))
+        elif plan.fits is False:
+            c.fate, c.reason = "pruned_memory", str(plan.reason)
         elif limit is not None and total is not None and total > limit:
             c.fate = "pruned_memory"
             c.reason = (
@@ -268,7 +269,7 @@ def run_tune(
 
 def _write_log(folder: Path, log: TuneLog) -> None:
     """tune.json, atomically: a reader sees the log of the last batch or of this one, whole."""
-    atomic_write_json(folder / TUNE_LOG, log.to_json_dict())
+    atomic_write_json(folder / TUNE_LOG, log.to_dict())
 
 
 def _round_name(rnd: int, final: bool) -> str:

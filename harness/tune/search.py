@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.plan.prediction import Prediction, TimePrediction
 from harness.results.record import Spec
 from harness.scenario.schema import RunSpec
 from harness.scenario.tune import TuneSpec
@@ -72,8 +73,8 @@ class Trial:
 @dataclass
 class Candidate:
     spec: RunSpec
-    plan: Mapping[str, Any]
-    """the cell's plan (harness.plan.predict.plan_cells): memory, fits, predicted step time"""
+    plan: Prediction
+    """the cell's prediction (harness.plan.predict): memory, fits, predicted step time"""
     rank_key: float | None = None
     """predicted cost, lower is better (step time, or seconds per token per GPU)"""
     rank_source: str = "none"
@@ -113,15 +114,15 @@ class Candidate:
 
     def to_log(self) -> CandidateLog:
         """The candidate as the log has it: its cell, prediction, fate and trials."""
-        mem = self.plan.get("memory_gib")
+        mem = self.plan.memory_gib
         return CandidateLog.model_validate(
             {
                 "run_id": self.spec.run_id,
                 "label": self.label,
                 "spec": self.log_spec,
-                "predicted_step_time_s": self.plan.get("step_time_s"),
-                "predicted_tokens_per_s_per_gpu": self.plan.get("tokens_per_s_per_gpu"),
-                "predicted_memory_gib": mem.get("total") if isinstance(mem, Mapping) else None,
+                "predicted_step_time_s": self.plan.step_time_s,
+                "predicted_tokens_per_s_per_gpu": self.plan.tokens_per_s_per_gpu,
+                "predicted_memory_gib": mem.total if mem is not None else None,
                 "rank_source": self.rank_source,
                 "predicted_rank": self.predicted_rank,
                 "fate": self.fate,
@@ -417,18 +418,18 @@ def rank_candidates(
     cands: list[Candidate],
     *,
     objective: str,
-    predict_twin: Callable[[RunSpec], Mapping[str, Any]],
+    predict_twin: Callable[[RunSpec], Prediction | TimePrediction],
     rng: random.Random,
 ) -> None:
     """Set each unpruned candidate's rank key, source and predicted rank, and order `cands` for measurement:
     ranked ones by predicted cost, then unranked ones in the seed's order."""
 
-    def cost(p: Mapping[str, Any]) -> float | None:
+    def cost(p: Prediction | TimePrediction) -> float | None:
         if objective == "throughput":
-            v = p.get("tokens_per_s_per_gpu")
-            return 1.0 / v if isinstance(v, (int, float)) and v > 0 else None
-        v = p.get("step_time_s")
-        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+            v = p.tokens_per_s_per_gpu
+            return 1.0 / v if v is not None and v > 0 else None
+        v = p.step_time_s
+        return float(v) if v is not None and v > 0 else None
 
     for c in cands:
         if c.fate != "unmeasured":

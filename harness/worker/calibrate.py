@@ -517,7 +517,7 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
                 trainer, batches = _build_trainer(spec, rank=0, world_size=1, local_rank=0, device=device)
                 steps[name] = functools.partial(trainer.step, batches)
                 time_steps(steps[name], n=3, device=device)
-                predicted[name] = predict_time(spec, cluster, rates, overlap=False)["step_time_s"] or 0.0
+                predicted[name] = predict_time(spec, cluster, rates, overlap=False).step_time_s or 0.0
             if len(steps) < len(models):
                 continue
             # NOTE: the models step in alternation, so a change in the machine's load hits all alike; medians of the

@@ -19,8 +19,9 @@ from typing import Any
 
 from harness.plan.memory import flops_per_step as model_flops_per_step
 from harness.plan.memory import hardware_flops_per_step
+from harness.plan.prediction import Prediction
 from harness.results.payload import Payload, PayloadCluster
-from harness.results.record import Fragment, Predicted, Record, Status
+from harness.results.record import Fragment, Record, Status
 from harness.results.store import new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
@@ -473,7 +474,7 @@ def _measured_record(
         env=sanitize(env),
         started_at=started,
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **{k: v if isinstance(v, Predicted) else sanitize(v) for k, v in fields.items()},
+        **{k: v if isinstance(v, Prediction) else sanitize(v) for k, v in fields.items()},
     )
 
 
@@ -554,7 +555,7 @@ def _metrics(
     }
 
 
-def _with_deviations(predicted: Predicted, *, comm: dict, median_s: float) -> Predicted:
+def _with_deviations(predicted: Prediction, *, comm: dict, median_s: float) -> Prediction:
     """The prediction with how the measurement compares: measured / predicted − 1 for collective bytes and step
     time (where the prediction has them)."""
     update: dict[str, float] = {}

@@ -44,4 +44,4 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch):
     rates = cal.rates_for(cluster)
     assert rates.source.startswith(f"calibrated {path}")
     pred = predict_time(make_spec(strategy="fsdp.full_shard", gpus=2, model="125m", seq_len=128), cluster, rates)
-    assert pred["step_time_s"] > 0 and pred["time_s"]["comm_total"] > 0
+    assert pred.step_time_s > 0 and pred.time_s.comm_total > 0

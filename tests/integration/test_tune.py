@@ -65,8 +65,8 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     assert main(args) == 0
     out = check_tune_log(json.loads(capsys.readouterr().out))  # stdout is one JSON document: the log
     # ... as tune.json has it, with the winners' file beside
-    on_disk = read_tune_file(results / "tn-tune" / "tune.json").to_json_dict()
-    assert {**on_disk, "tuned_file": out.field("tuned_file")} == out.to_json_dict()
+    on_disk = read_tune_file(results / "tn-tune" / "tune.json").to_dict()
+    assert {**on_disk, "tuned_file": out.field("tuned_file")} == out.to_dict()
     (g,) = out.groups
     by_label = {c.label: c for c in g.candidates}
     fates = {label: c.fate for label, c in by_label.items()}

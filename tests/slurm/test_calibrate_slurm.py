@@ -20,6 +20,10 @@ from tests.conftest import make_spec
 pytestmark = pytest.mark.slurm
 
 
+def _comm_total(pred) -> float | None:
+    return pred.time_s.comm_total if pred.time_s is not None else None
+
+
 def test_parts_of_a_slurm_profile():
     cluster = load_cluster("local-slurm")  # 2 ranks per node
     assert slurm_parts(cluster, (2, 4)) == [
@@ -63,15 +67,15 @@ def test_calibrate_on_slurm_measures_across_nodes(slurm_cluster, tmp_path, monke
     # inside one node does not change
     hybrid = make_spec(strategy="fsdp.hybrid_shard", gpus=4, model="tiny", seq_len=64)
     inside = make_spec(strategy="ddp", gpus=2, model="tiny", seq_len=64)
-    before = [predict_time(s, cluster, cal.rates_for(cluster))["time_s"]["comm_total"] for s in (hybrid, inside)]
-    assert None not in before, predict_time(hybrid, cluster, cal.rates_for(cluster))["time_null_reasons"]
+    before = [_comm_total(predict_time(s, cluster, cal.rates_for(cluster))) for s in (hybrid, inside)]
+    assert None not in before, predict_time(hybrid, cluster, cal.rates_for(cluster)).time_null_reasons
     _scaled_inter(path, 10.0)
-    after = [predict_time(s, cluster, cal.rates_for(cluster))["time_s"]["comm_total"] for s in (hybrid, inside)]
+    after = [_comm_total(predict_time(s, cluster, cal.rates_for(cluster))) for s in (hybrid, inside)]
     # the inter-node curves enter the hybrid's comm linearly: 1x -> 10x adds 9 parts, 10x -> 20x 10 more (every
     # multi-rank call also waits the measured wait per collective, which the curves' scale does not touch)
     inter = (after[0] - before[0]) / 9
     _scaled_inter(path, 2.0)
-    twice = predict_time(hybrid, cluster, cal.rates_for(cluster))["time_s"]["comm_total"]
+    twice = _comm_total(predict_time(hybrid, cluster, cal.rates_for(cluster)))
     assert inter > 0 and twice - after[0] == pytest.approx(10 * inter, rel=1e-3), (before, after, twice)
     assert after[1] == pytest.approx(before[1])
 

@@ -209,13 +209,13 @@ def test_rank_0s_record_of_this_attempt_is_the_cells_record(payload, status, fie
     written = rank0_record(payload, status, **fields)
     write_fragment_file(payload, frag(1, "error", INJECTED, 10.0, attempt=payload.attempt))
     rec = finalize(payload, elapsed_s=100.0, time_limit_s=60.0)
-    assert rec.to_json_dict() == written.to_json_dict() and rec.status == status
+    assert rec.to_dict() == written.to_dict() and rec.status == status
 
 
 def write_fragment_file(payload: Payload, fragment: Fragment) -> None:
     d = fragment_dir(payload.results, payload.sweep, payload.run_id)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank{fragment.rank}.json").write_text(json.dumps(fragment.to_json_dict()))
+    (d / f"rank{fragment.rank}.json").write_text(json.dumps(fragment.to_dict()))
 
 
 def test_without_rank_0s_record_finalize_composes_one_from_this_attempts_fragments(payload):
@@ -229,4 +229,4 @@ def test_without_rank_0s_record_finalize_composes_one_from_this_attempts_fragmen
     assert rec.reason is not None and rec.reason.startswith("rank 1 died without raising an exception")
     assert [f.rank for f in rec.failures or []] == [0]
     assert rec.attempt == payload.attempt and rec.env.harness_git_sha == "abc"
-    assert read_record(record_path(payload.results, "s", payload.run_id)).to_json_dict() == rec.to_json_dict()
+    assert read_record(record_path(payload.results, "s", payload.run_id)).to_dict() == rec.to_dict()

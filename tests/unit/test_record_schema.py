@@ -205,7 +205,7 @@ def cell(tmp_path):
 
 def test_the_payload_is_a_payload(cell):
     payload: Payload = cell["payload"]
-    doc = payload.to_json_dict()
+    doc = payload.to_dict()
     assert set(doc) == set(Payload.model_fields) - {"job_id", "pack"}  # those two: SLURM only
     again = Payload.model_validate(dict(doc, job_id="812345_3", pack={"position": 2, "of": 3, "minutes": 45}))
     assert again.pack is not None and again.pack.of == 3 and again.job_id == "812345_3"
@@ -218,8 +218,8 @@ def test_composed_and_skipped_records_are_records(cell):
     payload = cell["payload"]
     tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: boom\n'
     rec = finalize(payload, elapsed_s=1.0, time_limit_s=60.0, job_errors={1: tb}, log_tail="the last lines")
-    assert rec.status == "error" and rec.to_json_dict()["metrics"] == {}
-    assert set(rec.to_json_dict()["env"]) == {"harness_git_sha", "slurm_job_id"}
+    assert rec.status == "error" and rec.to_dict()["metrics"] == {}
+    assert set(rec.to_dict()["env"]) == {"harness_git_sha", "slurm_job_id"}
     assert rec.contract_problems() == []
     assert read_record(cell["results"] / "smoke" / f"{payload.run_id}.json").contract_problems() == []
     from harness.worker.runner import report_failure
@@ -237,7 +237,7 @@ def test_composed_and_skipped_records_are_records(cell):
         reason="predicted not to fit",
         predicted=payload.predicted,
     )
-    assert rec.to_json_dict()["env"] == {} and rec.contract_problems() == []
+    assert rec.to_dict()["env"] == {} and rec.contract_problems() == []
 
 
 def test_gpus_is_one_word_from_scenario_to_record_and_old_records_still_read(tmp_path):

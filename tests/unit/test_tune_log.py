@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.plan.prediction import Prediction
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.tune.log import Budget, CandidateLog, GroupLog, TrialLog, TuneLog, check_tune_log
@@ -50,8 +51,8 @@ def searched(tmp_path: Path) -> tuple[Search, str]:
             "step_time_s": 256 / tps,
             "memory_gib": {"total": 0.25 * spec.settings.micro_batch},
         }
-        cands.append(Candidate(spec=spec, plan=plan))
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: {}, rng=random.Random(0))
+        cands.append(Candidate(spec=spec, plan=Prediction.model_validate(plan)))
+    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
     g = Group(("tiny", 2), cands, tune=sc.tune, n0=4, final_steps=4)
 
     def value(c: Candidate, t: Trial) -> float:
@@ -69,13 +70,13 @@ def searched(tmp_path: Path) -> tuple[Search, str]:
     cluster = load_cluster(str(prof))
     search = Search(sc, cluster, [g], [], 0, Budget(cells=None, minutes=None), started_at=STARTED, started_s=0.0)
     search.trials, search.measured_s, search.batches = len(launched), 12.34567, 3
-    return search, json.dumps(search.log(finished=True).to_json_dict(), indent=2) + "\n"
+    return search, json.dumps(search.log(finished=True).to_dict(), indent=2) + "\n"
 
 
 def test_the_log_reads_back_byte_for_byte_every_field_in_the_files_order(tmp_path):
     search, text = searched(tmp_path)
     back = check_tune_log(json.loads(text))
-    assert json.dumps(back.to_json_dict(), indent=2) + "\n" == text
+    assert json.dumps(back.to_dict(), indent=2) + "\n" == text
     doc = json.loads(text)
     assert list(doc) == list(TuneLog.model_fields)  # every field written, in the declared order
     (g,) = doc["groups"]
@@ -106,7 +107,7 @@ def test_the_log_reads_back_byte_for_byte_every_field_in_the_files_order(tmp_pat
     finals = [t.value for t in win.trials if t.round == win.round]
     assert finals == [4001.0, 4002.0] and win.measured == statistics.median(finals) == 4001.5
     assert (win.predicted_tokens_per_s_per_gpu, win.predicted_memory_gib, win.predicted_rank) == (4400.0, 1.0, 1)
-    assert win.spec is not None and win.spec.to_json_dict() == g["candidates"][0]["spec"]
+    assert win.spec is not None and win.spec.to_dict() == g["candidates"][0]["spec"]
     assert search.groups[0].winner is not None and win.spec == search.groups[0].winner.to_log().spec
 
 
@@ -191,7 +192,7 @@ def test_a_newer_harnesss_fields_are_kept_and_the_dict_view_reads_as_the_file(tm
     del doc["finished"]
     log = check_tune_log(doc)
     assert log.groups[0].candidates[0].field("energy_j") == 12.5
-    assert log.to_json_dict()["groups"][0]["candidates"][0]["energy_j"] == 12.5
+    assert log.to_dict()["groups"][0]["candidates"][0]["energy_j"] == 12.5
     # harness.report.render's reads: keys as the file has them, a record spec as its dict, absent keys as absent
     c = log["groups"][0]["candidates"][0]
     assert c["spec"] == doc["groups"][0]["candidates"][0]["spec"] and c.get("energy_j") == 12.5

@@ -10,6 +10,7 @@ import pytest
 
 from harness.compare.stats import run_level_p
 from harness.core.errors import InputError
+from harness.plan.prediction import Prediction
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.scenario.tune import TuneSpec
@@ -47,7 +48,7 @@ def candidates(sc, truth=None, predicted=None):
     out = []
     for i, s in enumerate(specs):
         plan = {"tokens_per_s_per_gpu": predicted(i, s) if predicted else None, "memory_gib": {"total": 0.01}}
-        out.append(Candidate(spec=s, plan=plan))
+        out.append(Candidate(spec=s, plan=Prediction.model_validate(plan)))
     return out
 
 
@@ -81,7 +82,7 @@ def test_steps_double_up_to_the_scenarios_own_and_the_cost_counts_each_run():
 def test_a_clear_best_wins_ahead_and_the_rounds_halve():
     sc = scenario(first_round=8)
     cands = candidates(sc, predicted=lambda i, s: 1000.0 + i)  # the last cells are predicted fastest
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: {}, rng=random.Random(0))
+    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
     truth = {c.spec.run_id: 1000.0 + 10 * (c.predicted_rank or 0) for c in cands}  # rank 1 predicted: slowest
     best = min(cands[:8], key=lambda c: c.predicted_rank)  # NOTE: the prediction is upside down in the first 8
     truth[best.spec.run_id] = 5000.0
@@ -105,7 +106,7 @@ def test_a_clear_best_wins_ahead_and_the_rounds_halve():
 def test_two_equal_finalists_are_tied_after_max_runs():
     sc = scenario(first_round=4)
     cands = candidates(sc, predicted=lambda i, s: 1000.0 + i)
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: {}, rng=random.Random(0))
+    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
     noise = random.Random(2)
     tune = TuneSpec(first_round=4, confirm_runs=3, max_runs=5)
     g = Group(("tiny", 2), cands, tune=tune, n0=4, final_steps=8)
@@ -126,7 +127,7 @@ def test_a_failing_trial_is_replaced_and_an_oom_drops_the_cells_that_need_more_m
         return 1000.0 + i
 
     cands = candidates(sc, predicted=predicted)
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: {}, rng=random.Random(0))
+    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
     first = cands[0]  # predicted best: measured first, and it runs out of memory
     assert (first.spec.strategy, first.spec.settings.micro_batch) == ("ddp", 1)
     s = first.spec.settings
@@ -180,12 +181,12 @@ def test_unpredicted_cells_rank_by_their_twin_and_unranked_come_last():
     cands = []
     for s in specs:
         tps = None if s.settings.compile else speed[(s.strategy, False)]
-        cands.append(Candidate(spec=s, plan={"tokens_per_s_per_gpu": tps}))
+        cands.append(Candidate(spec=s, plan=Prediction(tokens_per_s_per_gpu=tps)))
     # the twin of a compiled zero2 cell has a prediction; a compiled ddp cell's twin has none here
     rank_candidates(
         cands,
         objective="throughput",
-        predict_twin=lambda t: {"tokens_per_s_per_gpu": 300.0 if t.strategy == "zero2" else None},
+        predict_twin=lambda t: Prediction(tokens_per_s_per_gpu=300.0 if t.strategy == "zero2" else None),
         rng=random.Random(0),
     )
     order = [(c.spec.strategy, c.spec.settings.compile, c.rank_source, c.predicted_rank) for c in cands]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
-from harness.results.record import Fragment, Predicted, Record
+from harness.results.record import Fragment, Record
 from harness.results.store import new_record, read_fragments, record_or_none, record_path, write_record
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
@@ -171,7 +172,7 @@ def finalize(
 
 
 def skipped_record(
-    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: Predicted | None
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, reason: str, predicted: Prediction | None
 ) -> Record:
     extra: dict[str, Any] = {} if predicted is None else {"predicted": predicted}
     rec = new_record(

@@ -15,8 +15,8 @@ import uuid
 from pathlib import Path
 
 from harness.plan.predict import predict as plan_predict
+from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
-from harness.results.record import Predicted
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
@@ -27,18 +27,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def predict(spec: RunSpec, cluster: Cluster) -> Predicted | None:
+def predict(spec: RunSpec, cluster: Cluster) -> Prediction | None:
     """The planner's prediction for a cell (None, with a warning, when the planner fails on it: a planner bug must
     not cost the measurement)."""
     try:
-        return Predicted.model_validate(plan_predict(spec, cluster))
+        return plan_predict(spec, cluster)
     except Exception as e:  # noqa: BLE001 - a planner bug must not cost the measurement; it is reported
         print(f"warning: planner failed for {spec.run_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
 
 
 def make_payload(
-    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None, predicted: Predicted | None
+    spec: RunSpec, *, sweep: str, cluster: Cluster, results: str | Path, sha: str | None, predicted: Prediction | None
 ) -> Payload:
     """Everything a rank needs (pickled by submitit, or written to a file as JSON)."""
     return Payload.model_validate(

@@ -38,7 +38,7 @@ def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = T
     world = int(payload.spec.gpus or 1)
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         ppath = Path(tmp) / "payload.json"
-        atomic_write_json(ppath, payload.to_json_dict())
+        atomic_write_json(ppath, payload.to_dict())
         procs = []
         base_env = dict(os.environ)
         base_env.update(payload.cluster.env)

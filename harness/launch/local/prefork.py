@@ -288,7 +288,7 @@ def run_forked(payload: Payload, **rank: Any) -> int | None:
         sys.stdout.flush()
         sys.stderr.flush()
         request = {
-            "payload": payload.to_json_dict(),
+            "payload": payload.to_dict(),
             "rank": rank,
             "env": dict(os.environ),
             "cwd": os.getcwd(),

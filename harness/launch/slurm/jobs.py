@@ -445,7 +445,7 @@ class SlurmSweep:
             for (payload, tag), job in zip(members, jobs):
                 payload = payload.model_copy(update={"job_id": job.job_id})
                 # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                atomic_write_json(self.payload_path(payload.run_id), payload.to_json_dict())
+                atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
                 self.manifest.set(
                     payload.run_id,
                     state="submitted",
@@ -491,7 +491,7 @@ class SlurmSweep:
                     payload = payload.model_copy(update={"job_id": job.job_id})
                     place = _pack_of(payload)
                     # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                    atomic_write_json(self.payload_path(payload.run_id), payload.to_json_dict())
+                    atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
                     self.manifest.set(
                         payload.run_id,
                         state="submitted",

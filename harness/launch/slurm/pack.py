@@ -102,7 +102,7 @@ def read_marker(sweep: Path, run_id: str, rank: int, *, attempt: str | None) -> 
 
 
 def _write_marker(path: Path, marker: Marker) -> None:
-    atomic_write_json(path, marker.to_json_dict())
+    atomic_write_json(path, marker.to_dict())
 
 
 def cell_started(payload: Payload) -> bool:
@@ -239,7 +239,7 @@ class PackRun:
             missing_ok=True
         )  # an interrupted run's
         ppath = tmp / f"{payload.run_id}.json"
-        atomic_write_json(ppath, payload.to_json_dict())
+        atomic_write_json(ppath, payload.to_dict())
         env = dict(os.environ)
         # NOTE: a local sweep's warm interpreter (HARNESS_PREFORK, copied by sbatch from the submitter) lives on the
         # submitting host: a pack's ranks start cold, in the allocation
