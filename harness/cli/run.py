@@ -19,7 +19,8 @@ from harness.scenario.cluster import PEAKS, available_clusters, load_cluster
 from harness.scenario.schema import STRATEGIES, load_scenario
 
 
-def _cluster_option(f):
+def cluster_option(f):
+    """`--cluster NAME`, as every command that runs or plans cells on a cluster profile takes it."""
     return click.option(
         "--cluster",
         "cluster_name",
@@ -31,7 +32,7 @@ def _cluster_option(f):
 
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@_cluster_option
+@cluster_option
 @click.option(
     "--results",
     default="results",
@@ -166,7 +167,7 @@ def _shown_path(path: str | Path, name: str) -> str:
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--cell", "cell", required=True, help="run_id (or a unique prefix) of the cell to run")
-@_cluster_option
+@cluster_option
 @click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
@@ -207,7 +208,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
 @click.command(name="list")
 @click.argument("what", type=click.Choice(["models", "strategies", "clusters", "cells"]))
 @click.argument("scenario", required=False)
-@_cluster_option
+@cluster_option
 def list_(what: str, scenario: str | None, cluster_name: str) -> int:
     """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
     if what == "models":
