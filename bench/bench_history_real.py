@@ -77,7 +77,7 @@ def check(db: str, results: Path, confirm: int) -> tuple[int, dict, float]:
 def cell_noise(nights: list[Path]) -> dict[str, tuple[float, float]]:
     """run_id → (σ of its step time's between-run noise over `nights`, as `history check` estimates it; median
     step time in s)."""
-    from harness.history.judge import noise_sigma
+    from harness.history.metric_judge import noise_sigma
     from harness.results.store import load_records
 
     series: dict[str, list[float]] = {}

@@ -26,7 +26,7 @@ from harness.cli.compare import direction_option, format_option
 from harness.compare.load import iter_side
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
 from harness.core.errors import InputError, Problem
-from harness.history.judge import CellVerdict, HistoryCheck, Rules, check_entries
+from harness.history.judge import check_entries
 from harness.history.keys import Entry, entry_of
 from harness.history.render import (
     render_benchmark,
@@ -38,6 +38,7 @@ from harness.history.render import (
 )
 from harness.history.show import show_series
 from harness.history.store import HistoryStore, open_store
+from harness.history.verdicts import CellVerdict, HistoryCheck, Rules
 from harness.results.store import atomic_write_text, record_path, repeat_of
 
 if TYPE_CHECKING:
