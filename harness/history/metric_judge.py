@@ -34,7 +34,7 @@ distance and step time and throughput agree), oriented so that worse is up:
 - the time model's deviation (measured median / predicted − 1): judged by the rules above on measured /
   predicted (= 1 + deviation; lower is better), but a shift is "shifted" — information, never a regression (the
   timing itself is judged on step time) — unless `watch_deviation` (points) is set and |deviation| grew by more
-  than it from the level; its change is in points (value − level);
+  than it from the level; its change is in points (value − level).
 
 Calibration (tests/history/test_replay.py: lognormal run-to-run noise of σ 3–8%, 0.5% outlier nights): 0.67% of
 step-free cell-nights flagged (most of them the outliers), a 3σ step caught within 3 nights in 94% of replays,
