@@ -24,7 +24,7 @@ from harness.history import keys
 from harness.history.keys import Entry, identity_key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Machine:
     """A row of `machines`: where a run was measured (null where the record does not say)."""
 
@@ -54,7 +54,7 @@ class Machine:
         return identity_key(self.as_dict())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Software:
     """A row of `software`: the stack a run used (null where the record does not say)."""
 
@@ -158,7 +158,7 @@ class Batch:
 BATCH_COLUMNS = tuple(f.name for f in fields(Batch))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredRun:
     """A row of `runs` as written: one record, its identities by row id, and its metric values."""
 
@@ -185,7 +185,7 @@ RUN_COLUMNS = tuple(f.name for f in fields(StoredRun) if f.name != "values")
 """`runs`' columns after id, before the metric columns"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Run:
     """One stored run as the judge and `history show` read it: the `runs` row with its batch's label and its
     machine and software rows."""
