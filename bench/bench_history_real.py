@@ -77,7 +77,7 @@ def check(db: str, results: Path, confirm: int) -> tuple[int, dict, float]:
 def cell_noise(nights: list[Path]) -> dict[str, tuple[float, float]]:
     """run_id → (σ of its step time's between-run noise over `nights`, as `history check` estimates it; median
     step time in s)."""
-    from harness.history.judge import noise_sigma
+    from harness.history.metric_judge import noise_sigma
     from harness.results.store import load_records
 
     series: dict[str, list[float]] = {}
@@ -138,7 +138,7 @@ def flagged_first(doc: dict) -> list[str]:
     ]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", type=Path, default=REPO / "scenarios" / "smoke.yaml")
     ap.add_argument("--cluster", default="local")
@@ -148,7 +148,108 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=1.3, help="the injected slowdown")
     ap.add_argument("--rank", type=int, help="slow only this rank (default: every rank)")
     ap.add_argument("--keep", type=Path, help="keep the history and sweeps here instead of a temporary folder")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def build_history(args: argparse.Namespace, root: Path, db: str, label: str, walls: list, loads: list) -> None:
+    """The `--nights` nights of the unchanged scenario, swept and added (a --keep folder resumes)."""
+    for n in range(1, args.nights + 1):
+        results = root / f"night{n:02d}"
+        if (root / f"night{n:02d}.added").exists():  # NOTE: a --keep folder resumes: this night is in the history
+            print(f"night {n:2d}: already swept and added", flush=True)
+            continue
+        walls.append(sweep(args.scenario, results, args.cluster))
+        loads.append(os.getloadavg()[0])
+        add(db, results, label)
+        (root / f"night{n:02d}.added").touch()
+        print(f"night {n:2d}: swept in {walls[-1]:.0f} s, added (load {loads[-1]:.1f})", flush=True)
+
+
+def print_noise(noise: dict, labels: dict[str, str], nights: int) -> None:
+    print(f"\nstep time's between-run noise σ over {nights} nights (history check's band: ±k·σ, k 4, wider")
+    print("while the history is short; the smallest step it sees on one night is about that band):")
+    for run_id, (sigma, median) in sorted(noise.items(), key=lambda kv: kv[1][0]):
+        print(f"    {labels.get(run_id, run_id):40s} σ {sigma * 100:5.1f}%  median step {median * 1e3:7.2f} ms")
+
+
+def choose_slowed(args: argparse.Namespace, scenario, cluster, root: Path, noise: dict) -> tuple[Path, str, str]:
+    """(the slowed scenario file, the slowed cell's run_id, its label): the first cell an override can slow."""
+    inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
+    for combo, _, cell_label in pick_cells(scenario, cluster.gpus_per_node, args.cell, noise):
+        slowed = slowed_scenario(args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node)
+        if slowed is not None:
+            return slowed[0], slowed[1], cell_label
+        print(f"  ({cell_label}: an include entry's cell, which an override cannot merge into; next)")
+    sys.exit(f"no cell of {args.scenario} can be slowed by an override (a cell of the base matrix can)")
+
+
+def print_step_time(c: dict) -> None:
+    """One judged cell's step-time row, with its evidence."""
+    st = next((m for m in c["metrics"] if m["metric"] == "step_time_s"), None)
+    if not (st and st["value"] is not None and st["reference"] is not None):
+        return
+    sig = "-" if st["sigmas"] is None else f"{st['sigmas']:+.1f}σ"
+    confirmed = ""
+    if c.get("confirm"):
+        confirmed = f"; --confirm re-runs: {'persisted' if c['confirm']['persisted'] else 'not confirmed'}"
+    print(
+        f"    {c['label']}: step time {st['value'] * 1e3:.2f} ms vs history median "
+        f"{st['reference'] * 1e3:.2f} ms ({(st['change'] or 0) * 100:+.1f}%), noise σ "
+        f"{(st['noise'] or 0) * 100:.1f}% over {st['n_history']} runs, {sig}, margin "
+        f"{(st['margin'] or 0) * 100:.1f}%: {st['verdict']}" + (f" ({st['cause']})" if st["cause"] else "") + confirmed
+    )
+
+
+def checked_nights(
+    args: argparse.Namespace, root: Path, db: str, label: str, slowed: tuple[Path, str, str], walls: list, loads: list
+) -> list[tuple[int, str, int, dict]]:
+    """Two nights of the same commit, then two with the slowed cell: each swept, checked, then added."""
+    slow_file, slow_id, cell_label = slowed
+    checks = []
+    for n, (what, file) in enumerate(
+        [("same commit", args.scenario)] * 2 + [(f"slow x{args.factor} in {cell_label}", slow_file)] * 2,
+        start=args.nights + 1,
+    ):
+        results = root / f"night{n:02d}"
+        if (root / f"night{n:02d}.added").exists():  # NOTE: resumed: checked and added before
+            print(f"night {n:2d} ({what}): already checked and added", flush=True)
+            continue
+        walls.append(sweep(file, results, args.cluster))
+        loads.append(os.getloadavg()[0])
+        code, doc, wall = check(db, results, args.confirm)
+        add(db, results, label + ("-slow" if file == slow_file else ""))
+        (root / f"night{n:02d}.added").touch()
+        checks.append((n, what, code, doc))
+        names, first = flagged(doc), flagged_first(doc)
+        print(
+            f"night {n:2d} ({what}): history check exit {code} in {wall:.1f} s; flagged {len(names)} of "
+            f"{len(doc['cells'])} cells: {', '.join(names) or '-'}; on the first run: {', '.join(first) or '-'} "
+            f"(load {loads[-1]:.1f})",
+            flush=True,
+        )
+        for c in doc["cells"]:
+            if c["run_id"] == slow_id or c["label"] in names or c["label"] in first:
+                print_step_time(c)
+    return checks
+
+
+def print_summary(checks: list, cell_label: str, factor: float) -> None:
+    same_docs = [doc for n, what, code, doc in checks if what == "same commit"]
+    slow = [flagged(doc) for n, what, code, doc in checks if what != "same commit"]
+    print(
+        f"same commit: {sum(len(flagged(d)) for d in same_docs)} cell(s) flagged over {len(same_docs)} checks "
+        f"(expected 0); on the first run {sum(len(flagged_first(d)) for d in same_docs)} (this run's checks only)"
+    )
+    hit = [cell_label in " ".join(f) for f in slow]
+    others = sum(len([x for x in f if not x.startswith(cell_label)]) for f in slow)
+    print(
+        f"slowed x{factor}: {cell_label} flagged on {sum(hit)} of {len(slow)} nights; other cells flagged: "
+        f"{others} (expected: the slowed cell, and only it)"
+    )
+
+
+def main() -> None:
+    args = parse_args()
     cluster = load_cluster(args.cluster)
     scenario = load_scenario(args.scenario)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-history-real-"))
@@ -156,92 +257,20 @@ def main() -> None:
     db = str(root / "history.sqlite")
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     label = sha.strip() or "this-commit"
-    n_cells = len(scenario.expand(gpus_per_node=cluster.gpus_per_node))
-    print(f"{args.scenario} ({n_cells} cells) on {cluster.name}; history {db}; --confirm {args.confirm}")
+    specs = scenario.expand(gpus_per_node=cluster.gpus_per_node)
+    print(f"{args.scenario} ({len(specs)} cells) on {cluster.name}; history {db}; --confirm {args.confirm}")
     t_start = time.time()
-    walls, loads = [], []
+    walls: list[float] = []
+    loads: list[float] = []
     try:
-        for n in range(1, args.nights + 1):
-            results = root / f"night{n:02d}"
-            if (root / f"night{n:02d}.added").exists():  # NOTE: a --keep folder resumes: this night is in the history
-                print(f"night {n:2d}: already swept and added", flush=True)
-                continue
-            walls.append(sweep(args.scenario, results, args.cluster))
-            loads.append(os.getloadavg()[0])
-            add(db, results, label)
-            (root / f"night{n:02d}.added").touch()
-            print(f"night {n:2d}: swept in {walls[-1]:.0f} s, added (load {loads[-1]:.1f})", flush=True)
+        build_history(args, root, db, label, walls, loads)
         noise = cell_noise([root / f"night{n:02d}" for n in range(1, args.nights + 1)])
-        print(f"\nstep time's between-run noise σ over {args.nights} nights (history check's band: ±k·σ, k 4, wider")
-        print("while the history is short; the smallest step it sees on one night is about that band):")
-        labels = {
-            s.run_id: f"{s.model} {s.strategy} {s.precision} g{s.gpus}"
-            for s in scenario.expand(gpus_per_node=cluster.gpus_per_node)
-        }
-        for run_id, (sigma, median) in sorted(noise.items(), key=lambda kv: kv[1][0]):
-            print(f"    {labels.get(run_id, run_id):40s} σ {sigma * 100:5.1f}%  median step {median * 1e3:7.2f} ms")
-        inject = {"fault": "slow", "factor": args.factor} | ({} if args.rank is None else {"rank": args.rank})
-        for combo, _, cell_label in pick_cells(scenario, cluster.gpus_per_node, args.cell, noise):
-            slowed = slowed_scenario(args.scenario, root / args.scenario.name, combo, inject, cluster.gpus_per_node)
-            if slowed is not None:
-                break
-            print(f"  ({cell_label}: an include entry's cell, which an override cannot merge into; next)")
-        else:
-            sys.exit(f"no cell of {args.scenario} can be slowed by an override (a cell of the base matrix can)")
-        slow_file, slow_id = slowed
-        print(f"slowed cell: {cell_label} x{args.factor}\n")
-        checks = []
-        for n, (what, file) in enumerate(
-            [("same commit", args.scenario)] * 2 + [(f"slow x{args.factor} in {cell_label}", slow_file)] * 2,
-            start=args.nights + 1,
-        ):
-            results = root / f"night{n:02d}"
-            if (root / f"night{n:02d}.added").exists():  # NOTE: resumed: checked and added before
-                print(f"night {n:2d} ({what}): already checked and added", flush=True)
-                continue
-            walls.append(sweep(file, results, args.cluster))
-            loads.append(os.getloadavg()[0])
-            code, doc, wall = check(db, results, args.confirm)
-            add(db, results, label + ("-slow" if file == slow_file else ""))
-            (root / f"night{n:02d}.added").touch()
-            checks.append((n, what, code, doc))
-            names, first = flagged(doc), flagged_first(doc)
-            print(
-                f"night {n:2d} ({what}): history check exit {code} in {wall:.1f} s; flagged {len(names)} of "
-                f"{len(doc['cells'])} cells: {', '.join(names) or '-'}; on the first run: {', '.join(first) or '-'} "
-                f"(load {loads[-1]:.1f})",
-                flush=True,
-            )
-            for c in doc["cells"]:
-                if c["run_id"] == slow_id or c["label"] in names or c["label"] in first:
-                    st = next((m for m in c["metrics"] if m["metric"] == "step_time_s"), None)
-                    if st and st["value"] is not None and st["reference"] is not None:
-                        sig = "-" if st["sigmas"] is None else f"{st['sigmas']:+.1f}σ"
-                        print(
-                            f"    {c['label']}: step time {st['value'] * 1e3:.2f} ms vs history median "
-                            f"{st['reference'] * 1e3:.2f} ms ({(st['change'] or 0) * 100:+.1f}%), noise σ "
-                            f"{(st['noise'] or 0) * 100:.1f}% over {st['n_history']} runs, {sig}, margin "
-                            f"{(st['margin'] or 0) * 100:.1f}%: {st['verdict']}"
-                            + (f" ({st['cause']})" if st["cause"] else "")
-                            + (
-                                f"; --confirm re-runs: {'persisted' if c['confirm']['persisted'] else 'not confirmed'}"
-                                if c.get("confirm")
-                                else ""
-                            )
-                        )
+        print_noise(noise, {s.run_id: f"{s.model} {s.strategy} {s.precision} g{s.gpus}" for s in specs}, args.nights)
+        slowed = choose_slowed(args, scenario, cluster, root, noise)
+        print(f"slowed cell: {slowed[2]} x{args.factor}\n")
+        checks = checked_nights(args, root, db, label, slowed, walls, loads)
         print()
-        same_docs = [doc for n, what, code, doc in checks if what == "same commit"]
-        slow = [flagged(doc) for n, what, code, doc in checks if what != "same commit"]
-        print(
-            f"same commit: {sum(len(flagged(d)) for d in same_docs)} cell(s) flagged over {len(same_docs)} checks "
-            f"(expected 0); on the first run {sum(len(flagged_first(d)) for d in same_docs)} (this run's checks only)"
-        )
-        hit = [cell_label in " ".join(f) for f in slow]
-        others = sum(len([x for x in f if not x.startswith(cell_label)]) for f in slow)
-        print(
-            f"slowed x{args.factor}: {cell_label} flagged on {sum(hit)} of {len(slow)} nights; other cells flagged: "
-            f"{others} (expected: the slowed cell, and only it)"
-        )
+        print_summary(checks, slowed[2], args.factor)
         print(
             f"sweeps: median {statistics.median(walls or [0]):.0f} s; load average (1 min) median "
             f"{statistics.median(loads or [0]):.1f}; wall {time.time() - t_start:.0f} s"

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -36,7 +37,7 @@ from harness.compare.render import (
     render_markdown,
     render_table,
 )
-from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES
+from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS
 from harness.core.errors import InputError, Problem
 from harness.results.record import Record
 from harness.results.store import atomic_write_text, record_files, unwritable_reason
@@ -116,13 +117,6 @@ direction_option = click.option(
     help="Runs of a cell (ok records: `harness sweep --repeat K`, or several dirs per side) needed on each side "
     "before a timing change can fail; with fewer it is reported, not judged.",
 )
-@click.option(
-    "--min-samples",
-    type=click.IntRange(min=1),
-    default=DEFAULT_MIN_SAMPLES,
-    show_default=True,
-    help="Accepted for old scripts; unused: timing is judged on runs (--min-runs), not on one run's steps.",
-)
 @format_option
 @direction_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the output to FILE (atomically).")
@@ -171,7 +165,6 @@ def compare_command(
     threshold_args: tuple[str, ...],
     alpha: float,
     min_runs: int,
-    min_samples: int,
     fmt: str,
     direction: str | None,
     output: Path | None,
@@ -191,10 +184,69 @@ def compare_command(
     CANDIDATE), 2 for bad input. Several records of one cell on a side are its runs (`harness sweep --repeat K`):
     timing is judged on their values, one per run; with fewer than --min-runs a side it is reported, not judged.
     """
-    if (baseline is None) != (candidate is None):
-        raise click.UsageError("give both BASELINE and CANDIDATE (or neither, with -B/-C)")
     base_paths = ([baseline] if baseline else []) + list(more_baseline)
     cand_paths = ([candidate] if candidate else []) + list(more_candidate)
+    check_usage(
+        base_paths,
+        cand_paths,
+        one_side_given=(baseline is None) != (candidate is None),
+        fmt=fmt,
+        direction=direction,
+        output_dir=output_dir,
+        promote=promote,
+        force=force,
+    )
+    check_outputs(output, output_dir)
+    check_watch_deviation(watch_deviation)  # NOTE: before anything is loaded: a bad value is exit 2 at once
+    if promote:
+        check_promote_baseline(base_paths[0], sources=cand_paths, force=force)
+    thresholds = parse_thresholds(threshold_args)
+    bootstrap = promote and force and not base_paths[0].exists()
+    # NOTE: each record is indexed by spec as it loads: only the one each cell uses stays in memory
+    base, cand = load_sides(base_paths, cand_paths, ignore=ignore_spec_key, bootstrap=bootstrap)
+    cmp = compare_indexed(
+        base.index,
+        cand.index,
+        thresholds=thresholds,
+        alpha=alpha,
+        baseline_sources=[str(p) for p in base_paths],
+        candidate_sources=[str(p) for p in cand_paths],
+        metrics=metric_names or None,
+        min_runs=min_runs,
+        watch_deviation=watch_deviation,
+    )
+    cmp.warnings[:0] = base.notes + cand.notes
+    if not cmp.matched and not (promote and force):
+        raise InputError([_no_match_problem(cmp, base_paths, cand_paths)])
+    write_outputs(
+        cmp,
+        fmt=fmt,
+        direction=direction,
+        output=output,
+        output_dir=output_dir,
+        all_rows=all_rows,
+        fail_on_missing=fail_on_missing,
+    )
+    code = cmp.exit_code(fail_on_missing=fail_on_missing)
+    if promote:
+        promote_candidate(cmp, cand.index, base_paths[0], cand_paths=cand_paths, code=code, force=force)
+    return code
+
+
+def check_usage(
+    base_paths: Sequence[Path],
+    cand_paths: Sequence[Path],
+    *,
+    one_side_given: bool,
+    fmt: str,
+    direction: str | None,
+    output_dir: Path | None,
+    promote: bool,
+    force: bool,
+) -> None:
+    """click.UsageError (exit 2, with the usage lines) for options that do not go together."""
+    if one_side_given:
+        raise click.UsageError("give both BASELINE and CANDIDATE (or neither, with -B/-C)")
     if not base_paths or not cand_paths:
         raise click.UsageError("need a baseline and a candidate: harness compare BASELINE CANDIDATE")
     if fmt == "github-benchmark" and direction is None and output_dir is None:
@@ -209,50 +261,36 @@ def compare_command(
         raise click.UsageError("--force only applies with --promote")
     if promote and len(base_paths) != 1:
         raise click.UsageError("--promote needs exactly one BASELINE directory to replace")
-    check_outputs(output, output_dir)
-    check_watch_deviation(watch_deviation)  # NOTE: before anything is loaded: a bad value is exit 2 at once
 
-    if promote and not force and not base_paths[0].exists():
+
+def check_promote_baseline(baseline: Path, *, sources: Sequence[Path], force: bool) -> None:
+    """InputError (exit 2) before anything is loaded when --promote cannot replace `baseline`: absent without
+    --force, or not a folder promote may write (harness.compare.promote)."""
+    if not force and not baseline.exists():
         raise InputError(
             [
                 Problem(
-                    str(base_paths[0]),
+                    str(baseline),
                     "",
                     "baseline: no such directory; to make CANDIDATE the first baseline: --promote --force",
                 )
             ]
         )
-    if promote:
-        check_promote_target(base_paths[0], sources=cand_paths)
-    thresholds = parse_thresholds(threshold_args)
-    problems: list[Problem] = []
-    notes: list[str] = []
-    bootstrap = promote and force and not base_paths[0].exists()
-    # NOTE: each record is indexed by spec as it loads: only the one each cell uses stays in memory
-    (base, base_problems, base_notes), (cand, cand_problems, cand_notes) = _load_sides(
-        base_paths, cand_paths, ignore=ignore_spec_key, bootstrap=bootstrap
-    )
-    problems += base_problems + cand_problems
-    notes += base_notes + cand_notes
-    if problems:
-        raise InputError(problems)
+    check_promote_target(baseline, sources=sources)
 
-    cmp = compare_indexed(
-        base,
-        cand,
-        thresholds=thresholds,
-        alpha=alpha,
-        min_samples=min_samples,
-        baseline_sources=[str(p) for p in base_paths],
-        candidate_sources=[str(p) for p in cand_paths],
-        metrics=metric_names or None,
-        min_runs=min_runs,
-        watch_deviation=watch_deviation,
-    )
-    cmp.warnings[:0] = notes
-    if not cmp.matched and not (promote and force):
-        raise InputError([_no_match_problem(cmp, base_paths, cand_paths)])
 
+def write_outputs(
+    cmp: Comparison,
+    *,
+    fmt: str,
+    direction: str | None,
+    output: Path | None,
+    output_dir: Path | None,
+    all_rows: bool,
+    fail_on_missing: bool,
+) -> None:
+    """The chosen rendering to stdout (and -o), every format to --output-dir, then the warnings to stderr; each
+    rendering made once wherever it goes."""
     renderers: dict[str, Callable[[], str]] = {
         "table": lambda: render_table(cmp, all_rows=all_rows, fail_on_missing=fail_on_missing),
         "md": lambda: render_markdown(cmp, all_rows=all_rows, fail_on_missing=fail_on_missing),
@@ -277,29 +315,32 @@ def compare_command(
     for w in cmp.warnings:
         click.echo(f"warning: {w}", err=True)
 
-    code = cmp.exit_code(fail_on_missing=fail_on_missing)
-    if promote:
-        if code == 0 or force:
-            # NOTE: every ok run of a cell (its repeats), so the baseline keeps what timing is judged on
-            chosen: list[RunFile | Record] = []
-            for c in cmp.cells:
-                if c.candidate is None:
-                    continue
-                runs = cand.run_files.get(c.key) if c.candidate.ok else None
-                chosen += runs if runs else [c.candidate]
-            dest = promote_baseline(chosen, base_paths[0], sources=[str(p) for p in cand_paths])
-            click.echo(
-                f"promoted {len(chosen)} candidate record(s) of {sum(c.candidate is not None for c in cmp.cells)} "
-                f"cell(s) to baseline {dest}" + (" (forced)" if code else ""),
-                err=True,
-            )
-        else:
-            click.echo(
-                f"not promoted: the comparison failed (exit {code}); baseline {base_paths[0]} is "
-                "unchanged (--force promotes anyway)",
-                err=True,
-            )
-    return code
+
+def promote_candidate(
+    cmp: Comparison, cand: SideIndex, baseline: Path, *, cand_paths: Sequence[Path], code: int, force: bool
+) -> None:
+    """--promote: the candidate's records become the baseline when the comparison passed (`code` 0) or --force;
+    otherwise the baseline stays and stderr says why."""
+    if code != 0 and not force:
+        click.echo(
+            f"not promoted: the comparison failed (exit {code}); baseline {baseline} is "
+            "unchanged (--force promotes anyway)",
+            err=True,
+        )
+        return
+    # NOTE: every ok run of a cell (its repeats), so the baseline keeps what timing is judged on
+    chosen: list[RunFile | Record] = []
+    for c in cmp.cells:
+        if c.candidate is None:
+            continue
+        runs = cand.run_files.get(c.key) if c.candidate.ok else None
+        chosen += runs if runs else [c.candidate]
+    dest = promote_baseline(chosen, baseline, sources=[str(p) for p in cand_paths])
+    click.echo(
+        f"promoted {len(chosen)} candidate record(s) of {sum(c.candidate is not None for c in cmp.cells)} "
+        f"cell(s) to baseline {dest}" + (" (forced)" if code else ""),
+        err=True,
+    )
 
 
 def check_outputs(output: Path | None, output_dir: Path | None) -> None:
@@ -321,27 +362,45 @@ PARALLEL_LOAD_MIN_FILES = 2000
 this process loads the baseline"""
 
 
-Loaded = tuple[SideIndex, list[Problem], list[str]]
-"""a side's index, its problems (exit 2) and its notes (warnings)"""
+@dataclass(frozen=True)
+class LoadedSide:
+    """One side read and indexed by spec."""
+
+    index: SideIndex
+    problems: list[Problem]
+    """what is wrong with its input (exit 2, every problem of both sides at once)"""
+    notes: list[str]
+    """warnings, printed after the output"""
 
 
-def _load_side(paths: Sequence[Path], *, side: str, ignore: Sequence[str]) -> Loaded:
+def _load_side(paths: Sequence[Path], *, side: str, ignore: Sequence[str]) -> LoadedSide:
     """One side read and indexed, with its problems and notes."""
     index = SideIndex(side=side, ignore=ignore)
     problems: list[Problem] = []
     notes: list[str] = []
     index.add_all(iter_side(paths, side=side, problems=problems, notes=notes))
-    return index, problems, notes
+    return LoadedSide(index, problems, notes)
 
 
-def _load_sides(
+def load_sides(
     base_paths: Sequence[Path], cand_paths: Sequence[Path], *, ignore: Sequence[str], bootstrap: bool
-) -> tuple[Loaded, Loaded]:
+) -> tuple[LoadedSide, LoadedSide]:
+    """(baseline, candidate) read and indexed; InputError with the problems of both sides. `bootstrap` (--promote
+    --force onto a baseline that does not exist yet): the baseline is empty."""
+    base, cand = _read_sides(base_paths, cand_paths, ignore=ignore, bootstrap=bootstrap)
+    if base.problems or cand.problems:
+        raise InputError(base.problems + cand.problems)
+    return base, cand
+
+
+def _read_sides(
+    base_paths: Sequence[Path], cand_paths: Sequence[Path], *, ignore: Sequence[str], bootstrap: bool
+) -> tuple[LoadedSide, LoadedSide]:
     """(baseline, candidate), each as `_load_side` gives it. Reading and indexing is most of a big compare's time
     and the sides are independent: with many files the candidate is read in a forked child (it hands back its
     index) while this process reads the baseline. A child's process that fails reads the candidate here (the
     same result)."""
-    empty: Loaded = (SideIndex(side="baseline", ignore=ignore), [], [])
+    empty = LoadedSide(SideIndex(side="baseline", ignore=ignore), [], [])
     big = sys.platform == "linux" and not bootstrap
     if big:
         big = len(record_files(*[p for p in cand_paths if p.exists()])) >= PARALLEL_LOAD_MIN_FILES
@@ -352,7 +411,7 @@ def _load_sides(
             future = pool.submit(_load_side, cand_paths, side="candidate", ignore=ignore)
         except (OSError, ValueError, RuntimeError, ImportError):
             future = None
-    cand: Loaded | None = None
+    cand: LoadedSide | None = None
     try:
         base = empty if bootstrap else _load_side(base_paths, side="baseline", ignore=ignore)
         if future is not None:

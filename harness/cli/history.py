@@ -26,7 +26,7 @@ from harness.cli.compare import direction_option, format_option
 from harness.compare.load import iter_side
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
 from harness.core.errors import InputError, Problem
-from harness.history.judge import CellVerdict, HistoryCheck, Rules, check_entries
+from harness.history.judge import check_entries
 from harness.history.keys import Entry, entry_of
 from harness.history.render import (
     render_benchmark,
@@ -38,6 +38,7 @@ from harness.history.render import (
 )
 from harness.history.show import show_series
 from harness.history.store import HistoryStore, open_store
+from harness.history.verdicts import CellVerdict, HistoryCheck, Rules
 from harness.results.store import atomic_write_text, record_path
 
 if TYPE_CHECKING:
@@ -258,18 +259,14 @@ def _sweep_of(cell: CellVerdict) -> Path:
 def _what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster, Path]:
     """(scenario, cluster, results root) of the sweep whose manifest this is; InputError naming what is missing
     or no longer matches (an edited scenario file, a renamed profile)."""
-    import json
-
+    from harness.launch.core.manifest import read_manifest
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import load_scenario
 
-    try:
-        header = json.loads(manifest.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError([Problem(str(manifest), "--confirm", f"unreadable manifest: {e}")]) from None
+    header = read_manifest(manifest).header
     where = str(manifest)
-    scenario_file = header.get("scenario_file") or header.get("scenario")
-    cluster_ref = header.get("cluster_file") or header.get("cluster")
+    scenario_file = header.scenario_file or header.scenario
+    cluster_ref = header.cluster_file or header.cluster
     problems = []
     if not scenario_file or not Path(scenario_file).is_file():
         problems.append(
@@ -281,9 +278,9 @@ def _what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster
         raise InputError(problems)
     scenario = load_scenario(scenario_file)
     cluster = load_cluster(cluster_ref)
-    if scenario.name != header.get("sweep"):
+    if scenario.name != header.sweep:
         raise InputError(
-            [Problem(where, "scenario", f"{scenario_file} is now sweep {scenario.name!r}, not {header.get('sweep')!r}")]
+            [Problem(where, "scenario", f"{scenario_file} is now sweep {scenario.name!r}, not {header.sweep!r}")]
         )
     known = {s.run_id for s in scenario.expand(gpus_per_node=cluster.gpus_per_node)}
     gone = sorted(run_ids - known)

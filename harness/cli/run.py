@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,8 +19,12 @@ from harness.core.zoo import ZOO, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
 from harness.scenario.schema import STRATEGIES, load_scenario
 
+if TYPE_CHECKING:
+    from harness.launch.core.manifest import RunEntry, SweepManifest
 
-def _cluster_option(f):
+
+def cluster_option(f):
+    """`--cluster NAME`, as every command that runs or plans cells on a cluster profile takes it."""
     return click.option(
         "--cluster",
         "cluster_name",
@@ -31,7 +36,7 @@ def _cluster_option(f):
 
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@_cluster_option
+@cluster_option
 @click.option(
     "--results",
     default="results",
@@ -166,7 +171,7 @@ def _shown_path(path: str | Path, name: str) -> str:
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--cell", "cell", required=True, help="run_id (or a unique prefix) of the cell to run")
-@_cluster_option
+@cluster_option
 @click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
@@ -207,7 +212,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
 @click.command(name="list")
 @click.argument("what", type=click.Choice(["models", "strategies", "clusters", "cells"]))
 @click.argument("scenario", required=False)
-@_cluster_option
+@cluster_option
 def list_(what: str, scenario: str | None, cluster_name: str) -> int:
     """List zoo models, strategies, cluster profiles, or the cells (run_ids) of a SCENARIO."""
     if what == "models":
@@ -266,53 +271,53 @@ def _rounded_count(n: int) -> str:
 def status(results_dir: str) -> int:
     """Per-cell state of the sweep(s) under RESULTS_DIR (from each sweep's manifest and records). Cells still
     queued or running on SLURM show SLURM's live state (one sacct call per sweep)."""
-    from harness.launch.core.manifest import cell_runs
+    from harness.launch.core.manifest import read_manifest
 
     root = Path(results_dir)
     manifests = [root / "manifest.json"] if (root / "manifest.json").exists() else sorted(root.glob("*/manifest.json"))
     if not manifests:
         raise InputError([Problem(results_dir, "", "no sweep manifest found (is this a results dir?)")])
     for mpath in manifests:
-        data = json.loads(mpath.read_text())
-        cells = data.get("cells", {})
-        live, unavailable = _live_slurm_states(data)
-        counts: dict[str, int] = {}
-        runs = {run_id: cell_runs(c) for run_id, c in cells.items()}
-        n_runs = sum(len(r) for r in runs.values())
-        repeated = n_runs > len(cells)
-        click.echo(
-            f"sweep {data.get('sweep')!r} on {data.get('cluster')!r}: {len(cells)} cells"
-            + (f", {n_runs} runs (--repeat {data.get('repeat', '?')}; counts below are of runs)" if repeated else "")
-        )
-        for run_id, by_repeat in runs.items():
-            for k, c in by_repeat.items():
-                state, note = c.get("state", "?"), ""
-                if (run_id, k) in live:
-                    state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[(run_id, k)], repeat=k)
-                elif unavailable and c.get("state") in ("submitted", "running"):
-                    note = f"  (live SLURM state unavailable: {unavailable})"
-                counts[state] = counts.get(state, 0) + 1
-                pack = f" (pack {c['pack']['position']}/{c['pack']['of']})" if c.get("pack") else ""
-                which = f" run {k}" if repeated else ""
-                click.echo(
-                    f"  {state:9s} {c.get('status') or '-':9s} {run_id}{which}  job {c.get('job_id', '-')}{pack}{note}"
-                )
-        click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        _echo_status(mpath, read_manifest(mpath))
     return 0
 
 
-def _live_slurm_states(manifest: dict) -> tuple[dict[tuple[str, int], tuple[str, str]], str]:
+def _echo_status(mpath: Path, manifest: SweepManifest) -> None:
+    """One sweep's lines of `harness status`: a header, a line per run, the counts."""
+    live, unavailable = _live_slurm_states(manifest)
+    counts: dict[str, int] = {}
+    runs = {run_id: c.runs() for run_id, c in manifest.cells.items()}
+    n_runs = sum(len(r) for r in runs.values())
+    repeated = n_runs > len(runs)
+    click.echo(
+        f"sweep {manifest.sweep!r} on {manifest.cluster!r}: {len(runs)} cells"
+        + (f", {n_runs} runs (--repeat {manifest.repeat}; counts below are of runs)" if repeated else "")
+    )
+    for run_id, by_repeat in runs.items():
+        for k, c in by_repeat.items():
+            state, note = c.state or "?", ""
+            if (run_id, k) in live:
+                state, note = _shown_slurm_state(mpath.parent, run_id, c, *live[(run_id, k)], repeat=k)
+            elif unavailable and c.state in ("submitted", "running"):
+                note = f"  (live SLURM state unavailable: {unavailable})"
+            counts[state] = counts.get(state, 0) + 1
+            pack = f" (pack {c.pack.position}/{c.pack.of})" if c.pack else ""
+            which = f" run {k}" if repeated else ""
+            job = "-" if c.job_id is None else c.job_id
+            click.echo(f"  {state:9s} {c.status or '-':9s} {run_id}{which}  job {job}{pack}{note}")
+    click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+
+
+def _live_slurm_states(manifest: SweepManifest) -> tuple[dict[tuple[str, int], tuple[str, str]], str]:
     """({(run_id, repeat): (sacct state, nodes)} of a SLURM sweep's runs still in flight, why it is unavailable
     or '')."""
-    from harness.launch.core.manifest import cell_runs
-
-    if manifest.get("executor") != "slurm":
+    if manifest.executor != "slurm":
         return {}, ""
     in_flight = {
-        (run_id, k): c["job_id"]
-        for run_id, cell in manifest.get("cells", {}).items()
-        for k, c in cell_runs(cell).items()
-        if c.get("state") in ("submitted", "running") and c.get("job_id")
+        (run_id, k): c.job_id
+        for run_id, cell in manifest.cells.items()
+        for k, c in cell.runs().items()
+        if c.state in ("submitted", "running") and c.job_id
     }
     if not in_flight:
         return {}, ""
@@ -326,7 +331,7 @@ def _live_slurm_states(manifest: dict) -> tuple[dict[tuple[str, int], tuple[str,
 
 
 def _shown_slurm_state(
-    sweep_dir: Path, run_id: str, cell: dict, slurm_state: str, nodes: str, *, repeat: int = 1
+    sweep_dir: Path, run_id: str, cell: RunEntry, slurm_state: str, nodes: str, *, repeat: int = 1
 ) -> tuple[str, str]:
     """(state, note) of an in-flight SLURM cell: pending / running, or, once its job is over, done / failed when
     rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
@@ -338,7 +343,7 @@ def _shown_slurm_state(
 
     state = flight_state(slurm_state)
     note = f"  SLURM {slurm_state}" + (f" on {nodes}" if nodes else "")
-    packed = bool(cell.get("pack"))
+    packed = cell.pack is not None
     if state != "ended" and not packed:
         return ("pending" if state == "submitted" else "running"), note
     # NOTE: a run k >= 2 is written under its own root first (harness.launch.core.folder), then filed beside run 1
@@ -346,12 +351,12 @@ def _shown_slurm_state(
     staged_root = folder.staging_root(repeat)
     staged = staged_root / sweep_dir.name
     rec = folder.recorded(run_id, repeat) or record_or_none(record_path(staged_root, sweep_dir.name, run_id))
-    if rec is not None and rec.attempt == cell.get("attempt"):
+    if rec is not None and rec.attempt == cell.attempt:
         return ("done" if rec.ok else "failed"), note
     if state == "submitted":
         return "pending", note
     if state == "running":
-        if read_marker(staged if repeat > 1 else sweep_dir, run_id, 0, attempt=cell.get("attempt")) is None:
+        if read_marker(staged if repeat > 1 else sweep_dir, run_id, 0, attempt=cell.attempt) is None:
             return "pending", note + "; waiting for its turn in the pack"
         return "running", note
     return "ended", note + "; re-run the sweep to collect its record"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from harness.cli.run import _cluster_option
+from harness.cli.run import cluster_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -26,7 +26,7 @@ from harness.scenario.schema import load_scenario
 
 @click.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@_cluster_option
+@cluster_option
 @click.option(
     "--results",
     default="results",

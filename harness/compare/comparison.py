@@ -169,8 +169,6 @@ class Comparison:
     thresholds: dict[str, float]
     """"default" plus per-metric overrides (fractions)"""
     alpha: float
-    min_samples: int
-    """kept for the API and `--min-samples`; timing is judged on runs (`min_runs`), not on step samples"""
     baseline_sources: list[str] = field(default_factory=list)
     candidate_sources: list[str] = field(default_factory=list)
     baseline_records: int = 0
@@ -293,7 +291,6 @@ class Comparison:
                 "min_runs": self.min_runs,
                 "timing_test": "two-sided Welch t-test on the log of each run's value (its median step time, the "
                 "throughput at it), min_runs runs per side, p Holm-adjusted over the cells tested",
-                "min_samples": self.min_samples,
                 "watch_deviation": self.watch_deviation,
             },
             "regression": self.has_regression,

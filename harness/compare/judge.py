@@ -69,7 +69,7 @@ from harness.compare.metrics import (
     select_metrics,
     watched_deviation,
 )
-from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, DEFAULT_MIN_SAMPLES, run_level_p
+from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, run_level_p
 from harness.core.errors import InputError, Problem
 from harness.results.record import Record
 from harness.results.store import as_record
@@ -253,17 +253,14 @@ def _settings(
     *,
     thresholds: Mapping[str, float] | None,
     alpha: float,
-    min_samples: int,
     min_runs: int,
     metrics: Iterable[str] | None,
     watch_deviation: float | None = None,
 ) -> tuple[dict[str, float], tuple[Metric, ...]]:
-    """(thresholds, metrics) checked: InputError for a bad alpha, min_samples, min_runs, threshold, metric or
+    """(thresholds, metrics) checked: InputError for a bad alpha, min_runs, threshold, metric or
     watch_deviation (or one given while `metrics` leaves the deviation out)."""
     if not 0 < alpha < 1:
         raise InputError([Problem("--alpha", "", f"{alpha!r} is not in (0, 1)")])
-    if min_samples < 1:
-        raise InputError([Problem("--min-samples", "", f"{min_samples!r} is below 1")])
     if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 2:
         raise InputError([Problem("--min-runs", "", f"{min_runs!r} is not a whole number >= 2 (a test needs 2)")])
     judged = select_metrics(metrics)
@@ -286,7 +283,6 @@ def compare(
     *,
     thresholds: Mapping[str, float] | None = None,
     alpha: float = DEFAULT_ALPHA,
-    min_samples: int = DEFAULT_MIN_SAMPLES,
     ignore_spec_keys: Iterable[str] = (),
     baseline_sources: Sequence[str] = (),
     candidate_sources: Sequence[str] = (),
@@ -305,7 +301,6 @@ def compare(
     _settings(
         thresholds=thresholds,
         alpha=alpha,
-        min_samples=min_samples,
         min_runs=min_runs,
         metrics=metrics,
         watch_deviation=watch_deviation,
@@ -318,7 +313,6 @@ def compare(
         cand,
         thresholds=thresholds,
         alpha=alpha,
-        min_samples=min_samples,
         baseline_sources=baseline_sources,
         candidate_sources=candidate_sources,
         metrics=metrics,
@@ -333,7 +327,6 @@ def compare_indexed(
     *,
     thresholds: Mapping[str, float] | None = None,
     alpha: float = DEFAULT_ALPHA,
-    min_samples: int = DEFAULT_MIN_SAMPLES,
     baseline_sources: Sequence[str] = (),
     candidate_sources: Sequence[str] = (),
     metrics: Iterable[str] | None = None,
@@ -344,7 +337,6 @@ def compare_indexed(
     limits, judged = _settings(
         thresholds=thresholds,
         alpha=alpha,
-        min_samples=min_samples,
         min_runs=min_runs,
         metrics=metrics,
         watch_deviation=watch_deviation,
@@ -400,7 +392,6 @@ def compare_indexed(
         cells=cells,
         thresholds=limits,
         alpha=alpha,
-        min_samples=min_samples,
         baseline_sources=list(baseline_sources),
         candidate_sources=list(candidate_sources),
         baseline_records=base.records,

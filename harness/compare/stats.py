@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_ALPHA = 0.05
-"""two-sided Mann–Whitney U significance level for sampled metrics"""
-DEFAULT_MIN_SAMPLES = 5
-"""kept for `--min-samples` and the Python API; no verdict rests on per-step samples any more"""
+"""significance level of the timing test (`run_level_p`: two-sided Welch t-test on the log run-level values,
+Holm-adjusted over the cells tested): the chance of any false alarm in a comparison"""
 DEFAULT_MIN_RUNS = 3
 """runs (ok records of one cell) needed on each side before a timing change can be a regression"""
 

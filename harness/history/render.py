@@ -17,7 +17,8 @@ from harness.compare.metrics import DEVIATION
 from harness.compare.render import BENCHMARK_METRICS, dumps_json, fmt_value
 from harness.core import markdown as md
 from harness.core.errors import InputError, Problem
-from harness.history.judge import (
+from harness.history.keys import HISTORY_METRICS_BY_NAME, iso
+from harness.history.verdicts import (
     FAILING,
     IMPROVEMENT,
     INSUFFICIENT,
@@ -32,7 +33,6 @@ from harness.history.judge import (
     HistoryCheck,
     MetricVerdict,
 )
-from harness.history.keys import HISTORY_METRICS_BY_NAME, iso
 
 NOTABLE = (REGRESSION, IMPROVEMENT, SHIFTED)
 _ORDER = {REGRESSION: 0, IMPROVEMENT: 1, SHIFTED: 2}

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 from harness.compare.metrics import WATCHED
+from harness.history import keys
 from harness.history.changepoint import e_divisive
-from harness.history.judge import Rules
-from harness.history.keys import HISTORY_METRICS, is_exact, iso
-from harness.history.store import Cell, HistoryStore, Run
+from harness.history.keys import is_exact, iso
+from harness.history.rows import Cell, Machine, Run
+from harness.history.store import HistoryStore
+from harness.history.verdicts import Rules
 
 
 def cell_matches(cell: Cell, text: str | None) -> bool:
@@ -24,16 +26,11 @@ def cell_matches(cell: Cell, text: str | None) -> bool:
     return all(term in hay for term in text.lower().split())
 
 
-def _machine_key(run: Run) -> tuple[Any, ...]:
-    m = run.machine
-    return (m.get("cluster"), m.get("device_type"), m.get("device_name"), m.get("device_count"), m.get("driver"))
-
-
 def _change_points(runs: Sequence[Run], *, rules: Rules) -> dict[str, list[dict[str, Any]]]:
     """metric → its change points, as indices into `runs` with the levels on either side."""
     out: dict[str, list[dict[str, Any]]] = {}
     memo: dict[bytes, list[Any]] = {}
-    for metric in HISTORY_METRICS:
+    for metric in keys.HISTORY_METRICS:
         if is_exact(metric):
             continue
         # NOTE: the time model's deviation is searched on measured / predicted = 1 + deviation (positive)
@@ -78,23 +75,23 @@ def show_series(
         if not cell_matches(cell, cell_filter):
             continue
         runs = store.runs_of(cell.id, limit=last)
-        groups: dict[tuple[Any, ...], list[Run]] = {}
+        groups: dict[Machine, list[Run]] = {}
         for r in runs:
-            groups.setdefault(_machine_key(r), []).append(r)
+            groups.setdefault(r.machine, []).append(r)
         for group in groups.values():
             out.append(
                 {
                     "key": cell.key,
                     "label": cell.label,
                     "run_id": cell.run_id,
-                    "machine": group[0].machine,
+                    "machine": group[0].machine.as_dict(),
                     "runs": [
                         {
                             "time": iso(r.time),
                             "label": r.label,
                             "status": r.status,
                             "values": r.values,
-                            "software": r.software,
+                            "software": r.software.as_dict(),
                         }
                         for r in group
                     ],

@@ -4,27 +4,31 @@ Two back ends, one schema: SQLite (the default: `--db PATH`, one file, no server
 (`--db postgresql://user@host:port/dbname`, for nightly jobs on many machines; needs `psycopg`, the
 `history-pg` extra).
 
-Tables (schema version 2, in `schema_version`):
+Tables (schema version 2, in `schema_version`); each row is a type in harness.history.rows, and this module
+reads and writes them only through those types:
 
 | table | one row per | columns |
 |---|---|---|
 | `cells` | cell | key (canonical spec JSON, unique), label, run_id (first seen), model, strategy, precision, gpus |
 | `machines` | machine | cluster, device_type, device_name, device_count, driver |
 | `software` | software stack | python, torch, cuda, nccl, deepspeed, harness_sha |
-| `metrics` | metric | name, column (its column in `runs`), unit, lower_is_better |
+| `metrics` | metric | name, column_name (its column in `runs`), unit, lower_is_better |
 | `batches` | `history add` that stored something | added_at, label, source, runs |
 | `runs` | record | uid (unique: idempotent adds), cell, machine, software, batch, time (finished, Unix s), status |
 | (`runs`) | metric | one column per metric: the run's value (median step time, tokens/s, peak memory, …; null: none) |
 
 One row per run with a column per metric, not a row per value: a check of 1,000 cells reads 60 runs of each in
-one indexed range scan apiece (a row per value made that 600,000 rows). A metric added later is a new column
-and a new schema version (`ADDED_IN_VERSION`): `history add` migrates an older database in one transaction
-(ALTER TABLE … ADD COLUMN, null for the runs stored before; every run kept), while `check` and `show`, which never
-write, read an older database as it is, the missing metrics null. Version 2 added the time model's deviation.
+one indexed range scan apiece (a row per value made that 600,000 rows). The metric columns follow the registry
+(harness.history.keys.HISTORY_METRICS) with no code per metric: opening a database to write (`history add`) adds
+a nullable column, and its `metrics` row, for every registry metric the database lacks, in one transaction
+(ALTER TABLE … ADD COLUMN: null for the runs stored before; every run kept); `check` and `show`, which never
+write, read a database as it is, the metrics it lacks null. The schema version counts changes of the tables
+themselves, not metrics: 2 is the layout since the time model's deviation (issue 16), and a version-1 database
+(no deviation column) becomes version 2 when a writer adds the column.
 
 Writers are safe together: every add is one transaction (all of its records or none); SQLite runs in WAL mode
 with a busy timeout and takes the write lock when the transaction begins (`BEGIN IMMEDIATE`), so concurrent
-adds queue instead of failing with "database is locked"; PostgreSQL serialises schema creation with an advisory
+adds queue instead of failing with "database is locked"; PostgreSQL serialises schema changes with an advisory
 lock and lets concurrent adds race on the unique keys (`ON CONFLICT DO NOTHING`).
 
 A database written by a newer harness (a higher schema version) is refused with a clear error, never half-read.
@@ -39,23 +43,41 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from harness.compare.metrics import DEVIATION
 from harness.core.errors import InputError, Problem
-from harness.history.keys import HISTORY_METRICS, MACHINE_FIELDS, SOFTWARE_FIELDS, Entry, identity_key
+from harness.history.keys import Entry
+from harness.history.rows import (
+    BATCH_COLUMNS,
+    CELL_COLUMNS,
+    MACHINE_COLUMNS,
+    METRIC_COLUMNS,
+    RUN_COLUMNS,
+    SOFTWARE_COLUMNS,
+    Batch,
+    Cell,
+    CellRow,
+    Machine,
+    MetricColumn,
+    Run,
+    Software,
+    StoredRun,
+    registry_columns,
+    registry_rows,
+)
 
 SCHEMA_VERSION = 2
-"""1: the first; 2: `runs.predicted_step_time_deviation` (the time model's deviation, issue 16)"""
+"""the tables' layout: 1 the first; 2 since the time model's deviation (issue 16). Metric columns come and go with
+the registry and need no version"""
 BUSY_TIMEOUT_S = 120.0
 """how long a SQLite writer waits for another's transaction before giving up (s)"""
 _CHUNK = 500
 """values per `IN (...)` list (SQLite's variable limit is 999 in old builds), and runs per INSERT"""
-_ADVISORY_LOCK = 0x68617273  # "hars": serialises schema creation on PostgreSQL
+_ADVISORY_LOCK = 0x68617273  # "hars": serialises schema changes on PostgreSQL
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -88,20 +110,15 @@ _DIALECT_TYPES = {
         "double": "DOUBLE PRECISION",
     },
 }
-COLUMNS = {m.name: m.name.replace(".", "_") for m in HISTORY_METRICS}
-"""metric name → its column in `runs`"""
-ADDED_IN_VERSION = {DEVIATION: 2}
-"""metric name → the schema version that added its column (the others: 1); a migration adds them in order"""
-_RUN_FIELDS = ("uid", "cell", "machine", "software", "batch", "time", "status")
 
 
 def _ddl(dialect: str) -> list[str]:
     types = _DIALECT_TYPES[dialect]
-    columns = ", ".join(f"{col} {types['double']}" for col in COLUMNS.values())
+    columns = ", ".join(f"{col} {types['double']}" for col in registry_columns().values())
     return [s for s in _TABLES.format(**types, value_columns=columns).split(";") if s.strip()]
 
 
-@dataclass
+@dataclass(frozen=True)
 class AddResult:
     """What one `add` did."""
 
@@ -112,30 +129,6 @@ class AddResult:
     batch: int | None
     """the batch id of this add; None when nothing was stored"""
     new_cells: int = 0
-
-
-@dataclass
-class Run:
-    """One stored run, as the judge and `history show` read it."""
-
-    id: int
-    uid: int
-    time: int
-    """Unix seconds (the record's finished_at)"""
-    status: str
-    label: str | None
-    """the label given to `history add`"""
-    machine: dict[str, Any]
-    software: dict[str, Any]
-    values: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Cell:
-    id: int
-    key: str
-    label: str
-    run_id: str
 
 
 def redact(url: str) -> str:
@@ -169,10 +162,12 @@ class HistoryStore:
         self.dialect = dialect
         self.where = where
         """the path or redacted URL, for messages"""
-        self._machines: dict[int, dict[str, Any]] | None = None
-        self._software: dict[int, dict[str, Any]] | None = None
+        self._machines: dict[int, Machine] | None = None
+        self._software: dict[int, Software] | None = None
         self.version = SCHEMA_VERSION
-        """the database's schema version (an older one read as it is, or migrated by a writer)"""
+        """the database's schema version (an older one read as it is, or brought up to date by a writer)"""
+        self.columns: Mapping[str, str] = registry_columns()
+        """metric name → its column in `runs`, for the registry's metrics this database has (set by `prepare`)"""
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -192,6 +187,13 @@ class HistoryStore:
         else:
             self.conn.executemany(sql, rows)
 
+    def insert(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, unique: str) -> None:
+        """INSERT rows (values in `columns` order); a row whose `unique` column is already there is left alone."""
+        marks = ", ".join("?" * len(columns))
+        self.executemany(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT ({unique}) DO NOTHING", rows
+        )
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """One write transaction: committed when the block ends, rolled back (nothing stored) when it raises.
@@ -208,6 +210,15 @@ class HistoryStore:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def schema_change(self) -> Iterator[None]:
+        """A transaction that may change the schema: PostgreSQL writers take the advisory lock first, so that
+        one of two writers opening an old or new database at once changes it and the other finds it done."""
+        with self.transaction():
+            if self.dialect == "postgresql":
+                self.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK,))
+            yield
 
     def close(self) -> None:
         self.conn.close()
@@ -233,15 +244,24 @@ class HistoryStore:
             sql = "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
         return int(self.execute(sql).fetchone()[0])
 
+    def runs_columns(self) -> set[str]:
+        """The columns the `runs` table has in this database."""
+        if self.dialect == "postgresql":
+            sql = (
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = 'runs'"
+            )
+            return {r[0] for r in self.execute(sql).fetchall()}
+        return {r[1] for r in self.execute("PRAGMA table_info(runs)").fetchall()}
+
     def _version(self) -> int:
         rows = self.execute("SELECT version FROM schema_version").fetchall()
         if len(rows) != 1:
             raise InputError([Problem(self.where, "schema_version", f"{len(rows)} rows; a history has exactly 1")])
         return int(rows[0][0])
 
-    def _check_version(self, *, create: bool = False) -> None:
-        """Refuse a newer schema; an older one is migrated when this connection writes (`create`: `history add`),
-        and otherwise read as it is (`check` and `show` never write: the metrics it lacks read as null)."""
+    def _check_version(self) -> int:
+        """The database's schema version; InputError for a newer one (or one below 1)."""
         version = self._version()
         if version > SCHEMA_VERSION:
             raise InputError(
@@ -256,61 +276,74 @@ class HistoryStore:
             )
         if version < 1:
             raise InputError([Problem(self.where, "", f"history schema version {version} is not one this reads")])
-        if version < SCHEMA_VERSION and create:
-            version = self._migrate()
-        self.version = version
+        return version
 
-    def _migrate(self) -> int:
-        """Bring an older schema to SCHEMA_VERSION in one transaction (a metric added later is a new, null column
-        in `runs` and a row in `metrics`; every stored run stays as it was). Returns the version now."""
-        with self.transaction():
-            if self.dialect == "postgresql":
-                self.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK,))
-            version = self._version()  # NOTE: another writer may have migrated it while this one waited
+    def _present(self, columns: Mapping[str, str]) -> dict[str, str]:
+        """`columns` (metric name → column) less those this database's `runs` lacks."""
+        have = self.runs_columns()
+        return {name: col for name, col in columns.items() if col in have}
+
+    def metrics(self) -> list[MetricColumn]:
+        """The `metrics` table: every metric this database has a column for, in the order they came."""
+        rows = self.execute(f"SELECT {', '.join(METRIC_COLUMNS)} FROM metrics ORDER BY id").fetchall()
+        return [MetricColumn(name, col, unit, bool(lower)) for name, col, unit, lower in rows]
+
+    def _up_to_date(self, version: int) -> bool:
+        """Whether the database has this harness' layout and every registry metric (column and `metrics` row)."""
+        if version < SCHEMA_VERSION or len(self._present(registry_columns())) < len(registry_columns()):
+            return False
+        return {m.name for m in self.metrics()} >= set(registry_columns())
+
+    def add_metric_columns(self) -> None:
+        """Bring the database to this harness: a nullable `runs` column and a `metrics` row for every registry
+        metric it lacks (no code per metric: harness.history.rows.registry_columns), and the schema version, in
+        one transaction; every stored run stays as it was, null in the new columns."""
+        with self.schema_change():
+            version = self._check_version()  # NOTE: another writer may have done it while this one waited
             double = _DIALECT_TYPES[self.dialect]["double"]
-            for name, since in ADDED_IN_VERSION.items():
-                if version < since:
-                    self.execute(f"ALTER TABLE runs ADD COLUMN {COLUMNS[name]} {double}")
+            have = self.runs_columns()
+            guard = "IF NOT EXISTS " if self.dialect == "postgresql" else ""
+            for col in registry_columns().values():
+                if col not in have:
+                    self.execute(f"ALTER TABLE runs ADD COLUMN {guard}{col} {double}")
+            self._ensure_metrics()
             if version < SCHEMA_VERSION:
                 self.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
-                self._ensure_metrics()
-        return SCHEMA_VERSION
-
-    @property
-    def columns(self) -> dict[str, str]:
-        """metric name → its column in `runs`, for the metrics this database's schema version has"""
-        return {name: col for name, col in COLUMNS.items() if ADDED_IN_VERSION.get(name, 1) <= self.version}
 
     def prepare(self, *, create: bool) -> None:
-        """Check the schema (create it when `create` and absent; migrate an older one when `create`); InputError
-        when this is not a history."""
+        """Check the schema and learn its metric columns: create it when `create` and absent; when `create`, add
+        the registry's metrics an older database lacks (`add_metric_columns`). InputError when this is not a
+        history, or a newer one."""
         if self._has_table("schema_version"):
-            self._check_version(create=create)
+            self.version = self._check_version()
+            if create and not self._up_to_date(self.version):
+                self.add_metric_columns()
+                self.version = SCHEMA_VERSION
+            self.columns = self._present(registry_columns())
             return
         if not create:
             what = "an empty database" if self._table_count() == 0 else "a database without a harness history"
             raise InputError(
                 [Problem(self.where, "", f"{what}; `harness history add --db {self.where} RESULTS_DIR` creates one")]
             )
-        with self.transaction():
-            if self.dialect == "postgresql":
-                self.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK,))
+        with self.schema_change():
             if self._has_table("schema_version"):  # another writer created it while this one waited
-                self._check_version()  # NOTE: at its version (a migration would nest this transaction)
-                return
-            if self._table_count() and self.dialect == "sqlite":
-                raise InputError([Problem(self.where, "", "a SQLite database that is not a harness history")])
-            for statement in _ddl(self.dialect):
-                self.execute(statement)
-            self.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-            self._ensure_metrics()
+                self.version = self._check_version()
+            else:
+                if self._table_count() and self.dialect == "sqlite":
+                    raise InputError([Problem(self.where, "", "a SQLite database that is not a harness history")])
+                for statement in _ddl(self.dialect):
+                    self.execute(statement)
+                self.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                self._ensure_metrics()
+                self.version = SCHEMA_VERSION
+        if not self._up_to_date(self.version):  # NOTE: after the transaction: this one would nest in it
+            self.add_metric_columns()
+            self.version = SCHEMA_VERSION
+        self.columns = self._present(registry_columns())
 
     def _ensure_metrics(self) -> None:
-        self.executemany(
-            "INSERT INTO metrics (name, column_name, unit, lower_is_better) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (name) DO NOTHING",
-            [(m.name, COLUMNS[m.name], m.unit, int(m.lower_is_better)) for m in HISTORY_METRICS],
-        )
+        self.insert("metrics", METRIC_COLUMNS, [m.as_row() for m in registry_rows()], unique="name")
 
     # ---------------------------------------------------------------------------------------------- writing
 
@@ -322,13 +355,13 @@ class HistoryStore:
                 out[key] = id_
         return out
 
-    def _ensure_identities(self, table: str, fields: Sequence[str], rows: dict[str, dict[str, Any]]) -> dict[str, int]:
-        """key → id for each identity (machine, software, cell), inserting the new ones."""
-        cols = ", ".join(["key", *fields])
-        marks = ", ".join("?" * (len(fields) + 1))
-        self.executemany(
-            f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (key) DO NOTHING",
-            [(key, *(row[f] for f in fields)) for key, row in rows.items()],
+    def _ensure_identities(self, table: str, columns: Sequence[str], rows: Mapping[str, Any]) -> dict[str, int]:
+        """key → id for each identity row (Cell, Machine, Software by its key), inserting the new ones."""
+        self.insert(
+            table,
+            ["key", *columns],
+            [(key, *(getattr(row, c) for c in columns)) for key, row in rows.items()],
+            unique="key",
         )
         return self._ids_by_key(table, list(rows))
 
@@ -339,12 +372,11 @@ class HistoryStore:
             found.update(r[0] for r in self.execute(f"SELECT uid FROM runs WHERE uid IN ({marks})", chunk).fetchall())
         return found
 
-    def _insert_runs(self, rows: list[tuple[Any, ...]]) -> None:
-        cols = [*_RUN_FIELDS, *COLUMNS.values()]
-        marks = ", ".join("?" * len(cols))
+    def _insert_runs(self, rows: list[StoredRun]) -> None:
+        names = tuple(self.columns)
         # NOTE: a run another writer stored meanwhile (PostgreSQL: two adds of one sweep at once) is skipped, not
         # an error; SQLite adds never overlap (BEGIN IMMEDIATE)
-        self.executemany(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT (uid) DO NOTHING", rows)
+        self.insert("runs", [*RUN_COLUMNS, *self.columns.values()], [r.as_row(names) for r in rows], unique="uid")
 
     def add(self, entries: Sequence[Entry], *, label: str | None, source: str) -> AddResult:
         """Store every entry not stored yet, in one transaction: all of them, or (on any error) none."""
@@ -356,50 +388,12 @@ class HistoryStore:
             new = [e for uid, e in unique.items() if uid not in already]
             if not new:
                 return AddResult(added=0, already=len(entries), batch=None)
-            batch = self._insert_batch(label=label, source=source, runs=len(new))
-            self._ensure_metrics()
+            batch = self._insert_batch(Batch(added_at=int(time.time()), label=label, source=source, runs=len(new)))
             cells_before = len(self._ids_by_key("cells", sorted({e.cell for e in new})))
-            cells = self._ensure_identities(
-                "cells",
-                ("label", "run_id", "model", "strategy", "precision", "gpus"),
-                {
-                    e.cell: {
-                        "label": e.label,
-                        "run_id": e.run_id,
-                        "model": e.spec.get("model"),
-                        "strategy": e.spec.get("strategy"),
-                        "precision": e.spec.get("precision"),
-                        "gpus": e.spec.get("gpus"),
-                    }
-                    for e in new
-                },
-            )
-            machines = self._ensure_identities(
-                "machines", MACHINE_FIELDS, {identity_key(e.machine): e.machine for e in new}
-            )
-            software = self._ensure_identities(
-                "software", SOFTWARE_FIELDS, {identity_key(e.software): e.software for e in new}
-            )
-            rows = [
-                (
-                    e.uid,
-                    cells[e.cell],
-                    machines[identity_key(e.machine)],
-                    software[identity_key(e.software)],
-                    batch,
-                    e.time,
-                    e.status,
-                    *(e.values.get(name) for name in COLUMNS),
-                )
-                for e in new
-            ]
+            rows = self._stored_runs(new, batch=batch)
             for chunk in _chunks(rows):
                 self._insert_runs(list(chunk))
-            added = 0
-            for chunk in _chunks([e.uid for e in new]):
-                marks = ",".join("?" * len(chunk))
-                sql = f"SELECT count(*) FROM runs WHERE batch = ? AND uid IN ({marks})"
-                added += int(self.execute(sql, (batch, *chunk)).fetchone()[0])
+            added = self._count_added(new, batch=batch)
             if added < len(new):  # another writer stored some of them first
                 self.execute("UPDATE batches SET runs = ? WHERE id = ?", (added, batch))
                 if not added:
@@ -409,36 +403,69 @@ class HistoryStore:
             added=added,
             already=len(entries) - added,
             batch=batch if added else None,
-            new_cells=len(cells) - cells_before,
+            new_cells=len({e.cell for e in new}) - cells_before,
         )
 
-    def _insert_batch(self, *, label: str | None, source: str, runs: int) -> int:
-        sql = "INSERT INTO batches (added_at, label, source, runs) VALUES (?, ?, ?, ?)"
-        params = (int(time.time()), label, source, runs)
+    def _stored_runs(self, new: Sequence[Entry], *, batch: int) -> list[StoredRun]:
+        """The `runs` rows of `new`, their cell, machine and software rows stored first (the new ones)."""
+        cells = self._ensure_identities("cells", CELL_COLUMNS, {e.cell: CellRow.of(e) for e in new})
+        machines = {e.uid: Machine.of(e.machine) for e in new}
+        software = {e.uid: Software.of(e.software) for e in new}
+        machine_ids = self._ensure_identities("machines", MACHINE_COLUMNS, {m.key: m for m in machines.values()})
+        software_ids = self._ensure_identities("software", SOFTWARE_COLUMNS, {s.key: s for s in software.values()})
+        return [
+            StoredRun(
+                uid=e.uid,
+                cell=cells[e.cell],
+                machine=machine_ids[machines[e.uid].key],
+                software=software_ids[software[e.uid].key],
+                batch=batch,
+                time=e.time,
+                status=e.status,
+                values=e.values,
+            )
+            for e in new
+        ]
+
+    def _count_added(self, new: Sequence[Entry], *, batch: int) -> int:
+        """How many of `new` this add's batch stored (fewer when another writer stored some first)."""
+        added = 0
+        for chunk in _chunks([e.uid for e in new]):
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT count(*) FROM runs WHERE batch = ? AND uid IN ({marks})"
+            added += int(self.execute(sql, (batch, *chunk)).fetchone()[0])
+        return added
+
+    def _insert_batch(self, batch: Batch) -> int:
+        marks = ", ".join("?" * len(BATCH_COLUMNS))
+        sql = f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})"
+        params = tuple(getattr(batch, c) for c in BATCH_COLUMNS)
         if self.dialect == "postgresql":
             return int(self.execute(sql + " RETURNING id", params).fetchone()[0])
         return int(self.execute(sql, params).lastrowid)
 
     # ---------------------------------------------------------------------------------------------- reading
 
-    def _lookup(self, table: str, fields: Sequence[str]) -> dict[int, dict[str, Any]]:
-        rows = self.execute(f"SELECT id, {', '.join(fields)} FROM {table}").fetchall()
-        return {r[0]: dict(zip(fields, r[1:])) for r in rows}
-
     @property
-    def machines(self) -> dict[int, dict[str, Any]]:
+    def machines(self) -> dict[int, Machine]:
+        """id → machine row (read once per connection, and again after an add)."""
         if self._machines is None:
-            self._machines = self._lookup("machines", MACHINE_FIELDS)
+            rows = self.execute(f"SELECT id, {', '.join(MACHINE_COLUMNS)} FROM machines").fetchall()
+            self._machines = {r[0]: Machine(*r[1:]) for r in rows}
         return self._machines
 
     @property
-    def software(self) -> dict[int, dict[str, Any]]:
+    def software(self) -> dict[int, Software]:
+        """id → software row (read once per connection, and again after an add)."""
         if self._software is None:
-            self._software = self._lookup("software", SOFTWARE_FIELDS)
+            rows = self.execute(f"SELECT id, {', '.join(SOFTWARE_COLUMNS)} FROM software").fetchall()
+            self._software = {r[0]: Software(*r[1:]) for r in rows}
         return self._software
 
     def cells(self) -> list[Cell]:
-        rows = self.execute("SELECT id, key, label, run_id FROM cells ORDER BY label, id").fetchall()
+        """Every cell, by label."""
+        columns = ("key", *CELL_COLUMNS, "id")
+        rows = self.execute(f"SELECT {', '.join(columns)} FROM cells ORDER BY label, id").fetchall()
         return [Cell(*r) for r in rows]
 
     def cell_ids(self, keys: Iterable[str]) -> dict[str, int]:
@@ -450,9 +477,9 @@ class HistoryStore:
         """The cell's runs, oldest first: the last `limit` of them (all when None), on `cluster` (any when None),
         finished at or before `until` (Unix s; any time when None)."""
         columns = self.columns
-        values = ", ".join(f"r.{col}" for col in columns.values())
+        values = "".join(f", r.{col}" for col in columns.values())
         sql = (
-            f"SELECT r.id, r.uid, r.time, r.status, r.machine, r.software, b.label, {values} FROM runs r "
+            f"SELECT r.id, r.uid, r.time, r.status, r.machine, r.software, b.label{values} FROM runs r "
             "JOIN batches b ON b.id = r.batch JOIN machines m ON m.id = r.machine WHERE r.cell = ?"
         )
         params: list[Any] = [cell]
@@ -483,12 +510,12 @@ class HistoryStore:
         ]
 
     def counts(self) -> dict[str, int]:
-        """Rows per table (tests, `history show` summary)."""
+        """Rows per table (tests, `history show` summary), and `values`: the non-null metric values."""
         out = {
             t: int(self.execute(f"SELECT count(*) FROM {t}").fetchone()[0])
             for t in ("cells", "machines", "software", "batches", "runs")
         }
-        counted = " + ".join(f"count({col})" for col in self.columns.values())
+        counted = " + ".join(f"count({col})" for col in self.columns.values()) or "0"
         out["values"] = int(self.execute(f"SELECT {counted} FROM runs").fetchone()[0])
         return out
 

@@ -2,7 +2,7 @@
 `history check` applied to every run and the change points in the series, as plain data (lists and dicts) that
 the report draws without importing the history.
 
-A run's band is the out-of-band rule of harness.history.judge applied to it against the runs before it (at most
+A run's band is the out-of-band rule of harness.history.metric_judge applied to it against the runs before it (at most
 `window` of them): the level (median of the recent stable values) ± max(k·σ·inflation, threshold) in log space,
 σ the between-run noise of those runs. A run with fewer than `min_history` ok values before it has no band (the
 judge reports such a run and never flags it). The change points are those of `history show` (E-Divisive means
@@ -15,10 +15,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from harness.history.judge import INFLATE, Rules, _level, noise_sigma
-from harness.history.keys import HISTORY_METRICS_BY_NAME
+from harness.history import keys
+from harness.history.metric_judge import INFLATE, noise_sigma, recent_level
 from harness.history.show import show_series
 from harness.history.store import HistoryStore
+from harness.history.verdicts import Rules
 
 DEFAULT_METRIC = "step_time_s"
 
@@ -50,7 +51,7 @@ def bands(
             sigma = noise_sigma(y)
             half = max(rules.k * sigma * (1 + INFLATE / max(len(y) - 1, 1)), thr)
             since = max((c - (len(before) - len(y)) for c in starts if c < len(before)), default=0)
-            level = _level(y, rules=rules, since=max(since, 0))
+            level = recent_level(y, rules=rules, since=max(since, 0))
             lo, hi = sorted((math.exp(orient * (level - half)), math.exp(orient * (level + half))))
             out.append((math.exp(orient * level), lo, hi))
         if v is not None and v > 0:
@@ -69,9 +70,9 @@ def trend_series(
     """{"metric", "unit", "lower_is_better", "series": [{label, run_id, machine, runs: [{time, label, status,
     value, band}], change_points: [{index, time, label, before, after, p_value}], out_of_band: [run indices]}]}"""
     rules = (rules or Rules()).checked()
-    if metric not in HISTORY_METRICS_BY_NAME:
+    m = next((m for m in keys.HISTORY_METRICS if m.name == metric), None)
+    if m is None:
         raise KeyError(metric)
-    m = HISTORY_METRICS_BY_NAME[metric]
     out = []
     for s in show_series(store, cell_filter=cell_filter, last=last, rules=rules):
         runs = s["runs"]

@@ -20,15 +20,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.history.judge import REGRESSION, Rules, judge_cell
+from harness.history.judge import judge_cell
 from harness.history.keys import Entry
-from harness.history.store import Run
+from harness.history.rows import Machine, Run, Software
+from harness.history.verdicts import REGRESSION, Rules
 
 pytestmark = pytest.mark.slow  # about 30 s: tens of thousands of judged nights
 
 NIGHTS = 60
 FIRST_JUDGED = 5  # min_history
 RULES = Rules()
+HERE = Machine.of({"cluster": "local"})
+STACK = Software.of({})
 
 
 def series(
@@ -46,7 +49,16 @@ def series(
 def judge_night(values: np.ndarray, night: int):
     """Judge `values[night]` against the nights before it: the step time's verdict."""
     runs = [
-        Run(id=i, uid=i, time=i, status="ok", label=f"night {i}", machine={}, software={}, values={"step_time_s": v})
+        Run(
+            id=i,
+            uid=i,
+            time=i,
+            status="ok",
+            label=f"night {i}",
+            machine=HERE,
+            software=STACK,
+            values={"step_time_s": v},
+        )
         for i, v in enumerate(values[:night])
     ]
     entry = Entry(

@@ -37,7 +37,7 @@ def test_round_trip_keeps_every_field(db_url):
         assert r0.values["comm.bytes_per_step"] == rec0["comm"]["bytes_per_step"]
         assert r0.values["predicted.memory_gib.total"] == rec0["predicted"]["memory_gib"]["total"]
         assert "mfu" not in r0.values  # null on CPU: not stored
-        assert r0.software == {
+        assert r0.software.as_dict() == {
             "python": rec0["env"]["python"],
             "torch": rec0["env"]["torch"],
             "cuda": None,
@@ -45,7 +45,7 @@ def test_round_trip_keeps_every_field(db_url):
             "deepspeed": rec0["env"]["deepspeed"],
             "harness_sha": "sha0000",
         }
-        assert r0.machine == {
+        assert r0.machine.as_dict() == {
             "cluster": "local",
             "device_type": "cpu",
             "device_name": "cpu",

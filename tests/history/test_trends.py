@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.history.judge import Rules
 from harness.history.store import open_store
 from harness.history.trends import bands, trend_series
+from harness.history.verdicts import Rules
 from tests.history.conftest import make_record, write_night
 
 CELLS = (("ddp", "fp32"), ("fsdp", "bf16"), ("deepspeed_zero2", "fp32"))

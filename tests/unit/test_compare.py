@@ -595,13 +595,19 @@ def test_json_format_round_trips(tmp_path, capsys):
         "thresholds": {"default": 0.05},
         "alpha": 0.05,
         "min_runs": 3,
-        "min_samples": 5,
         "watch_deviation": None,
     }
     assert d["settings"]["timing_test"].startswith("two-sided Welch t-test on the log of each run's value")
     assert d["cells"][0]["basis"] == "one run: reported, not judged"
     assert d["cells"][0]["runs"] == {"baseline": 1, "candidate": 1}
     assert len(d["cells"]) == 6 and all(len(c["metrics"]) == 10 for c in d["cells"])
+
+
+def test_min_samples_is_gone(tmp_path, capsys):
+    """`--min-samples` judged nothing since timing moved to run-level values (issue 20); issue 29 removed it: a
+    script still passing it is told so (exit 2) instead of believing it does something."""
+    assert run_pair(tmp_path, cells(), cells(), "--min-samples", "3") == 2
+    assert "No such option '--min-samples'. Did you mean '--min-runs'?" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------- per cell
@@ -907,12 +913,12 @@ PINNED_RUNS = {
     "smaller": ("--format", "github-benchmark", "--direction", "smaller"),
     "bigger": ("--format", "github-benchmark", "--direction", "bigger"),
     "exact": ("--metric", "exact"),
-    "missing": ("--fail-on-missing", "--min-samples", "3", "--threshold", "0.2", "--threshold", "mfu=0.01"),
+    "missing": ("--fail-on-missing", "--threshold", "0.2", "--threshold", "mfu=0.01"),
 }
-PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20 and 16 (below)
+PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20, 16 and 29 (below)
     "table": "f00a45ad105ae2bb",
     "md": "e1da94b5957fac3e",
-    "json": "1ca02e42c03114b5",
+    "json": "93d5f3fda7fe113b",
     "all": "fece3ac8706436cf",
     "all-md": "f1e7c8e0d979dabf",
     "smaller": "574a02aac23ef494",
@@ -922,7 +928,7 @@ PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20 and 16 (below)
     "od": "f00a45ad105ae2bb",
     "od/benchmark-bigger.json": "18eb57bfb78288a9",
     "od/benchmark-smaller.json": "fba622aae56737f8",
-    "od/compare.json": "0560eecd193e8d91",
+    "od/compare.json": "78cfaacf312c7400",
     "od/compare.md": "8cde2afd5f24ccb1",
     "od/compare.txt": "bd0564c0e538be83",
 }
@@ -943,7 +949,10 @@ each ok cell gained one "n/a (null on both sides)" row in `--all` and in Markdow
 metric comparisons", was 72), its headline an "n/a (1 metric)" more, and compare.json a `growth` key (null) per
 metric, an "info" count per cell, `settings.watch_deviation` (null) and `summary.deviation_regressions` (0);
 the default table, the github-benchmark files, --metric exact, --fail-on-missing and every exit code are
-byte-identical (checked with a diff of every output of the code before and after)."""
+byte-identical (checked with a diff of every output of the code before and after). Issue 29 removed the unused
+`--min-samples`: the two JSON digests were re-pinned for the one line that went (`settings.min_samples`; a diff
+of the JSON before and after shows nothing else), and the "missing" run no longer passes the option (its output
+is byte-identical)."""
 
 
 def pinned_outputs(root: Path) -> dict[str, str]:

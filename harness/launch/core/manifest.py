@@ -2,7 +2,9 @@
 and states; per-cell file locks keep two sweeps into the same folder from running the same cell twice.
 
 Why a module of its own: the sweep writes the manifest as it goes, the SLURM backend follows and re-attaches to
-jobs through it, and `harness status` reads it; all of them need one definition of its states and one lock.
+jobs through it, and `harness status` and `harness history check --confirm` read it; all of them need one
+definition of its states and one lock. The file has one type, `SweepManifest` (its header, cells, each cell's
+runs and their states); `read_manifest` is its one reader, and `Manifest` writes it only through that type.
 """
 
 from __future__ import annotations
@@ -10,14 +12,234 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.errors import InputError, Problem, one_of
 from harness.results.record import Record
 from harness.results.store import atomic_write_json, sweep_dir, utc_now
+
+STATES = ("pending", "submitted", "running", "done", "failed", "skipped", "cancelled")
+"""a run's states: pending (not run yet), submitted (queued on SLURM), running, and how it ended"""
+
+
+@dataclass(frozen=True)
+class PackPlace:
+    """Where a packed cell (`harness sweep --pack`) runs in its job."""
+
+    position: int
+    """1-based: the cells before it in the pack run first"""
+    of: int
+    """cells in the pack"""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run of a cell in the manifest: its state and what the launch knows of it (None: not known, and
+    absent from the file)."""
+
+    state: str | None = None
+    """one of STATES"""
+    updated_at: str | None = None
+    """ISO-8601 UTC: the last change"""
+    status: str | None = None
+    """its record's status once it has one (ok, oom, error, …)"""
+    attempt: str | None = None
+    """the launch's attempt id: a record of another attempt does not stand for this one"""
+    job_id: str | None = None
+    """the local or SLURM job id (array jobs: <array>_<index>)"""
+    slurm_state: str | None = None
+    """SLURM's last seen state of its job (SLURM cells)"""
+    nodes: str | None = None
+    """SLURM's node list of its job (SLURM cells)"""
+    pack: PackPlace | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form: the fields that are known, in order."""
+        out: dict[str, Any] = {}
+        for f in fields(RunEntry):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = {"position": v.position, "of": v.of} if isinstance(v, PackPlace) else v
+        return out
+
+
+RUN_FIELDS = tuple(f.name for f in fields(RunEntry))
+
+
+@dataclass(frozen=True)
+class CellEntry(RunEntry):
+    """A cell of the manifest: its first run's fields (as before repeats existed), and its k-th runs (k >= 2,
+    `harness sweep --repeat K`) under `repeats`."""
+
+    repeats: Mapping[int, RunEntry] = field(default_factory=dict)
+
+    def runs(self) -> dict[int, RunEntry]:
+        """The cell's runs by repeat index, in order: 1 is the cell's own entry."""
+        first = RunEntry(**{name: getattr(self, name) for name in RUN_FIELDS})
+        return {1: first, **dict(sorted(self.repeats.items()))}
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        if self.repeats:
+            out["repeats"] = {str(k): run.as_dict() for k, run in self.repeats.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class SweepHeader:
+    """What the manifest says of its sweep: the names of its scenario and cluster, and their files' absolute paths
+    (so that `harness history check --confirm` can re-run a cell of this sweep)."""
+
+    sweep: str
+    scenario: str
+    """the scenario as given to `harness sweep`"""
+    cluster: str
+    """the cluster profile's name"""
+    executor: str = "local"
+    """local or slurm"""
+    scenario_file: str | None = None
+    cluster_file: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+HEADER_FIELDS = tuple(f.name for f in fields(SweepHeader))
+
+
+@dataclass(frozen=True)
+class SweepManifest:
+    """`results/<sweep>/manifest.json`: the header, the cells by run_id, and the most runs per cell any sweep
+    into this folder asked for (`repeat`)."""
+
+    header: SweepHeader
+    cells: Mapping[str, CellEntry] = field(default_factory=dict)
+    repeat: int = 1
+
+    @property
+    def sweep(self) -> str:
+        return self.header.sweep
+
+    @property
+    def cluster(self) -> str:
+        return self.header.cluster
+
+    @property
+    def executor(self) -> str:
+        return self.header.executor
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form, as the file holds it."""
+        return {
+            **self.header.as_dict(),
+            "cells": {run_id: cell.as_dict() for run_id, cell in self.cells.items()},
+            "repeat": self.repeat,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+def read_manifest(path: str | Path) -> SweepManifest:
+    """The manifest at `path`; InputError (one line per problem: file, key path, value, what is allowed) when it
+    is missing, not JSON, or not a manifest."""
+    where = str(path)
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise InputError([Problem(where, "", f"cannot read: {e.strerror or e}")]) from None
+    except ValueError as e:
+        raise InputError([Problem(where, "", f"not JSON: {e}")]) from None
+    return manifest_of(raw, where=where)
+
+
+def manifest_of(raw: Any, *, where: str) -> SweepManifest:
+    """A manifest's JSON form as its type; InputError listing every problem."""
+    problems: list[Problem] = []
+    if not isinstance(raw, Mapping):
+        raise InputError([Problem(where, "", f"{type(raw).__name__} is not a manifest (a JSON object)")])
+    header = _header_of(raw, where=where, problems=problems)
+    cells: dict[str, CellEntry] = {}
+    raw_cells = raw.get("cells", {})
+    if not isinstance(raw_cells, Mapping):
+        problems.append(Problem(where, "cells", f"{raw_cells!r} is not an object of cells by run_id"))
+        raw_cells = {}
+    for run_id, cell in raw_cells.items():
+        cells[run_id] = _cell_of(cell, where=where, path=f"cells.{run_id}", problems=problems)
+    repeat = raw.get("repeat", 1)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        problems.append(Problem(where, "repeat", f"{repeat!r} is not a whole number >= 1"))
+        repeat = 1
+    if problems:
+        raise InputError(problems)
+    assert header is not None  # NOTE: a missing header field is a problem above
+    return SweepManifest(header=header, cells=cells, repeat=repeat)
+
+
+def _text(raw: Mapping[str, Any], key: str, *, where: str, path: str, problems: list[Problem]) -> str | None:
+    v = raw.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    if key == "job_id" and isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    problems.append(Problem(where, f"{path}.{key}".lstrip("."), f"{v!r} is not a string"))
+    return None
+
+
+def _header_of(raw: Mapping[str, Any], *, where: str, problems: list[Problem]) -> SweepHeader | None:
+    values = {name: _text(raw, name, where=where, path="", problems=problems) for name in HEADER_FIELDS}
+    missing = [name for name in ("sweep", "scenario", "cluster") if values[name] is None]
+    problems.extend(
+        Problem(where, name, "missing: a manifest names its sweep, scenario and cluster") for name in missing
+    )
+    if missing:
+        return None
+    return SweepHeader(**{k: v for k, v in values.items() if v is not None})
+
+
+def _run_of(raw: Any, *, where: str, path: str, problems: list[Problem]) -> RunEntry:
+    if not isinstance(raw, Mapping):
+        problems.append(Problem(where, path, f"{raw!r} is not a run (an object)"))
+        return RunEntry()
+    values: dict[str, Any] = {
+        name: _text(raw, name, where=where, path=path, problems=problems) for name in RUN_FIELDS if name != "pack"
+    }
+    if values["state"] is not None and values["state"] not in STATES:
+        problems.append(Problem(where, f"{path}.state", one_of(values["state"], STATES)))
+    pack = raw.get("pack")
+    if pack is not None:
+        ok = isinstance(pack, Mapping) and all(
+            isinstance(pack.get(k), int) and not isinstance(pack.get(k), bool) for k in ("position", "of")
+        )
+        if ok:
+            values["pack"] = PackPlace(position=pack["position"], of=pack["of"])
+        else:
+            problems.append(Problem(where, f"{path}.pack", f"{pack!r} is not {{position, of}} (whole numbers)"))
+    return RunEntry(**values)
+
+
+def _cell_of(raw: Any, *, where: str, path: str, problems: list[Problem]) -> CellEntry:
+    first = _run_of(raw, where=where, path=path, problems=problems)
+    repeats: dict[int, RunEntry] = {}
+    raw_repeats = raw.get("repeats") if isinstance(raw, Mapping) else None
+    if raw_repeats is not None and not isinstance(raw_repeats, Mapping):
+        problems.append(Problem(where, f"{path}.repeats", f"{raw_repeats!r} is not an object of runs by number"))
+    elif raw_repeats:
+        for k, run in raw_repeats.items():
+            if not (isinstance(k, str) and k.isdigit() and int(k) >= 2):
+                problems.append(Problem(where, f"{path}.repeats.{k}", "not a run number >= 2"))
+                continue
+            repeats[int(k)] = _run_of(run, where=where, path=f"{path}.repeats.{k}", problems=problems)
+    return CellEntry(**{name: getattr(first, name) for name in RUN_FIELDS}, repeats=repeats)
+
+
+# --------------------------------------------------------------------------------------------------
+# writing
 
 
 @contextmanager
@@ -41,19 +263,19 @@ def file_lock(path: Path, *, blocking: bool = True):
 
 @dataclass
 class Manifest:
-    """`results/<sweep>/manifest.json`: each cell's state (pending/running/done/failed/skipped/cancelled, and
+    """A sweep's handle on its manifest: each cell's state (pending/running/done/failed/skipped/cancelled, and
     submitted: queued on SLURM), status, job id and attempt (SLURM cells also slurm_state and nodes). Every
     update re-reads the file under a lock, so concurrent sweeps into the same dir interleave their updates
     instead of overwriting each other's.
 
     Repeats (`harness sweep --repeat K`): a cell's first run is the cell's own entry, as without repeats; its
-    k-th run (k >= 2) is `cells[run_id].repeats["k"]`, with the same fields. `for_repeat(k)` is a view whose
+    k-th run (k >= 2) is `cells[run_id].repeats[k]`, with the same fields. `for_repeat(k)` is a view whose
     `set` and `data` address the k-th runs by run_id, so a backend that knows nothing of repeats (SLURM's) follows
-    one round of them unchanged. The header also names the scenario and cluster files (absolute paths), so that
-    `harness history check --confirm` can re-run a cell of this sweep."""
+    one round of them unchanged."""
 
     path: Path
-    header: dict[str, Any] = field(default_factory=dict)
+    header: SweepHeader
+    """what this sweep writes into the header at every update"""
     repeat: int = 1
     """the run of each cell this view addresses (1: the cell's own entry)"""
 
@@ -73,22 +295,25 @@ class Manifest:
     ) -> Manifest:
         """The sweep's manifest, created or updated: each of `run_ids` gets an entry for each run in `repeats`
         (pending until it is run), and `repeat` records the highest run any sweep into this folder asked for."""
-        header: dict[str, Any] = {"sweep": sweep, "scenario": scenario, "cluster": cluster, "executor": executor}
-        if scenario_file is not None:
-            header["scenario_file"] = scenario_file
-        if cluster_file is not None:
-            header["cluster_file"] = cluster_file
+        header = SweepHeader(
+            sweep=sweep,
+            scenario=scenario,
+            cluster=cluster,
+            executor=executor,
+            scenario_file=scenario_file,
+            cluster_file=cluster_file,
+        )
         m = cls(sweep_dir(results, sweep) / "manifest.json", header)
-        with m._locked() as data:
+        with m._locked() as update:
+            now = utc_now()
+            cells = dict(update.manifest.cells)
+            for run_id in run_ids or []:
+                cell = cells.get(run_id) or CellEntry(state="pending", updated_at=now)
+                missing = {k: RunEntry(state="pending", updated_at=now) for k in repeats if k >= 2}
+                cells[run_id] = replace(cell, repeats=dict(sorted({**missing, **cell.repeats}.items())))
             # NOTE: the most runs per cell any sweep into this dir asked for (a later sweep without --repeat does
             # not make the earlier repeats look missing)
-            data["repeat"] = max(int(data.get("repeat") or 1), *repeats)
-            for run_id in run_ids or []:
-                cell = data["cells"].setdefault(run_id, {"state": "pending", "updated_at": utc_now()})
-                for k in repeats:
-                    if k >= 2:
-                        runs = cell.setdefault("repeats", {})
-                        runs.setdefault(str(k), {"state": "pending", "updated_at": utc_now()})
+            update.manifest = replace(update.manifest, cells=cells, repeat=max(update.manifest.repeat, *repeats))
         return m
 
     def for_repeat(self, repeat: int) -> Manifest:
@@ -96,42 +321,70 @@ class Manifest:
         return Manifest(self.path, self.header, repeat)
 
     @contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[_Update]:
+        """The manifest under the lock, this handle's header in it, for one update; written back (atomically) when
+        the block ends. An unreadable or torn file starts afresh, as a new manifest."""
         with file_lock(self.path.with_name(".manifest.lock")):
-            data: dict[str, Any] = {}
+            current = SweepManifest(header=self.header)
             if self.path.exists():
                 try:
-                    data = json.loads(self.path.read_text())
-                except (OSError, json.JSONDecodeError):
-                    data = {}
-            data.update(self.header)
-            data.setdefault("cells", {})
-            yield data
-            atomic_write_json(self.path, data)
+                    current = manifest_of(json.loads(self.path.read_text()), where=str(self.path))
+                except (OSError, ValueError):  # NOTE: InputError is a ValueError: a manifest that is not one
+                    pass
+            header = replace(
+                self.header,
+                scenario_file=self.header.scenario_file or current.header.scenario_file,
+                cluster_file=self.header.cluster_file or current.header.cluster_file,
+            )
+            update = _Update(replace(current, header=header))
+            yield update
+            atomic_write_json(self.path, update.manifest.as_dict())
 
-    def set(self, run_id: str, **fields: Any) -> None:
-        with self._locked() as data:
-            cell = data["cells"].setdefault(run_id, {})
+    def set(self, run_id: str, **changes: Any) -> None:
+        """Record what is now known of a cell's run (this view's run): RunEntry fields by name (`pack` as
+        {position, of}), and the time of the change."""
+        unknown = sorted(set(changes) - (set(RUN_FIELDS) - {"updated_at"}))
+        if unknown:
+            raise TypeError(f"Manifest.set: not a field it sets: {', '.join(unknown)}")
+        with self._locked() as update:
+            cells = dict(update.manifest.cells)
+            cell = cells.get(run_id, CellEntry())
+            run = cell.runs().get(self.repeat, RunEntry())
+            known = {**run.as_dict(), **changes, "updated_at": utc_now()}
+            problems: list[Problem] = []
+            path = f"cells.{run_id}" + (f".repeats.{self.repeat}" if self.repeat > 1 else "")
+            merged = _run_of(
+                {k: v for k, v in known.items() if v is not None}, where=str(self.path), path=path, problems=problems
+            )
+            if problems:
+                raise InputError(problems)
             if self.repeat > 1:
-                cell = cell.setdefault("repeats", {}).setdefault(str(self.repeat), {})
-            cell.update(fields, updated_at=utc_now())
+                cells[run_id] = replace(cell, repeats={**cell.repeats, self.repeat: merged})
+            else:
+                cells[run_id] = replace(cell, **{name: getattr(merged, name) for name in RUN_FIELDS})
+            update.manifest = replace(update.manifest, cells=cells)
 
     @property
-    def data(self) -> dict[str, Any]:
-        data = json.loads(self.path.read_text())
+    def data(self) -> SweepManifest:
+        """The manifest as the file holds it now; a view for run k >= 2 holds each cell's k-th run as the cell
+        (cells without one left out). InputError when the file is not a manifest."""
+        data = read_manifest(self.path)
         if self.repeat > 1:
-            runs = {k: (c.get("repeats") or {}).get(str(self.repeat)) for k, c in data.get("cells", {}).items()}
-            data["cells"] = {k: c for k, c in runs.items() if c is not None}
+            runs = {run_id: c.repeats.get(self.repeat) for run_id, c in data.cells.items()}
+            cells = {
+                run_id: CellEntry(**{name: getattr(run, name) for name in RUN_FIELDS})
+                for run_id, run in runs.items()
+                if run is not None
+            }
+            data = replace(data, cells=cells)
         return data
 
 
-def cell_runs(cell: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """A manifest cell's runs by repeat index: 1 is the cell's own entry, k >= 2 its `repeats` (`harness status`)."""
-    runs: dict[int, dict[str, Any]] = {1: cell}
-    for k, c in (cell.get("repeats") or {}).items():
-        if str(k).isdigit() and isinstance(c, dict):
-            runs[int(k)] = c
-    return dict(sorted(runs.items()))
+@dataclass
+class _Update:
+    """The manifest being updated under the lock (a `_locked` block replaces it)."""
+
+    manifest: SweepManifest
 
 
 def cell_state(rec: Record) -> str:

@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_lo
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
-from harness.launch.core.manifest import Manifest, cell_state
+from harness.launch.core.manifest import Manifest, RunEntry, cell_state
 from harness.launch.core.outcome import describe, finalize, fragments_of, fresh_record, is_secondary, job_log_tail
 from harness.results.payload import PackPlace, Payload
 from harness.results.record import Fragment, Record
@@ -388,7 +388,7 @@ class SlurmSweep:
     def __init__(self, cluster: Cluster, *, folder: Path, manifest: Manifest, echo: Callable[[str], None]):
         self.cluster, self.folder, self.manifest, self.echo = cluster, Path(folder), manifest, echo
         self.cells: dict[str, InFlight] = {}
-        self._earlier: dict[str, dict] = manifest.data.get("cells", {}) if manifest.path.exists() else {}
+        self._earlier: Mapping[str, RunEntry] = manifest.data.cells if manifest.path.exists() else {}
         self._executor: Any = None
         self._last_change = time.time()
 
@@ -400,14 +400,14 @@ class SlurmSweep:
     def reattach(self, run_id: str, *, tag: str) -> bool:
         """Follow the job an earlier sweep submitted for this cell, when the manifest says it is still queued or
         running; False when there is none (then the cell is prepared and submitted as usual)."""
-        cell = self._earlier.get(run_id, {})
-        if cell.get("state") not in ("submitted", "running") or not cell.get("job_id"):
+        cell = self._earlier.get(run_id)
+        if cell is None or cell.state not in ("submitted", "running") or not cell.job_id:
             return False
         try:
             payload = Payload.model_validate_json(self.payload_path(run_id).read_bytes())
         except (OSError, ValueError):
             return False
-        if payload.attempt != cell.get("attempt") or payload.job_id is None or payload.job_id != cell["job_id"]:
+        if payload.attempt != cell.attempt or payload.job_id is None or payload.job_id != cell.job_id:
             return False
         world = int(payload.spec.gpus or 1)
         job: Any = submitit.SlurmJob(folder=self.folder, job_id=payload.job_id, tasks=list(range(world)))
@@ -415,7 +415,7 @@ class SlurmSweep:
         place = f", cell {payload.pack.position} of its pack" if payload.pack is not None else ""
         self.echo(
             f"{tag}  re-attached to SLURM job {payload.job_id}{place} (submitted earlier; last seen "
-            f"{cell.get('slurm_state') or cell['state']})"
+            f"{cell.slurm_state or cell.state})"
         )
         return True
 
@@ -515,7 +515,7 @@ class SlurmSweep:
             # timeout would measure nothing new); preemption still requeues (SlurmCell is Checkpointable)
             self._executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm", slurm_max_num_timeout=0)
         self._executor.update_parameters(
-            name=f"harness-{self.manifest.header.get('sweep', 'sweep')}",
+            name=f"harness-{self.manifest.header.sweep or 'sweep'}",
             **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min),
         )
         return self._executor
