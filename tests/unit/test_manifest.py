@@ -80,20 +80,27 @@ def test_a_later_sweep_keeps_what_the_earlier_wrote(tmp_path):
     assert data.header.scenario_file == "/abs/s.yaml"  # a header field not given again stays
 
 
-def test_the_slurm_backend_reads_cells_and_header_as_mappings(tmp_path):
-    """launch.slurm.jobs reads `manifest.data.get("cells")` and `manifest.header.get("sweep")` as plain data."""
+def test_the_slurm_backend_reads_cells_and_header_typed(tmp_path):
+    """launch.slurm.jobs re-attaches from `manifest.data.cells[run_id]` and names jobs by `manifest.header.sweep`."""
     m = opened(tmp_path)
     m.set("a", state="submitted", attempt="z", job_id="5_0", slurm_state="PENDING", nodes="")
-    cells = m.data.get("cells", {})
-    assert cells["a"] == {
+    cell = m.data.cells["a"]
+    assert (cell.state, cell.attempt, cell.job_id, cell.slurm_state, cell.nodes) == (
+        "submitted",
+        "z",
+        "5_0",
+        "PENDING",
+        "",
+    )
+    assert m.data.cells["a"].as_dict() == {
         "state": "submitted",
-        "updated_at": cells["a"]["updated_at"],
+        "updated_at": cell.updated_at,
         "attempt": "z",
         "job_id": "5_0",
         "slurm_state": "PENDING",
         "nodes": "",
     }
-    assert m.header.get("sweep", "sweep") == "s" and m.header.get("cluster_file") is None
+    assert m.header.sweep == "s" and m.header.cluster_file is None
 
 
 def test_set_refuses_fields_a_run_does_not_have(tmp_path):
