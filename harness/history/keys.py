@@ -26,6 +26,7 @@ from typing import Any
 from harness.compare.match import spec_key
 from harness.results.metrics import EXACT, STORED, Metric
 from harness.results.record import Record
+from harness.results.store import as_record
 from harness.scenario.schema import LEGACY_GPUS_KEY
 
 HISTORY_METRICS: tuple[Metric, ...] = STORED
@@ -139,8 +140,9 @@ def iso(seconds: int) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def run_values(rec: Record) -> dict[str, float]:
+def run_values(rec: Record | Mapping[str, Any]) -> dict[str, float]:
     """metric name → value, for the metrics the record has (ok records only; others measured nothing)."""
+    rec = as_record(rec)
     if not rec.ok:
         return {}
     out = {}
@@ -172,8 +174,10 @@ class Entry:
     """the record's file (messages)"""
 
 
-def entry_of(rec: Record) -> Entry:
-    """A record as a history entry. ValueError when it has no usable time."""
+def entry_of(rec: Record | Mapping[str, Any]) -> Entry:
+    """A record (typed, or its JSON document: the Python API takes both) as a history entry. ValueError when it has
+    no usable time."""
+    rec = as_record(rec)
     spec = rec.spec.as_dict()
     time = epoch_s(rec.finished_at) or epoch_s(rec.started_at)
     if time is None:

@@ -106,6 +106,8 @@ def test_the_tables_are_the_row_types(db_url):
 
 
 def test_a_metric_whose_name_makes_no_column_is_a_harness_bug(monkeypatch, tmp_path):
-    monkeypatch.setattr(keys, "HISTORY_METRICS", (*keys.HISTORY_METRICS, Metric("bad name", ("x",), "", True, "")))
+    monkeypatch.setattr(
+        keys, "HISTORY_METRICS", (*keys.HISTORY_METRICS, Metric("bad name", ("x",), "", True, "sampled"))
+    )
     with pytest.raises(RuntimeError, match="'bad name'"):
         open_store(str(tmp_path / "h.db"), create=True)
