@@ -99,8 +99,8 @@ def test_stopping_the_zygote_ends_its_running_ranks(results, monkeypatch):
         zpid = int(where.split(":")[1])
         path = results / "payload.json"
         results.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload))
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload["master_port"]), WORLD_SIZE="2")
+        path.write_text(json.dumps(payload.to_dict()))
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(payload.master_port), WORLD_SIZE="2")
         stubs = [
             subprocess.Popen(
                 [sys.executable, "-m", "harness.launch.entry", str(path)],
