@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from harness.plan.calibration import describe_fingerprint, read_file
+from harness.plan.calibration import describe_fingerprint, read_calibration
 from harness.scenario.cluster import load_cluster
 
 
@@ -45,9 +45,9 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
     except CalibrationFailed as e:
         click.echo(f"error: {e}; no calibration file was written", err=True)
         return 1
-    data = read_file(path)
+    written = read_calibration(path)
     click.echo(
-        f"wrote {path} ({data['duration_s']:.0f} s) for cluster {cluster.name} on "
-        f"{describe_fingerprint(data['fingerprint'])}"
+        f"wrote {path} ({written.duration_s or 0:.0f} s) for cluster {cluster.name} on "
+        f"{describe_fingerprint(written.fingerprint)}"
     )
     return 0

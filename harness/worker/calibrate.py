@@ -470,7 +470,7 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
     block of d_model 256, 1.0M; seq 64, so every GEMM lies inside the calibrated grid); each step's time minus the
     model's prediction with the framework term at zero, solved for the three terms from the paired differences."""
     from harness.core.zoo import ModelConfig
-    from harness.plan.calibration import CalibratedRates, Found
+    from harness.plan.calibration import CalibratedRates, Found, parse_calibration
     from harness.plan.time import predict_time
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import RunSpec, Settings
@@ -481,7 +481,7 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
     precisions = [PRECISION_OF[d] for d in compute_dtypes(device)]
     zero = {f"{s}/{p}": {"fixed_s": 0.0, "per_block_s": 0.0} for s in FRAMEWORK_STRATEGIES for p in precisions}
     data = dict(partial, compute=dict(partial["compute"], framework=zero))
-    rates = CalibratedRates(Found(Path("(this calibration)"), data, None))
+    rates = CalibratedRates(Found(Path("(this calibration)"), parse_calibration(data, file="(this calibration)"), None))
     out: dict[str, dict] = {}
     rounds = 4 if quick else 8
     # one block, three blocks, one wide block with many parameters (every GEMM inside the grid)
@@ -553,7 +553,7 @@ def measure_framework(cluster_path: str, partial: dict, device: torch.device, *,
 
 
 def fingerprint(device: torch.device, backend: str, cpu_allocator: str) -> dict[str, Any]:
-    fp = host_fingerprint()
+    fp = host_fingerprint().to_dict()
     fp.update(
         device=device.type,
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
