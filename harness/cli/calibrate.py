@@ -1,7 +1,7 @@
 """`harness calibrate [--cluster NAME] [--quick]`: measure the rates the step-time model uses on this machine.
 
-The command only; the measurements are harness.worker.calibrate's, the processes harness.launch.calibrate's, the
-file format harness.plan.calibration's (docs/time-model.md).
+The command only (its options and what it prints): the measurements and their processes are harness.calibrate's,
+the file's format harness.plan.calibration.file's (docs/time-model.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
     each strategy family's framework overhead, and collective latency and bus bandwidth at 1, 2 and 4 ranks; write
     the cluster's calibration file with this machine's fingerprint. On a SLURM profile the parts run as jobs on
     one node and on two (the inter-node curves). `harness plan` then predicts step times."""
-    from harness.launch.calibrate import CalibrationFailed, calibrate
+    from harness.calibrate.run import CalibrationFailed, calibrate
     from harness.launch.slurm.jobs import SlurmUnavailable
 
     cluster = load_cluster(cluster_name)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.launch.calibrate import calibrate
+from harness.calibrate.run import calibrate
 from harness.plan import calibration as cal
 from harness.plan.time import predict_time
 from harness.scenario.cluster import load_cluster

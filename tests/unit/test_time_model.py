@@ -265,6 +265,35 @@ def test_a_file_written_before_the_types_prices_as_it_did():
     assert (r.device, r.device_name, r.host_cores) == ("cpu", None, 2)
 
 
+def test_the_processes_parts_merge_into_the_file_byte_for_byte(tmp_path):
+    """`harness calibrate` reads back the device process's part and each group's part through their types and merges
+    them (harness.calibrate.run): the fixture, cut into the parts its processes wrote, merges into the same bytes."""
+    doc = json.loads(FIXTURE.read_text())
+    device = {k: v for k, v in doc.items() if k not in ("created_at", "duration_s", "quick")}
+    device.update(
+        comm=[c for c in doc["comm"] if c["ranks"] == 1], sharing=[e for e in doc["sharing"] if e["ranks"] == 1]
+    )
+    (tmp_path / "compute.json").write_text(json.dumps(device, indent=1))
+    parts = []
+    for n in (2, 4):
+        part = {
+            "comm": [c for c in doc["comm"] if c["ranks"] == n],
+            "sharing": [e for e in doc["sharing"] if e["ranks"] == n],
+        }
+        (tmp_path / f"comm{n}.json").write_text(json.dumps(part, indent=1))
+        parts.append(cal.read_collectives_part(tmp_path / f"comm{n}.json"))
+    device_part = cal.read_calibration(tmp_path / "compute.json")
+    assert device_part.created_at is None and len(device_part.comm) == 6 and len(parts[1].comm) == 6
+    merged = device_part.merged(parts, created_at=doc["created_at"], duration_s=doc["duration_s"], quick=doc["quick"])
+    assert cal.write_calibration(tmp_path / FIXTURE.name, merged).read_bytes() == FIXTURE.read_bytes()
+    # a part that is not one is one line per problem, naming the part's file
+    part["comm"][0]["ranks"] = "4"
+    (tmp_path / "comm4.json").write_text(json.dumps(part))
+    with pytest.raises(InputError) as e:
+        cal.read_collectives_part(tmp_path / "comm4.json")
+    assert [str(p) for p in e.value.problems] == [f"{tmp_path / 'comm4.json'}: comm[0].ranks: '4' is not an integer"]
+
+
 def test_a_file_that_is_not_a_calibration_is_one_line_per_problem(cal_dir, capsys):
     data = cal.example_calibration("local")
     data["fingerprint"]["cpu_count"] = "two"
