@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from harness.calibrate.device import compute_dtypes, progress
+from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import FRAMEWORK_STRATEGIES, Calibration, FrameworkCost
 from harness.scenario.cluster import Cluster
 
@@ -20,17 +22,59 @@ PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """a measured dtype → the precision a scenario names it by (the `framework` keys' second half)"""
 
 
+SEQ = 64
+"""tokens per sequence of the calibration's models: every GEMM of theirs lies inside the calibrated grid"""
+
+
+def framework_models(*, quick: bool) -> dict[str, ModelConfig]:
+    """The three models each strategy steps: one and three blocks of d_model 64, and one wide block with many
+    parameters (d_model 512, a 4096-token vocabulary: 7.4M parameters, 60x the first, so the per-parameter term is
+    measured at the sizes it is used at, out of the caches, instead of extrapolated from a tiny model; `quick`: d_model
+    256, vocabulary 512, 1.0M)."""
+    # NOTE: the wide model used to be d_model 256 and vocab 512 (1.0M parameters): the per-parameter term, measured
+    # over 0.9M parameters, moved 2-3x between calibrations (zero3 fp32: 16.1 and 6.6 ns), and a 12M-parameter
+    # model's step with it by 130 ms
+    wide = (
+        ModelConfig(d_model=256, n_layers=1, n_heads=4, ffn=688, vocab=512)
+        if quick
+        else ModelConfig(d_model=512, n_layers=1, n_heads=8, ffn=1376, vocab=4096)
+    )
+    return {
+        "one": ModelConfig(d_model=64, n_layers=1, n_heads=4, ffn=176, vocab=512),
+        "three": ModelConfig(d_model=64, n_layers=3, n_heads=4, ffn=176, vocab=512),
+        "wide": wide,
+    }
+
+
+def solve_framework_cost(
+    times: Mapping[str, list[float]], *, predicted: Mapping[str, float], n_params: Mapping[str, int]
+) -> FrameworkCost:
+    """The three terms from each model's step times (s, paired by round: the models stepped in alternation) minus
+    its prediction without framework overhead: per element from the wide model's excess over the one-block model's,
+    per block from the three-block model's (net of its extra elements, over its two extra blocks), the rest per step;
+    each the median of the paired differences, at least 0."""
+    resid = {name: [t - predicted[name] for t in ts] for name, ts in times.items()}
+    d_wide = statistics.median(w - o for o, w in zip(resid["one"], resid["wide"]))
+    d_three = statistics.median(t - o for o, t in zip(resid["one"], resid["three"]))
+    per_element = max(0.0, d_wide / (n_params["wide"] - n_params["one"]))
+    per_block = max(0.0, (d_three - per_element * (n_params["three"] - n_params["one"])) / 2)
+    fixed = max(0.0, statistics.median(resid["one"]) - per_block - per_element * n_params["one"])
+    return FrameworkCost(
+        fixed_s=fixed,
+        per_block_s=per_block,
+        per_element_s=per_element,
+        measured_s={name: statistics.median(ts) for name, ts in times.items()},
+        predicted_s=dict(predicted),
+    )
+
+
 def measure_framework(
     cluster: Cluster, part: Calibration, device: torch.device, *, quick: bool
 ) -> dict[str, FrameworkCost]:
     """Per-step, per-block and per-parameter overhead of each strategy family beyond what the time model prices: the
-    real strategy on a one-rank group steps three models in alternation (one and three blocks of d_model 64, and one
-    block of d_model 512 with a 4096-token vocabulary: 7.4M parameters, 60x the first, so the per-parameter term is
-    measured at the sizes it is used at, out of the caches, instead of extrapolated from a tiny model; `quick`: one
-    block of d_model 256, 1.0M; seq 64, so every GEMM lies inside the calibrated grid); each step's time minus the
-    model's prediction with the framework term at zero, solved for the three terms from the paired differences.
+    real strategy on a one-rank group steps the three `framework_models` in alternation; each step's time minus the
+    model's prediction with the framework term at zero, solved for the three terms (`solve_framework_cost`).
     `part`: the device's rates measured so far (the file without its framework figures)."""
-    from harness.core.zoo import ModelConfig
     from harness.plan.calibration.find import Found
     from harness.plan.calibration.rates import CalibratedRates
     from harness.plan.time import predict_time
@@ -42,26 +86,13 @@ def measure_framework(
     zero = {f"{s}/{p}": FrameworkCost(fixed_s=0.0, per_block_s=0.0) for s in FRAMEWORK_STRATEGIES for p in precisions}
     unpriced = part.model_copy(update={"compute": part.compute.model_copy(update={"framework": zero})})
     rates = CalibratedRates(Found(Path("(this calibration)"), unpriced, None))
+    models = framework_models(quick=quick)
+    n_params = {name: cfg.n_params() for name, cfg in models.items()}
     out: dict[str, FrameworkCost] = {}
-    rounds = 4 if quick else 8
-    # one block, three blocks, one wide block with many parameters (every GEMM inside the grid)
-    # NOTE: the wide model used to be d_model 256 and vocab 512 (1.0M parameters): the per-parameter term, measured
-    # over 0.9M parameters, moved 2-3x between calibrations (zero3 fp32: 16.1 and 6.6 ns), and a 12M-parameter
-    # model's step with it by 130 ms
-    wide = (
-        ModelConfig(d_model=256, n_layers=1, n_heads=4, ffn=688, vocab=512)
-        if quick
-        else ModelConfig(d_model=512, n_layers=1, n_heads=8, ffn=1376, vocab=4096)
-    )
-    models = {
-        "one": (ModelConfig(d_model=64, n_layers=1, n_heads=4, ffn=176, vocab=512), 64),
-        "three": (ModelConfig(d_model=64, n_layers=3, n_heads=4, ffn=176, vocab=512), 64),
-        "wide": (wide, 64),
-    }
     for strategy in FRAMEWORK_STRATEGIES:
         for prec in precisions:
             steps, predicted = {}, {}
-            for name, (cfg, seq) in models.items():
+            for name, cfg in models.items():
                 spec = RunSpec(
                     model=f"calibrate-{name}",
                     model_config=cfg,
@@ -70,7 +101,7 @@ def measure_framework(
                     gpus=1,
                     nodes=1,
                     gpus_per_node=1,
-                    settings=Settings(micro_batch=1, seq_len=seq),
+                    settings=Settings(micro_batch=1, seq_len=SEQ),
                 )
                 if spec.unsupported_reason(device.type):
                     break
@@ -80,29 +111,15 @@ def measure_framework(
                 predicted[name] = predict_time(spec, cluster, rates, overlap=False).step_time_s or 0.0
             if len(steps) < len(models):
                 continue
-            # NOTE: the models step in alternation, so a change in the machine's load hits all alike; medians of the
-            # paired differences give the per-block and per-element costs
+            # NOTE: the models step in alternation, so a change in the machine's load hits all alike
             times: dict[str, list[float]] = {name: [] for name in models}
-            for _ in range(rounds):
+            for _ in range(4 if quick else 8):
                 for name in models:
                     times[name] += time_steps(steps[name], n=1, device=device)[0]
-            resid = {name: [t - predicted[name] for t in times[name]] for name in models}
-            n_params = {name: cfg.n_params() for name, (cfg, _) in models.items()}
-            d_wide = statistics.median(w - o for o, w in zip(resid["one"], resid["wide"]))
-            d_three = statistics.median(t - o for o, t in zip(resid["one"], resid["three"]))
-            per_element = max(0.0, d_wide / (n_params["wide"] - n_params["one"]))
-            per_block = max(0.0, (d_three - per_element * (n_params["three"] - n_params["one"])) / 2)
-            fixed = max(0.0, statistics.median(resid["one"]) - per_block - per_element * n_params["one"])
-            out[f"{strategy}/{prec}"] = FrameworkCost(
-                fixed_s=fixed,
-                per_block_s=per_block,
-                per_element_s=per_element,
-                measured_s={name: statistics.median(ts) for name, ts in times.items()},
-                predicted_s=predicted,
-            )
             steps.clear()
+            cost = out[f"{strategy}/{prec}"] = solve_framework_cost(times, predicted=predicted, n_params=n_params)
             progress(
-                f"framework {strategy} {prec}: {fixed * 1e3:.2f} ms/step + {per_block * 1e3:.2f} ms/block + "
-                f"{per_element * 1e9:.2f} ns/parameter"
+                f"framework {strategy} {prec}: {cost.fixed_s * 1e3:.2f} ms/step + {cost.per_block_s * 1e3:.2f} "
+                f"ms/block + {cost.per_element_s * 1e9:.2f} ns/parameter"
             )
     return out

@@ -449,6 +449,28 @@ def test_calibrate_is_a_command_and_stops_cleanly_where_a_slurm_profile_cannot_r
     assert list(cal_dir.iterdir()) == []  # nothing written
 
 
+def test_the_framework_terms_are_solved_from_paired_step_times():
+    """harness.calibrate.framework steps three models in alternation; a change of the machine's load in one round
+    hits all three alike, so it cancels out of the per-block and per-element terms (paired differences) and only
+    the per-step term carries its median."""
+    from harness.calibrate.framework import framework_models, solve_framework_cost
+
+    n = {name: cfg.n_params() for name, cfg in framework_models(quick=False).items()}
+    assert n == {"one": 115904, "three": 216512, "wide": 7357952}  # the wide one: 7.4M parameters, 63x the first
+    blocks = {"one": 1, "three": 3, "wide": 1}
+    predicted = {"one": 0.010, "three": 0.020, "wide": 0.050}
+    load = [0.0, 4e-4, -1e-4, 9e-3]  # the machine's extra time in each round (s)
+    times = {k: [predicted[k] + 2e-3 + 5e-4 * blocks[k] + 3e-9 * n[k] + e for e in load] for k in n}
+    cost = solve_framework_cost(times, predicted=predicted, n_params=n)
+    assert cost.per_element_s == pytest.approx(3e-9, rel=1e-9)
+    assert cost.per_block_s == pytest.approx(5e-4, rel=1e-9)
+    assert cost.fixed_s == pytest.approx(2e-3 + 2e-4, rel=1e-9)  # + the median load, (0 + 4e-4) / 2
+    assert cost.predicted_s == predicted
+    assert cost.measured_s == pytest.approx({k: predicted[k] + 2e-3 + 5e-4 * blocks[k] + 3e-9 * n[k] + 2e-4 for k in n})
+    # a strategy faster than the model without overhead: no negative cost
+    assert solve_framework_cost(times, predicted={k: v + 1.0 for k, v in predicted.items()}, n_params=n).fixed_s == 0.0
+
+
 def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):
     data = cal.example_calibration("local")
     data["fingerprint"]["cpu_count"] = 2
