@@ -1,7 +1,7 @@
 """`harness calibrate [--cluster NAME] [--quick]`: measure the rates the step-time model uses on this machine.
 
-The command only; the measurements are harness.worker.calibrate's, the processes harness.launch.calibrate's, the
-file format harness.plan.calibration's (docs/time-model.md).
+The command only (its options and what it prints): the measurements and their processes are harness.calibrate's,
+the file's format harness.plan.calibration.file's (docs/time-model.md).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from harness.plan.calibration import describe_fingerprint, read_file
+from harness.plan.calibration import describe_fingerprint, read_calibration
 from harness.scenario.cluster import load_cluster
 
 
@@ -34,7 +34,7 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
     each strategy family's framework overhead, and collective latency and bus bandwidth at 1, 2 and 4 ranks; write
     the cluster's calibration file with this machine's fingerprint. On a SLURM profile the parts run as jobs on
     one node and on two (the inter-node curves). `harness plan` then predicts step times."""
-    from harness.launch.calibrate import CalibrationFailed, calibrate
+    from harness.calibrate.run import CalibrationFailed, calibrate
     from harness.launch.slurm.jobs import SlurmUnavailable
 
     cluster = load_cluster(cluster_name)
@@ -45,9 +45,9 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
     except CalibrationFailed as e:
         click.echo(f"error: {e}; no calibration file was written", err=True)
         return 1
-    data = read_file(path)
+    written = read_calibration(path)
     click.echo(
-        f"wrote {path} ({data['duration_s']:.0f} s) for cluster {cluster.name} on "
-        f"{describe_fingerprint(data['fingerprint'])}"
+        f"wrote {path} ({written.duration_s or 0:.0f} s) for cluster {cluster.name} on "
+        f"{describe_fingerprint(written.fingerprint)}"
     )
     return 0

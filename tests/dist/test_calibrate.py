@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.launch.calibrate import calibrate
+from harness.calibrate.run import calibrate
 from harness.plan import calibration as cal
 from harness.plan.time import predict_time
 from harness.scenario.cluster import load_cluster
@@ -21,26 +21,30 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch):
     cluster = load_cluster("local")
     path = calibrate(cluster, quick=True, worlds=(2,))
     assert path == tmp_path / f"local{cal.SUFFIX}"
-    data = json.loads(path.read_text())
-    assert data["format"] == cal.FORMAT and data["cluster"] == "local" and data["created_at"]
+    assert json.loads(path.read_text())["format"] == cal.FORMAT
+    calibration = cal.read_calibration(path)
+    assert calibration.cluster == "local" and calibration.created_at and calibration.quick is True
     here = cal.host_fingerprint()
-    assert all(data["fingerprint"][k] == here[k] for k in cal.MATCH_KEYS)
-    c = data["compute"]
-    assert {p["dtype"] for p in c["gemm"]} == {"float32", "bfloat16"}
-    assert {p["layout"] for p in c["gemm"]} == {"nt", "nn", "tn"}
-    assert all(p["s"] > 0 for p in c["gemm"]) and c["dispatch"]["forward_s"] > 0
-    assert {"ddp/fp32", "fsdp.full_shard/bf16", "fsdp2.full_shard/fp32", "zero3/bf16"} <= set(c["framework"])
-    curves = {(e["link"], e["collective"], e["dtype"], e["ranks"]) for e in data["comm"]}
+    assert all(getattr(calibration.fingerprint, k) == getattr(here, k) for k in cal.MATCH_KEYS)
+    assert calibration.fingerprint.cpu_allocator == cluster.cpu_allocator
+    c = calibration.compute
+    assert {p.dtype for p in c.gemm} == {"float32", "bfloat16"}
+    assert {p.layout for p in c.gemm} == {"nt", "nn", "tn"}
+    assert all(p.s > 0 for p in c.gemm) and c.dispatch is not None and c.dispatch.forward_s > 0
+    assert {"ddp/fp32", "fsdp.full_shard/bf16", "fsdp2.full_shard/fp32", "zero3/bf16"} <= set(c.framework)
+    curves = {(e.link, e.collective, e.dtype, e.ranks) for e in calibration.comm}
     for coll in cal.BUS_FACTORS:
         assert ("self", coll, "float32", 1) in curves and ("intra", coll, "float32", 2) in curves
-    for e in data["comm"]:  # busbw at each size is algbw × the nccl-tests factor
-        for nbytes, t, bus in zip(e["sizes"], e["times"], e["busbw_at_sizes_gbps"]):
-            assert bus == pytest.approx(cal.busbw_gbps(e["collective"], e["ranks"], nbytes, t))
+    for e in calibration.comm:  # busbw at each size is algbw × the nccl-tests factor
+        assert e.busbw_at_sizes_gbps is not None and len(e.busbw_at_sizes_gbps) == len(e.sizes) == len(e.times)
+        for nbytes, t, bus in zip(e.sizes, e.times, e.busbw_at_sizes_gbps):
+            assert bus == pytest.approx(cal.busbw_gbps(e.collective, e.ranks, nbytes, t))
     # sharing: every probe on 2 ranks carries its slowdown against rank 0 alone, timed in the same repetitions
-    two = next(e for e in data["sharing"] if e["ranks"] == 2)
+    assert [e.ranks for e in calibration.sharing] == [1, 2]
+    two = calibration.sharing[1]
     for probe in ("gemm", "gemm_bfloat16", "elementwise", "optimizer"):
-        assert two[f"{probe}_s"] > 0 and two[f"{probe}_alone_s"] > 0 and two[f"{probe}_slowdown"] > 0
-    assert two["sync_wait_s"] >= 0.0  # the wait per collective for ranks not yet run (measure_sync_wait)
+        assert two.field(f"{probe}_s") > 0 and two.field(f"{probe}_alone_s") > 0 and two.field(f"{probe}_slowdown") > 0
+    assert two.sync_wait_s is not None and two.sync_wait_s >= 0.0  # the wait per collective (measure_sync_wait)
     rates = cal.rates_for(cluster)
     assert rates.source.startswith(f"calibrated {path}")
     pred = predict_time(make_spec(strategy="fsdp.full_shard", gpus=2, model="125m", seq_len=128), cluster, rates)

@@ -5,13 +5,12 @@ jobs, about two minutes."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from harness.calibrate.run import calibrate, slurm_parts
 from harness.cli import main
-from harness.launch.calibrate import calibrate, slurm_parts
 from harness.plan import calibration as cal
 from harness.plan.time import predict_time
 from harness.scenario.cluster import load_cluster
@@ -34,14 +33,16 @@ def test_parts_of_a_slurm_profile():
 
 
 def _scaled_inter(path, factor: float) -> None:
-    data = json.loads(path.read_text())
-    for e in data["comm"]:
-        if e["link"] == "inter":
-            e["times"] = [t * factor for t in e["times"]]
-            e["latency_s"] *= factor
-            e["busbw_gbps"] /= factor
+    """The file with its inter-node curves `factor` times slower, written back through its type."""
+    calibration = cal.read_calibration(path)
+    comm = [
+        c.model_copy(update={"times": [t * factor for t in c.times], "latency_s": c.latency_s * factor,
+                             "busbw_gbps": c.busbw_gbps / factor})
+        if c.link == "inter" else c
+        for c in calibration.comm
+    ]  # fmt: skip
     before = path.stat().st_mtime_ns
-    path.write_text(json.dumps(data))
+    cal.write_calibration(path, calibration.model_copy(update={"comm": comm}))
     # NOTE: rates are cached per file mtime; a write within the clock tick of the last one would keep the old rates
     os.utime(path, ns=(path.stat().st_atime_ns, max(path.stat().st_mtime_ns, before + 10**6)))
 
@@ -54,14 +55,17 @@ def test_calibrate_on_slurm_measures_across_nodes(slurm_cluster, tmp_path, monke
     assert out.count("SLURM job") == 4, out
     assert path == tmp_path / f"local-slurm{cal.SUFFIX}"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the jobs' work folder is gone
-    data = json.loads(path.read_text())
-    assert data["cluster"] == "local-slurm" and data["fingerprint"]["hostname"]
-    curves = {(e["link"], e["collective"], e["ranks"]) for e in data["comm"]}
+    calibration = cal.read_calibration(path)
+    assert calibration.cluster == "local-slurm" and calibration.fingerprint.hostname
+    curves = {(e.link, e.collective, e.ranks) for e in calibration.comm}
     for coll in cal.BUS_FACTORS:
         assert {("self", coll, 1), ("intra", coll, 2), ("inter", coll, 2), ("inter", coll, 4)} <= curves
-    for e in data["comm"]:  # busbw at each size is algbw × the nccl-tests factor
-        for nbytes, t, bus in zip(e["sizes"], e["times"], e["busbw_at_sizes_gbps"]):
-            assert bus == pytest.approx(cal.busbw_gbps(e["collective"], e["ranks"], nbytes, t))
+    for e in calibration.comm:  # busbw at each size is algbw × the nccl-tests factor
+        assert e.busbw_at_sizes_gbps is not None
+        for nbytes, t, bus in zip(e.sizes, e.times, e.busbw_at_sizes_gbps):
+            assert bus == pytest.approx(cal.busbw_gbps(e.collective, e.ranks, nbytes, t))
+    # the groups inside one node measured the host's sharing; the groups across nodes did not
+    assert [e.ranks for e in calibration.sharing] == [1, 2]
 
     # a hybrid cell's replicate groups span the two nodes: slower inter-node curves make its comm slower; a cell
     # inside one node does not change

@@ -21,7 +21,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("harness.results",),
     ("harness.worker",),
     ("harness.launch",),
-    ("harness.report", "harness.compare", "harness.history", "harness.tune"),
+    ("harness.report", "harness.compare", "harness.history", "harness.tune", "harness.calibrate"),
     ("harness.cli",),
 ]
 

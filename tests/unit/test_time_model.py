@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.core.errors import InputError
 from harness.core.zoo import ModelConfig
 from harness.plan import calibration as cal
 from harness.plan import compute as cp
@@ -180,12 +181,13 @@ def test_a_calibration_round_trips(cal_dir):
     cluster = load_cluster("local")
     found = cal.find_calibration(cluster)
     assert found is not None and found.path == path and found.forced is None
-    assert found.data == json.loads(path.read_text())
+    assert found.calibration.to_dict() == json.loads(path.read_text())
     rates = cal.rates_for(cluster)
     assert isinstance(rates, cal.CalibratedRates)
-    assert rates.source.startswith(f"calibrated {path} ") and rates.source.endswith(found.data["created_at"][:10])
-    p = found.data["compute"]["gemm"][7]  # a grid point is read back exactly
-    assert rates.gemm_s(p["dtype"], p["m"], p["n"], p["k"], p["layout"]) == pytest.approx(p["s"])
+    created = found.calibration.created_at
+    assert created is not None and rates.source == f"calibrated {path} {created[:10]}"
+    p = found.calibration.compute.gemm[7]  # a grid point is read back exactly
+    assert rates.gemm_s(p.dtype, p.m, p.n, p.k, p.layout) == pytest.approx(p.s)
     assert rates.dispatch_s() == (1e-5, 1e-5)
     assert cal.write_path(cluster) == path
 
@@ -217,8 +219,105 @@ def test_a_calibration_of_another_cluster_is_refused(cal_dir):
     with pytest.raises(cal.CalibrationMismatch, match="it calibrates cluster 'h100', not 'local'"):
         cal.rates_for(load_cluster("local"))
     path.write_text(json.dumps({"format": "something else"}))
-    with pytest.raises(cal.InputError, match="is not 'harness-calibration/1'"):
+    with pytest.raises(InputError, match="is not 'harness-calibration/1'"):
         cal.rates_for(load_cluster("local"))
+
+
+FIXTURE = REPO / "tests" / "fixtures" / "calibration" / "local.calibration.json"
+"""a calibration file the harness wrote before the file had a type (220ad9c: `harness calibrate --quick` on the
+2-core development host, groups of 2 and 4 ranks): every field the measuring processes write"""
+
+
+def test_a_file_written_before_the_types_reads_and_writes_back_byte_for_byte(tmp_path):
+    calibration = cal.read_calibration(FIXTURE)
+    assert calibration.cluster == "local" and calibration.quick is True and calibration.duration_s == 95.0
+    assert calibration.fingerprint.cpu_count == 2 and calibration.fingerprint.cpu_allocator == "caching"
+    assert len(calibration.compute.gemm) == 156 and set(calibration.compute.framework) == {
+        f"{s}/{p}" for s in cal.FRAMEWORK_STRATEGIES for p in ("fp32", "bf16")
+    }
+    assert [e.ranks for e in calibration.sharing] == [1, 2, 4]
+    assert {(c.link, c.ranks) for c in calibration.comm} == {("self", 1), ("intra", 2), ("intra", 4)}
+    assert not calibration.model_extra and not calibration.fingerprint.model_extra  # every field has a type
+    written = cal.write_calibration(tmp_path / FIXTURE.name, calibration)
+    assert written.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_a_file_written_before_the_types_prices_as_it_did():
+    """Figures of the fixture's rates as the harness computed them from the same file at 220ad9c, before the file
+    had a type: the reader changed, the rates did not (bit for bit)."""
+    r = cal.CalibratedRates(cal.Found(FIXTURE, cal.read_calibration(FIXTURE), None))
+    assert r.gemm_s("float32", 100, 200, 300, "nt") == 0.00015562802550376568
+    assert r.gemm_s("bfloat16", 64, 4096, 512, "nt") == 0.001769746499576285
+    assert r.attention_s("float32", batch=2, heads=4, seq=300, head_dim=64, phase="backward") == 0.009752254311659055
+    assert r.elementwise_s("bfloat16", 1e6, op_bytes=1e5) == 2.8975685341387996e-05
+    assert r.dispatch_s() == (3.2847350007614297e-06, 4.6786049983893464e-06)
+    assert r.optimizer_s(elements=1e6, tensors=20) == 0.005488292700425039
+    assert r.framework_s("ddp", "bf16", blocks=3, elements=1e6) == 0.003598190937608707
+    assert r.framework_s("zero3", "bf16", blocks=3, elements=1e6) == 0.03525275134630519
+    assert r.collective_s("all_reduce", link="intra", ranks=2, nbytes=1e5, dtype="bfloat16") == 0.0005160128940927666
+    assert r.collective_s("all_reduce", link="intra", ranks=3, nbytes=1e5, dtype="bfloat16") == 0.0009128815253004994
+    assert [r.share("compute", ranks=n) for n in (1, 2, 3, 4, 6)] == [
+        1.0, 3.2133609883059457, 3.4589054995774573, 3.7044500108489693, 5.556675016273454
+    ]  # fmt: skip
+    assert [r.sync_wait_s(ranks_on_host=n) for n in (1, 2, 3, 4, 8)] == [
+        0.0, 0.0, 0.0018716221874228722, 0.0037432443748457445, 0.007486488749691489
+    ]  # fmt: skip
+    assert (r.device, r.device_name, r.host_cores) == ("cpu", None, 2)
+
+
+def test_the_processes_parts_merge_into_the_file_byte_for_byte(tmp_path):
+    """`harness calibrate` reads back the device process's part and each group's part through their types and merges
+    them (harness.calibrate.run): the fixture, cut into the parts its processes wrote, merges into the same bytes."""
+    doc = json.loads(FIXTURE.read_text())
+    device = {k: v for k, v in doc.items() if k not in ("created_at", "duration_s", "quick")}
+    device.update(
+        comm=[c for c in doc["comm"] if c["ranks"] == 1], sharing=[e for e in doc["sharing"] if e["ranks"] == 1]
+    )
+    (tmp_path / "compute.json").write_text(json.dumps(device, indent=1))
+    parts = []
+    for n in (2, 4):
+        part = {
+            "comm": [c for c in doc["comm"] if c["ranks"] == n],
+            "sharing": [e for e in doc["sharing"] if e["ranks"] == n],
+        }
+        (tmp_path / f"comm{n}.json").write_text(json.dumps(part, indent=1))
+        parts.append(cal.read_collectives_part(tmp_path / f"comm{n}.json"))
+    device_part = cal.read_calibration(tmp_path / "compute.json")
+    assert device_part.created_at is None and len(device_part.comm) == 6 and len(parts[1].comm) == 6
+    merged = device_part.merged(parts, created_at=doc["created_at"], duration_s=doc["duration_s"], quick=doc["quick"])
+    assert cal.write_calibration(tmp_path / FIXTURE.name, merged).read_bytes() == FIXTURE.read_bytes()
+    # a part that is not one is one line per problem, naming the part's file
+    part["comm"][0]["ranks"] = "4"
+    (tmp_path / "comm4.json").write_text(json.dumps(part))
+    with pytest.raises(InputError) as e:
+        cal.read_collectives_part(tmp_path / "comm4.json")
+    assert [str(p) for p in e.value.problems] == [f"{tmp_path / 'comm4.json'}: comm[0].ranks: '4' is not an integer"]
+
+
+def test_a_file_that_is_not_a_calibration_is_one_line_per_problem(cal_dir, capsys):
+    data = cal.example_calibration("local")
+    data["fingerprint"]["cpu_count"] = "two"
+    data["compute"]["gemm"][3]["s"] = "fast"
+    del data["comm"][0]["ranks"]
+    path = cal_dir / f"local{cal.SUFFIX}"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as e:
+        cal.rates_for(load_cluster("local"))
+    assert [str(p) for p in e.value.problems] == [
+        f"{path}: fingerprint.cpu_count: 'two' is not an integer",
+        f"{path}: compute.gemm[3].s: 'fast' is not a number",
+        f"{path}: comm[0].ranks: missing (required)",
+    ]
+    # `harness plan` stops with those lines (exit 2), never a traceback
+    assert main(["plan", HELDOUT]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: compute.gemm[3].s: 'fast' is not a number" in err and "Traceback" not in err
+    path.write_text('{"format": "harness-calibration/1", "cluster": ')
+    with pytest.raises(InputError, match=f"{path}: not a readable calibration file: Expecting value"):
+        cal.rates_for(load_cluster("local"))
+    # a document given in Python (tests, benches) is validated as the file is
+    with pytest.raises(InputError, match="x.json: compute.gemm\\[3\\].s: 'fast' is not a number"):
+        cal.Found(Path("x.json"), dict(data, comm=[]), None)
 
 
 # ---- harness plan
@@ -348,6 +447,28 @@ def test_calibrate_is_a_command_and_stops_cleanly_where_a_slurm_profile_cannot_r
         assert rc == 1 and "nothing was submitted or written" in err
     assert "Traceback" not in err
     assert list(cal_dir.iterdir()) == []  # nothing written
+
+
+def test_the_framework_terms_are_solved_from_paired_step_times():
+    """harness.calibrate.framework steps three models in alternation; a change of the machine's load in one round
+    hits all three alike, so it cancels out of the per-block and per-element terms (paired differences) and only
+    the per-step term carries its median."""
+    from harness.calibrate.framework import framework_models, solve_framework_cost
+
+    n = {name: cfg.n_params() for name, cfg in framework_models(quick=False).items()}
+    assert n == {"one": 115904, "three": 216512, "wide": 7357952}  # the wide one: 7.4M parameters, 63x the first
+    blocks = {"one": 1, "three": 3, "wide": 1}
+    predicted = {"one": 0.010, "three": 0.020, "wide": 0.050}
+    load = [0.0, 4e-4, -1e-4, 9e-3]  # the machine's extra time in each round (s)
+    times = {k: [predicted[k] + 2e-3 + 5e-4 * blocks[k] + 3e-9 * n[k] + e for e in load] for k in n}
+    cost = solve_framework_cost(times, predicted=predicted, n_params=n)
+    assert cost.per_element_s == pytest.approx(3e-9, rel=1e-9)
+    assert cost.per_block_s == pytest.approx(5e-4, rel=1e-9)
+    assert cost.fixed_s == pytest.approx(2e-3 + 2e-4, rel=1e-9)  # + the median load, (0 + 4e-4) / 2
+    assert cost.predicted_s == predicted
+    assert cost.measured_s == pytest.approx({k: predicted[k] + 2e-3 + 5e-4 * blocks[k] + 3e-9 * n[k] + 2e-4 for k in n})
+    # a strategy faster than the model without overhead: no negative cost
+    assert solve_framework_cost(times, predicted={k: v + 1.0 for k, v in predicted.items()}, n_params=n).fixed_s == 0.0
 
 
 def test_measured_sharing_of_a_host_scales_the_parts(cal_dir):

@@ -1,15 +1,10 @@
-"""Calibration files and the rates the step-time model reads from them (or from the profile's `performance:` block).
+"""The rates the step-time model prices with (harness.plan.time): a calibration file's, or the profile's
+`performance:` figures when the cluster has none.
 
-`harness calibrate --cluster NAME` (harness.cli.calibrate → harness.launch.calibrate → harness.worker.calibrate)
-measures this cluster's rates and writes `<profile dir>/<NAME>.calibration.json` (next to the profile, or under
-the user's data dir when the profiles' folder is read-only; `HARNESS_CALIBRATION_DIR` overrides both). This module
-is the file's format, its reader and the `Rates` interface of harness.plan.time: pure, torch-free, so `harness
-plan` reads a calibration without importing torch.
-
-A calibration describes one machine. For a `local` profile the file records this host's fingerprint (hostname,
-CPU model and count, torch version) and a file whose fingerprint differs is refused (`CalibrationMismatch`, exit 2
-from the CLI) unless forced. A SLURM profile's file was measured on its compute nodes; `harness plan` runs on a
-login node that cannot observe them, so there only the cluster name is checked.
+`Rates` is the interface: each method returns seconds or raises Unknown(reason). `CalibratedRates` interpolates a
+calibration (harness.plan.calibration.file: GEMMs on their grid, curves per collective, link and group size, the
+host's sharing); `ProfileRates` prices with the profile's few figures. `rates_for(cluster)` picks one, cached per
+version of the cluster's file. Pure and torch-free, so `harness plan` prices without importing torch.
 
 Units: seconds, bytes; bandwidths in GB/s (1e9 B/s), matmul rates in TFLOPS (1e12 FLOP/s).
 """
@@ -22,77 +17,26 @@ import functools
 import hashlib
 import json
 import math
-import os
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from harness.core.catalogue import CATALOGUE
-from harness.core.errors import InputError, Problem
+from harness.plan.calibration.bus import bus_factor
+from harness.plan.calibration.file import (
+    AttentionPoint,
+    CommCurve,
+    ElementwisePoint,
+    FrameworkCost,
+    GemmPoint,
+    Sharing,
+)
+from harness.plan.calibration.find import ClusterProfile, Found, candidate_paths, find_calibration
 from harness.scenario.performance import Performance
-
-FORMAT = "harness-calibration/1"
-CALIBRATION_DIR_ENV = "HARNESS_CALIBRATION_DIR"
-"""a folder that replaces both default places (reading and writing): tests, read-only checkouts"""
-SUFFIX = ".calibration.json"
-MATCH_KEYS = ("hostname", "cpu_model", "cpu_count", "torch")
-"""fingerprint fields that must equal this host's for a local profile's calibration to apply"""
-
-BUS_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-}
-"""busbw / algbw for a group of n ranks (nccl-tests doc/PERFORMANCE.md), the collectives the model times; the
-same factors as harness.worker.meters.comm.BUS_FACTORS, which a test holds equal (this floor cannot import it)"""
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """busbw / algbw of `collective` in a group of `n` ranks; 0 for a one-rank group (nothing crosses a link)."""
-    return BUS_FACTORS[collective](n) if n > 1 else 0.0
-
-
-def algbw_gbps(nbytes: float, seconds: float) -> float:
-    """nccl-tests algorithm bandwidth: bytes (the convention of harness.worker.meters.comm) per second, GB/s."""
-    return nbytes / seconds / 1e9
-
-
-def busbw_gbps(collective: str, n: int, nbytes: float, seconds: float) -> float:
-    """nccl-tests bus bandwidth: algbw × the collective's factor for n ranks (GB/s)."""
-    return algbw_gbps(nbytes, seconds) * bus_factor(collective, n)
 
 
 class Unknown(Exception):
     """A rate the model needs is not known: the message is the null reason."""
-
-
-class CalibrationMismatch(InputError):
-    """A calibration file that belongs to another machine or cluster (exit 2 from the CLI)."""
-
-
-class ClusterProfile(Protocol):
-    """What the rates read of a cluster profile (harness.scenario.cluster.Cluster, or its `RatesSource`)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def executor(self) -> str: ...
-
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def cpu_allocator(self) -> str: ...
-
-    @property
-    def performance(self) -> Performance: ...
 
 
 @dataclass(frozen=True)
@@ -117,154 +61,6 @@ class RatesSource:
             cpu_allocator=cluster.cpu_allocator,
             performance=cluster.performance,
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# where files live, and this host's fingerprint
-
-
-def user_dir() -> Path:
-    """Per-user place for calibrations when the profiles' folder is read-only: $XDG_DATA_HOME/harness/calibration
-    (default ~/.local/share/harness/calibration)."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "harness" / "calibration"
-
-
-def candidate_paths(cluster: ClusterProfile) -> list[Path]:
-    """Where a calibration of `cluster` is looked for, in order."""
-    name = f"{cluster.name}{SUFFIX}"
-    override = os.environ.get(CALIBRATION_DIR_ENV)
-    if override:
-        return [Path(override) / name]
-    return [Path(cluster.path).resolve().parent / name, user_dir() / name]
-
-
-def write_path(cluster: ClusterProfile) -> Path:
-    """Where `harness calibrate` writes: next to the profile when that folder is writable, else the user dir."""
-    first, fallback = candidate_paths(cluster)[0], None
-    if os.environ.get(CALIBRATION_DIR_ENV):
-        return first
-    fallback = user_dir() / first.name
-    return first if os.access(first.parent, os.W_OK) else fallback
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform's processor string, else None."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or None
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity), which local ranks share."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def torch_version() -> str | None:
-    from importlib import metadata  # NOTE: here, not at the top: 30 ms of `harness plan`'s start for a SLURM profile
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def host_fingerprint() -> dict[str, Any]:
-    """This host, as far as it can be seen without importing torch (the worker adds the device's name)."""
-    return {
-        "hostname": socket.gethostname(),
-        "cpu_model": cpu_model(),
-        "cpu_count": usable_cores(),
-        "torch": torch_version(),
-    }
-
-
-def describe_fingerprint(fp: dict[str, Any]) -> str:
-    gpu = f", {fp['device_name']}" if fp.get("device_name") else ""
-    cpus = f"{fp.get('cpu_model')}, {fp.get('cpu_count')} CPUs{gpu}"
-    return f"host {fp.get('hostname')} ({cpus}, torch {fp.get('torch')})"
-
-
-def mismatch_reason(data: dict[str, Any], cluster: ClusterProfile) -> str | None:
-    """Why a calibration does not describe this cluster (and, for a local profile, this host), or None."""
-    if data.get("cluster") != cluster.name:
-        return f"it calibrates cluster {data.get('cluster')!r}, not {cluster.name!r}"
-    fp = data.get("fingerprint") or {}
-    # NOTE: a file from before the key was measured with glibc's defaults
-    measured_with = fp.get("cpu_allocator", "system")
-    if cluster.device == "cpu" and measured_with != cluster.cpu_allocator:
-        return (
-            f"it was measured with cpu_allocator {measured_with!r} and the profile now says "
-            f"{cluster.cpu_allocator!r} (freed memory kept or not changes every step's time on a CPU)"
-        )
-    if cluster.executor != "local":
-        return None
-    here = host_fingerprint()
-    differs = [k for k in MATCH_KEYS if fp.get(k) != here[k]]
-    if differs:
-        return (
-            f"it was measured on {describe_fingerprint(fp)}, this is {describe_fingerprint(here)} "
-            f"({', '.join(differs)} differ)"
-        )
-    return None
-
-
-# --------------------------------------------------------------------------------------------------
-# reading
-
-
-def read_file(path: Path) -> dict[str, Any]:
-    """A calibration file's JSON, checked for its format; InputError when it is not one."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError([Problem(str(path), "", f"not a readable calibration file: {e}")]) from e
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise InputError([Problem(str(path), "format", f"{got!r} is not {FORMAT!r}")])
-    return data
-
-
-@dataclass(frozen=True)
-class Found:
-    path: Path
-    data: dict[str, Any]
-    forced: str | None
-    """the mismatch that --force accepted, else None"""
-
-
-def find_calibration(cluster: ClusterProfile, *, force: bool = False) -> Found | None:
-    """The calibration of `cluster`, or None when there is none. A file of another machine or cluster raises
-    CalibrationMismatch with the reason, unless `force`."""
-    for path in candidate_paths(cluster):
-        try:
-            path.stat()
-        except OSError:
-            continue
-        data = read_file(path)
-        why = mismatch_reason(data, cluster)
-        if why is not None and not force:
-            raise CalibrationMismatch(
-                [
-                    Problem(
-                        str(path),
-                        "",
-                        f"this calibration does not apply here: {why}; run `harness calibrate --cluster "
-                        f"{cluster.name}` on this machine, or pass --force to use it anyway",
-                    )
-                ]
-            )
-        return Found(path, data, why)
-    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -425,7 +221,7 @@ class Rates:
     def sync_wait_s(self, *, ranks_on_host: int) -> float:
         """Seconds each collective call waits, beyond its own time, for ranks the host's scheduler has not run yet:
         on a CPU host with more ranks than cores, ranks that compute between collectives reach each one at
-        different moments. Measured by the calibration (harness.worker.calibrate.measure_sharing); 0 without a
+        different moments. Measured by the calibration (harness.calibrate.group.measure_sharing); 0 without a
         measurement and on GPUs."""
         return 0.0
 
@@ -443,67 +239,108 @@ def _per_ranks(pts: list[tuple[int, float]], ranks: int) -> float:
     return f_max * ranks / r_max
 
 
+SHARE_KINDS = {
+    "compute": "gemm",
+    "compute_bfloat16": "gemm_bfloat16",
+    "memory": "elementwise",
+    "optimizer": "optimizer",
+}
+"""`Rates.share`'s kinds of work → the calibration's sharing probe that measured each"""
+
+GemmTable = dict[tuple[str, str], list[tuple[float, float, float, float]]]
+"""(dtype, layout) → the measured shapes as (log2 m, log2 n, log2 k, FLOP/s)"""
+
+
+def gemm_table(points: Sequence[GemmPoint]) -> GemmTable:
+    """The GEMM grid as `_grid_rate` reads it: per (dtype, layout), each shape in log2 space with its throughput."""
+    table: GemmTable = {}
+    for p in points:
+        flops = 2.0 * p.m * p.n * p.k
+        table.setdefault((p.dtype, p.layout), []).append((math.log2(p.m), math.log2(p.n), math.log2(p.k), flops / p.s))
+    return table
+
+
+def elementwise_curves(points: Sequence[ElementwisePoint]) -> dict[str, tuple[list[float], list[float]]]:
+    """dtype → (operand bytes, GB/s), sorted by size."""
+    curves = {}
+    for dtype in {p.dtype for p in points}:
+        pts = sorted((p.op_bytes, p.gbps) for p in points if p.dtype == dtype)
+        curves[dtype] = ([x for x, _ in pts], [y for _, y in pts])
+    return curves
+
+
+def sharing_curves(entries: Sequence[Sharing]) -> dict[str, list[tuple[int, float]]]:
+    """`Rates.share`'s kind → (ranks, slowdown ≥ 1) at each measured rank count; a kind whose probe some count lacks
+    (a file from before that probe) is left out, and `share` falls back to the fp32 figure."""
+    shared = {e.ranks: e for e in entries}
+    if 1 not in shared:
+        return {}
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for kind, probe in SHARE_KINDS.items():
+        times = {r: e.seconds(probe) for r, e in shared.items()}
+        base = times[1]
+        if base is None or any(t is None for t in times.values()):
+            continue
+        curves[kind] = sorted((r, max(1.0, slowdown_of(e, probe, base=base))) for r, e in shared.items())
+    return curves
+
+
+def slowdown_of(entry: Sharing, probe: str, *, base: float) -> float:
+    """The probe's slowdown at the entry's rank count: the one measured against the rank alone in the same minute;
+    a file from before that pairing has only each count's own time, divided by the one-rank time `base` (s)."""
+    paired = entry.slowdown(probe)
+    if paired is not None:
+        return paired
+    return (entry.seconds(probe) or 0.0) / base
+
+
+def sync_wait_points(entries: Sequence[Sharing]) -> list[tuple[int, float]]:
+    """(ranks, seconds per collective call) measured on more than one rank, with (1, 0); empty when none was."""
+    waits = [(e.ranks, e.sync_wait_s) for e in entries if e.ranks > 1 and e.sync_wait_s is not None]
+    return sorted([(1, 0.0), *waits]) if waits else []
+
+
+def comm_curves(curves: Sequence[CommCurve]) -> dict[tuple[str, str, str], list[CollectiveCurve]]:
+    """(link, collective, dtype) → its measured curves, one per group size."""
+    out: dict[tuple[str, str, str], list[CollectiveCurve]] = {}
+    for e in curves:
+        pts = sorted(zip(e.sizes, e.times))
+        curve = CollectiveCurve(
+            ranks=e.ranks,
+            sizes=tuple(s for s, _ in pts),
+            times=tuple(t for _, t in pts),
+            latency_s=e.latency_s,
+            busbw_gbps=e.busbw_gbps,
+        )
+        out.setdefault((e.link, e.collective, e.dtype), []).append(curve)
+    return out
+
+
 class CalibratedRates(Rates):
-    """Rates from a calibration file (see harness.worker.calibrate for how each part is measured)."""
+    """Rates from a calibration file (harness.calibrate says how each part is measured)."""
 
     def __init__(self, found: Found) -> None:
-        d = found.data
+        cal = found.calibration
         self.path = found.path
-        self.source = f"calibrated {found.path} {str(d.get('created_at', '?'))[:10]}" + (
-            f" (forced: {found.forced})" if found.forced else ""
-        )
-        fp = d.get("fingerprint") or {}
-        self.device = fp.get("device", "cpu")
-        self.device_name = fp.get("device_name")
-        self.host_cores = fp.get("cpu_count") if self.device == "cpu" else None
-        c = d.get("compute") or {}
-        self._gemm: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
-        for p in c.get("gemm", []):
-            flops = 2.0 * p["m"] * p["n"] * p["k"]
-            self._gemm.setdefault((p["dtype"], p["layout"]), []).append(
-                (math.log2(p["m"]), math.log2(p["n"]), math.log2(p["k"]), flops / p["s"])
-            )
-        self._attention = c.get("attention", [])
-        self._elementwise: dict[str, tuple[list[float], list[float]]] = {}
-        for dtype in {p["dtype"] for p in c.get("elementwise", [])}:
-            pts = sorted((p["op_bytes"], p["gbps"]) for p in c["elementwise"] if p["dtype"] == dtype)
-            self._elementwise[dtype] = ([x for x, _ in pts], [y for _, y in pts])
-        self._dispatch = c.get("dispatch")
-        self._optimizer = c.get("optimizer")
-        self._framework = c.get("framework", {})
-        probes = {
-            "compute": "gemm_s",
-            "compute_bfloat16": "gemm_bfloat16_s",
-            "memory": "elementwise_s",
-            "optimizer": "optimizer_s",
-        }
-        self._sharing: dict[str, list[tuple[int, float]]] = {}
-        shared = {e["ranks"]: e for e in d.get("sharing", [])}
-        if 1 in shared:
-            for kind, probe in probes.items():
-                if not all(probe in e for e in shared.values()):
-                    continue  # NOTE: a file from before that probe: share() falls back to the fp32 figure
-                slowdown = probe.replace("_s", "_slowdown")
-                base = shared[1][probe]
-                # the slowdown measured against the rank alone in the same minute; a file from before that pairing
-                # has only each count's own time, divided by the one-rank figure
-                self._sharing[kind] = sorted(
-                    (r, max(1.0, e[slowdown] if slowdown in e else e[probe] / base)) for r, e in shared.items()
-                )
-        waits = [(r, e["sync_wait_s"]) for r, e in shared.items() if r > 1 and "sync_wait_s" in e]
-        self._sync_wait: list[tuple[int, float]] = sorted([(1, 0.0), *waits]) if waits else []
-        self._comm: dict[tuple[str, str, str], list[CollectiveCurve]] = {}
-        for e in d.get("comm", []):
-            pts = sorted(zip(e["sizes"], e["times"]))
-            curve = CollectiveCurve(
-                ranks=e["ranks"],
-                sizes=tuple(s for s, _ in pts),
-                times=tuple(t for _, t in pts),
-                latency_s=e["latency_s"],
-                busbw_gbps=e["busbw_gbps"],
-            )
-            self._comm.setdefault((e["link"], e["collective"], e.get("dtype", "float32")), []).append(curve)
-        self._seal([self.source, str(found.path), d])
+        created = cal.created_at if cal.created_at is not None else "?"
+        self.source = f"calibrated {found.path} {created[:10]}" + (f" (forced: {found.forced})" if found.forced else "")
+        self.device = cal.fingerprint.device
+        self.device_name = cal.fingerprint.device_name
+        self.host_cores = cal.fingerprint.cpu_count if self.device == "cpu" else None
+        c = cal.compute
+        self.gemm_grid = gemm_table(c.gemm)
+        self._attention: list[AttentionPoint] = c.attention
+        self._elementwise = elementwise_curves(c.elementwise)
+        self._dispatch = c.dispatch
+        self._optimizer = c.optimizer
+        self._framework: dict[str, FrameworkCost] = c.framework
+        self._sharing = sharing_curves(cal.sharing)
+        self._sync_wait = sync_wait_points(cal.sharing)
+        self._comm = comm_curves(cal.comm)
+        # NOTE: the figures' digest from pydantic's JSON of the model (in Rust: a third of the time of hashing the
+        # dict, which was most of reading a file); equal files give equal JSON, with their defaults filled in
+        figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
+        self._seal([self.source, str(found.path), figures])
 
     def sync_wait_s(self, *, ranks_on_host: int) -> float:
         """The measured wait per collective call at `ranks_on_host` ranks, 0 at one rank, interpolated as `share`."""
@@ -512,7 +349,7 @@ class CalibratedRates(Rates):
         return _per_ranks(self._sync_wait, ranks_on_host)
 
     def share(self, kind: str, *, ranks: int) -> float:
-        """The measured slowdown at `ranks` ranks on the host (harness.worker.calibrate.measure_sharing): linear
+        """The measured slowdown at `ranks` ranks on the host (harness.calibrate.group.measure_sharing): linear
         between measured counts, and beyond the largest proportional to the ranks (each rank's share of the host
         shrinks as 1/ranks)."""
         pts = self._sharing.get(kind) or self._sharing.get(kind.split("_", 1)[0])
@@ -524,12 +361,15 @@ class CalibratedRates(Rates):
         return _calibrated_gemm_s(self, dtype, m, n, k, layout)
 
     def attention_s(self, dtype: str, *, batch: int, heads: int, seq: int, head_dim: int, phase: str) -> float:
-        pts = sorted((p["seq"], p[f"{phase}_s"] / (p["batch"] * p["heads"] * p["head_dim"] * p["seq"] ** 2))
-                     for p in self._attention if p["dtype"] == dtype)  # fmt: skip
+        def per_unit(p: AttentionPoint) -> float:
+            """seconds per unit of batch · heads · head_dim · seq² at the measured shape"""
+            return (p.forward_s if phase == "forward" else p.backward_s) / (p.batch * p.heads * p.head_dim * p.seq**2)
+
+        pts = sorted((p.seq, per_unit(p)) for p in self._attention if p.dtype == dtype)
         if not pts:
             raise Unknown(f"no {dtype} attention measured in {self.path.name}")
-        per_unit = _interp_loglog([s for s, _ in pts], [u for _, u in pts], seq)
-        return per_unit * batch * heads * head_dim * seq**2
+        at_seq = _interp_loglog([s for s, _ in pts], [u for _, u in pts], seq)
+        return at_seq * batch * heads * head_dim * seq**2
 
     def elementwise_s(self, dtype: str, nbytes: float, *, op_bytes: float) -> float:
         curve = self._elementwise.get(dtype) or self._elementwise.get("float32")
@@ -538,22 +378,22 @@ class CalibratedRates(Rates):
         return nbytes / (_interp_loglog(curve[0], curve[1], max(op_bytes, 1.0)) * 1e9)
 
     def dispatch_s(self) -> tuple[float, float]:
-        if not self._dispatch:
+        if self._dispatch is None:
             raise Unknown(f"no per-op overhead measured in {self.path.name}")
-        return self._dispatch["forward_s"], self._dispatch["backward_s"]
+        return self._dispatch.forward_s, self._dispatch.backward_s
 
     def optimizer_s(self, *, elements: float, tensors: int) -> float:
-        if not self._optimizer:
-            raise Unknown(f"no optimizer cost measured in {self.path.name}")
         o = self._optimizer
-        return o["per_tensor_s"] * tensors + o["per_element_s"] * elements
+        if o is None:
+            raise Unknown(f"no optimizer cost measured in {self.path.name}")
+        return o.per_tensor_s * tensors + o.per_element_s * elements
 
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
         key = f"{CATALOGUE[strategy].framework_cost}/{precision}"
         f = self._framework.get(key)
         if f is None:
             raise Unknown(f"no framework overhead measured for {key} in {self.path.name}")
-        return f["fixed_s"] + f["per_block_s"] * blocks + f.get("per_element_s", 0.0) * elements
+        return f.fixed_s + f.per_block_s * blocks + f.per_element_s * elements
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         return _calibrated_collective_s(self, collective, link, ranks, nbytes, dtype)
@@ -581,7 +421,7 @@ class CalibratedRates(Rates):
 def _calibrated_gemm_s(rates: CalibratedRates, dtype: str, m: int, n: int, k: int, layout: str) -> float:
     """One GEMM's seconds at the calibrated grid's interpolated throughput (cached: planning prices each shape of a
     model once per rates)."""
-    pts = rates._gemm.get((dtype, layout)) or rates._gemm.get((dtype, "nt"))
+    pts = rates.gemm_grid.get((dtype, layout)) or rates.gemm_grid.get((dtype, "nt"))
     if not pts:
         raise Unknown(f"no {dtype} matmul measured in {rates.path.name}")
     return 2.0 * m * n * k / _grid_rate(pts, math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
@@ -684,59 +524,3 @@ def clear_caches() -> None:
     """Forget the rates read from files and every rate computed from them (tests compare cold and warm)."""
     for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s):
         f.cache_clear()
-
-
-def example_calibration(
-    cluster: str, *, device: str = "cpu", fingerprint: dict[str, Any] | None = None, tflops: float = 0.05
-) -> dict[str, Any]:
-    """A complete calibration with round-number rates (every GEMM at `tflops`, 10 GB/s elementwise, 10 us per op,
-    1 GB/s busbw and 100 us latency per collective, 1 ms + 1 ms/block framework overhead) for this host, dated
-    now: what tests and benches use where a measured file would make results depend on the machine."""
-    import datetime
-
-    dims = (64, 256, 1024, 4096, 32768)
-    gemm = [
-        {"dtype": dt, "layout": lay, "m": m, "n": n, "k": k, "s": 2.0 * m * n * k / (tflops * 1e12)}
-        for dt in ("float32", "bfloat16", "float16")
-        for lay in ("nt", "nn", "tn")
-        for m in dims
-        for n in dims
-        for k in dims
-    ]
-
-    def att(dt: str, s: int) -> dict[str, Any]:
-        fwd = 2.0 * 4 * s * s * 64 / (tflops * 1e12)  # causal half of 4·h·s²·hd, at the matmul rate
-        shape = {"batch": 1, "heads": 4, "seq": s, "head_dim": 64}
-        return {"dtype": dt, **shape, "forward_s": fwd, "backward_s": 2.5 * fwd}
-
-    attention = [att(dt, s) for dt in ("float32", "bfloat16", "float16") for s in (128, 512, 2048)]
-    keys = {e.framework_cost for e in CATALOGUE.values()}
-    comm = [
-        {"link": link, "collective": c, "dtype": "float32", "ranks": n, "sizes": [1024.0, 2.0**30],
-         "times": [1e-4, 1e-4 + 2.0**30 * (bus_factor(c, n) or 1.0) / 1e9], "latency_s": 1e-4, "busbw_gbps": 1.0}
-        for link, ranks in (("self", (1,)), ("intra", (2, 4, 8)), ("inter", (2, 4, 8)))
-        for n in ranks for c in BUS_FACTORS
-    ]  # fmt: skip
-    fp = dict(host_fingerprint(), device=device, device_name=None, cpu_allocator="caching")
-    fp.update(fingerprint or {})
-    return {
-        "format": FORMAT,
-        "cluster": cluster,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "fingerprint": fp,
-        "compute": {
-            "gemm": gemm,
-            "attention": attention,
-            "elementwise": [
-                {"dtype": dt, "op_bytes": b, "gbps": 10.0} for dt in ("float32", "bfloat16") for b in (1e4, 1e8)
-            ],  # fmt: skip
-            "dispatch": {"forward_s": 1e-5, "backward_s": 1e-5},
-            "optimizer": {"per_tensor_s": 1e-5, "per_element_s": 2.8e-9},
-            "framework": {
-                f"{k}/{p}": {"fixed_s": 1e-3, "per_block_s": 1e-3, "per_element_s": 0.0}
-                for k in keys
-                for p in ("fp32", "bf16", "fp16")
-            },
-        },
-        "comm": comm,
-    }

@@ -1,11 +1,12 @@
 """`harness calibrate`'s orchestration: the processes that measure a cluster's rates, and the merged file.
 
-One `compute` process (harness.worker.calibrate) measures the device and the one-rank collectives and framework
+One `compute` process (harness.calibrate.process) measures the device and the one-rank collectives and framework
 overheads; then, for each group size, that many `collectives` processes (one per rank, rendezvous on localhost)
 measure the collectives of a group spanning ranks of this host — the local profile's simulated nodes share it, so
 its hybrids' cross-"node" groups use these curves too. Every process gets the profile's `env` (locally
-OMP_NUM_THREADS=1), as the ranks of a sweep do. The merged calibration is written atomically, with the environment
-fingerprint and the date, to `harness.plan.calibration.write_path(cluster)`.
+OMP_NUM_THREADS=1), as the ranks of a sweep do. The parts are read back through their typed models and merged into
+the file's (harness.plan.calibration.file.Calibration), written atomically with the date and the duration to
+`harness.plan.calibration.find.write_path(cluster)`.
 
 On a SLURM profile the same processes run as jobs, one after another so that no part disturbs another: the
 device part on one node (one task), the collectives of groups inside one node (a job of that many tasks on one
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import random
 import shutil
@@ -33,11 +33,22 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import InputError, Problem
-from harness.plan.calibration import write_path
+from harness.plan.calibration.file import (
+    Calibration,
+    CollectivesPart,
+    read_calibration,
+    read_collectives_part,
+    write_calibration,
+)
+from harness.plan.calibration.find import write_path
 from harness.scenario.cluster import Cluster
 
 WORLDS = (2, 4)
 """group sizes whose collectives are measured besides the one-rank group"""
+PROCESS = "harness.calibrate.process"
+"""the measuring processes' module (`python -m`; a SLURM task calls its `main`)"""
+Measured = tuple[Calibration, list[CollectivesPart]]
+"""what the processes wrote: the device's part (the file without the groups) and each group's part"""
 
 
 def _env(cluster: Cluster) -> dict[str, str]:
@@ -70,7 +81,7 @@ def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: d
     for rank in range(world):
         e = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
         e["LOCAL_RANK"] = str(rank)
-        cmd = [sys.executable, "-m", "harness.worker.calibrate", "collectives", "--cluster", cluster.path]
+        cmd = [sys.executable, "-m", PROCESS, "collectives", "--cluster", cluster.path]
         cmd += ["--out", str(out), "--link", "intra"] + (["--quick"] if quick else [])
         procs.append(subprocess.Popen(cmd, env=e, stdout=None if rank == 0 else subprocess.DEVNULL))
     codes = [p.wait() for p in procs]
@@ -95,7 +106,7 @@ def check_calibratable(cluster: Cluster) -> None:
 
 
 class CalibrationTask:
-    """What every task of a calibration job runs: one role of harness.worker.calibrate, with RANK, WORLD_SIZE,
+    """What every task of a calibration job runs: one role of harness.calibrate.process, with RANK, WORLD_SIZE,
     LOCAL_RANK and the rendezvous (the job's first node, a port derived from the job id) from submitit."""
 
     def __call__(self, argv: list[str], env: dict[str, str]) -> None:
@@ -104,7 +115,7 @@ class CalibrationTask:
         job = submitit.JobEnvironment()
         for k, v in env.items():  # the profile's env (threads per rank), as a sweep's ranks get it
             os.environ.setdefault(k, v)
-        from harness.worker.calibrate import main  # NOTE: after the env: torch reads OMP_NUM_THREADS on import
+        from harness.calibrate.process import main  # NOTE: after the env: torch reads OMP_NUM_THREADS on import
 
         os.environ.update(
             RANK=str(job.global_rank),
@@ -163,7 +174,7 @@ JOB_MINUTES = 30
 """the --time of each calibration job (min); the profile's time_limit_min caps it"""
 
 
-def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path) -> dict[str, Any]:
+def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path) -> Measured:
     import submitit
 
     executor = submitit.AutoExecutor(folder=work / "submitit", cluster="slurm", slurm_max_num_timeout=0)
@@ -177,15 +188,31 @@ def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...
         argv=["compute", "--out", str(compute), *flags],
         what="device, one-rank collectives and framework overheads",
     )
-    data: dict[str, Any] = json.loads(compute.read_text())
+    device_part = read_calibration(compute)
+    parts = []
     for i, (what, nodes, tasks, link) in enumerate(slurm_parts(cluster, worlds)):
         part = work / f"comm{i}.json"
         argv = ["collectives", "--out", str(part), "--link", link, *flags]
         _run_job(executor, cluster=cluster, nodes=nodes, tasks=tasks, argv=argv, what=what)
-        measured = json.loads(part.read_text())
-        data["comm"] += measured["comm"]
-        data.setdefault("sharing", []).extend(measured.get("sharing", []))
-    return data
+        parts.append(read_collectives_part(part))
+    return device_part, parts
+
+
+def _calibrate_locally(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...]) -> Measured:
+    env = _env(cluster)
+    with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
+        compute = Path(tmp) / "compute.json"
+        print(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads", flush=True)
+        cmd = [sys.executable, "-m", PROCESS, "compute", "--cluster", cluster.path]
+        _run(cmd + ["--out", str(compute)] + (["--quick"] if quick else []), env, "of the device")
+        device_part = read_calibration(compute)
+        parts = []
+        for world in worlds:
+            print(f"calibrate: collectives on {world} ranks", flush=True)
+            part = Path(tmp) / f"comm{world}.json"
+            _collectives(cluster, world, part, quick=quick, env=env)
+            parts.append(read_collectives_part(part))
+    return device_part, parts
 
 
 def calibrate(
@@ -199,34 +226,13 @@ def calibrate(
     t0 = time.perf_counter()
     if cluster.executor == "slurm":
         with _work_dir(target) as work:
-            data = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work)
-        return _write_calibration(data, target, started=started, t0=t0, quick=quick)
-    env = _env(cluster)
-    with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
-        compute = Path(tmp) / "compute.json"
-        print(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads", flush=True)
-        cmd = [sys.executable, "-m", "harness.worker.calibrate", "compute", "--cluster", cluster.path]
-        _run(cmd + ["--out", str(compute)] + (["--quick"] if quick else []), env, "of the device")
-        data = json.loads(compute.read_text())
-        for world in worlds:
-            print(f"calibrate: collectives on {world} ranks", flush=True)
-            part = Path(tmp) / f"comm{world}.json"
-            _collectives(cluster, world, part, quick=quick, env=env)
-            measured = json.loads(part.read_text())
-            data["comm"] += measured["comm"]
-            data.setdefault("sharing", []).extend(measured.get("sharing", []))
-    return _write_calibration(data, target, started=started, t0=t0, quick=quick)
-
-
-def _write_calibration(
-    data: dict[str, Any], target: Path, *, started: datetime.datetime, t0: float, quick: bool
-) -> Path:
-    data["created_at"] = started.isoformat(timespec="seconds")
-    data["duration_s"] = round(time.perf_counter() - t0, 1)
-    data["quick"] = quick
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, allow_nan=False)
-    os.replace(tmp_name, target)
-    return target
+            device_part, parts = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work)
+    else:
+        device_part, parts = _calibrate_locally(cluster, quick=quick, worlds=worlds)
+    merged = device_part.merged(
+        parts,
+        created_at=started.isoformat(timespec="seconds"),
+        duration_s=round(time.perf_counter() - t0, 1),
+        quick=quick,
+    )
+    return write_calibration(target, merged)
