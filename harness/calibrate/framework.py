@@ -80,7 +80,7 @@ def measure_framework(
     from harness.plan.time import predict_time
     from harness.scenario.schema import RunSpec, Settings
     from harness.worker.meters.timing import time_steps
-    from harness.worker.runner import _build_trainer
+    from harness.worker.runner import build_trainer
 
     precisions = [PRECISION_OF[d] for d in compute_dtypes(device)]
     zero = {f"{s}/{p}": FrameworkCost(fixed_s=0.0, per_block_s=0.0) for s in FRAMEWORK_STRATEGIES for p in precisions}
@@ -105,7 +105,7 @@ def measure_framework(
                 )
                 if spec.unsupported_reason(device.type):
                     break
-                trainer, batches = _build_trainer(spec, rank=0, world_size=1, local_rank=0, device=device)
+                trainer, batches = build_trainer(spec, rank=0, world_size=1, local_rank=0, device=device)
                 steps[name] = functools.partial(trainer.step, batches)
                 time_steps(steps[name], n=3, device=device)
                 predicted[name] = predict_time(spec, cluster, rates, overlap=False).step_time_s or 0.0

@@ -61,7 +61,7 @@ class Strategy:
     framework_cost: str
     """the strategy whose calibrated framework overhead (hooks, flattening, an engine's bookkeeping per step and
     per block: the calibration's `framework` entry `<framework_cost>/<precision>`) stands for this one's; a
-    strategy's own name when `harness calibrate` measures it (harness.worker.calibrate.FRAMEWORK_STRATEGIES)"""
+    strategy's own name when `harness calibrate` measures it (harness.plan.calibration.file.FRAMEWORK_STRATEGIES)"""
     mesh: str = FLAT
     """the device mesh it runs on (one of MESHES)"""
     shards: bool = True

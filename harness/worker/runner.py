@@ -167,7 +167,7 @@ def run(
             master_addr=master_addr,
             master_port=master_port,
         )
-        trainer, batches = _build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        trainer, batches = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         t_ready = time.time()
         step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
@@ -255,7 +255,7 @@ def _join_process_group(
     return device, backend
 
 
-def _build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:
+def build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:
     """(trainer, micro-batches): the cell's model wrapped by its strategy, and this rank's synthetic batch of each
     micro step (the same every step)."""
     import torch

@@ -104,7 +104,7 @@ def test_the_model_key_tables_match_the_planner():
 def test_the_framework_families_are_the_ones_calibrate_measures():
     """Every entry's `framework_cost` is a strategy `harness calibrate` measures at one rank, and the example
     calibration (what tests and benches price with) holds a figure for each, in every precision."""
-    from harness.worker.calibrate import FRAMEWORK_STRATEGIES
+    from harness.plan.calibration import FRAMEWORK_STRATEGIES
 
     families = {e.framework_cost for e in CATALOGUE.values()}
     assert families == set(FRAMEWORK_STRATEGIES)
