@@ -1,8 +1,9 @@
 """Result records → one self-contained HTML page, a Markdown page, the table as CSV and Parquet, and each figure
 as a PNG: `build_report`, which `harness report DIR… [-o OUT]` (harness.cli.report) calls.
 
-Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → render
-(HTML/Markdown). With many records and more than one CPU the work is spread over forked processes: shares of
+Stages: frame (records → DataFrame, cells, best strategy) → figures (matplotlib, PNG bytes) → the page (one
+page model: harness.report.sections, .table; written as HTML and Markdown through Jinja2 templates: .render,
+templates/). With many records and more than one CPU the work is spread over forked processes: shares of
 the record files are read and flattened in parallel, and the figures draw in a pool from the moment the cell
 table exists, while this process builds the best-strategy table, the CSV/Parquet tables and the page text (and
 then, with fewer than four workers, draws the lightest figure itself: figures.DRAWN_HERE); the output is byte for
@@ -43,6 +44,7 @@ from harness.report.frame import (
 )
 from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
+from harness.report.sections import ReportData, build_page
 from harness.report.trends import trends_figure
 from harness.report.tune import is_tune_log, read_tune_logs, tune_figure, tune_figure_names
 from harness.results.fastload import read_file, record_files
@@ -271,31 +273,31 @@ def build_report(
     paths: dict[str, Any] = _write_tables(df, out_path, warnings)
     timings["tables"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    ctx = {
-        "name": result["name"],
-        "dirs": paths_in,
-        "frame": df,
-        "cells": cells,
-        "best": best,
-        "figures": None,  # NOTE: not drawn yet; the text is written without them, and they join it below
-        "warnings": warnings,
-        "n_unreadable": n_unreadable,
-        "trends": trends,
-        "tune": [{"log": log, "figure": name} for log, name in zip(tune_logs, tune_figure_names(tune_logs))],
-        "prediction_accuracy": prediction_accuracy(cells),
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-    finish_markdown, finish_html = prepare_markdown(ctx), prepare_html(ctx)
+    tune = tuple(zip(tune_logs, tune_figure_names(tune_logs)))
+    data = ReportData(
+        name=result["name"],
+        dirs=tuple(paths_in),
+        frame=df,
+        cells=cells,
+        best=best,
+        warnings=tuple(warnings),
+        n_unreadable=n_unreadable,
+        trends=trends,
+        tune=tune,
+        prediction_accuracy=prediction_accuracy(cells),
+        generated_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    page = build_page(data)
+    finish_markdown, finish_html = prepare_markdown(page), prepare_html(page)
     timings["render"] = time.perf_counter() - t1
     figures = collect_figures()
     if trends is not None:
         figures.append(trends_figure(trends))
     if projection is not None:
         figures.append(projection_figure(projection, fc))
-    figures += [tune_figure(t["log"], name=t["figure"]) for t in ctx["tune"]]
+    figures += [tune_figure(log, name=name) for log, name in tune]
     timings["figures"] = time.perf_counter() - t2
     t1 = time.perf_counter()
-    ctx["figures"] = figures
     paths["figures"] = _write_figures(figures, out_path)
     paths["markdown"] = out_path / "report.md"
     paths["markdown"].write_text(finish_markdown(figures))

@@ -14,8 +14,8 @@ from scipy.stats import spearmanr
 
 from harness.report import build_report
 from harness.report.figures import _PART_STYLE, STRATEGY_STYLE, all_figures
+from harness.report.formats import fmt_ms
 from harness.report.frame import PREDICTED_PARTS, figure_cells, load_frame, prediction_accuracy
-from harness.report.render import fmt_ms
 from tests.unit.test_report import _has_colour, md_rows, md_section
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "fixture-h100"
