@@ -21,18 +21,18 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from harness.core.errors import InputError, Problem
-from harness.report.figures import (
+from harness.report.figures.base import (
     PRECISION_FILL,
     PRECISION_LINESTYLE,
     Figure,
-    _log2_gpus_axis,
-    _no_data,
-    _png,
-    _precision_handle,
-    _select_models,
-    _strategy_handles,
+    no_data,
+    png_bytes,
+    precision_handle,
+    select_models,
+    strategy_handles,
     style,
 )
+from harness.report.figures.layout import log2_gpus_axis
 
 MAX_PROJECTION_MODELS = 4
 """model panels drawn at most (an evenly spread subset beyond, noted)"""
@@ -113,9 +113,9 @@ def projection_figure(doc: dict[str, Any], fc: pd.DataFrame | None = None) -> Fi
     nulls = Counter(p["reason"] or "unknown" for r in doc["rows"] for p in r["points"] if p["step_time_s"] is None)
     null_note = "; ".join(f"{n} point(s): {why}" for why, n in nulls.most_common(4))
     if not rows:
-        return _no_data("projection", title, caption, "no projected point has a step time" + (f" ({null_note})"))
+        return no_data("projection", title, caption, "no projected point has a step time" + (f" ({null_note})"))
     names = [r["model"] for r in rows]
-    models, note = _select_models(
+    models, note = select_models(
         pd.DataFrame({"model": names, "n_params": [math.nan] * len(names)}), MAX_PROJECTION_MODELS
     )
     if nulls:
@@ -160,15 +160,13 @@ def projection_figure(doc: dict[str, Any], fc: pd.DataFrame | None = None) -> Fi
                 gpus_drawn.update(mx.tolist())
             gpus_drawn.update(x.tolist())
             labels.append(r["layout"])
-        _log2_gpus_axis(ax, sorted(gpus_drawn))
+        log2_gpus_axis(ax, sorted(gpus_drawn))
         ax.set_ylim(bottom=0)
         ax.set_title(str(model))
         ax.set_xlabel("GPUs")
         ax.set_ylabel("tokens/s per GPU (predicted)")
         ax.grid(True, color="#E5E5E5", linewidth=0.6)
-    handles = _strategy_handles(labels) + [
-        _precision_handle(p) for p in sorted({r["precision"] for r in rows}, key=str)
-    ]
+    handles = strategy_handles(labels) + [precision_handle(p) for p in sorted({r["precision"] for r in rows}, key=str)]
     handles.append(Line2D([], [], linestyle="none", marker="x", color="black", label="does not fit"))
     if measured_any:
         handles.append(
@@ -186,4 +184,4 @@ def projection_figure(doc: dict[str, Any], fc: pd.DataFrame | None = None) -> Fi
         )
     axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     fig.suptitle(f"Projected tokens/s per GPU on {doc['cluster']}")
-    return Figure("projection", title, caption, _png(fig), note)
+    return Figure("projection", title, caption, png_bytes(fig), note)
