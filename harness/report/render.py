@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from harness.core import markdown as md
 from harness.report.figures import Figure
-from harness.report.formats import shorten
+from harness.report.formats import NA, shorten
 from harness.report.sections import Page
 from harness.report.table import Table
 
@@ -37,13 +37,17 @@ MAX_MD_BYTES = 900 * 2**10
 
 
 def _html_value(value: Any) -> Any:
-    """Every value an HTML template writes, escaped as html.escape does (Markup: as it is)."""
-    return value if isinstance(value, Markup) else Markup(html.escape(str(value), quote=True))
+    """Every value an HTML template writes, escaped as html.escape(quote=True) does: autoescape's markupsafe
+    escapes `& < >` as it does, and only quotes differ (&#34; &#39; against &quot; &#x27;), so a text with a
+    quote is escaped here and the rest (most values: numbers) is left to markupsafe's faster escape."""
+    if isinstance(value, str) and not isinstance(value, Markup) and ('"' in value or "'" in value):
+        return Markup(html.escape(value, quote=True))
+    return value
 
 
 def _wbr(label: str) -> Markup:
     """A header that may wrap after each `/` (tok/s/GPU)."""
-    return _html_value(label).replace("/", Markup("/<wbr>"))
+    return Markup(html.escape(label, quote=True)).replace("/", Markup("/<wbr>"))
 
 
 def _base64(png: bytes) -> Markup:
@@ -70,6 +74,7 @@ def _templates() -> tuple[Any, Any]:
     common: dict[str, Any] = dict(loader=loader, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     html_env = jinja2.Environment(autoescape=True, finalize=_html_value, **common)
     html_env.filters.update(wbr=_wbr, base64=_base64, long_text=lambda s: shorten(s, MAX_REASON_HTML, one_line=False))
+    html_env.globals.update(zip=zip, NA=NA)
     md_env = jinja2.Environment(autoescape=False, finalize=md.escape, **common)  # NOTE: Markdown: escaped by finalize
     md_env.filters.update(md_table=_md_table, markdown=md.Markdown, shorten=shorten)
     md_env.globals.update(max_warnings=MAX_MD_WARNINGS, max_rows=MAX_MD_FAILED_ROWS, max_kib=MAX_MD_BYTES // 2**10)
