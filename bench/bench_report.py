@@ -7,8 +7,9 @@ With --repeat N the report is built N times over the same records and the median
 too. Peak RSS: of this process (records, frame, tables, HTML) and of the largest other process (children: the
 processes that read shares of the records, and those that draw the figures). --serial reads every record and
 draws every figure in this process (the paths a small report or a one-CPU machine takes), to compare with.
---figure-times then draws each figure once more here, one after the other, and prints its CPU seconds (which
-figure a worker spends its time on; the per-stage times only show when the last one finished).
+--figure-times then draws each figure once more here, one after the other, and prints its CPU seconds beside
+the cost it is registered with (harness.report.figures.registry: what the figures are scheduled by; the per-stage
+times only show when the last one finished).
 
 The synthetic set (bench/records_gen.py) looks like several nightly runs of one big matrix: 8 model sizes × 11
 strategies × 3 precisions × 5 GPU counts × 3 micro-batch sizes, with OOMs, errors and skips, MFU null for fp32,
@@ -28,9 +29,8 @@ from pathlib import Path
 
 from records_gen import write_records  # bench/records_gen.py: the synthetic records, shared with bench_compare.py
 
-import harness.report
-from harness.report import build_report
-from harness.report.figures import FIGURE_MAKERS
+from harness.report import build_report, load
+from harness.report.figures import figure_makers, schedule
 from harness.report.frame import figure_cells
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--figure-times", action="store_true", help="CPU seconds of each figure, drawn serially")
     args = parser.parse_args()
     if args.serial:
-        harness.report.PARALLEL_LOAD_MIN_FILES = harness.report.figures.PARALLEL_MIN_CELLS = 2**62
+        load.PARALLEL_LOAD_MIN_FILES = schedule.PARALLEL_MIN_CELLS = 2**62
     root = Path(tempfile.mkdtemp(prefix="bench-report-"))
     try:
         t = time.perf_counter()
@@ -83,10 +83,11 @@ def main() -> None:
         if args.figure_times:
             fc = figure_cells(result["cells"])
             times = []
-            for make in FIGURE_MAKERS:
+            for maker in figure_makers():
                 cpu = time.process_time()
-                make(fc)
-                times.append(f"{make.__name__} {time.process_time() - cpu:.2f} s")
+                drawn = maker.draw(fc).png is not None
+                spent = time.process_time() - cpu
+                times.append(f"{maker.name} {spent:.2f} s{'' if drawn else ' (no data)'} (cost {maker.cost:g})")
             print(f"figures drawn one by one here ({len(fc)} figure cells), CPU: " + ", ".join(times))
         if args.keep:
             print(f"kept: {root}")

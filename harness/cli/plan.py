@@ -88,7 +88,7 @@ def plan_command(
             else:
                 click.echo(pj.format_projection(rows, cluster, gpus, rates))
             if figure_path is not None:
-                _draw(doc.to_dict(), figure_path)
+                _draw(doc, figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
         if fmt == "json":
@@ -101,7 +101,7 @@ def plan_command(
     return 0
 
 
-def _draw(doc: dict, path: Path) -> None:
+def _draw(doc: pj.Projection, path: Path) -> None:
     """The projection figure (harness.report.projection) to `path`, written whole or not at all; its note (null
     points and their reasons) and the path on stderr, so --format json on stdout stays one document."""
     from harness.report.projection import projection_figure  # NOTE: matplotlib only when a figure is asked for

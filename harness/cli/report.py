@@ -81,7 +81,7 @@ def report_command(
     if output_problem(target) is None:
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
     # bad input: first
-    projection = read_projection(projection_file).to_dict() if projection_file is not None else None
+    projection = read_projection(projection_file) if projection_file is not None else None
     trends = None
     if history_db is not None:
         from harness.cli.history import database_errors

@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from harness.core.errors import InputError, Problem
 from harness.core.layout import layout_problems
+from harness.core.typed import Typed
 from harness.plan.calibration import Rates
 from harness.plan.predict import predict
 from harness.scenario.cluster import Cluster
@@ -96,12 +97,8 @@ def layout_label(spec: RunSpec) -> str:
 # the document
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="allow", allow_inf_nan=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: the fields that were set, in declaration order, then unknown ones as read."""
-        return self.model_dump(mode="python", exclude_unset=True)
+_Frozen = Typed
+"""the document's parts: harness.core.typed.Typed (frozen, strict, unknown fields kept)"""
 
 
 class ProjectedPoint(_Frozen):

@@ -12,7 +12,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from harness.report.figures import Figure, _no_data, _png
+from harness.report.figures.base import Figure, no_data, png_bytes
 
 MAX_TREND_PANELS = 12
 """cells drawn at most; the ones with a change point or a run out of its band first, then the longest series"""
@@ -59,7 +59,7 @@ def trends_figure(trends: dict[str, Any]) -> Figure:
     )
     shown, total = shown_series(trends)
     if not shown:
-        return _no_data("trends", title, caption, "no cell in the history has a value of this metric")
+        return no_data("trends", title, caption, "no cell in the history has a value of this metric")
     ncols = min(3, len(shown))
     nrows = math.ceil(len(shown) / ncols)
     fig, axes = plt.subplots(
@@ -105,7 +105,7 @@ def trends_figure(trends: dict[str, Any]) -> Figure:
         ax.set_xlabel("run")
         ax.set_xlim(0.5, len(runs) + 0.5)
     note = "" if total <= len(shown) else f"{len(shown)} of {total} cells drawn (notable first); all are in the table."
-    return Figure(name="trends", title=title, caption=caption, png=_png(fig), note=note)
+    return Figure(name="trends", title=title, caption=caption, png=png_bytes(fig), note=note)
 
 
 def _fmt(v: float | None, unit: str) -> str:

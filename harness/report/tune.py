@@ -6,13 +6,11 @@ ones in rounds of successive halving, and confirms the leader against the runner
 trials are ordinary records (the report shows them as cells); the log says how each candidate fared. harness.tune
 reads the logs (`read_tune_logs`: a log that cannot be read is a warning, as a file that is not a readable record
 is) and summarises them (harness.tune.summary: the funnel, the ranking); here is what the report draws of them,
-one figure per log (`tune_figure`: predicted against measured), and the names harness.report.render tables them
-with.
+one figure per log (`tune_figure`: predicted against measured), and the metric's unit the tables share.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -23,21 +21,10 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import StrMethodFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from harness.report.figures import Figure, _no_data, _ordered_strategies, _png, style
-from harness.tune import summary
-from harness.tune.log import CandidateLog, GroupLog, TuneLog, is_tune_log, read_tune_logs
+from harness.report.figures.base import Figure, no_data, ordered_strategies, png_bytes, style
+from harness.tune.log import GroupLog, TuneLog, is_tune_log, read_tune_logs
 
-__all__ = [
-    "is_tune_log",
-    "metric_unit",
-    "predicted_value",
-    "ranked_candidates",
-    "read_tune_logs",
-    "trial_counts",
-    "tune_figure",
-    "tune_figure_names",
-    "tune_summary",
-]
+__all__ = ["is_tune_log", "metric_unit", "read_tune_logs", "tune_figure", "tune_figure_names"]
 
 MAX_TUNE_PANELS = 9
 """(model, GPU count) groups drawn per log at most; the tables have all"""
@@ -52,29 +39,7 @@ _STRIP_PRUNED, _STRIP_FAILED = 0.035, 0.09
 """heights (axes fraction) of the bottom strip's rows: the candidates with no measurement to draw"""
 
 
-# --- what harness.report.render tables ----------------------------------------------------------------------
-# NOTE: render holds the logs it is given (TuneLog) under dict annotations, and reads the funnel rows as dicts;
-# these take Any until it reads the typed log (then it can call harness.tune.summary itself).
-
-
-def tune_summary(log: Any) -> list[dict[str, Any]]:
-    """The funnel of each group of a TuneLog (harness.tune.summary.funnel) as the rows the report's table reads."""
-    return [dataclasses.asdict(row) for row in summary.funnel(log)]
-
-
-def ranked_candidates(group: Any, *, better: str) -> list[CandidateLog]:
-    """A GroupLog's measured candidates, best first (harness.tune.summary.ranked_candidates)."""
-    return summary.ranked_candidates(group, better=better)
-
-
-def predicted_value(c: CandidateLog, metric: str) -> float | None:
-    """The candidate's prediction of the searched metric (tokens/s per GPU or step time in seconds)."""
-    return c.prediction(metric)
-
-
-def trial_counts(c: CandidateLog) -> tuple[int, int]:
-    """(trials that ran ok, trials) of a candidate."""
-    return c.trial_counts()
+# --- what harness.report.search tables with it ----------------------------------------------------------
 
 
 def metric_unit(metric: str) -> tuple[float, str]:
@@ -225,7 +190,7 @@ def _legend_handles(drawn: _Drawn, n_rounds: int) -> list[Line2D]:
                 markeredgecolor="#777777",
             )
         )
-    for s in _ordered_strategies(drawn.strategies):
+    for s in ordered_strategies(drawn.strategies):
         out.append(
             _handle(
                 f"ring: {s}",
@@ -271,7 +236,7 @@ def tune_figure(log: TuneLog, *, name: str = "tune") -> Figure:
     )
     groups = [g for g in log.groups if any(c.prediction(metric) is not None for c in g.candidates)]
     if not groups:
-        return _no_data(name, title, caption, "no candidate of the search has a prediction to place it")
+        return no_data(name, title, caption, "no candidate of the search has a prediction to place it")
     shown = groups[:MAX_TUNE_PANELS]
     notes = []
     if len(shown) < len(log.groups):
@@ -302,4 +267,4 @@ def tune_figure(log: TuneLog, *, name: str = "tune") -> Figure:
     )
     handles = _legend_handles(drawn, n_rounds)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(2 * ncols, 4, len(handles)), frameon=False)
-    return Figure(name, title, caption, _png(fig), " ".join(notes))
+    return Figure(name, title, caption, png_bytes(fig), " ".join(notes))

@@ -97,31 +97,7 @@ ALLOWED: Final[Mapping[str, tuple[Any, ...]]] = {
 """the values of each Literal field, by the key the file calls it (for the error lines)"""
 
 
-class LogPart(Typed):
-    """A part of the log. Besides its attributes, read-only `part["key"]` and `part.get("key", default)` as the
-    dict the log was before it had a type (a key the file lacks: KeyError or the default; a record spec: its JSON
-    dict): harness.report.render still reads the log that way. New code reads attributes."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in type(self).model_fields:
-            if key not in self.model_fields_set:
-                return default
-            value = getattr(self, key)
-        elif key in (self.model_extra or {}):
-            value = (self.model_extra or {})[key]
-        else:
-            return default
-        return value.to_dict() if isinstance(value, Typed) and not isinstance(value, LogPart) else value
-
-    def __getitem__(self, key: str) -> Any:
-        absent = object()
-        value = self.get(key, absent)
-        if value is absent:
-            raise KeyError(key)
-        return value
-
-
-class TrialLog(LogPart):
+class TrialLog(Typed):
     """One run of a candidate: an ordinary sweep cell (its record is RESULTS/<sweep>/<run_id>.json, or
     <run_id>.r<repeat>.json from the second run on)."""
 
@@ -141,7 +117,7 @@ class TrialLog(LogPart):
     """why it is not ok (absent when there is nothing to say)"""
 
 
-class CandidateLog(LogPart):
+class CandidateLog(Typed):
     """One cell of the group: its prediction, its fate and its trials."""
 
     run_id: str
@@ -195,7 +171,7 @@ class CandidateLog(LogPart):
         return sum(1 for t in self.trials if t.round == rnd and t.status == "ok")
 
 
-class GroupLog(LogPart):
+class GroupLog(Typed):
     """One (model, GPU count) group's search."""
 
     model: str
@@ -239,7 +215,7 @@ class GroupLog(LogPart):
         return counts
 
 
-class TuneSettings(LogPart):
+class TuneSettings(Typed):
     """The scenario's `tune:` section as the search used it (harness.scenario.tune.TuneSpec)."""
 
     objective: Objective
@@ -258,7 +234,7 @@ class TuneSettings(LogPart):
     """significance of "ahead beyond noise" (p < alpha)"""
 
 
-class Budget(LogPart):
+class Budget(Typed):
     """The budget the search was given; null: none."""
 
     cells: int | None
@@ -267,7 +243,7 @@ class Budget(LogPart):
     """wall minutes at most (--budget-minutes)"""
 
 
-class LeftOut(LogPart):
+class LeftOut(Typed):
     """A matrix cell that is not a candidate (tune.global_batch cannot derive its grad_accum)."""
 
     cell: dict[str, Any]
@@ -276,7 +252,7 @@ class LeftOut(LogPart):
     """why it is left out"""
 
 
-class TuneLog(LogPart):
+class TuneLog(Typed):
     """`harness tune`'s log, version 1 (fields in the order the file has them)."""
 
     tune_version: Literal[1]
@@ -329,11 +305,6 @@ class TuneLog(LogPart):
         """This log, remembered as read from `path`."""
         self._path = path
         return self
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == "_path":  # NOTE: the dict log carried its file there
-            return default if self._path is None else self._path
-        return super().get(key, default)
 
     def every_group_won(self) -> bool:
         """Whether every group has a winner (`harness tune` exits 0, else 1)."""

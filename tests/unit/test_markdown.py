@@ -49,3 +49,12 @@ def test_table_keeps_its_columns_and_lines():
 
 def test_table_without_rows_is_header_and_rule():
     assert md.table(["a", "b", "c"], [], right={0, 2}) == "| a | b | c |\n|---:|---|---:|"
+
+
+def test_markdown_text_is_escaped_once():
+    """A table, or authored text marked Markdown, is written as it is: escaping it again would show its
+    backslashes (the report's Markdown template escapes every value it writes)."""
+    table = md.table(["a|b"], [["x|y"]])
+    assert isinstance(table, md.Markdown) and md.escape(table) == table == "| a\\|b |\n|---|\n| x\\|y |"
+    assert md.escape(md.Markdown("mean |predicted − measured| & <b>")) == "mean |predicted − measured| & <b>"
+    assert md.escape("mean |x|") == "mean \\|x\\|"  # a plain str is escaped

@@ -226,6 +226,8 @@ def test_html_is_self_contained(report):
     assert "@import" not in html and "url(" not in html
     assert 'data-figures="5"' in html
     assert "Failed and skipped cells (3)" in html and "broken-truncated.json" in html
+    # the model tables' headers may wrap after a slash (the tables fit 1400 px: test_report_chromium.py)
+    assert '<th class="m">tok/<wbr>s/<wbr>GPU</th><th class="m">MFU</th>' in html
 
 
 def test_parquet_has_the_same_rows_and_the_step_samples(report, table):
@@ -381,3 +383,32 @@ def test_ok_cells_with_a_note_are_listed_under_notes(tmp_path):
 
 def test_no_notes_section_without_notes(md, report):
     assert "## Notes on ok cells" not in md and 'id="notes"' not in report["paths"]["html"].read_text()
+
+
+def test_record_text_is_escaped_once_on_each_page(tmp_path):
+    """Record text with markup in it — the sweep's name (in the summary) and a failure reason — shows as
+    written: escaped once for HTML (quotes too, in text and in attributes) and once for Markdown, its line breaks
+    kept in the HTML and turned into spaces in the Markdown."""
+    src = tmp_path / "records"
+    src.mkdir()
+    reason = "a <b> & \"c\" 'd' | e\nf\\g"
+    for path in (FIXTURES / "fixture-h100").glob("*.json"):
+        try:
+            rec = json.loads(path.read_text())
+        except ValueError:
+            continue
+        rec["sweep"] = "fix|<a&b>"
+        if rec.get("run_id") and rec["status"] == "error":
+            rec["reason"] = reason
+        (src / path.name).write_text(json.dumps(rec))
+    result = build_report([src], out=tmp_path / "out")
+    md, html = result["paths"]["markdown"].read_text(), result["paths"]["html"].read_text()
+    assert result["name"] == "fix_a_b"  # the sweep's name made safe as a folder name: the pages' title
+    assert "\n- **sweeps**: fix\\|&lt;a&amp;b>\n" in md
+    assert "<dt>sweeps</dt><dd>fix|&lt;a&amp;b&gt;</dd>" in html
+    failed = md_rows(md_section(md, "## Failed and skipped cells"))
+    error = next(r for r in failed if r[5] == "error")
+    assert error[7] == "a &lt;b> &amp; \"c\" 'd' | e f\\\\g"  # md_rows unescapes the pipe only
+    assert '<td class="reason">a &lt;b&gt; &amp; &quot;c&quot; &#x27;d&#x27; | e\nf\\g</td>' in html
+    tip = 'title="a &lt;b&gt; &amp; &quot;c&quot; &#x27;d&#x27; | e\nf\\g">error</td>'  # the status's hover text
+    assert f'<td class="bad" {tip}' in html

@@ -22,7 +22,8 @@ import pytest
 
 from harness.cli import main
 from harness.report import build_report, output_problem
-from harness.report.figures import STRATEGY_STYLE, _precision_handle
+from harness.report.figures import STRATEGY_STYLE
+from harness.report.figures.base import precision_handle
 from harness.report.leader import leader_verdict
 from tests.unit.test_report import md_rows, md_section
 
@@ -165,7 +166,7 @@ def test_a_series_at_one_gpu_count_gets_no_efficiency(tmp_path):
 
 
 def test_precision_is_a_marker_fill_too():
-    bf16, fp32 = _precision_handle("bf16"), _precision_handle("fp32")
+    bf16, fp32 = precision_handle("bf16"), precision_handle("fp32")
     assert bf16.get_marker() == fp32.get_marker() == "o"
     assert fp32.get_markerfacecolor() == "white" and bf16.get_markerfacecolor() != "white"
 
@@ -209,7 +210,7 @@ def test_output_under_a_file_is_one_line_and_exit_2_before_any_work(tmp_path, ca
     def no_work(*args, **kwargs):
         raise AssertionError("records were read before the output was checked")
 
-    monkeypatch.setattr("harness.report.read_record", no_work)  # each record file is read by it
+    monkeypatch.setattr("harness.report.load.read_record", no_work)  # each record file is read by it
     assert main(["report", str(FIXTURES), "-o", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [

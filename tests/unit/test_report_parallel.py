@@ -4,6 +4,7 @@ processes on are lowered here; the CPU count is pinned to 2 so the parallel path
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -11,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import harness.report as report
-from harness.report import build_report, figures
+from harness.report import build_report, load
+from harness.report.figures import memory, registry, schedule
 from harness.report.frame import records_frame
 from harness.results.store import iter_records
 from tests.unit.test_report import FIGURES, PREDICTION_FIGURES
@@ -22,15 +23,15 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
 
 def _serial(monkeypatch) -> None:
-    monkeypatch.setattr(report, "PARALLEL_LOAD_MIN_FILES", 10**9)
-    monkeypatch.setattr(figures, "PARALLEL_MIN_CELLS", 10**9)
+    monkeypatch.setattr(load, "PARALLEL_LOAD_MIN_FILES", 10**9)
+    monkeypatch.setattr(schedule, "PARALLEL_MIN_CELLS", 10**9)
 
 
 def _parallel(monkeypatch) -> None:
-    monkeypatch.setattr(report, "PARALLEL_LOAD_MIN_FILES", 1)
-    monkeypatch.setattr(figures, "PARALLEL_MIN_CELLS", 1)
-    monkeypatch.setattr(report, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(figures, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(load, "PARALLEL_LOAD_MIN_FILES", 1)
+    monkeypatch.setattr(schedule, "PARALLEL_MIN_CELLS", 1)
+    monkeypatch.setattr(load, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(schedule, "usable_cpus", lambda: 2)
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -71,21 +72,20 @@ def test_a_dying_figure_process_changes_nothing(serial_report, monkeypatch, tmp_
     yet, are drawn in this process, with the same bytes."""
     _parallel(monkeypatch)
     parent = os.getpid()
-    draw = figures.memory_figure
+    drawn_here = []
 
     def dies_in_a_worker(fc):
         if os.getpid() != parent:
             os._exit(1)
-        return draw(fc)
+        drawn_here.append("memory")
+        return memory.memory_figure(fc)
 
-    # NOTE: functions are pickled by name: the forked worker finds this one where memory_figure was
-    dies_in_a_worker.__module__, dies_in_a_worker.__qualname__ = figures.__name__, "memory_figure"
-    monkeypatch.setattr(figures, "memory_figure", dies_in_a_worker)
-    monkeypatch.setattr(figures, "FIGURE_MAKERS", tuple(getattr(figures, m.__name__) for m in figures.FIGURE_MAKERS))
-    monkeypatch.setattr(
-        figures, "_HEAVIEST_FIRST", tuple(getattr(figures, m.__name__) for m in figures._HEAVIEST_FIRST)
-    )
+    # NOTE: the pool sends the figure's name; the forked worker draws what the registry held when it forked
+    maker = registry.figure_maker("memory")
+    assert maker in schedule.share_out(registry.figure_makers(), 2)[0]  # drawn by a worker, not here
+    monkeypatch.setitem(registry._MAKERS, "memory", dataclasses.replace(maker, draw=dies_in_a_worker))
     build_report([FIXTURES], out=tmp_path)
+    assert drawn_here == ["memory"]  # the worker died; this process drew it
     files, serial_files = _files(tmp_path), serial_report[1]
     for name in ("table.csv", "report.md", "index.html", *(f"{n}.png" for n in FIGURES)):
         assert files[name] == serial_files[name], name
@@ -98,7 +98,7 @@ def test_records_read_in_shares_are_the_records_read_in_one(monkeypatch, tmp_pat
     warnings: list[str] = []
     frame, more = records_frame(iter_records(root, warnings=warnings))
     _parallel(monkeypatch)
-    df, got, n_unreadable = report._load([root])
+    df, got, n_unreadable = load.load_records([root])
     pd.testing.assert_frame_equal(df, frame)
     assert got == warnings + more and n_unreadable == len(warnings) == 5
     assert any("dir.json: unreadable: [Errno 21] Is a directory" in w for w in got)
@@ -110,15 +110,58 @@ def test_a_dying_load_process_changes_nothing(monkeypatch, tmp_path):
     frame, more = records_frame(iter_records(root, warnings=warnings))
     _parallel(monkeypatch)
     parent = os.getpid()
-    read = report._read_share
+    read = load.read_share
 
     def dies_in_a_worker(files):
         if os.getpid() != parent:
             os._exit(1)
         return read(files)
 
-    dies_in_a_worker.__module__, dies_in_a_worker.__qualname__ = report.__name__, "_read_share"
-    monkeypatch.setattr(report, "_read_share", dies_in_a_worker)
-    df, got, _ = report._load([root])
+    # NOTE: functions are pickled by name: the forked worker finds this one where read_share was
+    dies_in_a_worker.__module__, dies_in_a_worker.__qualname__ = load.__name__, "read_share"
+    monkeypatch.setattr(load, "read_share", dies_in_a_worker)
+    df, got, _ = load.load_records([root])
     pd.testing.assert_frame_equal(df, frame)
     assert got == warnings + more
+
+
+# --- the registry and the scheduler -------------------------------------------------------------------------
+
+
+def test_every_figure_is_registered_once_in_report_order(serial_report):
+    makers = registry.figure_makers()
+    assert [m.name for m in makers] == [f.name for f in serial_report[0]["figures"]] == [*FIGURES, *PREDICTION_FIGURES]
+    assert [m.order for m in makers] == sorted(m.order for m in makers)
+    assert all(m.cost > 0 for m in makers)
+    with pytest.raises(ValueError, match="'memory'"):
+        registry.register("memory", order=999, cost=1.0)(lambda fc: None)  # a name taken
+    with pytest.raises(ValueError, match="'scaling'"):
+        registry.register("another", order=10, cost=1.0)(lambda fc: None)  # a place taken
+    assert registry.figure_makers() == makers
+
+
+def _makers(*costs: float) -> tuple[registry.FigureMaker, ...]:
+    return tuple(registry.FigureMaker(f"f{i}", draw=len, order=i, cost=c) for i, c in enumerate(costs))
+
+
+def test_the_heaviest_go_first_and_the_report_process_takes_what_balances():
+    """List scheduling onto 2 workers and the report's process, which starts CALLER_WORK_COST (1.5) late, costs
+    f0 1, f1 2, f2 3, f3 1, f4 2: f2 → worker 1 (free at 0); f1 → worker 2 (0); f4 (after f1: equal costs in
+    report order) → the report's process (1.5); f0 → worker 2 (2); f3 → worker 1 (3, a tie with worker 2:
+    the first)."""
+    assert schedule.CALLER_WORK_COST == 1.5
+    pooled, here = schedule.share_out(_makers(1, 2, 3, 1, 2), 2)
+    assert [m.name for m in pooled] == ["f2", "f1", "f0", "f3"]  # heaviest first, the pool's order
+    assert [m.name for m in here] == ["f4"]
+    pooled, here = schedule.share_out(_makers(1, 2, 3, 1, 2), 5)  # a worker for each: none left for the report
+    assert here == [] and [m.name for m in pooled] == ["f2", "f1", "f4", "f0", "f3"]
+
+
+def test_with_two_cpus_the_report_process_draws_the_heatmap_and_the_prediction():
+    """The registered costs on the development machine's two CPUs: the two workers draw the four heavy panel
+    figures and the breakdown; the report's process, once its tables and text are done, the two lightest that
+    balance it (the heatmap, and the prediction scatter, which has no data in a sweep without a calibration)."""
+    pooled, here = schedule.share_out(registry.figure_makers(), 2)
+    assert [m.name for m in pooled] == ["memory", "comm", "step_time", "scaling", "time_breakdown"]
+    assert [m.name for m in here] == ["mfu_heatmap", "prediction"]
+    assert schedule.share_out(registry.figure_makers(), 4)[1] == []

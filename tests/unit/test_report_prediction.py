@@ -13,9 +13,10 @@ import pytest
 from scipy.stats import spearmanr
 
 from harness.report import build_report
-from harness.report.figures import _PART_STYLE, STRATEGY_STYLE, all_figures
+from harness.report.figures import STRATEGY_STYLE, all_figures
+from harness.report.figures.time_breakdown import PART_STYLE
+from harness.report.formats import fmt_ms
 from harness.report.frame import PREDICTED_PARTS, figure_cells, load_frame, prediction_accuracy
-from harness.report.render import fmt_ms
 from tests.unit.test_report import _has_colour, md_rows, md_section
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "fixture-h100"
@@ -104,8 +105,8 @@ def test_both_figures_are_drawn_with_their_colours(predicted_report):
     out = report["out"]
     assert _has_colour(out / "prediction.png", STRATEGY_STYLE["fsdp2.full_shard"][0])
     for part in ("compute", "optimizer", "comm_exposed", "other"):
-        assert _has_colour(out / "time_breakdown.png", _PART_STYLE[part][0]), part
-    assert not _has_colour(out / "time_breakdown.png", _PART_STYLE["recompute"][0])  # 0 s: not drawn
+        assert _has_colour(out / "time_breakdown.png", PART_STYLE[part][0]), part
+    assert not _has_colour(out / "time_breakdown.png", PART_STYLE["recompute"][0])  # 0 s: not drawn
     html = report["paths"]["html"].read_text()
     assert 'data-figures="7"' in html
 

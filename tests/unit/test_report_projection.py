@@ -11,10 +11,11 @@ import pytest
 
 from harness.cli import main
 from harness.core.errors import InputError
+from harness.plan.projection import ProjectedRow, Projection, read_projection
 from harness.report import build_report
 from harness.report.figures import STRATEGY_STYLE
 from harness.report.frame import figure_cells, load_frame
-from harness.report.projection import _measured, projection_figure, read_projection
+from harness.report.projection import _measured, projection_figure
 from tests.unit.test_report import PNG_MAGIC, _has_colour
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "fixture-h100"
@@ -76,10 +77,10 @@ def projection_doc() -> dict:
 def test_measured_cells_are_found_on_their_projected_line():
     df, _ = load_frame(FIXTURES)
     fc = figure_cells(df)
-    ddp = projection_doc()["rows"][0]
-    gpus, tps = _measured(fc, ddp)
+    row = projection_doc()["rows"][0]
+    gpus, tps = _measured(fc, ProjectedRow.model_validate_json(json.dumps(row)))
     assert sorted(zip(gpus.tolist(), tps.tolist())) == [(2.0, 152000.0), (4.0, 148500.0)]  # the fixture's records
-    other = {**ddp, "settings": {**SETTINGS, "seq_len": 1024}}
+    other = ProjectedRow.model_validate_json(json.dumps({**row, "settings": {**SETTINGS, "seq_len": 1024}}))
     assert len(_measured(fc, other)[0]) == 0  # another configuration is another line
 
 
@@ -98,7 +99,7 @@ def test_figure_with_measured_cells_and_null_points(tmp_path):
     assert _has_colour(png, STRATEGY_STYLE["fsdp2.full_shard"][0]) and _has_colour(png, STRATEGY_STYLE["zero3"][0])
     assert 'data-figures="6"' in report["paths"]["html"].read_text()  # the fixture's five and this one
     # drawn for a plan alone (no measured cells): same rows, no measured marker in the caption
-    alone = projection_figure(projection_doc())
+    alone = projection_figure(Projection.model_validate_json(json.dumps(projection_doc())))
     assert alone.png is not None and "measured" not in alone.caption
 
 
@@ -106,7 +107,7 @@ def test_a_projection_with_no_point_says_why():
     doc = projection_doc()
     for row in doc["rows"]:
         row["points"] = [point(8, None, fits=None, reason="uncalibrated: no fp32 matmul rate")]
-    fig = projection_figure(doc)
+    fig = projection_figure(Projection.model_validate_json(json.dumps(doc)))
     assert fig.png is None
     assert fig.note == "No data: no projected point has a step time (3 point(s): uncalibrated: no fp32 matmul rate)."
 
@@ -116,7 +117,7 @@ def test_a_projection_with_no_point_says_why():
     [
         ("{not json", "not JSON"),
         ("[1, 2]", "is a list, not a `harness plan SCENARIO --project GPUS --format json` document"),
-        ('{"cluster": "h100", "gpus_per_node": 8, "gpus": [8], "rates": "x"}', "rows: None is not a list"),
+        ('{"cluster": "h100", "gpus_per_node": 8, "gpus": [8], "rates": "x"}', "lacks rows"),
         (
             '{"cluster": "h100", "gpus_per_node": 8, "gpus": [8], "rates": "x", "rows": [{"model": "m"}]}',
             "rows[0]: lacks strategy, layout, precision, settings, points",

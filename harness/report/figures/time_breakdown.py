@@ -1,0 +1,87 @@
+"""The predicted step-time breakdown: per model at its largest GPU count, each strategy · precision's predicted
+step time split into its parts, with the measured median."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from harness.report.figures.base import Figure, gpus_label, model_title, no_data, png_bytes, row_label, select_models
+from harness.report.figures.layout import (
+    TITLE_Y,
+    bars,
+    categorical_xticks,
+    layout_panels,
+    new_panel_figure,
+    panel_legend,
+)
+from harness.report.figures.prediction import why_no_prediction
+from harness.report.figures.registry import register
+from harness.report.frame import PREDICTED_PARTS
+
+MAX_BREAKDOWN_PANELS = 4
+"""(model, largest GPU count) panels of the breakdown figure at most"""
+PART_STYLE: dict[str, tuple[str, str]] = {
+    "compute": ("#4C72B0", "compute"),
+    "recompute": ("#8172B2", "recompute (checkpointing)"),
+    "optimizer": ("#55A868", "optimizer"),
+    "comm_exposed": ("#C44E52", "communication, exposed"),
+    "other": ("#8C8C8C", "other (host, framework)"),
+}
+"""predicted step-time part → (colour, legend label)"""
+
+
+@register("time_breakdown", order=70, cost=0.7)
+def time_breakdown_figure(fc: pd.DataFrame) -> Figure:
+    title = "Predicted step-time breakdown"
+    caption = (
+        "The predicted step time of each strategy · precision split into its parts (predicted.time_s: compute, "
+        "activation checkpointing's recompute, the optimizer step, communication not hidden behind compute, host "
+        "and framework overhead), for each model at its largest GPU count; ◆ = the measured median step time. "
+        "Where a part dominates the bar, that is where the model says the time goes."
+    )
+    cols = [f"predicted_{part}_s" for part in PREDICTED_PARTS]
+    data = fc[(fc["predicted_step_time_s"] > 0) & fc[cols].notna().all(axis=1)]
+    if data.empty:
+        return no_data("time_breakdown", title, caption, why_no_prediction(fc))
+    models, note = select_models(data, MAX_BREAKDOWN_PANELS)
+    panels = [(m, float(data.loc[data["model"] == m, "gpus"].max())) for m in models]
+    parts = data[cols].to_numpy(dtype=float) * 1e3
+    meas = data["step_time_median_s"].where(data["status"] == "ok").to_numpy(dtype=float) * 1e3
+    used = [k for k in range(len(cols)) if (parts[:, k] > 0).any()]
+    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
+    fig, axes, corner = new_panel_figure(len(panels), n_bars, "Predicted step-time breakdown (◆ measured)")
+    reaches = []
+    for ax, (model, gpus) in zip(axes, panels):
+        mask = ((data["model"] == model) & (data["gpus"] == gpus)).to_numpy()
+        p = data[mask]
+        x = np.arange(len(p))
+        bottom = np.zeros(len(p))
+        for k in used:
+            h = parts[mask, k]
+            bars(
+                ax,
+                x,
+                h,
+                bottom=bottom,
+                width=0.75,
+                color=PART_STYLE[PREDICTED_PARTS[k]][0],
+                edgecolor="white",
+                linewidth=0.6,
+            )
+            bottom = bottom + h
+        ax.plot(x, meas[mask], linestyle="none", marker="D", color="black", markersize=5, zorder=3)
+        reaches.append(categorical_xticks(ax, [row_label(s, q) for s, q in zip(p["strategy"], p["precision"])]))
+        ax.set_title(f"{model_title(fc, model)} · {gpus_label(gpus)}", y=TITLE_Y)
+        ax.set_ylabel("step time (ms)")
+        top = float(np.nanmax(np.concatenate([bottom, meas[mask], [0.0]])))
+        ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
+        ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+        ax.set_axisbelow(True)
+    handles = [
+        Patch(facecolor=PART_STYLE[PREDICTED_PARTS[k]][0], label=PART_STYLE[PREDICTED_PARTS[k]][1]) for k in used
+    ] + [Line2D([], [], linestyle="none", marker="D", color="black", label="measured")]
+    layout_panels(fig, axes, axes.index(corner) + 1, panel_legend(corner, handles, "part"), reaches)
+    return Figure("time_breakdown", title, caption, png_bytes(fig), note)
