@@ -319,7 +319,8 @@ def _cell_of(spec: RunSpec) -> dict[str, Any]:
         "gpus": spec.gpus,
     }
     for k in SETTING_FIELDS:
-        cell[k] = getattr(spec.settings, k)
+        v = getattr(spec.settings, k)
+        cell[k] = dict(v) if isinstance(v, dict) else v  # NOTE: a FrozenDict (inject) as the plain mapping YAML writes
     return cell
 
 
