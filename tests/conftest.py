@@ -47,6 +47,7 @@ def smoke_sweep(tmp_path_factory) -> dict:
     import time
 
     from harness.cli import main
+    from harness.launch.local import prefork
     from harness.results.store import load_records
 
     results = tmp_path_factory.mktemp("smoke") / "results"
@@ -54,6 +55,8 @@ def smoke_sweep(tmp_path_factory) -> dict:
     t0 = time.time()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+        # NOTE: the sweep starts its own zygote, under this environment, as `make sweep` does; not tests/dist's
+        mp.delenv(prefork.SOCKET_ENV, raising=False)
         code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
     records, warnings = load_records(results)
     return {
