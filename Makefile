@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
 	@echo "            [PACK=1]   SLURM: one job per job shape, cells back to back (--pack)"
-	@echo "make test                                                             run every test"
+	@echo "make test   [SERIAL=1]                                                run every test (two pytest runs side by side)"
 	@echo "make test-fast                                                        the unit tier (edit loop)"
 	@echo "make lint                                                             ruff check + format check + mypy"
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
@@ -47,8 +47,28 @@ plan: setup
 report: setup
 	$(VENV)/bin/harness report $(RESULTS) -o $(REPORTS)/$$(basename $(SCENARIO) .yaml)
 
+# `make test` runs every test as two pytest runs side by side, of about equal length: tests/slurm (the SLURM cluster's
+# tests, which mostly wait on it: one-minute time limits, queued jobs) then tests/unit, beside dist, faults, history
+# and integration. Alone, each keeps about a third of the 2 cores busy, so side by side they take little longer than
+# the longer one (docs/slurm.md, "tests/slurm in `make test`"). Each prints its 20 slowest tests; the run beside
+# comes second in the log. With PYTEST_ARGS (a selection, -x, ...) or SERIAL=1: one pytest run, one test at a time.
+SERIAL ?=
+BESIDE := tests/slurm tests/unit
+
 test: setup
+ifneq ($(SERIAL)$(PYTEST_ARGS),)
 	$(PY) -m pytest $(PYTEST_ARGS)
+else
+	@# NOTE: no cache in the run beside: two runs writing .pytest_cache/ at their ends would lose each other's
+	@# lastfailed; bash gives the background run the default SIGINT, so Ctrl-C ends both (fixtures torn down)
+	@log=$$(mktemp); \
+	$(PY) -m pytest -p no:cacheprovider $(BESIDE) >"$$log" 2>&1 & beside=$$!; \
+	$(PY) -m pytest $(addprefix --ignore=,$(BESIDE)); main=$$?; \
+	wait $$beside; beside_rc=$$?; \
+	printf '\n==== %s, run beside the tests above:\n' "$(BESIDE)"; cat "$$log"; rm -f "$$log"; \
+	echo "make test: pytest exit $$main (the others), $$beside_rc ($(BESIDE))"; \
+	[ $$main -eq 0 ] && [ $$beside_rc -eq 0 ]
+endif
 
 # the unit tier: pure tests, no process groups, SLURM or browser; the slow ones (report builds, subprocesses) left out
 test-fast: setup

@@ -71,12 +71,15 @@ def smoke_sweep(tmp_path_factory) -> dict:
     import time
 
     from harness.cli import main
+    from harness.launch.local import prefork
 
     results = tmp_path_factory.mktemp("smoke") / "results"
     extensions = tmp_path_factory.mktemp("torch_extensions")
     t0 = time.time()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+        # NOTE: the sweep starts its own zygote, under this environment, as `make sweep` does; not tests/dist's
+        mp.delenv(prefork.SOCKET_ENV, raising=False)
         code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
     records, warnings = load_docs(results)
     return {

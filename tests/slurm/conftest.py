@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -236,6 +237,58 @@ def sacct_states(job_id: str) -> list[str]:
         ["sacct", "-D", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"], check=True, capture_output=True, text=True
     ).stdout
     return [line.split("|")[1] for line in out.splitlines() if line.split("|")[0] == job_id]
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as a dict (JobId, JobState, Restarts, RunTime, ...); {} once SLURM has forgotten it.
+    An array task's JobId is its own raw id (`<A>_<i>` asks for it; its tasks see SLURM_JOB_ID=<raw id>)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+
+def release_requeued(job_id: str, info: dict[str, str]) -> bool:
+    """Start a requeued job now instead of after its hold; True when it was held and is released.
+
+    SLURM keeps a requeued job PENDING for cred_expire + 1 = 121 s (its EligibleTime) so that the old run's
+    credential cannot start a task; `scontrol update StartTime=now` lifts that, as an operator could. The run that
+    follows is a whole new run of the job, exactly as it would be two minutes later."""
+    if info.get("JobState") != "PENDING" or info.get("Restarts", "0") == "0":
+        return False
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    return True
+
+
+USR2_BIT = 1 << (signal.SIGUSR2 - 1)
+"""SIGUSR2's bit in /proc/<pid>/status's SigCgt (the caught-signals mask)"""
+
+
+def usr2_handler_installed(job_id: str) -> bool:
+    """Task 0 of the job's current run catches SIGUSR2: submitit installed its preemption/timeout handler, which it
+    does after unpickling the submitted function and just before calling it. Before that, a USR2 kills the task
+    (the signal's default action) instead of being taken as a preemption.
+
+    Found in /proc (root: every process's environment is readable): the python process running submitit's
+    `_submit` whose environment has this job's SLURM_JOB_ID and SLURM_PROCID=0. srun also catches USR2 (to
+    forward it), hence the command line check."""
+    raw_id = scontrol_job(job_id).get("JobId")
+    if not raw_id:
+        return False
+    want = {f"SLURM_JOB_ID={raw_id}".encode(), b"SLURM_PROCID=0"}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"submitit.core._submit" not in (proc / "cmdline").read_bytes():
+                continue
+            if not want <= set((proc / "environ").read_bytes().split(b"\0")):
+                continue
+            status = (proc / "status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+        if int(caught, 16) & USR2_BIT:
+            return True
+    return False
 
 
 def wait_for(predicate, *, timeout_s: float, what: str):

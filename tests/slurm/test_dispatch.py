@@ -19,13 +19,24 @@ import pytest
 
 from harness.cli import main
 from tests.conftest import load_docs
-from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
+from tests.slurm.conftest import (
+    manifest_cells,
+    release_requeued,
+    sacct_states,
+    scontrol_job,
+    usr2_handler_installed,
+    wait_for,
+    write,
+)
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_TIMEOUT_S = 420
 """the longest the main sweep may take (its slowest cell, the time limit, ends about 90 s after it starts)"""
+REQUEUED_STEPS = 50
+"""measure_steps of the two requeued cells: each is requeued while it starts (Requeuer), so the steps only have to
+outlast the requeue's landing (under a second); the second run measures them all"""
 
 MAIN_SCENARIO = """\
     name: dispatch
@@ -39,8 +50,8 @@ MAIN_SCENARIO = """\
            inject: {fault: hang, rank: 1, step: 2}}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 2}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, inject: {fault: exception, rank: 1, step: 2}}
-        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, seed: 1, measure_steps: 600}
-        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, seed: 2, measure_steps: 600}
+        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, seed: 1, measure_steps: 50}
+        - {model: tiny, strategy: ddp, precision: fp32, gpus: 2, seed: 2, measure_steps: 50}
         - {model: tiny, strategy: ddp, precision: fp32, gpus: 6}
     settings: {warmup_steps: 2, measure_steps: 3}
 """
@@ -57,28 +68,19 @@ def cell_key(rec: dict) -> str:
     return {0: "ddp", 1: "requeue", 2: "preempt"}[s["seed"]]
 
 
-def scontrol_job(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o` as a dict (JobState, Restarts, RunTime, ...); {} once SLURM has forgotten it."""
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    return dict(field.split("=", 1) for field in out.split() if "=" in field)
-
-
-def runtime_s(info: dict[str, str]) -> int:
-    h, m, s = (int(x) for x in info.get("RunTime", "0:0:0").split("-")[-1].split(":"))
-    return h * 3600 + m * 60 + s
-
-
 class Requeuer:
-    """Requeues a cell's job once it has run `after_s`, the way SLURM's preemption would, then releases the
-    requeued job's hold. `scontrol requeue`: SLURM ends the tasks itself (PreemptMode=REQUEUE); `usr2`: the
-    signal submitit takes for preemption, so its handler checkpoints SlurmCell and requeues the job.
+    """Requeues a cell's job during its first run, the way SLURM's preemption would, then releases the requeued
+    job's hold (release_requeued). `scontrol requeue`: SLURM ends the tasks itself (PreemptMode=REQUEUE); `usr2`:
+    the signal submitit takes for preemption, so its handler checkpoints SlurmCell and requeues the job.
 
-    NOTE: a requeued job may not start for cred_expire + 1 = 121 s (EligibleTime); `scontrol update
-    StartTime=now` lifts that, as an operator could, to keep the test short.
+    When: as soon as task 0 has submitit's USR2 handler (usr2_handler_installed), i.e. it is about to run the cell,
+    which then still imports torch, joins its group and runs every step; a USR2 before that would kill the task
+    instead of preempting it. Keyed on that, not on a run time, the first run cannot end before its requeue on a
+    fast machine, nor the cell need hundreds of steps to be sure of it on a slow one.
     """
 
-    def __init__(self, run_id: str, *, how: str, after_s: int = 5):
-        self.run_id, self.how, self.after_s = run_id, how, after_s
+    def __init__(self, run_id: str, *, how: str):
+        self.run_id, self.how = run_id, how
         self.stage, self.job_id = "waiting", None
         self.log: list[str] = []
 
@@ -89,23 +91,22 @@ class Requeuer:
         if not self.job_id:
             return
         info = scontrol_job(self.job_id)
-        if self.stage == "waiting" and info.get("JobState") == "RUNNING" and runtime_s(info) >= self.after_s:
+        if self.stage == "waiting" and info.get("JobState") == "RUNNING" and usr2_handler_installed(self.job_id):
             if self.how == "usr2":
                 subprocess.run(["scancel", "--signal=USR2", self.job_id], check=True)
             else:
                 subprocess.run(["scontrol", "requeue", self.job_id], check=True)
             self.stage = "requeued"
-            self.log.append(f"{self.how} at run time {runtime_s(info)} s")
-        elif self.stage == "requeued" and info.get("JobState") == "PENDING" and info.get("Restarts", "0") != "0":
-            subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"], check=True)
+            self.log.append(f"{self.how} at run time {info.get('RunTime')}")
+        elif self.stage == "requeued" and release_requeued(self.job_id, info):
             self.stage = "released"
             self.log.append(f"released ({info.get('Reason')}, eligible {info.get('EligibleTime')})")
 
 
 @pytest.fixture(scope="module")
 def dispatch_sweep(slurm_cluster, tmp_path_factory, slurm_timings) -> dict:
-    """MAIN_SCENARIO through `harness sweep --cluster local-slurm` in a child process; meanwhile the two long
-    cells are requeued (one by SLURM, one through submitit's preemption signal)."""
+    """MAIN_SCENARIO through `harness sweep --cluster local-slurm` in a child process; meanwhile the cells of seeds
+    1 and 2 are requeued (one by SLURM, one through submitit's preemption signal)."""
     tmp = tmp_path_factory.mktemp("dispatch")
     scenario = write(tmp / "dispatch.yaml", MAIN_SCENARIO)
     results = tmp / "results"
@@ -260,7 +261,8 @@ def test_a_requeued_cell_runs_again_and_completes(dispatch_sweep, key):
     assert requeuer.stage == "released", (requeuer.log, dispatch_sweep["output"])
     assert rec["status"] == "ok", rec["reason"]
     assert rec["env"]["slurm_restart_count"] == 1
-    assert len(rec["metrics"]["step_time_s"]["samples"]) == 600  # a whole second run, not a resumed one
+    samples = rec["metrics"]["step_time_s"]["samples"]
+    assert len(samples) == rec["spec"]["measure_steps"] == REQUEUED_STEPS  # a whole second run, not a resumed one
     job_id = rec["env"]["slurm_job_id"]
     runs = sacct_states(job_id)  # the second run's end: COMPLETED, or FAILED from the exit abort (NOTE above)
     assert len(runs) == 2 and runs[0] == "REQUEUED", runs

@@ -22,6 +22,8 @@ import pytest
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+from tests.slurm.conftest import release_requeued, scontrol_job
+
 pytestmark = pytest.mark.slurm
 
 # NOTE: the nodes unpickle a submitted function in a fresh interpreter whose sys.path lacks tests/slurm (pytest put
@@ -182,13 +184,29 @@ def final_state(job: submitit.Job, *, timeout_s: float = 60) -> str:
         time.sleep(0.5)
 
 
-def wait_done(jobs: dict[str, submitit.Job], t0: float) -> dict[str, float]:
-    """Seconds from t0 until submitit's own done() (result file, or sacct through its polling backoff) says so."""
+def ended(job: submitit.Job) -> submitit.Job:
+    """The job, for reading the outcome of a run that SLURM has already ended (sacct says so): no waiting for a
+    result file. submitit waits up to 15 s for one (SlurmJob._results_timeout_s, meant for a shared file system
+    that shows new files late); this folder is local, so a job that ended without one (cancelled, killed at its
+    limit) never gets one, and the wait would only add 15 s. submitit's own tests set it to 0 the same way."""
+    job._results_timeout_s = 0
+    return job
+
+
+def wait_done(jobs: dict[str, submitit.Job], t0: float, *, requeued: dict[str, float]) -> dict[str, float]:
+    """Seconds from t0 until submitit's done() says so: a result file, or sacct's end state (force_check: sacct at
+    once, not through submitit's polling backoff, which sees an end without a result file up to half the time
+    since the last submission late). A job that submitit requeues is released from SLURM's requeue hold
+    (release_requeued: 121 s, not what is tested here); `requeued` gets the time of each release."""
     done_at: dict[str, float] = {}
     while len(done_at) < len(jobs):
         for name, job in jobs.items():
-            if name not in done_at and job.done():
+            if name in done_at:
+                continue
+            if job.done(force_check=True):
                 done_at[name] = time.perf_counter() - t0
+            elif name not in requeued and release_requeued(job.job_id, scontrol_job(job.job_id)):
+                requeued[name] = time.perf_counter() - t0
         time.sleep(0.5)
     return done_at
 
@@ -311,7 +329,7 @@ def test_cancel_reaches_cancelled_and_results_raise(slurm_cluster, slurm_folder,
         time.sleep(0.2)
     slurm_timings["cancel: sacct says CANCELLED"] = time.perf_counter() - t0
     with pytest.raises(UncompletedJobError, match="has not produced any output") as raised:
-        job.results()
+        ended(job).results()
     slurm_timings["cancel: results() raised"] = time.perf_counter() - t0
 
     assert "CANCELLED" in str(raised.value)
@@ -322,7 +340,8 @@ def test_cancel_reaches_cancelled_and_results_raise(slurm_cluster, slurm_folder,
 
 @pytest.mark.timeout(420)
 def test_time_limit_behaviours(slurm_cluster, slurm_folder, slurm_timings):
-    """One minute limits, 200 s of sleep, four ways, run side by side (one task slot each)."""
+    """One minute limits, 200 s of sleep, four ways, run side by side (one task slot each). The requeued job is
+    released from SLURM's 121 s requeue hold at once (wait_done), so its second run follows its first."""
     once = executor(
         slurm_folder / "no-requeue", slurm_cluster, max_num_timeout=0, timeout_min=1, slurm_signal_delay_s=15
     )
@@ -342,8 +361,9 @@ def test_time_limit_behaviours(slurm_cluster, slurm_folder, slurm_timings):
         # checkpointable with one timeout allowed: requeued once, fails at the second USR2
         "ckpt1": twice.submit(CheckpointableSleep(), 200, str(markers["ckpt1"])),
     }
-    done_at = wait_done(jobs, t0)
-    errors = {name: job.exception() for name, job in jobs.items()}
+    released_at: dict[str, float] = {}
+    done_at = wait_done(jobs, t0, requeued=released_at)
+    errors = {name: ended(job).exception() for name, job in jobs.items()}
     # NOTE: done() is true as soon as a result file exists; job.state is then whatever sacct said at the last poll
     # (ckpt1 read PENDING: its last poll fell in the requeue hold)
     states = {name: final_state(job) for name, job in jobs.items()}
@@ -379,6 +399,7 @@ def test_time_limit_behaviours(slurm_cluster, slurm_folder, slurm_timings):
         return
     assert markers["ckpt1"].read_text().count("started") == 2  # ran, was requeued, ran again
     assert [r["State"] for r in rows["ckpt1"]] == ["REQUEUED", "FAILED"]
+    assert set(released_at) == {"ckpt1"}  # submitit requeued it (the test only lifted the hold), and no other
     requeued, last = rows["ckpt1"]
     slurm_timings["time limit ckpt1: requeue -> restart"] = (
         datetime.datetime.fromisoformat(last["Start"]) - datetime.datetime.fromisoformat(requeued["End"])

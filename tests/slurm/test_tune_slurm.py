@@ -40,7 +40,8 @@ def test_tune_on_slurm_packs_each_batch_and_finds_a_winner(slurm_cluster, tmp_pa
     assert p.returncode == 0, p.stderr[-3000:]
     log = check_tune_log(json.loads(p.stdout))
     (g,) = log.groups
-    assert g.verdict in ("ahead", "tied") and g.steps == [2, 3]
+    fates = [(c.label, c.fate, c.reason) for c in g.candidates]  # why, when a trial failed ("alone")
+    assert g.verdict in ("ahead", "tied") and g.steps == [2, 3], fates
     # 3 candidates at 2 steps, then the final two at 3 steps, 2 runs each
     assert log.trials == 3 + 2 * 2
     records, warnings = load_records(results / "tslurm-tune")

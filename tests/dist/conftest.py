@@ -1,0 +1,26 @@
+"""One warm zygote for every local cell of tests/dist (harness.launch.local.prefork, what a local sweep uses).
+
+Each rank of a cell that `run_cell` starts is then forked from an interpreter that has torch and DeepSpeed
+imported already, instead of importing them itself (seconds per rank, per cell). The ranks are still new processes
+with their own gloo group that run exactly `harness.worker.runner.run`; tests/dist/test_prefork.py shows that they
+measure and fail as cold ones do, and keeps the cold path covered (its `cold` runs set HARNESS_NO_PREFORK). A
+module's own `prefork.zygote(...)` uses this one (an outer zygote is reused, as for a sweep inside a test).
+
+Package scope: the zygote stops after the last test of tests/dist, so no later test (faults, SLURM jobs, whose
+sbatch would copy HARNESS_PREFORK) ever sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from harness.launch.local import prefork
+from harness.scenario.cluster import load_cluster
+
+
+@pytest.fixture(scope="package", autouse=True)
+def warm_ranks() -> Iterator[None]:
+    with prefork.zygote(load_cluster("local").env, label="tests/dist"):
+        yield
