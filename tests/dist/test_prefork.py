@@ -2,7 +2,8 @@
 ranks measure, fail the same ways, and never outlive their cell. Real zygote, real forks, real gloo groups.
 
 (The fault suite, tests/faults, runs its sweeps through the CLI, so every injected fault there is already
-recorded through forked ranks; the rest of tests/dist launches cold ranks. Both paths stay covered.)
+recorded through forked ranks; the rest of tests/dist forks its ranks from the package's zygote
+(tests/dist/conftest.py). Cold ranks stay covered by this module's cold runs and by every SLURM task.)
 """
 
 from __future__ import annotations
