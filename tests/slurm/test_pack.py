@@ -8,7 +8,6 @@ cluster's four task slots).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from harness.cli import main
 from harness.launch.slurm.pack import cell_started
+from harness.results.payload import Payload
 from tests.conftest import load_docs
 from tests.slurm.conftest import manifest_cells, sacct_states, wait_for, write
 
@@ -197,8 +197,10 @@ def test_a_cancelled_pack_records_every_cell_left_cancelled(slurm_cluster, tmp_p
     out = capsys.readouterr().out
     assert "detached from 3 cells on SLURM" in out, out
     cells = manifest_cells(results, "split")
-    payloads = {r: json.loads((results / "split" / ".payloads" / f"{r}.json").read_text()) for r in cells}
-    key = {r: (p["spec"]["strategy"], (p["spec"].get("inject") or {}).get("fault")) for r, p in payloads.items()}
+    payloads = {
+        r: Payload.model_validate_json((results / "split" / ".payloads" / f"{r}.json").read_bytes()) for r in cells
+    }
+    key = {r: (p.spec.strategy, (p.spec.inject or {}).get("fault")) for r, p in payloads.items()}
     run_id = {k: r for r, k in key.items()}
     hang, waiting, alone = run_id[("ddp", "hang")], run_id[("ddp", None)], run_id[("fsdp.full_shard", None)]
     assert cells[hang]["job_id"] == cells[waiting]["job_id"] != cells[alone]["job_id"]
