@@ -61,9 +61,9 @@ def run_once(strategy: str, launcher: str, warm: bool) -> dict[str, float]:
         else:
             rec = launch_foreground(payload, time_limit_s=300, stream=False)
         wall = time.time() - t0
-    if rec["status"] != "ok":
-        raise SystemExit(f"{strategy}: {rec['status']}: {rec.get('reason')}")
-    m = rec["metrics"]
+    if rec.status != "ok":
+        raise SystemExit(f"{strategy}: {rec.status}: {rec.reason}")
+    m = rec.metrics.to_dict()  # NOTE: as the file has it
     steps = sum(m["warmup_step_times_s"]) + sum(m["step_time_s"]["samples"])
     startup, setup = m["startup_s"], m["setup_s"]
     return {

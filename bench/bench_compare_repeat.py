@@ -56,8 +56,9 @@ def spreads(doc: dict, side: str) -> list[float]:
     records, _ = load_records(*doc[side]["sources"])
     by_cell: dict[str, list[float]] = {}
     for r in records:
-        if r["status"] == "ok":
-            by_cell.setdefault(r["run_id"], []).append(r["metrics"]["step_time_s"]["median"])
+        step = r.metrics.step_time_s
+        if r.ok and step is not None and step.median is not None:
+            by_cell.setdefault(r.run_id, []).append(float(step.median))
     return [(max(v) - min(v)) / statistics.median(v) for v in by_cell.values() if len(v) > 1]
 
 

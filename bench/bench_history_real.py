@@ -84,8 +84,9 @@ def cell_noise(nights: list[Path]) -> dict[str, tuple[float, float]]:
     for night in nights:
         records, _ = load_records(night)
         for r in records:
-            if r["status"] == "ok" and r.get("repeat", 1) == 1:
-                series.setdefault(r["run_id"], []).append(r["metrics"]["step_time_s"]["median"])
+            step = r.metrics.step_time_s
+            if r.ok and r.repeat_index == 1 and step is not None and step.median is not None:
+                series.setdefault(r.run_id, []).append(float(step.median))
     return {
         run_id: (noise_sigma([math.log(v) for v in values]), statistics.median(values))
         for run_id, values in series.items()

@@ -21,6 +21,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from harness.results.store import load_records
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm-local.sh"
 STRATEGIES = ("ddp", "fsdp.full_shard", "fsdp2.full_shard")
@@ -65,12 +67,9 @@ def run_sweep(scenario_path: Path, *, packed: bool) -> tuple[float, dict[str, in
             sys.exit(f"sweep failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         statuses: dict[str, int] = {}
         jobs = set()
-        for path in (Path(tmp) / "bench-pack").glob("*.json"):
-            if path.name == "manifest.json":
-                continue
-            rec = json.loads(path.read_text())
-            statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
-            jobs.add(rec["env"].get("slurm_job_id"))  # an array task is an allocation of its own
+        for rec in load_records(Path(tmp) / "bench-pack")[0]:
+            statuses[rec.status] = statuses.get(rec.status, 0) + 1
+            jobs.add(rec.env.slurm_job_id)  # an array task is an allocation of its own
         # NOTE: the next run starts on an idle cluster: a packed sweep returns with its last record, while its job
         # may still be exiting
         _wait_idle()

@@ -113,7 +113,7 @@ def main() -> None:
     harness("sweep", args.scenario, "--cluster", args.cluster, "--results", str(results))
     t_sweep = time.perf_counter() - t1
     sweep_steal = steal_since(j1)
-    records, _ = load_records(results)
+    records = [{**rec.to_dict(), "_path": rec.path} for rec in load_records(results)[0]]  # as the files have them
     rows = []
     for r in records:
         if args.recompute and r["status"] == "ok":
