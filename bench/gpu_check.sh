@@ -51,7 +51,8 @@ sweep_part() {
 import sys
 from harness.results.store import load_records
 ac = lambda r: r["spec"]["activation_checkpointing"]
-recs, warns = load_records(sys.argv[1])
+records, warns = load_records(sys.argv[1])
+recs = [rec.to_dict() for rec in records]  # each record as its file has it
 print("| cell | status | step s (p50) | TFLOPS/GPU | MFU | peak alloc GiB | predicted GiB | pred/meas |")
 print("|---|---|---|---|---|---|---|---|")
 for r in sorted(recs, key=lambda r: r["run_id"]):
