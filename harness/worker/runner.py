@@ -22,7 +22,7 @@ from harness.plan.memory import hardware_flops_per_step
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload, PayloadCluster
 from harness.results.record import Fragment, Record, Status
-from harness.results.store import new_record, sanitize, write_fragment, write_record
+from harness.results.store import claim_end, new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
 from harness.worker.meters import dynamo as dynamo_meter
@@ -197,7 +197,9 @@ def run(
             comm_summary=comm_summary,
             allocator=allocator_used,
         )
-        write_record(payload.results, record)
+        # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
+        if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
+            write_record(payload.results, record)
         return record
     except BaseException as e:
         _write_failure(payload, rank, e)
