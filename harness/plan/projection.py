@@ -236,6 +236,8 @@ def point(spec: RunSpec, gpus: int, cluster: Cluster, rates: Rates) -> Projected
         microbatches=s.microbatches,
         micro_batch=s.micro_batch,
         grad_accum=s.grad_accum,
+        seq_len=s.seq_len,
+        sequence_parallel=s.sequence_parallel,
     )
     if problems:
         return _null_point(gpus, nodes, problems[0][1])

@@ -774,6 +774,8 @@ def _check_layouts(
             microbatches=merged["microbatches"],
             micro_batch=merged["micro_batch"],
             grad_accum=merged["grad_accum"],
+            seq_len=merged["seq_len"],
+            sequence_parallel=merged["sequence_parallel"],
         )
         what = f"cell {cell['model']} {cell['strategy']} {cell['precision']} gpus {cell['gpus']}"
         for key, message in found:

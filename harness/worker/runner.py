@@ -583,7 +583,27 @@ def _write_failure(payload: Payload, rank: int, e: BaseException) -> None:
             from harness.worker.meters.memory import rss_bytes
 
             extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
-    report_failure(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
+    report_failure(payload, rank, status, failure_reason(e), extra)
+
+
+def failure_reason(e: BaseException) -> str:
+    """What ended a rank, in one line a reader can act on: the exception, its message (or "no message": an empty
+    `AssertionError` inside torch once was the whole reason) and where it was raised (file:line in function; paths
+    from the package, e.g. torch/distributed/tensor/placement_types.py)."""
+    message = str(e).strip() or "no message"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        parts = Path(last.filename).parts
+        for anchor in ("site-packages", "dist-packages"):
+            if anchor in parts:
+                parts = parts[parts.index(anchor) + 1 :]
+                break
+        else:
+            parts = parts[-3:]
+        where = f" (raised at {'/'.join(parts)}:{last.lineno} in {last.name})"
+    return f"{type(e).__name__}: {message}"[:1800] + where
 
 
 def _step_fn(trainer, batches, injector):
