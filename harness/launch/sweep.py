@@ -221,7 +221,7 @@ class Sweep:
         """(records, cells left in flight) of this run of every cell, through slurm_round; a cell another sweep
         was handling is taken from its record, or, when that sweep let go without one (it detached), in a second
         round."""
-        tags = {s.run_id: f"[{i}/{len(specs)}] {s.run_id}" for i, s in enumerate(specs, 1)}
+        tags = {s.run_id: f"[{i}/{len(specs)}] {s.cell_name}" for i, s in enumerate(specs, 1)}
         records: dict[str, Record] = {}
         in_flight = 0
         todo = specs
@@ -323,6 +323,7 @@ def run_sweep(
         cluster=cluster.name,
         executor=cluster.executor,
         run_ids=[s.run_id for s in specs],
+        layouts={s.run_id: s.layout_tag for s in specs if s.layout_tag},
         scenario_file=str(Path(scenario.path).resolve()),
         cluster_file=str(Path(cluster.path).resolve()) if cluster.path else None,
         repeats=rounds,
@@ -371,12 +372,13 @@ def _local_rounds(sweep: Sweep, specs: list[RunSpec], rounds: list[int], *, repe
     of importing torch each (harness.launch.local.prefork)."""
     records: list[Record] = []
     warm = sweep.cluster.device == "cpu"
-    with prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path)) if warm else nullcontext():
+    log = sweep.jobs / "prefork.log"  # NOTE: third-party chatter at import (DeepSpeed's) stays out of the console
+    with prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path), log=log) if warm else nullcontext():
         total = len(specs) * len(rounds)
         for r, k in enumerate(rounds):
             this = sweep.round(k)
             for i, spec in enumerate(specs, 1):
-                tag = f"[{r * len(specs) + i}/{total}] {spec.run_id}" + (f" run {k}" if repeated else "")
+                tag = f"[{r * len(specs) + i}/{total}] {spec.cell_name}" + (f" run {k}" if repeated else "")
                 rec = this.run_local(spec, tag=tag)
                 if rec is not None:
                     records.append(rec)
