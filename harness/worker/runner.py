@@ -147,7 +147,9 @@ def run(
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from harness.worker import allocator
+    from harness.worker.env import silence_collective_renames
 
+    silence_collective_renames()  # FSDP's and DeepSpeed's calls: a FutureWarning per collective in the rank logs
     allocator_used = allocator.apply(cluster.cpu_allocator or "caching", cluster.device)
 
     spec = RunSpec.from_dict(payload.spec.as_dict())
