@@ -66,7 +66,9 @@ def results(tmp_path: Path) -> Path:
 def smoke_sweep(tmp_path_factory) -> dict:
     """scenarios/smoke.yaml swept once per test session through the real CLI path (submitit, gloo):
     {"code", "results" (dir), "records" (run_id → record), "warnings", "wall_s", "extensions" (what the ranks
-    JIT-built into their own, initially empty TORCH_EXTENSIONS_DIR)}."""
+    JIT-built into their own, initially empty TORCH_EXTENSIONS_DIR), "output" (what the sweep printed)}."""
+    import contextlib
+    import io
     import os
     import time
 
@@ -80,7 +82,9 @@ def smoke_sweep(tmp_path_factory) -> dict:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
         # NOTE: the sweep starts its own zygote, under this environment, as `make sweep` does; not tests/dist's
         mp.delenv(prefork.SOCKET_ENV, raising=False)
-        code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = main(["sweep", str(REPO / "scenarios" / "smoke.yaml"), "--results", str(results)])
+    print(out.getvalue())
     records, warnings = load_docs(results)
     return {
         "code": code,
@@ -89,4 +93,5 @@ def smoke_sweep(tmp_path_factory) -> dict:
         "warnings": warnings,
         "wall_s": time.time() - t0,
         "extensions": sorted(os.listdir(extensions)),
+        "output": out.getvalue(),
     }

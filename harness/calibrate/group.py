@@ -191,10 +191,14 @@ def collective_fn(name: str, nbytes: int, dt: torch.dtype, device: torch.device,
     if name == "all_gather":  # bytes: the whole output
         out = torch.empty(numel, dtype=dt, device=device)
         inp = torch.ones(numel // n, dtype=dt, device=device)
-        return lambda: dist.all_gather_into_tensor(out, inp)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(out, inp)
     inp = torch.ones(numel, dtype=dt, device=device)  # reduce_scatter, bytes: the whole input
     out = torch.empty(numel // n, dtype=dt, device=device)
-    return lambda: dist.reduce_scatter_tensor(out, inp)
+    # NOTE: torch 2.13 deprecates the *_tensor names (a FutureWarning per call: about 80 lines per calibration) for
+    # the *_single ones, which older torch lacks
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return lambda: scatter(out, inp)
 
 
 def timed_once(fn: Callable[[], Any], device: torch.device) -> float:

@@ -43,6 +43,7 @@ from harness.plan.calibration.file import (
 )
 from harness.plan.calibration.find import host_fingerprint
 from harness.scenario.cluster import Cluster, load_cluster
+from harness.worker.env import silence_collective_renames
 
 
 def fingerprint(device: torch.device, *, backend: str, cpu_allocator: str) -> Fingerprint:
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smaller grid (tests)")
     ap.add_argument("--link", default="intra", help="collectives: the link the group spans (intra | inter)")
     args = ap.parse_args(argv)
+    silence_collective_renames()
     if args.role == "compute":
         run_compute(args.cluster, args.out, quick=args.quick)
     else:

@@ -1,6 +1,7 @@
 """`harness report DIR… [-o OUT] [--history DB] [--projection FILE]`: the command; the report itself is
-harness.report.build_report, the trends section's data harness.history.trends (read here, so the report does not
-import the history), the projection a `harness plan --project --format json` document."""
+harness.report.build_report, the trends section's data harness.history.trends and the cells' between-run noise
+harness.history.noise (read here, so the report does not import the history), the projection a
+`harness plan --project --format json` document."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
     metavar="DB",
     default=None,
     help="Add trends from this results history "
-    "(SQLite file or postgresql:// URL): each cell's series, its noise band and change points.",
+    "(SQLite file or postgresql:// URL): each cell's series, its noise band and change points; the best-strategy "
+    "table judges a lead of cells measured fewer than 3 times against their between-run noise there.",
 )
 @click.option(
     "--history-cell",
@@ -82,16 +84,18 @@ def report_command(
         check_writable_dir(target, option="-o" if out is not None else "the default output folder (-o sets another)")
     # bad input: first
     projection = read_projection(projection_file) if projection_file is not None else None
-    trends = None
+    trends = noise = None
     if history_db is not None:
         from harness.cli.history import database_errors
+        from harness.history.noise import cell_noise
         from harness.history.store import open_store
         from harness.history.trends import trend_series
 
         with database_errors(history_db):
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
-    result = build_report(dirs, out, trends=trends, projection=projection)
+                noise = cell_noise(store)
+    result = build_report(dirs, out, trends=trends, projection=projection, noise=noise)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:

@@ -205,7 +205,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
             spec, sweep=sc.name, cluster=cluster, results=results, sha=git_sha(), predicted=predicted
         )
         rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
-    click.echo(json.dumps(rec.to_dict(), indent=2) if as_json else f"{spec.run_id}  {describe(rec)}")
+    click.echo(json.dumps(rec.to_dict(), indent=2) if as_json else f"{spec.cell_name}  {describe(rec)}")
     return 0 if rec.status in ("ok", "skipped") else 1
 
 
@@ -304,7 +304,8 @@ def _echo_status(mpath: Path, manifest: SweepManifest) -> None:
             pack = f" (pack {c.pack.position}/{c.pack.of})" if c.pack else ""
             which = f" run {k}" if repeated else ""
             job = "-" if c.job_id is None else c.job_id
-            click.echo(f"  {state:9s} {c.status or '-':9s} {run_id}{which}  job {job}{pack}{note}")
+            name = f"{run_id} [{manifest.cells[run_id].layout}]" if manifest.cells[run_id].layout else run_id
+            click.echo(f"  {state:9s} {c.status or '-':9s} {name}{which}  job {job}{pack}{note}")
     click.echo("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
 

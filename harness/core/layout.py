@@ -181,11 +181,15 @@ def layout_problems(
     microbatches: int,
     micro_batch: int,
     grad_accum: int,
+    seq_len: int | None = None,
+    sequence_parallel: bool = False,
 ) -> list[tuple[str, str]]:
     """What is wrong with a cell's layout, as (setting it is about, sentence) pairs; [] when it can be built.
 
     These are input errors (exit 2), not `skipped` cells: no cluster or strategy can run them."""
     out: list[tuple[str, str]] = []
+    if tp > 1:
+        out += _tensor_parallel_problems(tp=tp, cfg=cfg, seq_len=seq_len, sequence_parallel=sequence_parallel)
     if gpus % (tp * pp):
         ok = [f"{d}" for d in divisors(gpus)]
         out.append(
@@ -234,6 +238,35 @@ def layout_problems(
                     "(set microbatches; grad_accum must be 1)",
                 )
             )
+    return out
+
+
+def _tensor_parallel_problems(
+    *, tp: int, cfg: ModelConfig, seq_len: int | None, sequence_parallel: bool
+) -> list[tuple[str, str]]:
+    """The dimensions tensor parallelism splits into tp equal shards: DTensor's parallel styles assume even shards
+    (a column-parallel output of 17 + 16 features is read back as 34: `aten.mm` then fails with "a and b must have
+    same reduction dim"), so the SwiGLU width, the vocabulary (embedding rows, output columns) and, with sequence
+    parallelism, the sequence length must divide by tp. Heads are checked apart (layout_problems)."""
+    out: list[tuple[str, str]] = []
+    for name, size, key in (("ffn", cfg.ffn, "tp"), ("vocab", cfg.vocab, "tp")):
+        if size % tp:
+            ok = divisors(math.gcd(cfg.n_heads, cfg.kv_heads, cfg.ffn, cfg.vocab))
+            out.append(
+                (
+                    key,
+                    f"tp {tp} does not divide the model's {name} {size} (tensor parallelism splits it into equal "
+                    f"shards); allowed tp for this model: {', '.join(map(str, ok))}",
+                )
+            )
+    if sequence_parallel and seq_len is not None and seq_len % tp:
+        out.append(
+            (
+                "seq_len",
+                f"seq_len {seq_len} does not split into tp {tp} equal sequence-parallel shards; allowed seq_len: "
+                f"multiples of {tp}",
+            )
+        )
     return out
 
 

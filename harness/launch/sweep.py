@@ -15,6 +15,7 @@ and know nothing of each other or of the sweep.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
@@ -24,7 +25,7 @@ from pathlib import Path
 from harness.core.errors import InputError, Problem
 from harness.launch.core.folder import SweepFolder
 from harness.launch.core.manifest import Manifest, file_lock
-from harness.launch.core.outcome import FAILED, describe, skipped_record
+from harness.launch.core.outcome import FAILED, Interrupted, cancel_cell, describe, skipped_record
 from harness.launch.core.payload import make_payload, predict
 from harness.launch.local import prefork
 from harness.launch.local.launchers import launch_submitit, local_gpus
@@ -53,6 +54,10 @@ class SweepResult:
 
 MAX_REPEAT = 100
 """the most runs per cell `--repeat` takes (a typo such as 10**9 is refused, not started)"""
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+"""what stops a sweep (the cli turns SIGTERM into KeyboardInterrupt as Ctrl-C is)"""
 
 
 def check_repeat(repeat: object, *, option: str = "--repeat") -> int:
@@ -167,23 +172,47 @@ class Sweep:
             return self._launch_local(spec, payload, tag=tag)
 
     def _launch_local(self, spec: RunSpec, payload: Payload, *, tag: str) -> Record:
-        self.manifest.set(spec.run_id, state="running", status=None, attempt=payload.attempt)
+        """Run the cell and file its record, with the manifest and the console saying what the record says, also
+        when the sweep is interrupted (Ctrl-C, SIGTERM): the signals wait while the manifest changes, so a stop
+        lands either before the cell's job started (recorded cancelled) or while it runs (cancel_cell decides)."""
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         c0 = time.time()
         try:
-            rec = launch_submitit(
+            self.manifest.set(spec.run_id, state="running", status=None, attempt=payload.attempt)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # NOTE: a stop meanwhile is raised here, in the try
+            ended = launch_submitit(
                 payload,
                 cluster=self.cluster,
                 folder=self.jobs,
                 time_limit_s=spec.settings.time_limit_s,
                 on_submit=lambda job: self.manifest.set(spec.run_id, job_id=str(job.job_id)),
             )
-        except KeyboardInterrupt:
-            self.manifest.set(spec.run_id, state="cancelled", status="cancelled")
-            self.echo(f"{tag}  cancelled (interrupted; re-run the sweep to resume)")
+        except KeyboardInterrupt as stop:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a second Ctrl-C must not cut the filing short
+            try:
+                if isinstance(stop, Interrupted):
+                    ended = stop.record
+                else:  # before the cell's job existed: nothing ran
+                    limit = spec.settings.time_limit_s
+                    ended = cancel_cell(payload, kill=lambda: None, elapsed_s=time.time() - c0, time_limit_s=limit)
+                self._file(
+                    spec, ended, tag=tag, note="interrupted" + ("" if ended.ok else "; re-run the sweep to resume")
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             raise
-        rec = self.folder.file(rec, repeat=self.repeat)
-        self.manifest.set(spec.run_id, state="done" if rec.ok else "failed", status=rec.status)
-        self.echo(f"{tag}  {describe(rec)}  ({time.time() - c0:.1f} s)")
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return self._file(spec, ended, tag=tag, note=f"{time.time() - c0:.1f} s")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _file(self, spec: RunSpec, ended: Record, *, tag: str, note: str) -> Record:
+        """The cell's record into the sweep folder, its state into the manifest, its line on the console: one truth."""
+        rec = self.folder.file(ended, repeat=self.repeat)
+        state = "done" if rec.ok else "cancelled" if rec.status == "cancelled" else "failed"
+        self.manifest.set(spec.run_id, state=state, status=rec.status)
+        self.echo(f"{tag}  {describe(rec)}  ({note})")
         return rec
 
     # ---- SLURM cells, all at once
@@ -192,7 +221,7 @@ class Sweep:
         """(records, cells left in flight) of this run of every cell, through slurm_round; a cell another sweep
         was handling is taken from its record, or, when that sweep let go without one (it detached), in a second
         round."""
-        tags = {s.run_id: f"[{i}/{len(specs)}] {s.run_id}" for i, s in enumerate(specs, 1)}
+        tags = {s.run_id: f"[{i}/{len(specs)}] {s.cell_name}" for i, s in enumerate(specs, 1)}
         records: dict[str, Record] = {}
         in_flight = 0
         todo = specs
@@ -294,6 +323,7 @@ def run_sweep(
         cluster=cluster.name,
         executor=cluster.executor,
         run_ids=[s.run_id for s in specs],
+        layouts={s.run_id: s.layout_tag for s in specs if s.layout_tag},
         scenario_file=str(Path(scenario.path).resolve()),
         cluster_file=str(Path(cluster.path).resolve()) if cluster.path else None,
         repeats=rounds,
@@ -342,12 +372,13 @@ def _local_rounds(sweep: Sweep, specs: list[RunSpec], rounds: list[int], *, repe
     of importing torch each (harness.launch.local.prefork)."""
     records: list[Record] = []
     warm = sweep.cluster.device == "cpu"
-    with prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path)) if warm else nullcontext():
+    log = sweep.jobs / "prefork.log"  # NOTE: third-party chatter at import (DeepSpeed's) stays out of the console
+    with prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path), log=log) if warm else nullcontext():
         total = len(specs) * len(rounds)
         for r, k in enumerate(rounds):
             this = sweep.round(k)
             for i, spec in enumerate(specs, 1):
-                tag = f"[{r * len(specs) + i}/{total}] {spec.run_id}" + (f" run {k}" if repeated else "")
+                tag = f"[{r * len(specs) + i}/{total}] {spec.cell_name}" + (f" run {k}" if repeated else "")
                 rec = this.run_local(spec, tag=tag)
                 if rec is not None:
                     records.append(rec)

@@ -84,13 +84,7 @@ def at_gpus(spec: RunSpec, gpus: int, cluster: Cluster) -> RunSpec:
 
 def layout_label(spec: RunSpec) -> str:
     """`fsdp2.full_shard × tp4 × pp2 (1f1b)`: the strategy and its layout."""
-    s = spec.settings
-    out = spec.strategy
-    if s.tp > 1:
-        out += f" × tp{s.tp}" + (" sp" if s.sequence_parallel else "")
-    if s.pp > 1:
-        out += f" × pp{s.pp} ({s.pp_schedule})"
-    return out
+    return " × ".join(p for p in (spec.strategy, spec.layout_tag) if p)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,6 +230,8 @@ def point(spec: RunSpec, gpus: int, cluster: Cluster, rates: Rates) -> Projected
         microbatches=s.microbatches,
         micro_batch=s.micro_batch,
         grad_accum=s.grad_accum,
+        seq_len=s.seq_len,
+        sequence_parallel=s.sequence_parallel,
     )
     if problems:
         return _null_point(gpus, nodes, problems[0][1])

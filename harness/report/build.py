@@ -10,6 +10,7 @@ import datetime as _dt
 import gc
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +128,16 @@ def build_report(
     *,
     trends: dict[str, Any] | None = None,
     projection: Projection | None = None,
+    noise: Mapping[tuple[str, str, str | None], tuple[float, int]] | None = None,
 ) -> dict[str, Any]:
     """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
     `trends` (harness.history.trends.trend_series' data, `harness report --history`) adds the trends figure and
     table; `projection` (harness.plan.projection.read_projection's document, `harness report --projection`) the
     projected scaling figure with the measured cells on their lines. Each `harness tune` log (tune.json) under
     `dirs` adds a search section: its funnel, its figure (in "figures", drawn after the others) and its measured
-    candidates ranked; an unreadable log or one of another version is a warning.
+    candidates ranked; an unreadable log or one of another version is a warning. `noise` (harness.history.noise.
+    cell_noise's data, `harness report --history`) is each cell's between-run noise, a basis for the best-strategy
+    table's verdicts where a cell was not measured MIN_RUNS times (harness.report.leader).
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
@@ -171,7 +175,7 @@ def build_report(
     # beside them and must not need them
     t2 = time.perf_counter()
     timings["frame"] = t2 - t1
-    best = best_per_model_gpus(cells, df)
+    best = best_per_model_gpus(cells, df, noise=noise)
     timings["best"] = time.perf_counter() - t2
     t1 = time.perf_counter()
     df = df.assign(in_tables=df.index.isin(cells.index))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -435,6 +435,14 @@ def cell_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return sort_cells(cells), warnings  # NOTE: keeps the frame's index, so rows map back to records
 
 
+_NOISE_KEYS = ("run_id", "cluster", "device_name")
+"""what a history's noise is looked up by (harness.history.noise.NoiseKey)"""
+
+
+def _text_or_none(v: Any) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
 def _runs_by_cell(frame: pd.DataFrame | None) -> dict[tuple, list[float]] | None:
     """CELL_KEYS → tokens/s/GPU of every ok record of that cell (all its runs), from the whole frame."""
     if frame is None:
@@ -449,25 +457,31 @@ def _runs_by_cell(frame: pd.DataFrame | None) -> dict[tuple, list[float]] | None
     return runs
 
 
-def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+def best_per_model_gpus(
+    cells: pd.DataFrame,
+    frame: pd.DataFrame | None = None,
+    *,
+    noise: Mapping[tuple[str, str, str | None], tuple[float, int]] | None = None,
+) -> pd.DataFrame:
     """Fastest cell per (model, GPU count) among status ok with a tokens/s/GPU, + the best other strategy,
-    and whether the lead is more than noise (harness.report.leader: the per-step samples, and every run of both
-    cells in `frame` — one row per record — when a cell was measured more than once). A strategy is its label
-    with the layout (`fsdp2.full_shard × tp2` and `fsdp2.full_shard` are two strategies here): a tensor- or
+    and whether the lead is more than noise (harness.report.leader: on every run of both cells in `frame` — one
+    row per record — when each was measured at least MIN_RUNS times, else on `noise`, each cell's between-run noise
+    from a results history keyed by (run_id, cluster, device name), else not judged). A strategy is its label with
+    the layout (`fsdp2.full_shard × tp2` and `fsdp2.full_shard` are two strategies here): a tensor- or
     pipeline-parallel layout can be the best, and the plain strategy its runner-up.
 
     Columns: model, gpus, strategy, precision, variant, tokens_per_s_per_gpu, mfu, runner_up,
     runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), distinguishable (bool; NaN
-    without a runner-up), p_value (the larger p of the tests made), verdict (text), n_ok, n_cells.
-    Groups where nothing ran ok have strategy None.
+    without a runner-up or when not judged), p_value, basis (harness.report.leader.BASES), verdict (text), n_ok,
+    n_cells. Groups where nothing ran ok have strategy None.
     """
-    from harness.report.leader import Contest, leader_verdicts
+    from harness.report.leader import Contest, Noise, leader_verdicts
 
     runs = _runs_by_cell(frame)
     # NOTE: one pass over plain lists (a pandas filter and sort per group was 0.9 s at 10,000 records); the
     # groups in order of first appearance and the leaders in stable descending order, as groupby(sort=False) and
     # sort_values(ascending=False, kind="stable") give them
-    col = {c: cells[c].tolist() for c in (*CELL_KEYS, "status", "tokens_per_s_per_gpu", "mfu", SAMPLES_COLUMN)}
+    col = {c: cells[c].tolist() for c in (*CELL_KEYS, "status", "tokens_per_s_per_gpu", "mfu", *_NOISE_KEYS)}
     groups: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(col["model"], col["gpus"])):
         groups.setdefault(key, []).append(i)
@@ -476,6 +490,11 @@ def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) 
     def cell_runs(i: int) -> list[float]:
         mine = [float(tps[i])]
         return mine if runs is None else runs.get(tuple(col[k][i] for k in CELL_KEYS), mine)
+
+    def cell_noise(i: int) -> Noise | None:
+        run_id, cluster, device = (_text_or_none(col[k][i]) for k in _NOISE_KEYS)
+        found = None if noise is None or run_id is None or cluster is None else noise.get((run_id, cluster, device))
+        return None if found is None else Noise(sigma=found[0], n=found[1])
 
     out, contests, contested = [], [], []
     for (model, gpus), rows in groups.items():
@@ -508,18 +527,16 @@ def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) 
                 )
                 contests.append(
                     Contest(
-                        leader_tps=tps[best],
-                        leader_samples=col[SAMPLES_COLUMN][best],
-                        runner_tps=tps[ru],
-                        runner_samples=col[SAMPLES_COLUMN][ru],
                         leader_runs=cell_runs(best),
                         runner_runs=cell_runs(ru),
+                        leader_noise=cell_noise(best),
+                        runner_noise=cell_noise(ru),
                     )
                 )
                 contested.append(row)
         out.append(row)
     for row, v in zip(contested, leader_verdicts(contests)):
-        row.update(distinguishable=v.distinguishable, p_value=v.p, verdict=v.text())
+        row.update(distinguishable=v.distinguishable, p_value=v.p, basis=v.basis, verdict=v.text())
     cols = [
         "model",
         "gpus",
@@ -534,6 +551,7 @@ def best_per_model_gpus(cells: pd.DataFrame, frame: pd.DataFrame | None = None) 
         "margin",
         "distinguishable",
         "p_value",
+        "basis",
         "verdict",
         "n_ok",
         "n_cells",

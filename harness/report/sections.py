@@ -193,13 +193,19 @@ def _row_key_label(key: str) -> str:
 STAR = "★"
 TIE = "≈"
 """the fastest cell's mark in the model tables: STAR when it is faster than the next strategy beyond noise (or
-there is no other strategy), TIE when the two are not distinguishable (harness.report.leader)"""
+there is no other strategy), TIE when the two are not distinguishable; no mark when the lead was not judged (one
+run of a cell and no history: harness.report.leader)"""
 Marks = dict[tuple, tuple[str, str]]
 """(model, gpus, strategy, precision, variant) of each fastest cell → (mark, hover text)"""
 
 
 def _tied(b: dict[str, Any]) -> bool:
     return b.get("distinguishable") is False or b.get("distinguishable") == 0
+
+
+def _crowned(b: dict[str, Any]) -> bool:
+    """Faster than the next strategy beyond noise, or the only strategy that ran ok."""
+    return b.get("distinguishable") is True or b.get("distinguishable") == 1 or is_null(b.get("runner_up"))
 
 
 def _best_marks(best: pd.DataFrame) -> Marks:
@@ -211,7 +217,7 @@ def _best_marks(best: pd.DataFrame) -> Marks:
                 TIE,
                 f"fastest, but not distinguishable from {b['runner_up']} · {b['runner_up_precision']} ({b['verdict']})",
             )
-        else:
+        elif _crowned(b):
             marks[key] = (STAR, "best strategy for this model and GPU count")
     return marks
 
@@ -263,6 +269,15 @@ def _statuses_text(statuses: dict[str, int]) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(statuses.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _basis_text(b: dict[str, Any]) -> str:
+    """What the row's lead was judged on (harness.report.leader.BASES): repeated runs, a history's between-run
+    noise, or nothing (one run)."""
+    basis = b.get("basis")
+    if is_null(b.get("runner_up")) or is_null(basis):
+        return ABSENT
+    return {"runs": "repeated runs", "history": "history noise"}.get(str(basis), "not judged")
+
+
 def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
     """One row per (model, GPU count): the fastest strategy, the next-best other strategy and the lead over it;
     a lead within the noise reads 'a ≈ b' (never crown noise)."""
@@ -270,7 +285,7 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
     header = (
         ["model", "GPUs", "best strategy", "precision"]
         + (["configuration"] if with_variant else [])
-        + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "cells ok"]
+        + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "judged on", "cells ok"]
     )
     # NOTE: the lead is laid out as a number in the HTML (on one line) but left-aligned in the Markdown
     columns = tuple(
@@ -282,7 +297,7 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
             rows.append(
                 [str(b["model"]), fmt_int(b["gpus"]), "none ran ok", ABSENT]
                 + ([ABSENT] if with_variant else [])
-                + [NA, NA, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"]
+                + [NA, NA, ABSENT, ABSENT, ABSENT, f"0 of {b['n_cells']} ({_statuses_text(b['statuses'])})"]
             )
             continue
         ru = ABSENT if is_null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
@@ -293,7 +308,8 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
         rows.append(
             [str(b["model"]), fmt_int(b["gpus"]), strategy, str(b["precision"])]
             + ([str(b["variant"] or ABSENT)] if with_variant else [])
-            + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin, f"{b['n_ok']} of {b['n_cells']}"]
+            + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin, _basis_text(b)]
+            + [f"{b['n_ok']} of {b['n_cells']}"]
         )
     return Table(columns, tuple(text_cells(r) for r in rows))
 
@@ -469,10 +485,12 @@ DEFINITIONS = (
     "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
     "binary units (KiB = 2^10 bytes).",
     "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations; "
-    "the lead is over the fastest other strategy, with the p-value of a two-sided Mann–Whitney U test on the "
-    "per-step tokens/s/GPU of the two cells (and on every run's tokens/s/GPU when a cell was measured more "
-    "than once). p ≥ 0.05 in either test: the two are not distinguishable, shown 'a ≈ b' and marked ≈ instead "
-    "of ★ in the model tables.",
+    "the lead is over the fastest other strategy, judged on runs, never on one run's steps (timing noise is "
+    "mostly between runs): with 3 or more runs of each cell (harness sweep --repeat), compare's run-level test "
+    "(Welch t-test on the log tokens/s/GPU of the runs); else, with harness report --history DB, the two cells' "
+    "between-run noise in that history; else the lead is shown but not judged ('single run: lead not judged', "
+    "no ★). p ≥ 0.05: the two are not distinguishable, shown 'a ≈ b' and marked ≈ instead of ★ in the model "
+    "tables. The 'judged on' column says which basis each row used.",
     "Scaling efficiency: tok/s/GPU at N GPUs divided by tok/s/GPU at the smallest GPU count where that "
     "strategy and precision ran ok.",
     "n/a: the record has no value (null); —: the cell is not in the results.",

@@ -383,6 +383,31 @@ def write_fragment(results: str | Path, sweep: str, run_id: str, fragment: Fragm
     return path
 
 
+END_CLAIM = "end."
+"""prefix of the file that decides how an attempt of a cell ends (`claim_end`), in the cell's fragment folder"""
+
+
+def claim_end(results: str | Path, sweep: str, run_id: str, *, attempt: str | None) -> bool:
+    """Claim the right to say how launch `attempt` of a cell ends; True for the first caller only.
+
+    Rank 0 claims just before it writes the cell's record; a launcher that is cancelling the cell (Ctrl-C, SIGTERM
+    to the sweep) claims before it kills the ranks and records the cell `cancelled`. Whoever creates the file first
+    (O_CREAT | O_EXCL: atomic, also on NFS v3+) decides, so a cell is never `ok` in its record and `cancelled` in
+    the manifest: a rank 0 that loses does not write its record, a launcher that loses waits for it. The claims of
+    other attempts of the cell are removed by the winner (one small file per cell at most stays)."""
+    folder = fragment_dir(results, sweep, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = f"{END_CLAIM}{attempt}"
+    try:
+        os.close(os.open(folder / mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    for old in folder.glob(f"{END_CLAIM}*"):
+        if old.name != mine:
+            old.unlink(missing_ok=True)
+    return True
+
+
 def read_fragments(results: str | Path, sweep: str, run_id: str, *, attempt: str | None) -> list[Fragment]:
     """The failure fragments the ranks of launch `attempt` wrote (a fragment without an attempt counts), by rank
     file name; an unreadable or torn fragment is left out (its rank then counts as silent)."""

@@ -233,6 +233,24 @@ class RunSpec:
         )
 
     @property
+    def layout_tag(self) -> str:
+        """The layout in a few characters, '' for plain data parallelism: `tp2 sp`, `pp2 (1f1b)`, `tp2 × pp2 (gpipe)`.
+        Cells that differ only in their layout share the rest of their run_id, so every line that names a cell
+        shows this beside it (issue 31)."""
+        s = self.settings
+        parts = []
+        if s.tp > 1:
+            parts.append(f"tp{s.tp}" + (" sp" if s.sequence_parallel else ""))
+        if s.pp > 1:
+            parts.append(f"pp{s.pp} ({s.pp_schedule})")
+        return " × ".join(parts)
+
+    @property
+    def cell_name(self) -> str:
+        """How a terminal line names the cell: its run_id, and its layout when it has one."""
+        return f"{self.run_id} [{self.layout_tag}]" if self.layout_tag else self.run_id
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree: gpus / (tp x pp), the replicas that each train on their own rows of the batch."""
         return self.gpus // (self.settings.tp * self.settings.pp)
@@ -774,6 +792,8 @@ def _check_layouts(
             microbatches=merged["microbatches"],
             micro_batch=merged["micro_batch"],
             grad_accum=merged["grad_accum"],
+            seq_len=merged["seq_len"],
+            sequence_parallel=merged["sequence_parallel"],
         )
         what = f"cell {cell['model']} {cell['strategy']} {cell['precision']} gpus {cell['gpus']}"
         for key, message in found:

@@ -22,7 +22,7 @@ from harness.plan.memory import hardware_flops_per_step
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload, PayloadCluster
 from harness.results.record import Fragment, Record, Status
-from harness.results.store import new_record, sanitize, write_fragment, write_record
+from harness.results.store import claim_end, new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
 from harness.worker.meters import dynamo as dynamo_meter
@@ -147,7 +147,9 @@ def run(
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from harness.worker import allocator
+    from harness.worker.env import silence_collective_renames
 
+    silence_collective_renames()  # FSDP's and DeepSpeed's calls: a FutureWarning per collective in the rank logs
     allocator_used = allocator.apply(cluster.cpu_allocator or "caching", cluster.device)
 
     spec = RunSpec.from_dict(payload.spec.as_dict())
@@ -197,7 +199,9 @@ def run(
             comm_summary=comm_summary,
             allocator=allocator_used,
         )
-        write_record(payload.results, record)
+        # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
+        if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
+            write_record(payload.results, record)
         return record
     except BaseException as e:
         _write_failure(payload, rank, e)
@@ -581,7 +585,27 @@ def _write_failure(payload: Payload, rank: int, e: BaseException) -> None:
             from harness.worker.meters.memory import rss_bytes
 
             extra["memory_rss_gib"] = (rss_bytes() or 0) / 2**30
-    report_failure(payload, rank, status, f"{type(e).__name__}: {e}".strip()[:2000], extra)
+    report_failure(payload, rank, status, failure_reason(e), extra)
+
+
+def failure_reason(e: BaseException) -> str:
+    """What ended a rank, in one line a reader can act on: the exception, its message (or "no message": an empty
+    `AssertionError` inside torch once was the whole reason) and where it was raised (file:line in function; paths
+    from the package, e.g. torch/distributed/tensor/placement_types.py)."""
+    message = str(e).strip() or "no message"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        parts = Path(last.filename).parts
+        for anchor in ("site-packages", "dist-packages"):
+            if anchor in parts:
+                parts = parts[parts.index(anchor) + 1 :]
+                break
+        else:
+            parts = parts[-3:]
+        where = f" (raised at {'/'.join(parts)}:{last.lineno} in {last.name})"
+    return f"{type(e).__name__}: {message}"[:1800] + where
 
 
 def _step_fn(trainer, batches, injector):

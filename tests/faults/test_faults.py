@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,11 @@ def test_error_record_carries_the_traceback(fault_sweep):
     rec = fault_sweep["records"][("ddp", "exception")]
     tb = next(f["traceback"] for f in rec["failures"] if f["rank"] == 1)
     assert "RuntimeError: injected exception" in tb and "harness/worker/runner.py" in tb
+    # the reason alone says what and where (issue 31: a bare "AssertionError:" told nothing)
+    assert re.fullmatch(
+        r"RuntimeError: injected exception \(rank 1, step \d\) \(raised at harness/worker/faults\.py:\d+ in \w+\)",
+        next(f["reason"] for f in rec["failures"] if f["rank"] == 1),
+    ), rec["failures"]
 
 
 def test_hang_in_a_hybrid_subgroup_hits_the_watchdog(fault_sweep):
@@ -255,7 +261,7 @@ def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
-    assert "cancelled (interrupted; re-run the sweep to resume)" in out
+    assert re.search(r"\] tiny-fsdp\.full_shard\S*  cancelled: .*\(interrupted; re-run the sweep to resume\)", out), out
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err
     cells = json.loads(manifest.read_text())["cells"]
     assert [c["state"] for c in cells.values()] == ["done", "cancelled"]
@@ -275,6 +281,71 @@ def test_ctrl_c_in_a_terminal_prints_no_traceback_and_resumes(tmp_path):
     assert records["ddp"]["attempt"] == first["ddp"]["attempt"]
     assert records["fsdp.full_shard"]["status"] == "ok"
     assert [c["state"] for c in json.loads(manifest.read_text())["cells"].values()] == ["done", "done"]
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 1.0, 2.0])
+def test_ctrl_c_early_in_a_cell_gives_one_truth(tmp_path, delay_s):
+    """Ctrl-C in the first seconds of a short cell (issue 31: the ranks bypassed SIGTERM, finished, and recorded
+    `ok` while the manifest, `status` and the console said `cancelled`). Whichever way the race goes at each delay,
+    record, manifest, `harness status` and the console agree, and a re-run resumes (an ok cell is not re-run)."""
+    scenario = write(
+        tmp_path / "s.yaml",
+        """\
+        name: early
+        matrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2]}
+        settings: {warmup_steps: 2, measure_steps: 3}
+        """,
+    )
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_terminal_sigint,
+    )
+    manifest = results / "early" / "manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the cell's job is starting
+        if manifest.exists() and [c.get("state") for c in json.loads(manifest.read_text())["cells"].values()] == [
+            "running"
+        ]:
+            break
+        time.sleep(0.02)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the sweep never started its cell")
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    records = load_docs(results)[0]
+    assert len(records) == 1, out
+    status = records[0]["status"]
+    assert status in ("ok", "cancelled"), records[0].get("reason")
+    print(f"Ctrl-C {delay_s} s into the cell: {status}")
+    (cell,) = json.loads(manifest.read_text())["cells"].values()
+    assert (cell["state"], cell["status"]) == ("done" if status == "ok" else "cancelled", status)
+    line = next(x for x in out.splitlines() if "] tiny-ddp-fp32-g2" in x)
+    assert f"  {status}" in line and "(interrupted" in line, out
+    assert ("cancelled" in line) == (status == "cancelled"), out
+    shown = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "status", str(results)], cwd=REPO, capture_output=True, text=True
+    ).stdout
+    assert re.search(rf"^  {cell['state']}\s+{status}\s+tiny-ddp-fp32-g2", shown, re.M), shown
+    again = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sweep", str(scenario), "--results", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = load_docs(results)[0]
+    assert len(after) == 1 and after[0]["status"] == "ok"
+    assert (after[0]["attempt"] == records[0]["attempt"]) == (status == "ok")  # an ok cell is not re-run
 
 
 def test_a_cell_the_machine_cannot_host_is_skipped_and_the_rest_runs(tmp_path):

@@ -6,6 +6,8 @@ To accept an intended change: `make baseline` (re-sweeps and promotes results in
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.cli import main
@@ -28,6 +30,18 @@ def test_every_smoke_cell_is_ok(smoke_sweep):
         assert m["mfu"] is None and "no dense peak" in m["null_reasons"]["mfu"]  # CPU: no invented MFU
         assert m["peak_memory_allocated_gib"] > 0
         assert rec["comm"]["bytes_per_step"] > 0 and rec["predicted"]["memory_gib"]["total"] > 0
+
+
+def test_every_line_that_names_a_cell_shows_its_layout(smoke_sweep):
+    """The layout cells share the rest of their run_id with the plain ones (issue 31): each line says which it is,
+    and the libraries' import chatter (DeepSpeed's "Setting accelerator to CPU") is in the zygote's log, not here."""
+    lines = [x for x in smoke_sweep["output"].splitlines() if x.startswith("[")]
+    assert len(lines) == 25
+    tags = sorted(m.group(1) for x in lines if (m := re.match(r"\[\d+/25\] \S+ \[([^\]]+)\]  ", x)))
+    assert tags == ["pp2 (1f1b)", "tp2", "tp2"], lines
+    assert "Setting accelerator" not in smoke_sweep["output"]
+    log = smoke_sweep["results"] / "smoke" / ".submitit" / "prefork.log"
+    assert "Setting accelerator to CPU" in log.read_text()
 
 
 def test_deepspeed_cells_compile_nothing(smoke_sweep):

@@ -27,7 +27,6 @@ from harness.compare.comparison import (
 )
 from harness.compare.judge import compare
 from harness.compare.promote import promote_baseline
-from harness.compare.stats import mann_whitney_p
 from harness.core.errors import InputError
 from harness.core.zoo import ZOO
 from harness.results.store import as_record, load_records, write_record
@@ -712,14 +711,6 @@ def test_run_level_p_is_welch_on_logs_and_defined_without_spread():
     assert run_level_p([1.0], [1.0, 2.0, 3.0]) == 1.0  # one run: no test
 
 
-def test_mann_whitney_p_handles_all_equal_samples():
-    assert mann_whitney_p([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == 1.0
-    assert mann_whitney_p(list(range(7)), list(range(10, 17))) == pytest.approx(2 / 3432)
-
-
-# ------------------------------------------------------------------------------------------------- promotion
-
-
 def _record_files(d: Path) -> dict[str, str]:
     return {str(p.relative_to(d)): p.read_text() for p in sorted(d.rglob("*.json")) if p.name != ".promoted.json"}
 
@@ -991,30 +982,6 @@ def test_outputs_are_byte_for_byte_those_before_the_speed_work(tmp_path):
     got = pinned_outputs(tmp_path)
     assert gc.isenabled()  # the command pauses the collector and turns it back on
     assert got == PINNED
-
-
-def test_batched_mann_whitney_is_scipy_bit_for_bit():
-    """mann_whitney_ps (numpy, every pair at once) against scipy's mannwhitneyu pair by pair: exact and normal
-    approximation, ties, all-equal samples, one-sample sides, infinities."""
-    from harness.compare.stats import mann_whitney_ps
-
-    rng = random.Random(5)
-    pairs = []
-    for _ in range(800):
-        nx, ny = rng.choice([1, 2, 3, 5, 8, 9, 20, 33]), rng.choice([1, 4, 7, 9, 20])
-        r = rng.random()
-        if r < 0.3:
-            values = [rng.choice([0.1, 0.2, 0.25, 0.3]) for _ in range(nx + ny)]
-        elif r < 0.35:
-            values = [1.0] * (nx + ny)
-        elif r < 0.4:
-            values = [rng.choice([1.0, math.inf, 2.5]) for _ in range(nx + ny)]
-        else:
-            scale = rng.uniform(0.01, 10)
-            values = [scale * rng.uniform(0.9, 1.2) for _ in range(nx + ny)]
-        pairs.append((values[:nx], values[nx:]))
-    assert mann_whitney_ps(pairs) == [mann_whitney_p(xs, ys) for xs, ys in pairs]
-    assert mann_whitney_ps([]) == []
 
 
 def test_json_writer_is_json_dumps_indent_2():

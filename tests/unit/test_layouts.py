@@ -62,6 +62,21 @@ def test_tp_must_divide_query_and_kv_heads():
     )
 
 
+def test_tp_must_split_ffn_vocab_and_the_sequence_evenly():
+    """DTensor's parallel styles assume even shards (issue 31: ffn 33 over tp 2 failed in aten.mm at run time)."""
+    odd = {"odd": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn": 33, "vocab": 101}}
+    d = doc(gpus=2, tp=2, models=odd, sequence_parallel=True, seq_len=37)
+    d["matrix"]["model"] = ["odd"]
+    assert problems(d) == [
+        "s.yaml: settings.tp: tp 2 does not divide the model's ffn 33 (tensor parallelism splits it into equal "
+        "shards); allowed tp for this model: 1 (cell odd fsdp2.full_shard fp32 gpus 2)",
+        "s.yaml: settings.tp: tp 2 does not divide the model's vocab 101 (tensor parallelism splits it into equal "
+        "shards); allowed tp for this model: 1 (cell odd fsdp2.full_shard fp32 gpus 2)",
+        "s.yaml: settings.seq_len: seq_len 37 does not split into tp 2 equal sequence-parallel shards; allowed "
+        "seq_len: multiples of 2 (cell odd fsdp2.full_shard fp32 gpus 2)",
+    ]
+
+
 def test_more_stages_than_blocks():
     (p,) = problems(doc(gpus=4, pp=4, micro_batch=4))
     assert "pp 4 x 1 stage(s) per rank (1f1b) = 4 pipeline stages > the model's 2 blocks" in p

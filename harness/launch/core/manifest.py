@@ -76,6 +76,9 @@ class CellEntry(RunEntry):
     `harness sweep --repeat K`) under `repeats`."""
 
     repeats: Mapping[int, RunEntry] = field(default_factory=dict)
+    layout: str | None = None
+    """the cell's layout (RunSpec.layout_tag: `tp2 sp`, `pp2 (1f1b)`), absent for plain data parallelism: cells
+    that differ only in it share the rest of their run_id, so `harness status` shows it"""
 
     def runs(self) -> dict[int, RunEntry]:
         """The cell's runs by repeat index, in order: 1 is the cell's own entry."""
@@ -84,6 +87,8 @@ class CellEntry(RunEntry):
 
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()
+        if self.layout:
+            out["layout"] = self.layout
         if self.repeats:
             out["repeats"] = {str(k): run.as_dict() for k, run in self.repeats.items()}
         return out
@@ -235,7 +240,8 @@ def _cell_of(raw: Any, *, where: str, path: str, problems: list[Problem]) -> Cel
                 problems.append(Problem(where, f"{path}.repeats.{k}", "not a run number >= 2"))
                 continue
             repeats[int(k)] = _run_of(run, where=where, path=f"{path}.repeats.{k}", problems=problems)
-    return CellEntry(**{name: getattr(first, name) for name in RUN_FIELDS}, repeats=repeats)
+    layout = _text(raw, "layout", where=where, path=path, problems=problems) if isinstance(raw, Mapping) else None
+    return CellEntry(**{name: getattr(first, name) for name in RUN_FIELDS}, repeats=repeats, layout=layout)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,6 +295,7 @@ class Manifest:
         cluster: str,
         executor: str = "local",
         run_ids: list[str] | None = None,
+        layouts: Mapping[str, str] | None = None,
         scenario_file: str | None = None,
         cluster_file: str | None = None,
         repeats: Sequence[int] = (1,),
@@ -310,7 +317,10 @@ class Manifest:
             for run_id in run_ids or []:
                 cell = cells.get(run_id) or CellEntry(state="pending", updated_at=now)
                 missing = {k: RunEntry(state="pending", updated_at=now) for k in repeats if k >= 2}
-                cells[run_id] = replace(cell, repeats=dict(sorted({**missing, **cell.repeats}.items())))
+                layout = (layouts or {}).get(run_id) or cell.layout
+                cells[run_id] = replace(
+                    cell, repeats=dict(sorted({**missing, **cell.repeats}.items())), layout=layout or None
+                )
             # NOTE: the most runs per cell any sweep into this dir asked for (a later sweep without --repeat does
             # not make the earlier repeats look missing)
             update.manifest = replace(update.manifest, cells=cells, repeat=max(update.manifest.repeat, *repeats))

@@ -8,13 +8,22 @@ way, so a failure reads the same whichever way the cell ran.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
 from harness.results.record import Fragment, Record
-from harness.results.store import new_record, read_fragments, record_or_none, record_path, write_record
+from harness.results.store import (
+    claim_end,
+    new_record,
+    read_fragments,
+    record_or_none,
+    record_path,
+    write_record,
+)
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
 
@@ -25,6 +34,34 @@ FAILED = ("oom", "timeout", "error", "nan", "crashed", "cancelled")
 def fragments_of(payload: Payload) -> list[Fragment]:
     """The failure fragments the ranks of this attempt wrote."""
     return read_fragments(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM to the sweep) while a cell ran: the cell's record as it ended — `ok` when rank 0 had
+    claimed its end first (harness.results.store.claim_end), `cancelled` otherwise — for the sweep to file and
+    report before it stops."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__()
+        self.record = record
+
+
+def cancel_cell(payload: Payload, *, kill: Callable[[], None], elapsed_s: float, time_limit_s: float) -> Record:
+    """The record of a cell interrupted while it ran, one truth for record, manifest and console: claim the cell's
+    end, then `kill` its processes and record it `cancelled`; when rank 0 claimed first it is writing its record:
+    wait for it (at most RECORD_WAIT_S), kill what is left, and that record stands."""
+    won = claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt)
+    if not won:
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while fresh_record(payload) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    kill()
+    return finalize(payload, elapsed_s=elapsed_s, time_limit_s=time_limit_s, cancelled=True)
+
+
+RECORD_WAIT_S = 30.0
+"""how long a cancelling launcher waits for the record of a rank 0 that claimed the cell's end first (s): it
+claims just before writing one file"""
 
 
 def fresh_record(payload: Payload) -> Record | None:

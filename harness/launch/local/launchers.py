@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.launch.core.outcome import finalize, fragments_of, job_log_tail
+from harness.launch.core.outcome import Interrupted, cancel_cell, finalize, fragments_of, job_log_tail
 from harness.launch.core.payload import free_port
 from harness.plan.placement import parse_visible_devices
 from harness.results.payload import Payload
@@ -64,26 +64,28 @@ def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = T
             )
             pgid = p.pid if pgid is None else pgid
             procs.append(p)
-        cancelled = False
         watch = FailureWatch(payload)
+
+        def kill() -> None:
+            if any(p.poll() is None for p in procs):
+                _kill_group(pgid)
+                for p in procs:
+                    p.wait()
+
         try:
             while any(p.poll() is None for p in procs):
                 if time.time() - t0 > time_limit_s or watch.stuck():
                     break
                 time.sleep(0.1)
         except KeyboardInterrupt:
-            cancelled = True
+            return cancel_cell(payload, kill=kill, elapsed_s=time.time() - t0, time_limit_s=time_limit_s)
         finally:
-            if any(p.poll() is None for p in procs):
-                _kill_group(pgid)
-                for p in procs:
-                    p.wait()
+            kill()
         elapsed = time.time() - t0
         return finalize(
             payload,
             elapsed_s=elapsed,
             time_limit_s=time_limit_s,
-            cancelled=cancelled,
             exit_codes=[p.returncode for p in procs],
         )
 
@@ -224,8 +226,9 @@ def launch_submitit(
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
-        _kill_tree(int(job.job_id))
-        finalize(payload, elapsed_s=time.time() - t0, time_limit_s=time_limit_s, cancelled=True)
-        raise
+        rec = cancel_cell(
+            payload, kill=lambda: _kill_tree(int(job.job_id)), elapsed_s=time.time() - t0, time_limit_s=time_limit_s
+        )
+        raise Interrupted(rec) from None
     elapsed = time.time() - t0
     return finalize(payload, elapsed_s=elapsed, time_limit_s=time_limit_s, log_tail=job_log_tail(job, world))

@@ -327,11 +327,13 @@ def exit_like(code: int) -> None:
 
 
 @contextlib.contextmanager
-def zygote(env: dict[str, str] | None = None, *, label: str = "") -> Iterator[str | None]:
+def zygote(env: dict[str, str] | None = None, *, label: str = "", log: Path | None = None) -> Iterator[str | None]:
     """Start a zygote for the duration of a local CPU sweep and point this process's children at it (sets
     SOCKET_ENV). Yields SOCKET_ENV's value. It imports in the background: the first cell's stubs wait for it.
     `label` (the sweep's results folder) goes on its command line, which its ranks share, so that `ps` shows
-    whose ranks they are."""
+    whose ranks they are. `log`: where its own output goes (what the libraries print as they import, e.g.
+    DeepSpeed's "Setting accelerator to CPU"), appended; None: this process's stdout and stderr. Each rank's output
+    still goes where its stub's does."""
     if os.environ.get(SOCKET_ENV) or os.environ.get(OFF_ENV):
         yield os.environ.get(SOCKET_ENV)  # an outer sweep's (tests), or switched off
         return
@@ -340,12 +342,22 @@ def zygote(env: dict[str, str] | None = None, *, label: str = "") -> Iterator[st
     child_env = dict(os.environ, **(env or {}))
     # NOTE: its own process group (a terminal's Ctrl-C is not for it), in this session (so that a rank can join
     # its stub's group)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []),
-        env=child_env,
-        stdin=subprocess.DEVNULL,
-        process_group=0,
-    )
+    out = None
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab")  # noqa: SIM115 - the child holds it; closed below once it has started
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.launch.local.prefork", path] + ([label] if label else []),
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            process_group=0,
+        )
+    finally:
+        if out is not None:
+            out.close()
     os.environ[SOCKET_ENV] = f"{socket.gethostname()}:{proc.pid}:{path}"
     try:
         yield os.environ[SOCKET_ENV]

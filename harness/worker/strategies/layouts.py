@@ -173,7 +173,9 @@ def init_module_sharded_(m: nn.Module) -> None:
     finally:
         m._parameters["weight"] = w  # type: ignore[assignment]  # the DTensor parameter, as sharding left it
     with torch.no_grad():
-        w.copy_(distribute_tensor(full.data, w.device_mesh, w.placements))
+        # NOTE: every rank built the same full tensor, so each takes its own shard (src_data_rank=None: a local
+        # split, no scatter; the scatter asserts even chunks, which a _StridedShard of FSDP2 over TP lacks)
+        w.copy_(distribute_tensor(full.data, w.device_mesh, w.placements, src_data_rank=None))
 
 
 def materialise_(module: nn.Module, *, device: torch.device) -> None:
