@@ -22,7 +22,8 @@ import yaml
 from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
-from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.scenario.hf_config import load_hf_model
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 
 # NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
@@ -328,6 +329,9 @@ class Scenario:
     tune: TuneSpec | None = None
     """the `tune:` section (harness.scenario.tune): `harness tune`'s objective and search; with its
     `global_batch`, every cell's grad_accum is derived"""
+    model_sources: dict[str, str] = field(default_factory=dict)
+    """scenario-defined model name → where its dimensions come from (`hf_config <path>` or the scenario file),
+    for `harness list models`"""
 
     def model_config(self, name: str) -> ModelConfig:
         return self.models.get(name) or ZOO[name]
@@ -478,39 +482,87 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
         if not isinstance(dims, dict):
             problems.append(Problem(file, where, "must be a mapping like {d_model: 4096, n_layers: 32, ...}"))
             continue
+        if HF_CONFIG_KEY in dims:
+            cfg_or_none = _hf_model(dims, file=file, where=where, problems=problems)
+            if cfg_or_none is not None:
+                models[name] = cfg_or_none
+            continue
         ok = True
         for k in dims:
             if k not in MODEL_KEYS:
-                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS)))
+                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS | {HF_CONFIG_KEY})))
                 ok = False
         for k in sorted(REQUIRED_MODEL_KEYS - set(dims)):
             problems.append(Problem(file, f"{where}.{k}", "missing (required)"))
             ok = False
         for k, v in dims.items():
-            if k in MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
+            if k in BOOL_MODEL_KEYS and not isinstance(v, bool):
+                problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not true or false"))
+                ok = False
+            elif k in MODEL_KEYS - BOOL_MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
                 problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not a positive integer"))
                 ok = False
         if ok:
             cfg = ModelConfig(**dims)
-            if cfg.d_model % cfg.n_heads:
-                problems.append(
-                    Problem(
-                        file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}"
-                    )
-                )
-            elif cfg.n_heads % cfg.kv_heads:
-                problems.append(
-                    Problem(
-                        file,
-                        f"{where}.n_kv_heads",
-                        f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}",
-                    )
-                )
-            elif cfg.head_dim % 2:
-                problems.append(Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)"))
-            else:
+            if _model_shape_problems(cfg, file=file, where=where, problems=problems):
                 models[name] = cfg
     return models
+
+
+def _model_sources(raw: Any, models: dict[str, ModelConfig], *, file: str) -> dict[str, str]:
+    """Where each (valid) scenario model's dimensions come from: its config.json, or the scenario file itself."""
+    out = {}
+    for name in models:
+        entry = raw[name]
+        path = entry.get(HF_CONFIG_KEY)
+        out[name] = f"hf_config {hf_config_path(path, scenario_file=file)}" if path else Path(file).name
+    return out
+
+
+HF_CONFIG_KEY = "hf_config"
+"""`models: {NAME: {hf_config: path/to/config.json}}`: the model's dimensions from a Hugging Face config file (a
+path relative to the scenario file; harness.scenario.hf_config)"""
+
+
+def _hf_model(dims: dict[str, Any], *, file: str, where: str, problems: list[Problem]) -> ModelConfig | None:
+    """The model an `hf_config` entry names (the config's own problems appended, naming that file), or None."""
+    others = sorted(str(k) for k in dims if k != HF_CONFIG_KEY)
+    raw = dims[HF_CONFIG_KEY]
+    if others:
+        problems.append(Problem(file, where, f"hf_config stands alone: {', '.join(others)} cannot be given with it"))
+        return None
+    if not isinstance(raw, str) or not raw:
+        problems.append(Problem(file, f"{where}.{HF_CONFIG_KEY}", f"{raw!r} is not a path to a config.json"))
+        return None
+    try:
+        cfg = load_hf_model(hf_config_path(raw, scenario_file=file))
+    except InputError as e:
+        problems.extend(e.problems)
+        return None
+    return cfg if _model_shape_problems(cfg, file=file, where=where, problems=problems) else None
+
+
+def hf_config_path(raw: str, *, scenario_file: str) -> Path:
+    """An `hf_config` path as written in a scenario: relative to the scenario file's folder (or absolute)."""
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else Path(scenario_file).parent / path
+
+
+def _model_shape_problems(cfg: ModelConfig, *, file: str, where: str, problems: list[Problem]) -> bool:
+    """Whether the harness can build `cfg`'s attention (heads divide d_model, kv heads divide heads, an even
+    head_dim for RoPE); a problem appended when not."""
+    if cfg.d_model % cfg.n_heads:
+        why = Problem(file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+    elif cfg.n_heads % cfg.kv_heads:
+        why = Problem(
+            file, f"{where}.n_kv_heads", f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"
+        )
+    elif cfg.head_dim % 2:
+        why = Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)")
+    else:
+        return True
+    problems.append(why)
+    return False
 
 
 def _check_axis_value(
@@ -601,6 +653,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         settings=settings,
         description=str(description),
         tune=tune,
+        model_sources=_model_sources(doc.get("models"), models, file=file),
     )
     if tune is not None and tune.global_batch is not None:
         # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile
