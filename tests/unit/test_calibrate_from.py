@@ -177,6 +177,15 @@ def test_logged_figures_replace_the_profiles_and_the_rest_stays_the_profiles(tmp
     s = rates.collective_s("all_reduce", link="inter", ranks=16, nbytes=8 * 2**30, dtype="bfloat16")
     assert s == pytest.approx(read_log(TWO_NODES).rows[-1].time_us * 1e-6)  # type: ignore[union-attr]
     assert rates.source.startswith(f"logs {tmp_path / 'h100.calibration.json'} (all_reduce_perf.2nodes.log); the rest:")
+    # whole nodes like the log's (2 x 8) only: 32 ranks on 4 nodes at its busbw; one rank per node is another figure
+    # (the latency part scales with the ring's n - 1 steps, the rest with the bus factor: harness.plan.calibration)
+    rows = read_log(TWO_NODES).rows  # type: ignore[union-attr]
+    lat, t16 = rows[0].time_us * 1e-6, rows[-1].time_us * 1e-6
+    s32 = rates.collective_s("all_reduce", link="inter", ranks=32, nbytes=8 * 2**30, dtype="float32")
+    assert s32 == pytest.approx(lat * 31 / 15 + (t16 - lat) * (2 * 31 / 32) / (2 * 15 / 16))
+    for ranks in (2, 8, 12):
+        with pytest.raises(Exception, match="the h100 profile has no inter_node.busbw_gbps"):
+            rates.collective_s("all_reduce", link="inter", ranks=ranks, nbytes=2**30, dtype="float32")
 
 
 def test_a_log_calibration_applies_on_any_host_but_only_to_its_cluster(tmp_path, monkeypatch, capsys):

@@ -50,6 +50,7 @@ def read_log(path: Path) -> NcclLog | MatmulLog:
 def calibration_from_logs(paths: list[Path], *, cluster: str, device: str) -> Calibration:
     """The calibration file of `cluster` (its profile's `device`) from the logs at `paths`; InputError with every
     file's problem (or two files measuring the same figure) and nothing built."""
+    paths = [Path(p).resolve() for p in paths]  # NOTE: the file records where each figure came from, wherever read
     logs: list[NcclLog | MatmulLog] = []
     problems: list[Problem] = []
     for path in paths:
@@ -86,7 +87,7 @@ def calibration_from_logs(paths: list[Path], *, cluster: str, device: str) -> Ca
         "compute": {"matmul": list(matmul.values())} if matmul else {},
         "comm": list(comm.values()),
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "from_logs": [str(Path(p).resolve()) for p in paths],
+        "from_logs": [str(p) for p in paths],
     }
     return Calibration.model_validate(doc)
 
@@ -117,6 +118,7 @@ def comm_curves(log: NcclLog) -> list[dict]:
                 "latency_s": ordered[0].time_us * 1e-6,
                 "busbw_gbps": largest.busbw_gbps,
                 "busbw_at_sizes_gbps": [r.busbw_gbps for r in ordered],
+                "hosts": len(log.hosts),
                 "source": f"{log.path} lines {ordered[0].line}-{ordered[-1].line}"
                 f" ({log.ranks} ranks on {len(log.hosts)} host{'s' if len(log.hosts) > 1 else ''})",
             }

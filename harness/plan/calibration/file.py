@@ -227,6 +227,8 @@ class CommCurve(Typed):
     """bus bandwidth at each size (GB/s)"""
     source: Annotated[str | None, SOMETIMES] = None
     """the log it was read from and its table's lines (`harness calibrate --from`); absent when measured"""
+    hosts: Annotated[int | None, SOMETIMES] = None
+    """hosts the log's group spanned (`harness calibrate --from`); absent when measured"""
 
 
 SHARING_PROBES: tuple[str, ...] = ("gemm", "gemm_bfloat16", "elementwise", "optimizer")

@@ -512,7 +512,12 @@ class ProfileRates(Rates):
 class LoggedRates(ProfileRates):
     """The profile's figures, with those the user's logs measured in their place (a calibration built by
     `harness calibrate --from`: nccl-tests curves per collective, link and group size; matmul rates per dtype).
-    What no log measured is the profile's, as in ProfileRates."""
+    What no log measured is the profile's, as in ProfileRates.
+
+    An inter-node log measured whole nodes (e.g. 2 × 8 ranks, which NCCL runs hierarchically over NVLink and every
+    NIC): it prices only groups of whole nodes like it (a multiple of its ranks per host, at least its rank count),
+    never a group of one rank per node (a hybrid's replicate group), whose per-GPU figure is another one
+    (docs/time-model.md: profile figures)."""
 
     def __init__(self, cluster: ClusterProfile, found: Found) -> None:
         self._profile(cluster)
@@ -521,6 +526,7 @@ class LoggedRates(ProfileRates):
         self.device_name = cal.fingerprint.device_name
         self._matmul_tflops = {r.dtype: float(r.tflops) for r in cal.compute.matmul}
         self._logged = comm_curves(cal.comm)
+        self._per_host = {(e.link, e.ranks): e.ranks // (e.hosts or 1) for e in cal.comm}
         logs = ", ".join(Path(p).name for p in cal.from_logs or [])
         self.source = f"logs {found.path} ({logs}); the rest: {self.source}"
         figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
@@ -535,10 +541,18 @@ class LoggedRates(ProfileRates):
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:
             return 0.0
-        curves = self._logged_curves(collective, link=link, dtype=dtype)
+        curves = [c for c in self._logged_curves(collective, link=link, dtype=dtype) if self._prices(c, link, ranks)]
         if not curves:
             return super().collective_s(collective, link=link, ranks=ranks, nbytes=nbytes, dtype=dtype)
         return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
+
+    def _prices(self, curve: CollectiveCurve, link: str, ranks: int) -> bool:
+        """Whether a logged curve may price a group of `ranks` on `link`: any size inside a node; across nodes,
+        whole nodes like the log's (see the class)."""
+        if link != "inter":
+            return True
+        per_host = self._per_host.get((link, curve.ranks), 1)
+        return ranks % per_host == 0 and ranks >= curve.ranks
 
     def _logged_curves(self, collective: str, *, link: str, dtype: str) -> list[CollectiveCurve]:
         """The logs' curves of `collective` on `link`: in `dtype`, else float32's, else any dtype's (bus bandwidth
