@@ -41,6 +41,17 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def shape_problem(self) -> tuple[str, str] | None:
+        """(the key, why) when harness.worker.models cannot build these attention shapes (heads must divide
+        d_model, kv heads the heads, and head_dim be even for RoPE); None when it can."""
+        if self.d_model % self.n_heads:
+            return "n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
+        if self.n_heads % self.kv_heads:
+            return "n_kv_heads", f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}"
+        if self.head_dim % 2:
+            return "n_heads", f"head_dim {self.head_dim} must be even (RoPE)"
+        return None
+
     def to_dict(self) -> dict:
         """The dimensions as a record's `spec.model_config` (and the run_id's digest) holds them: a field added
         later (`OPTIONAL_FIELDS`) only where it differs from its default."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ValidationError
 
@@ -167,3 +167,52 @@ DIMENSIONS: dict[str, str] = {
 def load_hf_model(path: Path) -> ModelConfig:
     """`read_hf_config` then `model_config`: the model a scenario's `hf_config` names."""
     return model_config(read_hf_config(path), file=str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a scenario's `models:` entry
+
+
+HF_CONFIG_KEY = "hf_config"
+"""`models: {NAME: {hf_config: path/to/config.json}}`: the model's dimensions from a Hugging Face config file (a
+path relative to the scenario file)"""
+
+
+def hf_config_path(raw: str, *, scenario_file: str) -> Path:
+    """An `hf_config` path as written in a scenario: relative to the scenario file's folder (or absolute)."""
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else Path(scenario_file).parent / path
+
+
+def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: list[Problem]) -> ModelConfig | None:
+    """The model a scenario's `hf_config` entry names, or None with its problems appended (the entry's, naming the
+    scenario `file` and key path `where`; the config's, naming the config file)."""
+    others = sorted(str(k) for k in entry if k != HF_CONFIG_KEY)
+    raw = entry[HF_CONFIG_KEY]
+    if others:
+        problems.append(Problem(file, where, f"hf_config stands alone: {', '.join(others)} cannot be given with it"))
+        return None
+    if not isinstance(raw, str) or not raw:
+        problems.append(Problem(file, f"{where}.{HF_CONFIG_KEY}", f"{raw!r} is not a path to a config.json"))
+        return None
+    path = hf_config_path(raw, scenario_file=file)
+    try:
+        cfg = load_hf_model(path)
+    except InputError as e:
+        problems.extend(e.problems)
+        return None
+    bad = cfg.shape_problem()
+    if bad is not None:
+        key = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads"}.get(bad[0], bad[0])
+        problems.append(Problem(str(path), key, f"cannot build: {bad[1]}"))
+        return None
+    return cfg
+
+
+def model_sources(raw: Any, models: dict[str, ModelConfig], *, file: str) -> dict[str, str]:
+    """Where each (valid) scenario model's dimensions come from: `hf_config <path>`, or the scenario file itself."""
+    out = {}
+    for name in models:
+        path = raw[name].get(HF_CONFIG_KEY)
+        out[name] = f"hf_config {hf_config_path(path, scenario_file=file)}" if path else Path(file).name
+    return out

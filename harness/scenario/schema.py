@@ -23,7 +23,7 @@ from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
 from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
-from harness.scenario.hf_config import load_hf_model
+from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 
 # NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
@@ -483,9 +483,9 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
             problems.append(Problem(file, where, "must be a mapping like {d_model: 4096, n_layers: 32, ...}"))
             continue
         if HF_CONFIG_KEY in dims:
-            cfg_or_none = _hf_model(dims, file=file, where=where, problems=problems)
-            if cfg_or_none is not None:
-                models[name] = cfg_or_none
+            from_file = hf_model_entry(dims, file=file, where=where, problems=problems)
+            if from_file is not None:
+                models[name] = from_file
             continue
         ok = True
         for k in dims:
@@ -504,65 +504,12 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
                 ok = False
         if ok:
             cfg = ModelConfig(**dims)
-            if _model_shape_problems(cfg, file=file, where=where, problems=problems):
+            bad = cfg.shape_problem()
+            if bad is None:
                 models[name] = cfg
+            else:
+                problems.append(Problem(file, f"{where}.{bad[0]}", bad[1]))
     return models
-
-
-def _model_sources(raw: Any, models: dict[str, ModelConfig], *, file: str) -> dict[str, str]:
-    """Where each (valid) scenario model's dimensions come from: its config.json, or the scenario file itself."""
-    out = {}
-    for name in models:
-        entry = raw[name]
-        path = entry.get(HF_CONFIG_KEY)
-        out[name] = f"hf_config {hf_config_path(path, scenario_file=file)}" if path else Path(file).name
-    return out
-
-
-HF_CONFIG_KEY = "hf_config"
-"""`models: {NAME: {hf_config: path/to/config.json}}`: the model's dimensions from a Hugging Face config file (a
-path relative to the scenario file; harness.scenario.hf_config)"""
-
-
-def _hf_model(dims: dict[str, Any], *, file: str, where: str, problems: list[Problem]) -> ModelConfig | None:
-    """The model an `hf_config` entry names (the config's own problems appended, naming that file), or None."""
-    others = sorted(str(k) for k in dims if k != HF_CONFIG_KEY)
-    raw = dims[HF_CONFIG_KEY]
-    if others:
-        problems.append(Problem(file, where, f"hf_config stands alone: {', '.join(others)} cannot be given with it"))
-        return None
-    if not isinstance(raw, str) or not raw:
-        problems.append(Problem(file, f"{where}.{HF_CONFIG_KEY}", f"{raw!r} is not a path to a config.json"))
-        return None
-    try:
-        cfg = load_hf_model(hf_config_path(raw, scenario_file=file))
-    except InputError as e:
-        problems.extend(e.problems)
-        return None
-    return cfg if _model_shape_problems(cfg, file=file, where=where, problems=problems) else None
-
-
-def hf_config_path(raw: str, *, scenario_file: str) -> Path:
-    """An `hf_config` path as written in a scenario: relative to the scenario file's folder (or absolute)."""
-    path = Path(raw).expanduser()
-    return path if path.is_absolute() else Path(scenario_file).parent / path
-
-
-def _model_shape_problems(cfg: ModelConfig, *, file: str, where: str, problems: list[Problem]) -> bool:
-    """Whether the harness can build `cfg`'s attention (heads divide d_model, kv heads divide heads, an even
-    head_dim for RoPE); a problem appended when not."""
-    if cfg.d_model % cfg.n_heads:
-        why = Problem(file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
-    elif cfg.n_heads % cfg.kv_heads:
-        why = Problem(
-            file, f"{where}.n_kv_heads", f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"
-        )
-    elif cfg.head_dim % 2:
-        why = Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)")
-    else:
-        return True
-    problems.append(why)
-    return False
 
 
 def _check_axis_value(
@@ -653,7 +600,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         settings=settings,
         description=str(description),
         tune=tune,
-        model_sources=_model_sources(doc.get("models"), models, file=file),
+        model_sources=model_sources(doc.get("models"), models, file=file),
     )
     if tune is not None and tune.global_batch is not None:
         # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile

@@ -99,7 +99,11 @@ def test_architectures_it_cannot_build_are_refused_with_the_field_and_the_reason
         ({"hidden_size": "4096"}, "hidden_size", "'4096'"),
         ({"num_hidden_layers": None}, "num_hidden_layers", "missing (required)"),
         ({"num_key_value_heads": 0}, "num_key_value_heads", "0 is not a positive integer"),
-        ({"num_key_value_heads": 5}, "n_kv_heads", "n_heads 32 is not divisible by n_kv_heads 5"),
+        (
+            {"num_key_value_heads": 5},
+            "num_key_value_heads: cannot build",
+            "n_heads 32 is not divisible by n_kv_heads 5",
+        ),
     ],
 )
 def test_a_field_it_cannot_build_names_the_file_and_the_key(tmp_path, change, field, message):
