@@ -1,4 +1,6 @@
-"""`harness calibrate [--cluster NAME] [--quick]`: measure the rates the step-time model uses on this machine.
+"""`harness calibrate [--cluster NAME] [--quick]`: measure the rates the step-time model uses on this machine;
+`harness calibrate --cluster NAME --from FILE…`: build them from nccl-tests and matmul-benchmark logs instead
+(harness.calibrate.logs, docs/bring-your-cluster.md).
 
 The command only (its options and what it prints): the measurements and their processes are harness.calibrate's,
 the file's format harness.plan.calibration.file's (docs/time-model.md).
@@ -10,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from harness.plan.calibration import describe_fingerprint, read_calibration
-from harness.scenario.cluster import load_cluster
+from harness.plan.calibration import describe_fingerprint, read_calibration, write_calibration, write_path
+from harness.scenario.cluster import Cluster, load_cluster
 
 
 @click.command("calibrate")
@@ -29,15 +31,27 @@ from harness.scenario.cluster import load_cluster
     default=None,
     help="write here instead of next to the profile (or the user dir when that is read-only)",
 )
-def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
+@click.option(
+    "--from",
+    "from_logs",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="build the calibration from these logs instead of measuring: nccl-tests output (all_reduce_perf, "
+    "all_gather_perf, reduce_scatter_perf, broadcast_perf; one node or several) and mamf-finder output; "
+    "repeat for each file. The profile's figures price what no log measured",
+)
+def calibrate_command(cluster_name: str, quick: bool, out: Path | None, from_logs: tuple[Path, ...]) -> int:
     """Measure GEMM throughput per dtype and shape, elementwise bandwidth, attention, optimizer and per-op costs,
     each strategy family's framework overhead, and collective latency and bus bandwidth at 1, 2 and 4 ranks; write
     the cluster's calibration file with this machine's fingerprint. On a SLURM profile the parts run as jobs on
-    one node and on two (the inter-node curves). `harness plan` then predicts step times."""
+    one node and on two (the inter-node curves). With --from, read the cluster team's logs instead (nothing
+    runs). `harness plan` then predicts step times."""
+    cluster = load_cluster(cluster_name)
+    if from_logs:
+        return _from_logs(cluster, list(from_logs), out=out)
     from harness.calibrate.run import CalibrationFailed, calibrate
     from harness.launch.slurm.jobs import SlurmUnavailable
 
-    cluster = load_cluster(cluster_name)
     try:
         path = calibrate(cluster, quick=quick, out=out)
     except SlurmUnavailable as e:
@@ -50,4 +64,24 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None) -> int:
         f"wrote {path} ({written.duration_s or 0:.0f} s) for cluster {cluster.name} on "
         f"{describe_fingerprint(written.fingerprint)}"
     )
+    return 0
+
+
+def _from_logs(cluster: Cluster, paths: list[Path], *, out: Path | None) -> int:
+    """`--from`: the calibration built from the logs, written (only when every log reads) where `harness plan`
+    finds it; one line per figure and the file it came from."""
+    from harness.calibrate.logs import calibration_from_logs
+
+    calibration = calibration_from_logs(paths, cluster=cluster.name, device=cluster.device)
+    path = write_calibration(out or write_path(cluster), calibration)
+    click.echo(
+        f"wrote {path} for cluster {cluster.name} from {len(paths)} log(s); the profile's figures price the rest"
+    )
+    for c in calibration.comm:
+        click.echo(
+            f"  {c.collective:14s} {c.dtype:8s} {c.link:5s} {c.ranks:4d} ranks  busbw {c.busbw_gbps:g} GB/s at "
+            f"{c.sizes[-1]:,} B, latency {c.latency_s * 1e6:g} us  <- {c.source}"
+        )
+    for r in calibration.compute.matmul:
+        click.echo(f"  matmul         {r.dtype:8s} {r.tflops:g} TFLOPS at {r.m}x{r.n}x{r.k}  <- {r.source}")
     return 0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from harness.core.errors import InputError, Problem, one_of
-from harness.core.zoo import ZOO, ModelConfig
+from harness.core.zoo import ZOO, ZOO_SOURCES, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
 from harness.scenario.schema import STRATEGIES, load_scenario
 
@@ -237,21 +237,23 @@ def list_(what: str, scenario: str | None, cluster_name: str) -> int:
 
 
 def _list_models(scenario: str | None) -> None:
-    """One line per zoo model, then per model SCENARIO defines (marked with its file): the exact parameter count
-    with thousands separators, a rounded figure (K/M/B = 1e3/1e6/1e9), and the dimensions."""
-    rows: list[tuple[str, ModelConfig, str]] = [(name, cfg, "") for name, cfg in ZOO.items()]
+    """One line per zoo model, then per model SCENARIO defines: the exact parameter count with thousands
+    separators, a rounded figure (K/M/B = 1e3/1e6/1e9), the dimensions, and where they come from (the zoo entry's
+    source, the scenario file, or the Hugging Face config.json it names)."""
+    rows: list[tuple[str, ModelConfig, str]] = [(name, cfg, f"zoo: {ZOO_SOURCES[name]}") for name, cfg in ZOO.items()]
     if scenario:
         sc = load_scenario(scenario)
-        rows += [(name, cfg, f"  (from {Path(scenario).name})") for name, cfg in sc.models.items()]
+        rows += [(name, cfg, sc.model_sources.get(name, Path(scenario).name)) for name, cfg in sc.models.items()]
     name_w = max(len(name) for name, _, _ in rows)
     count_w = max(len(f"{cfg.n_params():,}") for _, cfg, _ in rows)
     for name, cfg, origin in rows:
         n = cfg.n_params()
         rounded = f"({_rounded_count(n)})"
+        bias = " qkv_bias" if cfg.qkv_bias else ""
         click.echo(
-            f"{name:{name_w}s} {n:>{count_w},} params {rounded:9s}  d_model {cfg.d_model:5d}  layers "
+            f"{name:{name_w}s} {n:>{count_w},} params {rounded:10s}  d_model {cfg.d_model:5d}  layers "
             f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  kv_heads {cfg.kv_heads:3d}  ffn {cfg.ffn:6d}  "
-            f"vocab {cfg.vocab}{origin}"
+            f"vocab {cfg.vocab:6d}{bias}  source: {origin}"
         )
 
 

@@ -1,4 +1,5 @@
-"""The model zoo as pure data: Llama-style decoder dimensions, parameter counts, FLOPs per token.
+"""The model zoo as pure data: Llama-style decoder dimensions, parameter counts, FLOPs per token, and where each
+named shape comes from (`ZOO_SOURCES`).
 
 No torch import here: scenario expansion and `harness plan` use this module and must stay fast. The
 torch modules that realise these shapes live in `harness.worker.models`.
@@ -28,6 +29,9 @@ class ModelConfig:
     """vocabulary size (tokens)"""
     n_kv_heads: int | None = None
     """key/value heads for grouped-query attention; None = n_heads (multi-head attention)"""
+    qkv_bias: bool = False
+    """biases on the q, k and v projections (Qwen2's attention; n_heads·head_dim + 2·kv_heads·head_dim parameters
+    per block); False (Llama, Mistral) is left out of `to_dict`, so every earlier cell keeps its run_id"""
 
     @property
     def kv_heads(self) -> int:
@@ -37,8 +41,25 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def shape_problem(self) -> tuple[str, str] | None:
+        """(the key, why) when harness.worker.models cannot build these attention shapes (heads must divide
+        d_model, kv heads the heads, and head_dim be even for RoPE); None when it can."""
+        if self.d_model % self.n_heads:
+            return "n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
+        if self.n_heads % self.kv_heads:
+            return "n_kv_heads", f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}"
+        if self.head_dim % 2:
+            return "n_heads", f"head_dim {self.head_dim} must be even (RoPE)"
+        return None
+
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in _CONFIG_FIELDS}
+        """The dimensions as a record's `spec.model_config` (and the run_id's digest) holds them: a field added
+        later (`OPTIONAL_FIELDS`) only where it differs from its default."""
+        return {
+            name: getattr(self, name)
+            for name in _CONFIG_FIELDS
+            if name not in OPTIONAL_FIELDS or getattr(self, name) != OPTIONAL_FIELDS[name]
+        }
 
     # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
 
@@ -47,7 +68,11 @@ class ModelConfig:
         d, hd = self.d_model, self.head_dim
         attn = d * d + 2 * d * (self.kv_heads * hd) + d * d
         mlp = 3 * d * self.ffn
-        return attn + mlp + 2 * d
+        return attn + self.bias_params() + mlp + 2 * d
+
+    def bias_params(self) -> int:
+        """Parameters of one block's q, k and v biases (0 without `qkv_bias`)."""
+        return (self.n_heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
 
     def embedding_params(self) -> int:
         return self.vocab * self.d_model
@@ -76,6 +101,8 @@ class ModelConfig:
 
 
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False}
+"""fields added after the first records, with the default `to_dict` leaves out"""
 
 
 @dataclass(frozen=True)
@@ -107,9 +134,9 @@ def _parameters(cfg: ModelConfig) -> tuple[Param, ...]:
         u = f"blocks.{i}"
         ps += [
             Param(f"{u}.attn_norm.weight", (d,), u),
-            Param(f"{u}.attn.wq.weight", (cfg.n_heads * hd, d), u),
-            Param(f"{u}.attn.wk.weight", (cfg.kv_heads * hd, d), u),
-            Param(f"{u}.attn.wv.weight", (cfg.kv_heads * hd, d), u),
+            *_projection(f"{u}.attn.wq", (cfg.n_heads * hd, d), unit=u, bias=cfg.qkv_bias),
+            *_projection(f"{u}.attn.wk", (cfg.kv_heads * hd, d), unit=u, bias=cfg.qkv_bias),
+            *_projection(f"{u}.attn.wv", (cfg.kv_heads * hd, d), unit=u, bias=cfg.qkv_bias),
             Param(f"{u}.attn.wo.weight", (d, cfg.n_heads * hd), u),
             Param(f"{u}.mlp_norm.weight", (d,), u),
             Param(f"{u}.mlp.w1.weight", (cfg.ffn, d), u),
@@ -118,6 +145,11 @@ def _parameters(cfg: ModelConfig) -> tuple[Param, ...]:
         ]
     ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
     return tuple(ps)
+
+
+def _projection(name: str, shape: tuple[int, int], *, unit: str, bias: bool) -> list[Param]:
+    """A projection's weight (out, in) and, with `bias`, its bias (out,): nn.Linear's registration order."""
+    return [Param(f"{name}.weight", shape, unit)] + ([Param(f"{name}.bias", shape[:1], unit)] if bias else [])
 
 
 ZOO: dict[str, ModelConfig] = {
@@ -132,8 +164,38 @@ ZOO: dict[str, ModelConfig] = {
     "13b": ModelConfig(d_model=5120, n_layers=40, n_heads=40, ffn=13824, vocab=32000),
     "30b": ModelConfig(d_model=6656, n_layers=60, n_heads=52, ffn=17920, vocab=32000),
     "70b": ModelConfig(d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=32000, n_kv_heads=8),
+    # current open models, each from its config.json (ZOO_SOURCES); tests/unit/test_hf_config.py reads the same
+    # fields from copies of those files and checks n_params() against the published count
+    "llama3.1-8b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=128256, n_kv_heads=8),
+    "llama3.1-70b": ModelConfig(d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=128256, n_kv_heads=8),
+    "llama3.1-405b": ModelConfig(d_model=16384, n_layers=126, n_heads=128, ffn=53248, vocab=128256, n_kv_heads=8),
+    "mistral-7b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=32768, n_kv_heads=8),
+    "qwen2.5-7b": ModelConfig(
+        d_model=3584, n_layers=28, n_heads=28, ffn=18944, vocab=152064, n_kv_heads=4, qkv_bias=True
+    ),
+    "qwen2.5-72b": ModelConfig(
+        d_model=8192, n_layers=80, n_heads=64, ffn=29568, vocab=152064, n_kv_heads=8, qkv_bias=True
+    ),
 }
 """Named sizes. 7b/13b/70b are Llama-2's shapes; the names are nominal, `n_params()` is exact."""
 
+ZOO_SOURCES: dict[str, str] = {
+    **{name: "harness ladder (GPT-3 / Llama-like widths, Llama tokenizer)" for name in ZOO},
+    "tiny": "harness (CPU-sized)",
+    "7b": "Llama 2 7B (meta-llama/Llama-2-7b-hf config.json)",
+    "13b": "Llama 2 13B (meta-llama/Llama-2-13b-hf config.json)",
+    "30b": "LLaMA 33B's shape (Touvron et al. 2023, table 2: d_model 6656, 60 layers, 52 heads)",
+    "70b": "Llama 2 70B (meta-llama/Llama-2-70b-hf config.json)",
+    "llama3.1-8b": "meta-llama/Llama-3.1-8B config.json; published 8.03B (model card)",
+    "llama3.1-70b": "meta-llama/Llama-3.1-70B config.json; published 70.6B (model card)",
+    "llama3.1-405b": "meta-llama/Llama-3.1-405B config.json; published 406B (model card)",
+    "mistral-7b": "mistralai/Mistral-7B-v0.3 config.json; published 7.25B (model card)",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B config.json; published 7.61B (model card)",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B config.json; published 72.7B (model card)",
+}
+"""Where each zoo shape comes from: the config.json it was read from and the count its model card publishes"""
+
 MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 REQUIRED_MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn", "vocab"}
+BOOL_MODEL_KEYS = {"qkv_bias"}
+"""the model keys that take true/false (every other is a positive integer)"""

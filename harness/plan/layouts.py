@@ -84,7 +84,7 @@ def local_shape(p: Param, *, tp: int) -> tuple[int, ...]:
     """Rank 0's tensor-parallel shard of a parameter (torch.chunk: rank 0 holds ceil(size / tp))."""
     if tp == 1:
         return p.shape
-    name = p.name.rsplit(".weight", 1)[0]
+    name = p.name.removesuffix(".weight").removesuffix(".bias")  # NOTE: a column-wise projection's bias is split too
     if name == "tok_emb" or name == "head" or any(name.endswith(c) for c in COLUMNWISE):
         return (-(-p.shape[0] // tp), *p.shape[1:])
     if any(name.endswith(r) for r in ROWWISE):

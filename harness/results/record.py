@@ -52,6 +52,8 @@ class ModelDims(Typed):
     """vocabulary size (tokens)"""
     n_kv_heads: int | None = None
     """key/value heads (grouped-query attention); null = n_heads"""
+    qkv_bias: Annotated[bool, SOMETIMES] = False
+    """biases on the q, k and v projections (Qwen2); absent = false"""
 
 
 class Spec(Typed):

@@ -22,7 +22,8 @@ import yaml
 from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
-from harness.core.zoo import MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 
 # NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
@@ -346,6 +347,9 @@ class Scenario:
     tune: TuneSpec | None = None
     """the `tune:` section (harness.scenario.tune): `harness tune`'s objective and search; with its
     `global_batch`, every cell's grad_accum is derived"""
+    model_sources: dict[str, str] = field(default_factory=dict)
+    """scenario-defined model name → where its dimensions come from (`hf_config <path>` or the scenario file),
+    for `harness list models`"""
 
     def model_config(self, name: str) -> ModelConfig:
         return self.models.get(name) or ZOO[name]
@@ -496,38 +500,33 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
         if not isinstance(dims, dict):
             problems.append(Problem(file, where, "must be a mapping like {d_model: 4096, n_layers: 32, ...}"))
             continue
+        if HF_CONFIG_KEY in dims:
+            from_file = hf_model_entry(dims, file=file, where=where, problems=problems)
+            if from_file is not None:
+                models[name] = from_file
+            continue
         ok = True
         for k in dims:
             if k not in MODEL_KEYS:
-                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS)))
+                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS | {HF_CONFIG_KEY})))
                 ok = False
         for k in sorted(REQUIRED_MODEL_KEYS - set(dims)):
             problems.append(Problem(file, f"{where}.{k}", "missing (required)"))
             ok = False
         for k, v in dims.items():
-            if k in MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
+            if k in BOOL_MODEL_KEYS and not isinstance(v, bool):
+                problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not true or false"))
+                ok = False
+            elif k in MODEL_KEYS - BOOL_MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
                 problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not a positive integer"))
                 ok = False
         if ok:
             cfg = ModelConfig(**dims)
-            if cfg.d_model % cfg.n_heads:
-                problems.append(
-                    Problem(
-                        file, f"{where}.n_heads", f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}"
-                    )
-                )
-            elif cfg.n_heads % cfg.kv_heads:
-                problems.append(
-                    Problem(
-                        file,
-                        f"{where}.n_kv_heads",
-                        f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}",
-                    )
-                )
-            elif cfg.head_dim % 2:
-                problems.append(Problem(file, f"{where}.n_heads", f"head_dim {cfg.head_dim} must be even (RoPE)"))
-            else:
+            bad = cfg.shape_problem()
+            if bad is None:
                 models[name] = cfg
+            else:
+                problems.append(Problem(file, f"{where}.{bad[0]}", bad[1]))
     return models
 
 
@@ -619,6 +618,7 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         settings=settings,
         description=str(description),
         tune=tune,
+        model_sources=model_sources(doc.get("models"), models, file=file),
     )
     if tune is not None and tune.global_batch is not None:
         # NOTE: gpus_per_node does not change the data-parallel degree, so 1 stands for every profile

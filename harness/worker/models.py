@@ -1,4 +1,5 @@
-"""Llama-style decoder in torch: RMSNorm, SwiGLU, causal SDPA attention with RoPE, untied output head.
+"""Llama-style decoder in torch: RMSNorm, SwiGLU, causal SDPA attention with RoPE (q, k, v biases for Qwen2's
+shape), untied output head.
 
 Initialisation is keyed: every weight-bearing leaf module owns an `init_key` and draws its values from a
 generator seeded with (seed, init_key), so the weights are the same however the model is built (eagerly,
@@ -36,14 +37,18 @@ def keyed_normal_(t: torch.Tensor, *, seed: int, key: int, std: float) -> None:
 
 
 class KeyedLinear(nn.Linear):
-    """nn.Linear without bias whose reset_parameters draws from its own (seed, key) stream."""
+    """nn.Linear (without bias unless asked: Qwen2's q, k, v) whose reset_parameters draws its weight from its own
+    (seed, key) stream; a bias starts at zero."""
 
-    def __init__(self, d_in: int, d_out: int, *, key: int, seed: int, std: float = INIT_STD):
+    def __init__(self, d_in: int, d_out: int, *, key: int, seed: int, std: float = INIT_STD, bias: bool = False):
         self.init_key, self.init_seed, self.init_std = key, seed, std
-        super().__init__(d_in, d_out, bias=False)
+        super().__init__(d_in, d_out, bias=bias)
 
     def reset_parameters(self) -> None:
         keyed_normal_(self.weight, seed=self.init_seed, key=self.init_key, std=self.init_std)
+        if self.bias is not None and not self.bias.is_meta:
+            with torch.no_grad():
+                self.bias.zero_()
 
 
 class KeyedEmbedding(nn.Embedding):
@@ -107,9 +112,9 @@ class Attention(nn.Module):
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
         base = 16 * (layer + 1)
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        self.wq = KeyedLinear(d, cfg.n_heads * hd, key=base + 0, seed=seed)
-        self.wk = KeyedLinear(d, cfg.kv_heads * hd, key=base + 1, seed=seed)
-        self.wv = KeyedLinear(d, cfg.kv_heads * hd, key=base + 2, seed=seed)
+        self.wq = KeyedLinear(d, cfg.n_heads * hd, key=base + 0, seed=seed, bias=cfg.qkv_bias)
+        self.wk = KeyedLinear(d, cfg.kv_heads * hd, key=base + 1, seed=seed, bias=cfg.qkv_bias)
+        self.wv = KeyedLinear(d, cfg.kv_heads * hd, key=base + 2, seed=seed, bias=cfg.qkv_bias)
         self.wo = KeyedLinear(cfg.n_heads * hd, d, key=base + 3, seed=seed, std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

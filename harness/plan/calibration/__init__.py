@@ -7,7 +7,8 @@ the planner reads it here. Pure and torch-free, so `harness plan` reads a calibr
   its one reader and writer;
 - `find`: where a cluster's file lives, this host's fingerprint, and the refusal of another machine's file;
 - `rates`: the `Rates` interface of harness.plan.time, `CalibratedRates` (a file's), `ProfileRates` (the profile's
-  figures), `rates_for(cluster)`;
+  figures), `LoggedRates` (the profile's figures with those of a file built from the user's logs by `harness
+  calibrate --from`), `rates_for(cluster)`;
 - `bus`: nccl-tests' bus-bandwidth factors, which the measurements, the file and the rates share;
 - `example`: a synthetic file with round-number rates, for tests and benches.
 
@@ -24,6 +25,7 @@ from harness.plan.calibration.file import (
     Calibration,
     CollectivesPart,
     Fingerprint,
+    MatmulRate,
     parse_calibration,
     read_calibration,
     read_collectives_part,
@@ -48,6 +50,7 @@ from harness.plan.calibration.find import (
 from harness.plan.calibration.rates import (
     CalibratedRates,
     CollectiveCurve,
+    LoggedRates,
     ProfileRates,
     Rates,
     RatesSource,
@@ -71,6 +74,8 @@ __all__ = [
     "CollectivesPart",
     "Fingerprint",
     "Found",
+    "LoggedRates",
+    "MatmulRate",
     "ProfileRates",
     "Rates",
     "RatesSource",

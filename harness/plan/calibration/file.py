@@ -3,8 +3,10 @@ and its one reader and writer.
 
 `harness calibrate` (harness.calibrate) writes it: the device process writes a `Calibration` without the merge's
 fields (`created_at`, `duration_s`, `quick`), each group of ranks a `CollectivesPart`, and the orchestration merges
-them into the file (`Calibration.merged`). The planner reads it back (harness.plan.calibration.find → the rates);
-`harness calibrate`'s summary line too. Nothing else parses the JSON.
+them into the file (`Calibration.merged`). `harness calibrate --from LOG…` (harness.calibrate.logs) writes one
+from nccl-tests and matmul-benchmark logs instead: `from_logs` names them, each curve's and rate's `source` its
+file and lines, and it holds only what they measured. The planner reads it back (harness.plan.calibration.find →
+the rates); `harness calibrate`'s summary line too. Nothing else parses the JSON.
 
 Models on harness.core.typed.Typed: frozen, strict (an int stays an int: a message size of 1024 is written back as
 1024), unknown fields kept. A field that a file written by an earlier harness (or a part) may lack is marked
@@ -165,6 +167,23 @@ class FrameworkCost(Typed):
     """the time model's step time of each, without framework overhead (s)"""
 
 
+class MatmulRate(Typed):
+    """An achievable matmul rate a matmul benchmark's log reports (`harness calibrate --from`): the best shape's."""
+
+    dtype: str
+    """bfloat16 | float16 | float32 | … (torch's names)"""
+    tflops: Num
+    """the rate (1e12 FLOP/s)"""
+    m: int
+    """rows of the output at the best shape"""
+    n: int
+    """columns of the output"""
+    k: int
+    """the inner dimension"""
+    source: str
+    """the log it was read from, and the line"""
+
+
 class Compute(Typed):
     """What one process measured on one device. A part a file lacks makes what needs it unknown (a null reason)."""
 
@@ -180,6 +199,8 @@ class Compute(Typed):
     """AdamW's cost"""
     framework: Annotated[dict[str, FrameworkCost], SOMETIMES] = {}
     """framework overhead per `<strategy>/<precision>` (FRAMEWORK_STRATEGIES × fp32, bf16, and fp16 on CUDA)"""
+    matmul: Annotated[list[MatmulRate], SOMETIMES] = []
+    """achievable matmul rates per dtype from a matmul benchmark's log (a calibration built `--from` logs)"""
 
 
 class CommCurve(Typed):
@@ -204,6 +225,10 @@ class CommCurve(Typed):
     """bus bandwidth between the two largest sizes (GB/s)"""
     busbw_at_sizes_gbps: Annotated[list[Num] | None, SOMETIMES] = None
     """bus bandwidth at each size (GB/s)"""
+    source: Annotated[str | None, SOMETIMES] = None
+    """the log it was read from and its table's lines (`harness calibrate --from`); absent when measured"""
+    hosts: Annotated[int | None, SOMETIMES] = None
+    """hosts the log's group spanned (`harness calibrate --from`); absent when measured"""
 
 
 SHARING_PROBES: tuple[str, ...] = ("gemm", "gemm_bfloat16", "elementwise", "optimizer")
@@ -293,6 +318,9 @@ class Calibration(Typed):
     """seconds the whole calibration took (0.1 s)"""
     quick: Annotated[bool | None, SOMETIMES] = None
     """measured with `--quick` (the smaller grid)"""
+    from_logs: Annotated[list[str] | None, SOMETIMES] = None
+    """the log files it was built from (`harness calibrate --from`): it holds only what they measured, and the
+    profile's figures price the rest (harness.plan.calibration.rates.LoggedRates); absent when measured"""
 
     def merged(self, parts: list[CollectivesPart], *, created_at: str, duration_s: float, quick: bool) -> Calibration:
         """This device part with every group's curves and sharing appended, dated: the file."""

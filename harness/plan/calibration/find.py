@@ -138,6 +138,8 @@ def mismatch_reason(calibration: Calibration, cluster: ClusterProfile) -> str | 
     """Why a calibration does not describe this cluster (and, for a local profile, this host), or None."""
     if calibration.cluster != cluster.name:
         return f"it calibrates cluster {calibration.cluster!r}, not {cluster.name!r}"
+    if calibration.from_logs:
+        return None  # NOTE: the logs describe the cluster's nodes, not the host that read them
     fp = calibration.fingerprint
     measured_with = fp.cpu_allocator  # NOTE: a file from before the key was measured with glibc's defaults
     if cluster.device == "cpu" and measured_with != cluster.cpu_allocator:

@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.core.catalogue import CATALOGUE
@@ -403,18 +404,24 @@ class CalibratedRates(Rates):
         curves = self._comm.get((link, collective, dtype)) or self._comm.get((link, collective, "float32"))
         if not curves:
             raise Unknown(f"no {collective} measured on the {link} link in {self.path.name}")
-        exact = [c for c in curves if c.ranks == ranks]
-        if exact:
-            return exact[0].seconds(collective, nbytes)
-        # another group size: the nearest measured one below (else above); busbw carries over (nccl-tests' point
-        # of busbw), the latency part scales with the ring's n - 1 steps
-        below = [c for c in curves if c.ranks <= ranks] or curves
-        c = max(below, key=lambda c: c.ranks) if below is not curves else min(curves, key=lambda c: c.ranks)
-        if c.ranks <= 1 or ranks <= 1:
-            raise Unknown(f"no {collective} measured on the {link} link for {ranks} ranks in {self.path.name}")
-        steps = (ranks - 1) / (c.ranks - 1)
-        factor_ratio = (bus_factor(collective, ranks) or 1.0) / (bus_factor(collective, c.ranks) or 1.0)
-        return c.latency_s * steps + (c.seconds(collective, nbytes) - c.latency_s) * factor_ratio
+        return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
+
+
+def curves_s(curves: list[CollectiveCurve], collective: str, *, ranks: int, nbytes: float, where: str) -> float:
+    """One call's seconds from a collective's measured curves: the curve of `ranks` ranks, or the nearest group
+    size's; Unknown (naming `where`) when only one-rank curves exist."""
+    exact = [c for c in curves if c.ranks == ranks]
+    if exact:
+        return exact[0].seconds(collective, nbytes)
+    # another group size: the nearest measured one below (else above); busbw carries over (nccl-tests' point
+    # of busbw), the latency part scales with the ring's n - 1 steps
+    below = [c for c in curves if c.ranks <= ranks] or curves
+    c = max(below, key=lambda c: c.ranks) if below is not curves else min(curves, key=lambda c: c.ranks)
+    if c.ranks <= 1 or ranks <= 1:
+        raise Unknown(f"no {collective} measured on {where} for {ranks} ranks")
+    steps = (ranks - 1) / (c.ranks - 1)
+    factor_ratio = (bus_factor(collective, ranks) or 1.0) / (bus_factor(collective, c.ranks) or 1.0)
+    return c.latency_s * steps + (c.seconds(collective, nbytes) - c.latency_s) * factor_ratio
 
 
 @functools.cache
@@ -444,6 +451,11 @@ class ProfileRates(Rates):
     host runs ahead of the device, so those are taken as hidden (zero) — stated in docs/time-model.md."""
 
     def __init__(self, cluster: ClusterProfile) -> None:
+        self._profile(cluster)
+        self._seal([self.source, self.name, self.device, dataclasses.asdict(self.perf)])
+
+    def _profile(self, cluster: ClusterProfile) -> None:
+        """The profile's figures and their sources (before sealing)."""
         perf = cluster.performance
         self.name = cluster.name  # the profile's, in a null reason's advice
         self.perf = perf
@@ -451,7 +463,6 @@ class ProfileRates(Rates):
         self.host_cores = None
         srcs = "; ".join(f"{k}: {v}" for k, v in perf.sources.items()) or "none given"
         self.source = f"uncalibrated: profile figures ({srcs})"
-        self._seal([self.source, self.name, self.device, dataclasses.asdict(perf)])
 
     def _need(self, value: float | None, what: str) -> float:
         if value is None:
@@ -498,6 +509,60 @@ class ProfileRates(Rates):
         return lat * 1e-6 + nbytes * bus_factor(collective, ranks) / (bw * 1e9)
 
 
+class LoggedRates(ProfileRates):
+    """The profile's figures, with those the user's logs measured in their place (a calibration built by
+    `harness calibrate --from`: nccl-tests curves per collective, link and group size; matmul rates per dtype).
+    What no log measured is the profile's, as in ProfileRates.
+
+    An inter-node log measured whole nodes (e.g. 2 × 8 ranks, which NCCL runs hierarchically over NVLink and every
+    NIC): it prices only groups of whole nodes like it (a multiple of its ranks per host, at least its rank count),
+    never a group of one rank per node (a hybrid's replicate group), whose per-GPU figure is another one
+    (docs/time-model.md: profile figures)."""
+
+    def __init__(self, cluster: ClusterProfile, found: Found) -> None:
+        self._profile(cluster)
+        cal = found.calibration
+        self.path = found.path
+        self.device_name = cal.fingerprint.device_name
+        self._matmul_tflops = {r.dtype: float(r.tflops) for r in cal.compute.matmul}
+        self._logged = comm_curves(cal.comm)
+        self._per_host = {(e.link, e.ranks): e.ranks // (e.hosts or 1) for e in cal.comm}
+        logs = ", ".join(Path(p).name for p in cal.from_logs or [])
+        self.source = f"logs {found.path} ({logs}); the rest: {self.source}"
+        figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
+        self._seal([self.source, self.name, self.device, dataclasses.asdict(self.perf), str(found.path), figures])
+
+    def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+        tflops = self._matmul_tflops.get(dtype)
+        if tflops is None:
+            return super().gemm_s(dtype, m, n, k, layout)
+        return 2.0 * m * n * k / (tflops * 1e12)
+
+    def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
+        if ranks <= 1:
+            return 0.0
+        curves = [c for c in self._logged_curves(collective, link=link, dtype=dtype) if self._prices(c, link, ranks)]
+        if not curves:
+            return super().collective_s(collective, link=link, ranks=ranks, nbytes=nbytes, dtype=dtype)
+        return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
+
+    def _prices(self, curve: CollectiveCurve, link: str, ranks: int) -> bool:
+        """Whether a logged curve may price a group of `ranks` on `link`: any size inside a node; across nodes,
+        whole nodes like the log's (see the class)."""
+        if link != "inter":
+            return True
+        per_host = self._per_host.get((link, curve.ranks), 1)
+        return ranks % per_host == 0 and ranks >= curve.ranks
+
+    def _logged_curves(self, collective: str, *, link: str, dtype: str) -> list[CollectiveCurve]:
+        """The logs' curves of `collective` on `link`: in `dtype`, else float32's, else any dtype's (bus bandwidth
+        is bytes per second whatever the elements)."""
+        for key in ((link, collective, dtype), (link, collective, "float32")):
+            if key in self._logged:
+                return self._logged[key]
+        return next((v for (lk, c, _), v in self._logged.items() if lk == link and c == collective), [])
+
+
 def rates_for(cluster: ClusterProfile, *, force: bool = False) -> Rates:
     """The calibrated rates of `cluster` when it has a calibration file, else its profile figures. Raises
     CalibrationMismatch for another machine's file unless `force`. Cached per file version (its path, modification
@@ -517,6 +582,8 @@ def _rates_of(source: RatesSource, stamps: tuple[tuple[str, int | None, int | No
     """`rates_for` of one profile and one version of its candidate files (`stamps`: what makes a cached answer
     stale)."""
     found = find_calibration(source, force=force)
+    if found is not None and found.calibration.from_logs:
+        return LoggedRates(source, found)
     return CalibratedRates(found) if found is not None else ProfileRates(source)
 
 
