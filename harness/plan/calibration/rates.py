@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.catalogue import CATALOGUE
+from harness.plan.calibration import gpu_model
 from harness.plan.calibration.bus import bus_factor
 from harness.plan.calibration.file import (
     AttentionPoint,
@@ -50,6 +51,7 @@ class RatesSource:
     device: str
     cpu_allocator: str
     performance: Performance
+    gpus_per_node: int = 1
 
     @classmethod
     def of(cls, cluster: ClusterProfile) -> RatesSource:
@@ -60,6 +62,7 @@ class RatesSource:
             device=cluster.device,
             cpu_allocator=cluster.cpu_allocator,
             performance=cluster.performance,
+            gpus_per_node=getattr(cluster, "gpus_per_node", 1),
         )
 
 
@@ -396,6 +399,9 @@ class CalibratedRates(Rates):
         return f.fixed_s + f.per_block_s * blocks + f.per_element_s * elements
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
+        # NOTE: a calibration measures groups across nodes one rank per node; a group of several ranks per node
+        # ("mixed") is priced on those curves
+        link = "inter" if link == "mixed" else link
         return _calibrated_collective_s(self, collective, link, ranks, nbytes, dtype)
 
     def interpolated_collective_s(self, collective: str, link: str, ranks: int, nbytes: float, dtype: str) -> float:
@@ -439,9 +445,10 @@ PROFILE_DTYPE_KEY = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 class ProfileRates(Rates):
-    """Rates from the profile's `performance:` block: one matmul rate per precision, one memory bandwidth, one
-    latency and bus bandwidth per link. No per-op overhead or framework figure exists for a profile; on a GPU the
-    host runs ahead of the device, so those are taken as hidden (zero) — stated in docs/time-model.md."""
+    """Rates from the profile's `performance:` block: one matmul rate per precision, one memory bandwidth, the
+    links' NCCL figures, and (with `efficiency:`) the kernel-efficiency curves of harness.plan.calibration.gpu_model.
+    No per-op overhead or framework figure exists for a profile; on a GPU the host runs ahead of the device, so those
+    are taken as hidden (zero) — stated in docs/time-model.md."""
 
     def __init__(self, cluster: ClusterProfile) -> None:
         perf = cluster.performance
@@ -449,9 +456,11 @@ class ProfileRates(Rates):
         self.perf = perf
         self.device = cluster.device
         self.host_cores = None
+        self.gpus_per_node = int(getattr(cluster, "gpus_per_node", 1) or 1)
+        self.efficiency = dict(perf.efficiency)
         srcs = "; ".join(f"{k}: {v}" for k, v in perf.sources.items()) or "none given"
         self.source = f"uncalibrated: profile figures ({srcs})"
-        self._seal([self.source, self.name, self.device, dataclasses.asdict(perf)])
+        self._seal([self.source, self.name, self.device, self.gpus_per_node, dataclasses.asdict(perf)])
 
     def _need(self, value: float | None, what: str) -> float:
         if value is None:
@@ -460,12 +469,29 @@ class ProfileRates(Rates):
             )
         return value
 
-    def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+    def _tflops(self, dtype: str) -> float:
         key = PROFILE_DTYPE_KEY.get(dtype, dtype)
-        tflops = self._need(self.perf.matmul_tflops.get(key), f"achievable {key} matmul rate")
-        return 2.0 * m * n * k / (tflops * 1e12)
+        return self._need(self.perf.matmul_tflops.get(key), f"achievable {key} matmul rate")
+
+    def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+        tflops = self._tflops(dtype)
+        if not self.efficiency:
+            return 2.0 * m * n * k / (tflops * 1e12)
+        bw = self._need(self.perf.memory_gbps, "achievable memory bandwidth (memory_gbps)")
+        size = 4 if dtype == "float32" else 2
+        return gpu_model.gemm_seconds(m, n, k, tflops=tflops, memory_gbps=bw, element_bytes=size)
 
     def attention_s(self, dtype: str, *, batch: int, heads: int, seq: int, head_dim: int, phase: str) -> float:
+        if self.efficiency:
+            return gpu_model.attention_seconds(
+                batch=batch,
+                heads=heads,
+                seq=seq,
+                head_dim=head_dim,
+                phase=phase,
+                tflops=self._tflops(dtype),
+                efficiency=self.efficiency,
+            )
         # flash attention at the matmul rate: the causal half of the score and value matmuls (forward 2·b·h·s²·hd),
         # backward 2.5 times the forward (FlashAttention-2's count: five matmuls against two)
         fwd = self.gemm_s(dtype, seq, seq, head_dim, "nt") * batch * heads
@@ -488,9 +514,28 @@ class ProfileRates(Rates):
         self.dispatch_s()  # unknown on a CPU profile; on GPUs the host's framework work runs ahead of the device
         return 0.0
 
+    def _link(self, link: str) -> tuple[float, float, float]:
+        """(base latency us, hop latency us, bus bandwidth GB/s) of the intra- or inter-node figures."""
+        fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
+        name = "intra_node" if link == "intra" else "inter_node"
+        bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
+        lat = self._need(fig.latency_us, f"{name}.latency_us")
+        hop = self._need(fig.hop_latency_us, f"{name}.hop_latency_us")
+        return lat, hop, bw
+
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:
             return 0.0
+        if self.perf.collectives == "nccl-ring":
+            intra = self._link("intra")
+            if link == "intra":
+                return gpu_model.nccl_ring_seconds(
+                    collective, ranks=ranks, nbytes=nbytes, ranks_per_node=ranks, intra=intra, inter=None
+                )
+            per_node = min(self.gpus_per_node, ranks) if link == "mixed" else 1
+            return gpu_model.nccl_ring_seconds(
+                collective, ranks=ranks, nbytes=nbytes, ranks_per_node=per_node, intra=intra, inter=self._link("inter")
+            )
         fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
         name = "intra_node" if link == "intra" else "inter_node"
         bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
