@@ -458,6 +458,12 @@ class ProfileRates(Rates):
         self.host_cores = None
         self.gpus_per_node = int(getattr(cluster, "gpus_per_node", 1) or 1)
         self.efficiency = dict(perf.efficiency)
+        self._links: dict[str, tuple[float, float, float] | str] = {}
+        for link in ("intra", "inter"):
+            try:
+                self._links[link] = self._link_figures(link)
+            except Unknown as e:
+                self._links[link] = str(e)
         srcs = "; ".join(f"{k}: {v}" for k, v in perf.sources.items()) or "none given"
         self.source = f"uncalibrated: profile figures ({srcs})"
         self._seal([self.source, self.name, self.device, self.gpus_per_node, dataclasses.asdict(perf)])
@@ -515,6 +521,13 @@ class ProfileRates(Rates):
         return 0.0
 
     def _link(self, link: str) -> tuple[float, float, float]:
+        """`_link_figures`, read once (planning prices ~10^5 collectives)."""
+        fig = self._links[link]
+        if isinstance(fig, str):
+            raise Unknown(fig)
+        return fig
+
+    def _link_figures(self, link: str) -> tuple[float, float, float]:
         """(base latency us, hop latency us, bus bandwidth GB/s) of the intra- or inter-node figures."""
         fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
         name = "intra_node" if link == "intra" else "inter_node"
@@ -529,18 +542,29 @@ class ProfileRates(Rates):
         if self.perf.collectives == "nccl-ring":
             intra = self._link("intra")
             if link == "intra":
-                return gpu_model.nccl_ring_seconds(
-                    collective, ranks=ranks, nbytes=nbytes, ranks_per_node=ranks, intra=intra, inter=None
-                )
+                return _ring_s(collective, ranks, nbytes, ranks, intra, None)
             per_node = min(self.gpus_per_node, ranks) if link == "mixed" else 1
-            return gpu_model.nccl_ring_seconds(
-                collective, ranks=ranks, nbytes=nbytes, ranks_per_node=per_node, intra=intra, inter=self._link("inter")
-            )
+            return _ring_s(collective, ranks, nbytes, per_node, intra, self._link("inter"))
         fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
         name = "intra_node" if link == "intra" else "inter_node"
         bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
         lat = self._need(fig.latency_us, f"{name}.latency_us")
         return lat * 1e-6 + nbytes * bus_factor(collective, ranks) / (bw * 1e9)
+
+
+@functools.cache
+def _ring_s(
+    collective: str,
+    ranks: int,
+    nbytes: float,
+    per_node: int,
+    intra: tuple[float, float, float],
+    inter: tuple[float, float, float] | None,
+) -> float:
+    """`gpu_model.nccl_ring_seconds`, cached (ledgers of many cells repeat their calls)."""
+    return gpu_model.nccl_ring_seconds(
+        collective, ranks=ranks, nbytes=nbytes, ranks_per_node=per_node, intra=intra, inter=inter
+    )
 
 
 def rates_for(cluster: ClusterProfile, *, force: bool = False) -> Rates:
@@ -567,5 +591,5 @@ def _rates_of(source: RatesSource, stamps: tuple[tuple[str, int | None, int | No
 
 def clear_caches() -> None:
     """Forget the rates read from files and every rate computed from them (tests compare cold and warm)."""
-    for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s):
+    for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s, _ring_s):
         f.cache_clear()
