@@ -14,7 +14,16 @@ from typing import Any
 
 from harness.core.errors import Problem, one_of, unknown
 
-PERFORMANCE_KEYS = ("matmul_tflops", "memory_gbps", "intra_node", "inter_node", "collectives", "efficiency", "sources")
+PERFORMANCE_KEYS = (
+    "matmul_tflops",
+    "memory_gbps",
+    "intra_node",
+    "inter_node",
+    "collectives",
+    "efficiency",
+    "price_per_gpu_hour",
+    "sources",
+)
 MATMUL_KEYS = ("fp32", "tf32", "bf16", "fp16")
 LINK_KEYS = ("busbw_gbps", "latency_us", "hop_latency_us")
 COLLECTIVE_MODELS = ("flat", "nccl-ring")
@@ -54,6 +63,8 @@ class Performance:
     """how a collective is priced from the link figures (`COLLECTIVE_MODELS`)"""
     efficiency: tuple[tuple[str, float], ...] = ()
     """kernel-efficiency parameters (`EFFICIENCY_KEYS` → value), sorted; empty: flat matmul rate"""
+    price_per_gpu_hour: float | None = None
+    """what one GPU-hour costs (the site's currency; `harness plan --tokens`), None = unknown"""
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     """figure name → where it comes from"""
 
@@ -91,9 +102,9 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         if k not in PERFORMANCE_KEYS:
             problems.append(unknown(file, f"performance.{k}", k, PERFORMANCE_KEYS))
     matmul = _figures(doc, "matmul_tflops", MATMUL_KEYS, "a mapping of precision → TFLOPS", file, problems)
-    if not _number_or_null(doc.get("memory_gbps")):
-        bad = doc.get("memory_gbps")
-        problems.append(Problem(file, "performance.memory_gbps", f"{bad!r} is not a positive number or null"))
+    for key in ("memory_gbps", "price_per_gpu_hour"):
+        if not _number_or_null(doc.get(key)):
+            problems.append(Problem(file, f"performance.{key}", f"{doc.get(key)!r} is not a positive number or null"))
     links = {}
     for name in ("intra_node", "inter_node"):
         raw = _figures(doc, name, LINK_KEYS, "a mapping (busbw_gbps, latency_us, hop_latency_us)", file, problems)
@@ -116,6 +127,7 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         intra_node=links["intra_node"],
         inter_node=links["inter_node"],
         collectives=str(collectives),
+        price_per_gpu_hour=None if doc.get("price_per_gpu_hour") is None else float(doc["price_per_gpu_hour"]),
         efficiency=tuple(sorted((k, float(v)) for k, v in efficiency.items() if v is not None)),
         sources={str(k): v for k, v in sources.items()},
     )
