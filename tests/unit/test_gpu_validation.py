@@ -57,6 +57,9 @@ def test_nccl_ring_latency_and_hierarchical_bandwidth():
     # one rank per node (a hybrid's replicate group): its own NIC
     t = gpu_model.nccl_ring_seconds("all_reduce", ranks=4, nbytes=1e9, ranks_per_node=1, intra=intra, inter=inter)
     assert t == pytest.approx((6.6 + 6 * 2.7) * 1e-6 + 1e9 * 1.5 / 24e9)
+    # a small all_reduce over 128 nodes of 8 takes NCCL's tree: 6.8 + 2(7 · 0.6 + 7 · 5.0) us, not the ring's 2046 steps
+    t = gpu_model.nccl_ring_seconds("all_reduce", ranks=1024, nbytes=8, ranks_per_node=8, intra=intra, inter=inter)
+    assert t == pytest.approx((6.8 + 2 * (7 * 0.6 + 7 * 5.0)) * 1e-6 + 8 / (0.46 * 192e9))
 
 
 def test_gemm_roofline_and_attention_curve():

@@ -18,7 +18,9 @@ link figures); these functions turn them into the seconds of one kernel or one c
   reduce_scatter), and the bytes × nccl-tests' bus factor at the bus bandwidth. A group spanning nodes runs its
   inter-node steps at the network's hop latency, and its bandwidth is the slower of NVLink and its ranks' NICs
   (`ranks_per_node` × the per-GPU NIC figure: NCCL's rings cross each node through every NIC at once); a group of
-  one rank per node (a hybrid's replicate group) has one NIC per rank.
+  one rank per node (a hybrid's replicate group) has one NIC per rank. An all_reduce across nodes takes the cheaper
+  of the ring and NCCL's tree (latency 6.8 + 2((ranks per node − 1)·0.6 + log2(nodes)·5.0) us, bandwidth
+  0.92 · busbw / 2).
 
 Pure arithmetic, no torch.
 """
@@ -60,6 +62,13 @@ def attention_seconds(
     return flops / (attention_rate_tflops(tflops, seq=seq, head_dim=head_dim, efficiency=efficiency) * 1e12)
 
 
+TREE_LATENCY_US = (6.8, 0.6, 5.0)
+"""NCCL's tree all_reduce under LL (NVIDIA/nccl 2.30.7 src/graph/tuning.cc, ncclTunerConstantsDefaults): base
+latency, NVLink hop, network hop (us)"""
+TREE_BANDWIDTH = 0.92 * 0.5
+"""tree all_reduce: busBw × 0.92 (tuning.cc's refinement), algorithm bandwidth half of it (its ratio .5)"""
+
+
 def ring_steps(collective: str, ranks: int) -> int:
     """Ring steps of one call (NCCL tuning.cc's nsteps): all_reduce 2(n−1), all_gather/reduce_scatter n−1, else 1."""
     if collective == "all_reduce":
@@ -92,4 +101,10 @@ def nccl_ring_seconds(
         base, net_hop, nic = inter
         lat = base + (steps - inter_steps) * hop + inter_steps * net_hop
         bw = min(bw, ranks_per_node * nic) if ranks_per_node > 1 else nic
+        if collective == "all_reduce" and nodes > 1:
+            # NCCL picks the cheaper of ring and tree: the tree's latency grows with log2(nodes), not with the ranks
+            t_base, t_hop, t_net = TREE_LATENCY_US
+            tree_lat = t_base + 2 * ((ranks_per_node - 1) * t_hop + int(math.log2(nodes)) * t_net)
+            ring = lat * 1e-6 + nbytes * bus_factor(collective, ranks) / (bw * 1e9)
+            return min(ring, tree_lat * 1e-6 + nbytes / (TREE_BANDWIDTH * bw * 1e9))
     return lat * 1e-6 + nbytes * bus_factor(collective, ranks) / (bw * 1e9)
