@@ -458,6 +458,8 @@ class ProfileRates(Rates):
         self.host_cores = None
         self.gpus_per_node = int(getattr(cluster, "gpus_per_node", 1) or 1)
         self.efficiency = dict(perf.efficiency)
+        self._collectives: dict[tuple[str, str, int, float], float] = {}
+        """collective_s's answers (a plan asks ~10^5 times, mostly the same calls)"""
         self._links: dict[str, tuple[float, float, float] | str] = {}
         for link in ("intra", "inter"):
             try:
@@ -540,11 +542,17 @@ class ProfileRates(Rates):
         if ranks <= 1:
             return 0.0
         if self.perf.collectives == "nccl-ring":
-            intra = self._link("intra")
-            if link == "intra":
-                return _ring_s(collective, ranks, nbytes, ranks, intra, None)
-            per_node = min(self.gpus_per_node, ranks) if link == "mixed" else 1
-            return _ring_s(collective, ranks, nbytes, per_node, intra, self._link("inter"))
+            key = (collective, link, ranks, nbytes)
+            t = self._collectives.get(key)
+            if t is None:
+                intra = self._link("intra")
+                if link == "intra":
+                    t = _ring_s(collective, ranks, nbytes, ranks, intra, None)
+                else:
+                    per_node = min(self.gpus_per_node, ranks) if link == "mixed" else 1
+                    t = _ring_s(collective, ranks, nbytes, per_node, intra, self._link("inter"))
+                self._collectives[key] = t
+            return t
         fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
         name = "intra_node" if link == "intra" else "inter_node"
         bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
