@@ -80,3 +80,30 @@ def test_gemm_roofline_and_attention_curve():
         batch=1, heads=1, seq=2048, head_dim=128, phase="backward", tflops=271.2, efficiency=eff
     )
     assert fwd == pytest.approx(2 * 2048**2 * 128 / (rate * 1e12)) and bwd == pytest.approx(2.5 * fwd)
+
+
+@pytest.mark.parametrize("profile", ["a100", "a100-40gb", "h100", "h200"])
+def test_every_runnable_cell_is_priced_on_every_gpu_profile(profile, tmp_path, capsys):
+    """A corner of validation/plan-grid.yaml (the smallest and the largest model, every strategy and precision, one
+    node and 128 nodes): a step time, tokens/s and MFU for every cell that can run, the rest null with why."""
+    import json
+
+    from harness.cli import main
+
+    scenario = tmp_path / "corner.yaml"
+    scenario.write_text(
+        "name: corner\nmatrix:\n  model: [125m, 70b]\n  strategy: [ddp, fsdp.full_shard, fsdp.shard_grad_op, "
+        "fsdp.no_shard, fsdp.hybrid_shard, fsdp.hybrid_shard_zero2, fsdp2.full_shard, fsdp2.hybrid_shard, zero1, "
+        "zero2, zero3]\n  precision: [fp32, bf16, fp16]\n  gpus: [8, 1024]\nsettings:\n  seq_len: 2048\n"
+        "  micro_batch: 1\n  activation_checkpointing: full\n"
+    )
+    assert main(["plan", str(scenario), "--cluster", profile, "--format", "json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert len(cells) == 132
+    runnable = [c for c in cells if not c["unsupported"]]
+    assert len(runnable) == 132 - 2 * 3 * 3  # the three hybrids on one node, per model and precision
+    for c in runnable:
+        assert c["step_time_s"] > 0 and c["tokens_per_s_per_gpu"] > 0 and 0 < c["mfu"] < 1, c["spec"]
+    for c in cells:
+        if c["unsupported"]:
+            assert c["step_time_s"] is None and "shards inside a node" in c["time_null_reasons"]["step_time_s"]
