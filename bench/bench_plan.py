@@ -15,7 +15,7 @@ The matrix: 9 zoo models × 11 strategies × {fp32, bf16} × gpus {1, 2, 4, …,
 
 By default the cluster gets a synthetic calibration (harness.plan.calibration.example_calibration, in a temp
 HARNESS_CALIBRATION_DIR) so that every cell's step time is priced in full, overlap simulation included;
-`--profile-figures` plans with the profile's own figures instead (most GPU step times are then null early).
+`--profile-figures` plans with the profile's own sourced figures instead (every runnable cell priced: issue 30).
 Prints figures and the load average; asserts nothing.
 
     .venv/bin/python bench/bench_plan.py [--cluster h100] [--cells 10000] [--repeat 3] [--json] [--profile-figures]

@@ -1,6 +1,7 @@
-"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--project GPUS [--figure PNG]]`: the planner's
-predictions for every cell, or with `--project`, every cell's step time projected at other GPU counts (and drawn
-with `--figure`, by harness.report.projection).
+"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--tokens N] [--project GPUS [--figure PNG]]`: the
+planner's predictions for every cell (with `--tokens`, the days, GPU-hours and cost of training N tokens on each),
+or with `--project`, every cell's step time projected at other GPU counts (and drawn with `--figure`, by
+harness.report.projection).
 
 The command only; the predictions are harness.plan.predict's and harness.plan.projection's. No torch import on this
 path.
@@ -18,6 +19,7 @@ import click
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import format_table, plan_cells
+from harness.plan.training import format_costs, parse_tokens, training_cost
 from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -53,6 +55,14 @@ _FREEZE_AT_EXIT: list = []
     default=None,
     help="with --project: also draw the projected scaling (tokens/s per GPU against GPU count, per model) to PNG",
 )
+@click.option(
+    "--tokens",
+    "tokens_text",
+    default=None,
+    metavar="N",
+    help="also give, per cell, the days and GPU-hours to train N tokens (1T, 300B, 2.5e12) at its predicted "
+    "throughput, and the cost where the profile has performance.price_per_gpu_hour",
+)
 def plan_command(
     scenario: str,
     cluster_name: str,
@@ -60,6 +70,7 @@ def plan_command(
     force_calibration: bool,
     project_gpus: str | None,
     figure_path: Path | None,
+    tokens_text: str | None,
 ) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
     FLOPs, communication and step time per step, for every cell of SCENARIO. Launches nothing."""
@@ -73,6 +84,9 @@ def plan_command(
         _FREEZE_AT_EXIT.append(atexit.register(gc.freeze))
     try:
         gpus = pj.parse_gpus(project_gpus) if project_gpus is not None else None  # bad input: before any work
+        tokens = parse_tokens(tokens_text) if tokens_text is not None else None
+        if tokens is not None and gpus is not None:
+            raise click.UsageError("--tokens prices the plan's cells: use it without --project")
         if figure_path is not None:
             if gpus is None:
                 raise click.UsageError("--figure draws a projection: add --project GPUS")
@@ -91,10 +105,21 @@ def plan_command(
                 _draw(doc, figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
+        price = cluster.performance.price_per_gpu_hour
+        costs = (
+            [training_cost(c, tokens=tokens, price_per_gpu_hour=price, profile=cluster.name) for c in cells]
+            if tokens is not None
+            else None
+        )
         if fmt == "json":
-            click.echo(json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False))
+            docs = [c.to_dict() for c in cells]
+            for d, t in zip(docs, costs or []):
+                d["training"] = t.to_dict()
+            click.echo(json.dumps(docs, indent=2, allow_nan=False))
         else:
             click.echo(format_table(cells, cluster))
+            if costs is not None and tokens is not None:
+                click.echo(format_costs(cells, costs, tokens=tokens))
     finally:
         if collecting:
             gc.enable()

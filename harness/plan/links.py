@@ -48,10 +48,11 @@ def link_of(kind: str, cluster: Cluster | ClusterView) -> str:
 
 
 def link_on(kind: str, *, executor: str) -> str:
-    """The link a group kind runs on: "self" (one rank), "intra" (one host or node), "inter" (across nodes: a
-    group spanning nodes is bound by its slowest link). A local profile's simulated nodes share one host."""
+    """The link a group kind runs on: "self" (one rank), "intra" (one host or node), "inter" (one rank per node,
+    across nodes) or "mixed" (several ranks on each of several nodes: NCCL's rings cross every node through all its
+    NICs at once; a calibration prices it as "inter"). A local profile's simulated nodes share one host."""
     if kind == "self":
         return "self"
     if executor == "local" or kind == "intra":
         return "intra"
-    return "inter"
+    return "mixed" if kind == "mixed" else "inter"

@@ -12,11 +12,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.errors import Problem, unknown
+from harness.core.errors import Problem, one_of, unknown
 
-PERFORMANCE_KEYS = ("matmul_tflops", "memory_gbps", "intra_node", "inter_node", "sources")
+PERFORMANCE_KEYS = (
+    "matmul_tflops",
+    "memory_gbps",
+    "intra_node",
+    "inter_node",
+    "collectives",
+    "efficiency",
+    "price_per_gpu_hour",
+    "sources",
+)
 MATMUL_KEYS = ("fp32", "tf32", "bf16", "fp16")
-LINK_KEYS = ("busbw_gbps", "latency_us")
+LINK_KEYS = ("busbw_gbps", "latency_us", "hop_latency_us")
+COLLECTIVE_MODELS = ("flat", "nccl-ring")
+"""`performance.collectives`: flat (latency_us + bytes at busbw, whatever the group) or nccl-ring (NCCL's ring cost
+model: a base latency plus one hop latency per ring step, and a group spanning nodes at the slower of NVLink and its
+ranks' NICs; docs/time-model.md: profile figures)"""
+EFFICIENCY_KEYS = ("attention", "attention_seq_half", "attention_head_dim_half")
+"""`performance.efficiency`: the kernel-efficiency curves (harness.plan.calibration.kernels); absent: every matmul
+and attention at the flat matmul rate"""
 
 
 @dataclass(frozen=True)
@@ -26,7 +42,9 @@ class LinkFigures:
     busbw_gbps: float | None = None
     """bus bandwidth (GB/s, 1e9 B/s; nccl-tests convention), None = unknown"""
     latency_us: float | None = None
-    """time of a tiny collective (us), None = unknown"""
+    """time of a tiny collective (us), None = unknown; under `collectives: nccl-ring` the base latency of a call"""
+    hop_latency_us: float | None = None
+    """under `collectives: nccl-ring`: the latency each ring step adds (us)"""
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,12 @@ class Performance:
     """collectives among the GPUs of one node"""
     inter_node: LinkFigures = LinkFigures()
     """collectives across nodes (per GPU)"""
+    collectives: str = "flat"
+    """how a collective is priced from the link figures (`COLLECTIVE_MODELS`)"""
+    efficiency: tuple[tuple[str, float], ...] = ()
+    """kernel-efficiency parameters (`EFFICIENCY_KEYS` → value), sorted; empty: flat matmul rate"""
+    price_per_gpu_hour: float | None = None
+    """what one GPU-hour costs (the site's currency; `harness plan --tokens`), None = unknown"""
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     """figure name → where it comes from"""
 
@@ -78,13 +102,19 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         if k not in PERFORMANCE_KEYS:
             problems.append(unknown(file, f"performance.{k}", k, PERFORMANCE_KEYS))
     matmul = _figures(doc, "matmul_tflops", MATMUL_KEYS, "a mapping of precision → TFLOPS", file, problems)
-    if not _number_or_null(doc.get("memory_gbps")):
-        bad = doc.get("memory_gbps")
-        problems.append(Problem(file, "performance.memory_gbps", f"{bad!r} is not a positive number or null"))
+    for key in ("memory_gbps", "price_per_gpu_hour"):
+        if not _number_or_null(doc.get(key)):
+            problems.append(Problem(file, f"performance.{key}", f"{doc.get(key)!r} is not a positive number or null"))
     links = {}
     for name in ("intra_node", "inter_node"):
-        raw = _figures(doc, name, LINK_KEYS, "a mapping (busbw_gbps, latency_us)", file, problems)
-        links[name] = LinkFigures(busbw_gbps=raw.get("busbw_gbps"), latency_us=raw.get("latency_us"))
+        raw = _figures(doc, name, LINK_KEYS, "a mapping (busbw_gbps, latency_us, hop_latency_us)", file, problems)
+        links[name] = LinkFigures(
+            busbw_gbps=raw.get("busbw_gbps"), latency_us=raw.get("latency_us"), hop_latency_us=raw.get("hop_latency_us")
+        )
+    collectives = doc.get("collectives", "flat")
+    if collectives not in COLLECTIVE_MODELS:
+        problems.append(Problem(file, "performance.collectives", one_of(collectives, COLLECTIVE_MODELS)))
+    efficiency = _figures(doc, "efficiency", EFFICIENCY_KEYS, "a mapping of efficiency parameters", file, problems)
     sources = doc.get("sources") or {}
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         problems.append(Problem(file, "performance.sources", "must map figure names to source strings"))
@@ -96,5 +126,8 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         memory_gbps=None if doc.get("memory_gbps") is None else float(doc["memory_gbps"]),
         intra_node=links["intra_node"],
         inter_node=links["inter_node"],
+        collectives=str(collectives),
+        price_per_gpu_hour=None if doc.get("price_per_gpu_hour") is None else float(doc["price_per_gpu_hour"]),
+        efficiency=tuple(sorted((k, float(v)) for k, v in efficiency.items() if v is not None)),
         sources={str(k): v for k, v in sources.items()},
     )

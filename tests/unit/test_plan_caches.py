@@ -199,6 +199,10 @@ def profile_changes(cluster: Any) -> list[tuple[str, Any]]:
         ("intra-node latency", with_perf(intra_node=dataclasses.replace(perf.intra_node, latency_us=99.0))),
         ("inter-node figures", with_perf(inter_node=LinkFigures(busbw_gbps=3.0, latency_us=30.0))),
         ("sources", with_perf(sources={**perf.sources, "memory_gbps": "a new source"})),
+        ("hop latency", with_perf(intra_node=dataclasses.replace(perf.intra_node, hop_latency_us=0.9))),
+        ("collective model", with_perf(collectives="nccl-ring" if perf.collectives == "flat" else "flat")),
+        ("kernel efficiency", with_perf(efficiency=(("attention", 0.3),))),
+        ("price", with_perf(price_per_gpu_hour=2.5)),
     ]
 
 

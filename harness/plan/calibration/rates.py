@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.catalogue import CATALOGUE
+from harness.plan.calibration import gpu_model
 from harness.plan.calibration.bus import bus_factor
 from harness.plan.calibration.file import (
     AttentionPoint,
@@ -51,6 +52,7 @@ class RatesSource:
     device: str
     cpu_allocator: str
     performance: Performance
+    gpus_per_node: int = 1
 
     @classmethod
     def of(cls, cluster: ClusterProfile) -> RatesSource:
@@ -61,6 +63,7 @@ class RatesSource:
             device=cluster.device,
             cpu_allocator=cluster.cpu_allocator,
             performance=cluster.performance,
+            gpus_per_node=getattr(cluster, "gpus_per_node", 1),
         )
 
 
@@ -397,6 +400,9 @@ class CalibratedRates(Rates):
         return f.fixed_s + f.per_block_s * blocks + f.per_element_s * elements
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
+        # NOTE: a calibration measures groups across nodes one rank per node; a group of several ranks per node
+        # ("mixed") is priced on those curves
+        link = "inter" if link == "mixed" else link
         return _calibrated_collective_s(self, collective, link, ranks, nbytes, dtype)
 
     def interpolated_collective_s(self, collective: str, link: str, ranks: int, nbytes: float, dtype: str) -> float:
@@ -446,13 +452,14 @@ PROFILE_DTYPE_KEY = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 class ProfileRates(Rates):
-    """Rates from the profile's `performance:` block: one matmul rate per precision, one memory bandwidth, one
-    latency and bus bandwidth per link. No per-op overhead or framework figure exists for a profile; on a GPU the
-    host runs ahead of the device, so those are taken as hidden (zero) — stated in docs/time-model.md."""
+    """Rates from the profile's `performance:` block: one matmul rate per precision, one memory bandwidth, the
+    links' NCCL figures, and (with `efficiency:`) the kernel-efficiency curves of harness.plan.calibration.gpu_model.
+    No per-op overhead or framework figure exists for a profile; on a GPU the host runs ahead of the device, so those
+    are taken as hidden (zero) — stated in docs/time-model.md."""
 
     def __init__(self, cluster: ClusterProfile) -> None:
         self._profile(cluster)
-        self._seal([self.source, self.name, self.device, dataclasses.asdict(self.perf)])
+        self._seal([self.source, self.name, self.device, self.gpus_per_node, dataclasses.asdict(self.perf)])
 
     def _profile(self, cluster: ClusterProfile) -> None:
         """The profile's figures and their sources (before sealing)."""
@@ -461,6 +468,16 @@ class ProfileRates(Rates):
         self.perf = perf
         self.device = cluster.device
         self.host_cores = None
+        self.gpus_per_node = int(getattr(cluster, "gpus_per_node", 1) or 1)
+        self.efficiency = dict(perf.efficiency)
+        self._collectives: dict[tuple[str, str, int, float], float] = {}
+        """collective_s's answers (a plan asks ~10^5 times, mostly the same calls)"""
+        self._links: dict[str, tuple[float, float, float] | str] = {}
+        for link in ("intra", "inter"):
+            try:
+                self._links[link] = self._link_figures(link)
+            except Unknown as e:
+                self._links[link] = str(e)
         srcs = "; ".join(f"{k}: {v}" for k, v in perf.sources.items()) or "none given"
         self.source = f"uncalibrated: profile figures ({srcs})"
 
@@ -471,12 +488,29 @@ class ProfileRates(Rates):
             )
         return value
 
-    def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+    def _tflops(self, dtype: str) -> float:
         key = PROFILE_DTYPE_KEY.get(dtype, dtype)
-        tflops = self._need(self.perf.matmul_tflops.get(key), f"achievable {key} matmul rate")
-        return 2.0 * m * n * k / (tflops * 1e12)
+        return self._need(self.perf.matmul_tflops.get(key), f"achievable {key} matmul rate")
+
+    def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
+        tflops = self._tflops(dtype)
+        if not self.efficiency:
+            return 2.0 * m * n * k / (tflops * 1e12)
+        bw = self._need(self.perf.memory_gbps, "achievable memory bandwidth (memory_gbps)")
+        size = 4 if dtype == "float32" else 2
+        return gpu_model.gemm_seconds(m, n, k, tflops=tflops, memory_gbps=bw, element_bytes=size)
 
     def attention_s(self, dtype: str, *, batch: int, heads: int, seq: int, head_dim: int, phase: str) -> float:
+        if self.efficiency:
+            return gpu_model.attention_seconds(
+                batch=batch,
+                heads=heads,
+                seq=seq,
+                head_dim=head_dim,
+                phase=phase,
+                tflops=self._tflops(dtype),
+                efficiency=self.efficiency,
+            )
         # flash attention at the matmul rate: the causal half of the score and value matmuls (forward 2·b·h·s²·hd),
         # backward 2.5 times the forward (FlashAttention-2's count: five matmuls against two)
         fwd = self.gemm_s(dtype, seq, seq, head_dim, "nt") * batch * heads
@@ -499,9 +533,37 @@ class ProfileRates(Rates):
         self.dispatch_s()  # unknown on a CPU profile; on GPUs the host's framework work runs ahead of the device
         return 0.0
 
+    def _link(self, link: str) -> tuple[float, float, float]:
+        """`_link_figures`, read once (planning prices ~10^5 collectives)."""
+        fig = self._links[link]
+        if isinstance(fig, str):
+            raise Unknown(fig)
+        return fig
+
+    def _link_figures(self, link: str) -> tuple[float, float, float]:
+        """(base latency us, hop latency us, bus bandwidth GB/s) of the intra- or inter-node figures."""
+        fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
+        name = "intra_node" if link == "intra" else "inter_node"
+        bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
+        lat = self._need(fig.latency_us, f"{name}.latency_us")
+        hop = self._need(fig.hop_latency_us, f"{name}.hop_latency_us")
+        return lat, hop, bw
+
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:
             return 0.0
+        if self.perf.collectives == "nccl-ring":
+            key = (collective, link, ranks, nbytes)
+            t = self._collectives.get(key)
+            if t is None:
+                intra = self._link("intra")
+                if link == "intra":
+                    t = _ring_s(collective, ranks, nbytes, ranks, intra, None)
+                else:
+                    per_node = min(self.gpus_per_node, ranks) if link == "mixed" else 1
+                    t = _ring_s(collective, ranks, nbytes, per_node, intra, self._link("inter"))
+                self._collectives[key] = t
+            return t
         fig = self.perf.intra_node if link == "intra" else self.perf.inter_node
         name = "intra_node" if link == "intra" else "inter_node"
         bw = self._need(fig.busbw_gbps, f"{name}.busbw_gbps")
@@ -530,7 +592,17 @@ class LoggedRates(ProfileRates):
         logs = ", ".join(Path(p).name for p in cal.from_logs or [])
         self.source = f"logs {found.path} ({logs}); the rest: {self.source}"
         figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
-        self._seal([self.source, self.name, self.device, dataclasses.asdict(self.perf), str(found.path), figures])
+        self._seal(
+            [
+                self.source,
+                self.name,
+                self.device,
+                self.gpus_per_node,
+                dataclasses.asdict(self.perf),
+                str(found.path),
+                figures,
+            ]
+        )
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
         tflops = self._matmul_tflops.get(dtype)
@@ -541,7 +613,12 @@ class LoggedRates(ProfileRates):
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:
             return 0.0
-        curves = [c for c in self._logged_curves(collective, link=link, dtype=dtype) if self._prices(c, link, ranks)]
+        # NOTE: a group of several ranks on each of several nodes ("mixed", harness.plan.links) is what an inter-node
+        # log measured; a group of one rank per node ("inter") it never prices (_prices)
+        logged = "inter" if link == "mixed" else link
+        curves = [
+            c for c in self._logged_curves(collective, link=logged, dtype=dtype) if self._prices(c, logged, ranks)
+        ]
         if not curves:
             return super().collective_s(collective, link=link, ranks=ranks, nbytes=nbytes, dtype=dtype)
         return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
@@ -561,6 +638,21 @@ class LoggedRates(ProfileRates):
             if key in self._logged:
                 return self._logged[key]
         return next((v for (lk, c, _), v in self._logged.items() if lk == link and c == collective), [])
+
+
+@functools.cache
+def _ring_s(
+    collective: str,
+    ranks: int,
+    nbytes: float,
+    per_node: int,
+    intra: tuple[float, float, float],
+    inter: tuple[float, float, float] | None,
+) -> float:
+    """`gpu_model.nccl_ring_seconds`, cached (ledgers of many cells repeat their calls)."""
+    return gpu_model.nccl_ring_seconds(
+        collective, ranks=ranks, nbytes=nbytes, ranks_per_node=per_node, intra=intra, inter=inter
+    )
 
 
 def rates_for(cluster: ClusterProfile, *, force: bool = False) -> Rates:
@@ -589,5 +681,5 @@ def _rates_of(source: RatesSource, stamps: tuple[tuple[str, int | None, int | No
 
 def clear_caches() -> None:
     """Forget the rates read from files and every rate computed from them (tests compare cold and warm)."""
-    for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s):
+    for f in (_rates_of, _calibrated_gemm_s, _calibrated_collective_s, _ring_s):
         f.cache_clear()
