@@ -373,6 +373,7 @@ def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device:
         rank=rank,
         world_size=spec.gpus,
         compiled=spec.settings.compile,
+        checkpointing=spec.settings.checkpointing,
     )
 
 

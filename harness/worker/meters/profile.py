@@ -307,6 +307,7 @@ def traced_step(
     rank: int,
     world_size: int,
     compiled: bool,
+    checkpointing: bool,
 ) -> Traced | None:
     """Run `step` once under the profiler, write this rank's trace, and gather every rank's breakdown: rank 0
     gets `Traced`, the others None. Every rank must call it (it ends with a gather)."""
@@ -321,7 +322,7 @@ def traced_step(
     raw = folder / f".rank{rank}.{os.getpid()}.json"
     dist.barrier()  # NOTE: every rank starts the traced step together, so no rank's step includes another's lateness
     synchronize(device)
-    with _marks(trainer, compiled=compiled) as recompute_reason:
+    with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
         with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
             with record_function(STEP_MARK):
                 t0 = time.perf_counter()
@@ -345,38 +346,21 @@ def traced_step(
 
 
 @contextmanager
-def _marks(trainer: Any, *, compiled: bool) -> Iterator[str | None]:
+def _marks(trainer: Any, *, compiled: bool, checkpointing: bool) -> Iterator[str | None]:
     """For the traced step only: annotate each checkpointed block's recomputation and DeepSpeed's engine.step.
     Yields why recomputation is not marked (None when it is, or when nothing is checkpointed)."""
     from torch.autograd.profiler import record_function
 
-    model = getattr(trainer, "model", None)
-    blocks = [m._checkpoint_wrapped_module for m in _modules(model) if type(m).__name__ == "CheckpointWrapper"]
+    blocks = [m._checkpoint_wrapped_module for m in _modules(trainer) if type(m).__name__ == "CheckpointWrapper"]
     reason = None
-    handles: list[Any] = []
-    if blocks and compiled:
-        # NOTE: a hook added to a compiled block would make dynamo recompile it inside the traced step
-        reason = "torch.compile: the traced step adds no hooks to compiled blocks; recompute is counted in compute"
+    if checkpointing and compiled:
+        # NOTE: wrapping a compiled block's forward would make dynamo recompile it inside the traced step
+        reason = "torch.compile: the traced step leaves compiled blocks as they are; recompute is counted in compute"
         blocks = []
-    elif model is None:
-        reason = "the trainer exposes no model to mark recomputation in"
-    open_marks: list[Any] = []
-
-    def pre(_module: Any, _args: Any) -> None:
-        import torch
-
-        if torch._C._current_graph_task_id() != -1:  # inside backward: the checkpoint's recomputation
-            open_marks.append(record_function(RECOMPUTE_MARK).__enter__())
-        else:
-            open_marks.append(None)
-
-    def post(_module: Any, _args: Any, _out: Any) -> None:
-        mark = open_marks.pop() if open_marks else None
-        if mark is not None:
-            mark.__exit__(None, None, None)
-
+    elif checkpointing and not blocks:
+        reason = "no checkpointed block found in the trainer's modules; recompute is counted in compute"
     for b in blocks:
-        handles += [b.register_forward_pre_hook(pre), b.register_forward_hook(post)]
+        b.forward = _marking_recompute(b.forward)
     engine = getattr(trainer, "engine", None)
     if engine is not None:
         original = engine.step
@@ -389,12 +373,31 @@ def _marks(trainer: Any, *, compiled: bool) -> Iterator[str | None]:
     try:
         yield reason
     finally:
-        for h in handles:
-            h.remove()
+        for b in blocks:
+            del b.forward  # NOTE: the instance attribute shadowed the class's forward; removing it restores that
         if engine is not None:
             del engine.step  # NOTE: the instance attribute shadowed the class's method; removing it restores that
 
 
-def _modules(model: Any) -> list[Any]:
-    modules = getattr(model, "modules", None)
-    return list(modules()) if callable(modules) else []
+def _marking_recompute(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward`, annotated RECOMPUTE_MARK when autograd calls it from a backward: the checkpoint's recomputation.
+
+    NOTE: a wrapper around the call, not a pre- and a post-hook: the non-reentrant checkpoint stops a recomputation
+    early (an exception) once it has what the backward needs, and a post-hook would never close the annotation."""
+    from torch.autograd.profiler import record_function
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward: the block's own forward
+            return forward(*args, **kwargs)
+        with record_function(RECOMPUTE_MARK):
+            return forward(*args, **kwargs)
+
+    return marked
+
+
+def _modules(trainer: Any) -> list[Any]:
+    """Every module of the trainer's model (or of its pipeline stages)."""
+    roots = [getattr(trainer, "model", None), *(getattr(trainer, "modules", None) or [])]
+    return [m for root in roots if callable(getattr(root, "modules", None)) for m in root.modules()]
