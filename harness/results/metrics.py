@@ -100,6 +100,8 @@ class Metric:
     """stays a float in table.csv even when a value is whole (default: by the column's unit suffix)"""
     get: Callable[[Record], Any] | None = None
     """how to read it: `path`'s value by default (path_getter); a function for a derived value (a count)"""
+    optional: bool = False
+    """measured only in some cells (a traced step's parts): compare lists it for a cell only where a side has it"""
 
     def __post_init__(self) -> None:
         if self.get is None:
@@ -185,7 +187,14 @@ METRICS: tuple[Metric, ...] = (
     # the traced step's measured parts (trace: true): timing, one value per run, judged on the runs like step time
     *(
         Metric(
-            f"time_s.{p}", ("metrics", "time_s", p), "s", True, SAMPLED, column=f"measured_{p}_s", null_reason=TRACE_OFF
+            f"time_s.{p}",
+            ("metrics", "time_s", p),
+            "s",
+            True,
+            SAMPLED,
+            column=f"measured_{p}_s",
+            null_reason=TRACE_OFF,
+            optional=True,
         )
         for p in MEASURED_PARTS
     ),
