@@ -101,6 +101,7 @@ _LAYOUT: tuple[str, ...] = (
     "predicted_comm_bytes_per_step",
     "predicted_step_time_s",
     *(f"predicted_{p}_s" for p in PREDICTED_PARTS),
+    "predicted_comm_total_s",
     "step_time_deviation",
     "loss",
 )

@@ -207,6 +207,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("comm_calls_per_step", ("comm", "calls_per_step"), "count", True, SHOWN),
     Metric("predicted_step_time_s", ("predicted", "step_time_s"), "s", True, SHOWN),
     *(Metric(f"predicted_{p}_s", ("predicted", "time_s", p), "s", True, SHOWN) for p in PREDICTED_PARTS),
+    Metric("predicted_comm_total_s", ("predicted", "time_s", "comm_total"), "s", True, SHOWN),
     Metric("loss", ("metrics", "loss"), "nats", True, SHOWN),
     Metric("measured_spread_s", ("metrics", "time_s", "spread_s"), "s", True, SHOWN, null_reason=TRACE_OFF),
 )
