@@ -60,6 +60,9 @@ def test_the_record_lists_each_ranks_trace_and_perfetto_can_read_it(traced):
     """Perfetto's JSON trace format (the Chrome trace event format), gzipped: an object with `traceEvents`, whose
     complete events ('X') have a name, numeric ts and dur (µs) and integer-or-string pid and tid; the step's
     annotation on the main thread, gloo's all_reduce on another thread, the recomputations inside the step."""
+    from harness.results.store import read_record
+
+    assert read_record(traced["_path"]).contract_problems() == []  # every field it wrote is a declared one
     folder = Path(traced["_path"]).parent
     run_id = traced["run_id"]
     assert traced["artifacts"]["traces"] == [f"traces/{run_id}/rank{k}.trace.json.gz" for k in (0, 1)]

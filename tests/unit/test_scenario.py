@@ -165,7 +165,9 @@ def test_trace_is_an_axis_and_sweep_trace_turns_it_on_everywhere():
     assert len(traced) == 2 and all(s.settings.trace for s in traced)
     assert {s.run_id for s in traced} == {s.run_id for s in cells if s.settings.trace}
     assert not {s.run_id for s in traced} & {s.run_id for s in plain}
-    assert problems_of({**with_matrix(), "settings": {"trace": "yes"}}) == ["s.yaml: settings.trace: 'yes' is not a boolean"]
+    assert problems_of({**with_matrix(), "settings": {"trace": "yes"}}) == [
+        "s.yaml: settings.trace: 'yes' is not a boolean"
+    ]
 
 
 def test_run_id_is_stable_across_processes():

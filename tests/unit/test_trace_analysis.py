@@ -117,7 +117,7 @@ def test_parts_fill_the_window_and_exposed_never_exceeds_total(busy, comm, opt, 
     """Any timelines: the parts add up to the window, and the exposed part is the window's communication not under
     busy time (so never more than the communication)."""
     b, c = union(busy), union(comm)
-    parts = split_window(0, 100, busy=b, comm=c, optimizer=union(opt), recompute=union(rec))
+    parts = split_window((0, 100), busy=b, comm=c, optimizer=union(opt), recompute=union(rec))
     assert sum(parts.values()) == pytest.approx(100)
     in_window = [(max(a, 0), min(z, 100)) for a, z in c if z > 0 and a < 100]
     assert parts["comm_exposed"] == pytest.approx(length(minus(in_window, b)))

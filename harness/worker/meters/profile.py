@@ -50,6 +50,8 @@ COMM_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "record
 """main-thread operators that issue or wait on a collective: not compute"""
 PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
 """the parts that fill the traced step (the keys of predicted.time_s that add up to its total)"""
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""the trace's device activities (CUDA): what runs on the GPU"""
 TRACE_DIR = "traces"
 """where a sweep's traces go, beside its records: <sweep>/traces/<run_id>/rank<k>.trace.json.gz"""
 
@@ -92,11 +94,13 @@ def minus(base: Intervals, cut: Intervals) -> Intervals:
     return out
 
 
-def clip(spans: Intervals, lo: float, hi: float) -> Intervals:
+def clip(spans: Intervals, *, lo: float, hi: float) -> Intervals:
+    """`spans` inside [lo, hi)."""
     return [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
 
 
 def length(spans: Intervals) -> float:
+    """Their total length (µs)."""
     return sum(b - a for a, b in spans)
 
 
@@ -112,11 +116,12 @@ class _Member:
 
 
 def split_window(
-    lo: float, hi: float, *, busy: Intervals, comm: Intervals, optimizer: Intervals, recompute: Intervals
+    window: tuple[float, float], *, busy: Intervals, comm: Intervals, optimizer: Intervals, recompute: Intervals
 ) -> dict[str, float]:
-    """Each part's share of [lo, hi) (µs): busy instants are recompute, optimizer or compute (in that precedence),
-    idle ones comm_exposed while a collective runs, else other. The parts add up to hi − lo."""
-    sets = [clip(s, lo, hi) for s in (busy, comm, optimizer, recompute)]
+    """Each part's share of the window [lo, hi) (µs): busy instants are recompute, optimizer or compute (in that
+    precedence), idle ones comm_exposed while a collective runs, else other. The parts add up to hi − lo."""
+    lo, hi = window
+    sets = [clip(s, lo=lo, hi=hi) for s in (busy, comm, optimizer, recompute)]
     cuts = sorted({lo, hi, *(t for s in sets for span in s for t in span)})
     is_busy, is_comm, in_opt, in_rec = (_Member(s) for s in sets)
     parts = dict.fromkeys(PARTS, 0.0)
@@ -171,9 +176,6 @@ def _is_nccl(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
 def analyse(doc: Mapping[str, Any], *, rank: int, step_s: float, recompute_reason: str | None = None) -> RankTime:
     """This rank's breakdown from its trace (the Chrome trace's JSON document). `recompute_reason`: why the
     recomputation could not be marked (then recompute is null and its time is in compute)."""
@@ -196,7 +198,7 @@ def analyse(doc: Mapping[str, Any], *, rank: int, step_s: float, recompute_reaso
         busy = minus(union(_span(e) for e in ops), comm_ops)
         comm = union(_span(e) for e in events if str(e.get("name", "")).startswith("gloo:"))
         basis = "main thread operators"
-    parts = split_window(lo, hi, busy=busy, comm=comm, optimizer=opt, recompute=rec)
+    parts = split_window((lo, hi), busy=busy, comm=comm, optimizer=opt, recompute=rec)
     reasons = {}
     if recompute_reason is not None:
         reasons["recompute"] = recompute_reason
@@ -209,7 +211,7 @@ def analyse(doc: Mapping[str, Any], *, rank: int, step_s: float, recompute_reaso
         optimizer=parts["optimizer"] / 1e6,
         comm_exposed=parts["comm_exposed"] / 1e6,
         other=parts["other"] / 1e6,
-        comm_total=length(clip(comm, lo, hi)) / 1e6,
+        comm_total=length(clip(comm, lo=lo, hi=hi)) / 1e6,
         basis=basis,
         null_reasons=reasons,
     )
