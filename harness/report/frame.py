@@ -617,7 +617,7 @@ def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
     ok = fc[(fc["status"] == "ok") & (fc["measured_step_s"] > 0) & (fc["predicted_step_time_s"] > 0)]
     step = ok["measured_step_s"].to_numpy(dtype=float)
     by_part: dict[str, tuple[float, float]] = {}
-    for part in PREDICTED_PARTS:
+    for part in (*PREDICTED_PARTS, "comm_total"):
         diff = (ok[f"predicted_{part}_s"].to_numpy(dtype=float) - ok[f"measured_{part}_s"].to_numpy(dtype=float)) / step
         diff = diff[~np.isnan(diff)]
         if len(diff):
