@@ -13,7 +13,6 @@ import gzip
 import json
 import os
 import socket
-import statistics
 from pathlib import Path
 
 import pytest
@@ -142,14 +141,14 @@ def _overlap_rank(rank: int, port: int, out: str) -> None:
 def test_one_bucket_exposes_its_communication_small_buckets_hide_some(tmp_path, record_property):
     """With one bucket the all_reduce runs after the backward, with nothing left to compute: (nearly) all of it is
     exposed. With small buckets the first ones run under the rest of the backward: a smaller share of the
-    communication is exposed. Compared as the share of each step's communication that is exposed (median of 3
-    traced steps): small buckets also make more calls, each with its own latency, so their absolute times are not
-    the same communication."""
+    communication is exposed. Compared as the share of the communication that is exposed, over 3 traced steps
+    each: small buckets also make more calls, each with its own latency, so their absolute times are not the same
+    communication (and on this loaded 2-core host one all_reduce takes 1 to 70 ms from step to step)."""
     import torch.multiprocessing as mp
 
     mp.start_processes(_overlap_rank, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     got = json.loads((tmp_path / "overlap.json").read_text())
-    share = {name: statistics.median(e / c for e, c in steps) for name, steps in got.items()}
+    share = {name: sum(e for e, _ in steps) / sum(c for _, c in steps) for name, steps in got.items()}
     for steps in got.values():
         assert all(c > 0 and 0 <= e <= c for e, c in steps)
     record_property("exposed_share", share)
