@@ -66,6 +66,12 @@ def cluster_option(f):
     help="run every cell K times, in rounds (run 1 of every cell, then run 2, …), each run its own record "
     "(the k-th: RESULTS/<scenario name>/<run_id>.r<k>.json); `harness compare` judges timing on the runs",
 )
+@click.option(
+    "--trace",
+    is_flag=True,
+    help="every cell with `trace: true`: one more step under torch.profiler after the timed ones, each rank's "
+    "Chrome trace beside the record and the measured step-time breakdown (metrics.time_s)",
+)
 def sweep(
     scenario: str,
     cluster_name: str,
@@ -75,6 +81,7 @@ def sweep(
     no_wait: bool,
     pack: bool,
     repeat: int,
+    trace: bool = False,
 ) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record (with --repeat K, K records). Exit 1 if any
     run failed.
@@ -94,6 +101,8 @@ def sweep(
 
     signal.signal(signal.SIGTERM, _interrupt)
     sc = load_scenario(scenario)
+    if trace:
+        sc = sc.with_setting("trace", True)
     cluster = load_cluster(cluster_name)
     local = [flag for flag, on in (("--no-wait", no_wait), ("--pack", pack)) if on and cluster.executor != "slurm"]
     if local:

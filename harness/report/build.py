@@ -196,6 +196,7 @@ def build_report(
         tune=tune,
         prediction_accuracy=prediction_accuracy(cells),
         generated_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        out=out_path,
     )
     # NOTE: the page is some 100,000 small objects, which set off full garbage collections; frozen, what exists
     # already (the imported modules and the frames: at 10,000 records some 120,000 objects and 270,000 values in

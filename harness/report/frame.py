@@ -44,6 +44,10 @@ CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
 """`strategy` is the label with the layout (strategy_label), so two layouts of one strategy are two cells"""
 ROW_KEYS = ("strategy", "precision", "variant")
 PREDICTED_TIME_COLUMNS: tuple[str, ...] = tuple(f"predicted_{p}_s" for p in PREDICTED_PARTS)
+TRACES_SEP = ";"
+"""between the paths of a cell's traces in the `traces` column (table.csv)"""
+MEASURED_TIME_COLUMNS: tuple[str, ...] = tuple(f"measured_{p}_s" for p in PREDICTED_PARTS)
+"""the traced step's measured parts (trace: true), beside PREDICTED_TIME_COLUMNS"""
 PREDICTION_BAND = 0.15
 """the ± band around exact that the report counts a prediction within (and draws around the prediction figure's
 diagonal): issue 16's accuracy target, MAPE <= 15 %"""
@@ -73,6 +77,7 @@ TEXT_COLUMNS: dict[str, str] = {
     "memory_measure": "device_memory_gib",
     "prediction_source": "step_time_deviation",
     "predicted_time_null_reason": "prediction_source",
+    "traces": "measured_spread_s",
 }
 """a text column of the table → the column it follows"""
 PLACE_AFTER_LOSS = "loss"
@@ -96,6 +101,7 @@ _LAYOUT: tuple[str, ...] = (
     "predicted_comm_bytes_per_step",
     "predicted_step_time_s",
     *(f"predicted_{p}_s" for p in PREDICTED_PARTS),
+    "predicted_comm_total_s",
     "step_time_deviation",
     "loss",
 )
@@ -242,6 +248,7 @@ def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
         "predicted_time_null_reason": (
             None if predicted is None else (predicted.time_null_reasons or {}).get("step_time_s")
         ),
+        "traces": _traces(rec),
         "device_name": rec.env.device_name,
         "device_type": rec.env.device_type,
         "backend": rec.env.backend,
@@ -257,6 +264,16 @@ def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
         if b is not None:
             by_coll[_NAME_SAFE.sub("_", str(name))] = b
     return row, by_coll
+
+
+def _traces(rec: Record) -> str | None:
+    """The record's traces (artifacts.traces) as paths where this reader finds them (beside the record file),
+    joined by TRACES_SEP; None when the cell was not traced."""
+    traces = rec.artifacts.traces if rec.artifacts is not None else None
+    if not traces:
+        return None
+    folder = Path(rec.path).parent if rec.path else Path()
+    return TRACES_SEP.join(str(folder / t) for t in traces)
 
 
 def _variant_labels(df: pd.DataFrame) -> pd.Series:
@@ -607,4 +624,20 @@ def prediction_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
         "spearman": rho,
         "within_band": float((err <= PREDICTION_BAND).mean()) if len(err) else None,
         "by_family": by_family,
+        **part_accuracy(fc),
     }
+
+
+def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
+    """{traced_cells, by_part: {part: (mean |predicted − measured|, mean predicted − measured)}}: each part's error
+    over the ok cells with a prediction and a traced step (trace: true), as a fraction of the measured traced step
+    (a part's own size can be 0: recompute without checkpointing). A part either side lacks is left out per cell."""
+    ok = fc[(fc["status"] == "ok") & (fc["measured_step_s"] > 0) & (fc["predicted_step_time_s"] > 0)]
+    step = ok["measured_step_s"].to_numpy(dtype=float)
+    by_part: dict[str, tuple[float, float]] = {}
+    for part in (*PREDICTED_PARTS, "comm_total"):
+        diff = (ok[f"predicted_{part}_s"].to_numpy(dtype=float) - ok[f"measured_{part}_s"].to_numpy(dtype=float)) / step
+        diff = diff[~np.isnan(diff)]
+        if len(diff):
+            by_part[part] = (float(np.abs(diff).mean()), float(diff.mean()))
+    return {"traced_cells": len(ok), "by_part": by_part}

@@ -9,6 +9,7 @@ count (the prediction as a second line under the step median), report.md one tab
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from harness.report.formats import (
     gpus_label,
     is_null,
 )
-from harness.report.frame import MEMORY_RSS, PREDICTION_BAND
+from harness.report.frame import MEMORY_RSS, PREDICTION_BAND, TRACES_SEP
 from harness.report.search import SearchSection, search_sections
 from harness.report.table import Cell, Column, Group, Table, text_cells
 from harness.report.trends import TREND_HEADER, trend_rows
@@ -59,6 +60,8 @@ class ReportData:
     prediction_accuracy: dict[str, Any]
     """frame.prediction_accuracy of the cells shown"""
     generated_at: str
+    out: Path | None = None
+    """where the report is written: links to files beside the records are made relative to it"""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,10 @@ class Page:
     failed: Table
     noted: Table
     """ok cells whose record carries a note; no rows: no section"""
+    breakdown: Table
+    """the traced cells' measured step-time parts beside the predicted ones, with links to their traces; no rows: no
+    section"""
+    breakdown_note: str
     trends: Trends | None
     search: tuple[SearchSection, ...]
     definitions: tuple[str, ...]
@@ -247,6 +254,7 @@ def summary_items(data: ReportData) -> tuple[tuple[str, str], ...]:
         ("devices", uniq("device_name")),
         ("harness commits", uniq("harness_git_sha")),
         *_accuracy_item(data.prediction_accuracy),
+        *_part_accuracy_item(data.prediction_accuracy),
     )
 
 
@@ -261,6 +269,21 @@ def _accuracy_item(acc: dict[str, Any]) -> list[tuple[str, str]]:
             "time model",
             f"MAPE {acc['mape']:.1%} over {acc['cells']} cells (Spearman ρ {rho}, {acc['within_band']:.0%} within "
             f"±{PREDICTION_BAND:.0%}); by family: {families}",
+        )
+    ]
+
+
+def _part_accuracy_item(acc: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each predicted part's error against the traced cells' measured parts, when any cell was traced."""
+    parts = (acc or {}).get("by_part") or {}
+    if not parts:
+        return []
+    text = ", ".join(f"{p} {a:.1%} ({b:+.1%})" for p, (a, b) in parts.items())
+    return [
+        (
+            "time model per part",
+            f"over {acc['traced_cells']} traced cells, mean |predicted − measured| as a share of the traced step "
+            f"(mean predicted − measured): {text}",
         )
     ]
 
@@ -431,6 +454,75 @@ def failed_table(cells: pd.DataFrame) -> Table:
     return Table(columns, tuple(rows))
 
 
+BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
+    ("compute", "compute"),
+    ("recompute", "recompute"),
+    ("optimizer", "optimizer"),
+    ("comm_exposed", "comm exposed"),
+    ("other", "other"),
+    ("comm_total", "comm total"),
+)
+"""(part, its header) of the breakdown table: the parts that add up to the step, then the communication in all"""
+BREAKDOWN_NOTE = (
+    "Each cell with trace: true ran one more step under torch.profiler after its timed steps; its parts (the slowest "
+    "rank's, metrics.time_s) add up to that traced step and stand beside the time model's (predicted.time_s). "
+    "Each value is measured / predicted, in ms; spread: slowest − fastest rank's traced step. How a part is read "
+    "from a trace: docs/time-model.md, Measured breakdown. The traces (one per rank) open in ui.perfetto.dev."
+)
+
+
+def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
+    """The traced cells: traced step and timed median, each part measured / predicted (ms), the spread over ranks,
+    and a link to each rank's trace (relative to `out`, the report's folder)."""
+    header = (
+        "model",
+        "strategy",
+        "precision",
+        "configuration",
+        "GPUs",
+        "traced step (ms)",
+        "timed median (ms)",
+        *(f"{h} (ms) meas. / pred." for _, h in BREAKDOWN_PARTS),
+        "spread (ms)",
+        "traces",
+    )
+    columns = tuple(Column(h, right=4 <= i < len(header) - 1) for i, h in enumerate(header))
+    traced = cells[cells["measured_step_s"].notna()]
+    rows = []
+    for r in traced.to_dict("records"):
+        parts = [
+            Cell(f"{fmt_ms(r[f'measured_{p}_s'])} / {fmt_ms(r.get(f'predicted_{p}_s'))}") for p, _ in BREAKDOWN_PARTS
+        ]
+        paths = str(r["traces"]).split(TRACES_SEP) if not is_null(r["traces"]) else []
+        links = tuple((f"rank{k}", _href(path, out)) for k, path in enumerate(paths))
+        rows.append(
+            (
+                *text_cells(
+                    [
+                        str(r["model"]),
+                        str(r["strategy"]),
+                        str(r["precision"]),
+                        r["variant"] or ABSENT,
+                        fmt_int(r["gpus"]),
+                    ]
+                ),
+                Cell(fmt_ms(r["measured_step_s"])),
+                Cell(fmt_ms(r["step_time_median_s"])),
+                *parts,
+                Cell(fmt_ms(r["measured_spread_s"])),
+                Cell("" if links else NA, links=links),
+            )
+        )
+    return Table(columns, tuple(rows))
+
+
+def _href(path: str, out: Path | None) -> str:
+    """`path` (where the report's reader found the file) as a link from the report's folder."""
+    if out is None:
+        return Path(path).as_posix()
+    return Path(os.path.relpath(Path(path).resolve(), Path(out).resolve())).as_posix()
+
+
 def noted_table(cells: pd.DataFrame) -> Table:
     """ok cells whose record carries a note in `reason` (e.g. torch.compile recompiled during the measured
     steps): their numbers stand, with a caveat the reader must see."""
@@ -513,6 +605,8 @@ def build_page(data: ReportData) -> Page:
         markdown_models=tuple((str(m), markdown_model_tables(recs, label_cols, marks)) for m, recs in by_model.items()),
         failed=failed_table(cells),
         noted=noted_table(cells),
+        breakdown=breakdown_table(cells, out=data.out),
+        breakdown_note=BREAKDOWN_NOTE,
         trends=trends_section(data.trends),
         search=search_sections(data.tune),
         definitions=DEFINITIONS,

@@ -29,11 +29,17 @@ class Cell(NamedTuple):
     """a mark after the text, on both pages (★, ≈)"""
     strong: bool = False
     """bold in the Markdown (the HTML styles it by its class)"""
+    links: tuple[tuple[str, str], ...] = ()
+    """(text, href) links written after the text, on both pages (a traced cell's traces)"""
 
     def markdown(self) -> str:
-        """Its Markdown, not escaped yet (the emphasis and the mark add nothing that escaping changes)."""
+        """Its Markdown, not escaped yet (the emphasis and the mark add nothing that escaping changes; a link's
+        href is a path the harness made, without `|`, `&`, `<` or spaces)."""
         text = f"**{self.text}**" if self.strong else self.text
-        return f"{text} {self.mark}" if self.mark else text
+        text = f"{text} {self.mark}" if self.mark else text
+        if self.links:
+            text = " ".join([text, *(f"[{t}]({h})" for t, h in self.links)]).strip()
+        return text
 
 
 @dataclass(frozen=True)

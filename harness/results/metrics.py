@@ -100,6 +100,8 @@ class Metric:
     """stays a float in table.csv even when a value is whole (default: by the column's unit suffix)"""
     get: Callable[[Record], Any] | None = None
     """how to read it: `path`'s value by default (path_getter); a function for a derived value (a count)"""
+    optional: bool = False
+    """measured only in some cells (a traced step's parts): compare lists it for a cell only where a side has it"""
 
     def __post_init__(self) -> None:
         if self.get is None:
@@ -147,6 +149,12 @@ DEVIATION = "predicted.step_time_deviation"
 PREDICTED_PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
 """the parts of the predicted step time (predicted.time_s, harness.plan.time) that add up to it"""
 
+MEASURED_PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "comm_total", "step")
+"""the traced step's measured breakdown (metrics.time_s, `trace: true`): the predicted parts, the communication
+hidden or not, and the traced step's wall time"""
+TRACE_OFF = ("metrics", "null_reasons", "time_s")
+"""where an untraced record says why it has no measured breakdown"""
+
 METRICS: tuple[Metric, ...] = (
     Metric("step_time_s", ("metrics", "step_time_s", "median"), "s", True, SAMPLED, column="step_time_median_s"),
     Metric("tokens_per_s", ("metrics", "tokens_per_s"), "tokens/s", False, SAMPLED),
@@ -176,6 +184,20 @@ METRICS: tuple[Metric, ...] = (
     ),
     # NOTE: stored by the history, not judged by compare (its verdict would repeat tokens/s's: both follow step time)
     Metric("tflops_per_gpu", ("metrics", "tflops_per_gpu"), "TFLOPS", False, SAMPLED, compared=False),
+    # the traced step's measured parts (trace: true): timing, one value per run, judged on the runs like step time
+    *(
+        Metric(
+            f"time_s.{p}",
+            ("metrics", "time_s", p),
+            "s",
+            True,
+            SAMPLED,
+            column=f"measured_{p}_s",
+            null_reason=TRACE_OFF,
+            optional=True,
+        )
+        for p in MEASURED_PARTS
+    ),
     # the report's table only
     Metric("step_time_p10_s", ("metrics", "step_time_s", "p10"), "s", True, SHOWN),
     Metric("step_time_p90_s", ("metrics", "step_time_s", "p90"), "s", True, SHOWN),
@@ -185,7 +207,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("comm_calls_per_step", ("comm", "calls_per_step"), "count", True, SHOWN),
     Metric("predicted_step_time_s", ("predicted", "step_time_s"), "s", True, SHOWN),
     *(Metric(f"predicted_{p}_s", ("predicted", "time_s", p), "s", True, SHOWN) for p in PREDICTED_PARTS),
+    Metric("predicted_comm_total_s", ("predicted", "time_s", "comm_total"), "s", True, SHOWN),
     Metric("loss", ("metrics", "loss"), "nats", True, SHOWN),
+    Metric("measured_spread_s", ("metrics", "time_s", "spread_s"), "s", True, SHOWN, null_reason=TRACE_OFF),
 )
 """every quantity, in the order compare lists the judged ones (then the report's own)"""
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

@@ -107,6 +107,8 @@ class Spec(Typed):
     """pipeline microbatches per micro-step; 0: one per pipeline rank (absent in older records)"""
     sequence_parallel: Annotated[bool | None, SOMETIMES] = None
     """tp > 1: the norms run on sequence shards (absent in older records: false)"""
+    trace: Annotated[bool | None, SOMETIMES] = None
+    """one more step profiled after the timed ones (absent in older records: false)"""
 
     model_config = ConfigDict(**{**Typed.model_config, "populate_by_name": True, "protected_namespaces": ()})
 
@@ -160,6 +162,53 @@ class Dynamo(Typed):
     """frames compiled during the measured steps, max over ranks (count; > 0: recompilation timed)"""
 
 
+class RankStep(Typed):
+    """One rank's traced step (harness.worker.meters.profile)."""
+
+    rank: int | None = None
+    """the rank"""
+    step: Num | None = None
+    """its traced step's wall time (s)"""
+    comm_exposed: Num | None = None
+    """the communication it waited for (s)"""
+    compute: Num | None = None
+    """its compute (s)"""
+
+
+class TimeBreakdown(Typed):
+    """The traced step split into the parts of predicted.time_s, from the slowest rank's profiler trace (s);
+    compute + recompute + optimizer + comm_exposed + other = window (docs/time-model.md, "Measured breakdown")."""
+
+    step: Num | None = None
+    """the slowest rank's traced step, perf_counter around it and its device synchronisation (s)"""
+    compute: Num | None = None
+    """busy outside the optimizer and recomputation (s)"""
+    recompute: Num | None = None
+    """busy inside a checkpointed block's recomputation (s); null: not separable (compiled blocks)"""
+    optimizer: Num | None = None
+    """busy inside the optimizer's step and zero_grad (s)"""
+    comm_exposed: Num | None = None
+    """idle while a collective runs: the communication the rank waits for (s)"""
+    other: Num | None = None
+    """idle with no collective running: host overhead between operators, launch gaps (s)"""
+    comm_total: Num | None = None
+    """time a collective ran during the step, hidden or not (s)"""
+    window: Num | None = None
+    """the step as the trace's annotation spans it: what the parts add up to (s)"""
+    slowest_rank: int | None = None
+    """the rank whose traced step took longest (whose parts these are)"""
+    spread_s: Num | None = None
+    """slowest − fastest rank's traced step (s)"""
+    waits_least_rank: int | None = None
+    """the rank with the least exposed communication: the one the others wait for"""
+    by_rank: list[RankStep] | None = None
+    """every rank's traced step, exposed communication and compute"""
+    basis: str | None = None
+    """what was taken as busy: `device kernels` (GPU) or `main thread operators` (CPU)"""
+    null_reasons: dict[str, str] | None = None
+    """part → why it is null"""
+
+
 class Metrics(Typed):
     """What rank 0 measured (status ok, or nan: the numbers of the steps that ran); `{}` in a record rank 0 did not
     write (composed from failures, or skipped)."""
@@ -204,6 +253,8 @@ class Metrics(Typed):
     """rank 0's process start → first step (s); null: start time unavailable"""
     dynamo: Annotated[Dynamo | None, SOMETIMES] = None
     """torch.compile's counts"""
+    time_s: Annotated[TimeBreakdown | None, SOMETIMES] = None
+    """the traced step's measured breakdown (trace: true)"""
     null_reasons: dict[str, str] | None = None
     """metric name → why it is null"""
 
@@ -392,6 +443,17 @@ class LayoutInfo(Typed):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# artifacts: files the cell wrote beside its record
+
+
+class Artifacts(Typed):
+    """Files beside the record, as paths relative to the record's folder."""
+
+    traces: list[str] | None = None
+    """each rank's profiler trace of the traced step, rank order (gzipped Chrome trace JSON: Perfetto opens it)"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # failures: what each failed rank reported (composed records)
 
 
@@ -474,6 +536,8 @@ class Record(Typed):
     """collectives of one counted step; absent when rank 0 wrote no record"""
     layout: Annotated[LayoutInfo | None, SOMETIMES] = None
     """a tensor- or pipeline-parallel cell's mesh and stage balance; absent for every other cell"""
+    artifacts: Annotated[Artifacts | None, SOMETIMES] = None
+    """files the cell wrote beside the record (trace: true); absent otherwise"""
     failures: Annotated[list[Failure] | None, SOMETIMES] = None
     """each failed rank's report (composed records)"""
     log_tail: Annotated[str | None, SOMETIMES] = None

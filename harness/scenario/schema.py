@@ -114,6 +114,11 @@ class Settings:
     sequence_parallel: bool = _setting(
         False, "tp > 1: shard the norms' activations over the sequence (all-gather / reduce-scatter for all-reduce)"
     )
+    trace: bool = _setting(
+        False,
+        "one more step after the timed ones under torch.profiler: a Chrome trace per rank beside the record and "
+        "the measured step-time breakdown (metrics.time_s)",
+    )
 
     def __post_init__(self) -> None:
         # NOTE: true/false were the only values before the policies existed; records and files keep them
@@ -353,6 +358,12 @@ class Scenario:
 
     def model_config(self, name: str) -> ModelConfig:
         return self.models.get(name) or ZOO[name]
+
+    def with_setting(self, name: str, value: Any) -> Scenario:
+        """This scenario with setting `name` at `value` in every cell, over what its settings and matrix say: what a
+        sweep flag turns on for a whole sweep (`harness sweep --trace`). Cells that then coincide become one."""
+        cells = tuple({**c, name: value} if name in c else c for c in self.cells)
+        return dataclasses.replace(self, settings={**self.settings, name: value}, cells=cells)
 
     def expand(self, *, gpus_per_node: int) -> list[RunSpec]:
         """RunSpecs in file order, de-duplicated by run_id. `gpus_per_node` comes from the cluster profile."""

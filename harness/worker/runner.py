@@ -175,6 +175,7 @@ def run(
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
         timed = _timed_steps(step, n=s.measure_steps, device=device)
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
+        traced = _traced_step(step, spec=spec, payload=payload, trainer=trainer, device=device, rank=rank)
         ranks = _aggregate_over_ranks(
             warm_losses + timed.losses,
             timed=timed,
@@ -198,6 +199,7 @@ def run(
             ranks=ranks,
             comm_summary=comm_summary,
             allocator=allocator_used,
+            traced=traced,
         )
         # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
         if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
@@ -358,6 +360,27 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
     return comm_summary
 
 
+def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device: Any, rank: int) -> Any:
+    """`trace: true`: one more step under the profiler, after the counted one (harness.worker.meters.profile);
+    rank 0 gets the traces' breakdown, the other ranks (and every rank of an untraced cell) None."""
+    if not spec.settings.trace:
+        return None
+    from harness.results.store import sweep_dir
+    from harness.worker.meters.profile import traced_step
+
+    return traced_step(
+        step,
+        trainer=trainer,
+        device=device,
+        sweep_dir=sweep_dir(payload.results, payload.sweep),
+        run_id=payload.run_id,
+        rank=rank,
+        world_size=spec.gpus,
+        compiled=spec.settings.compile,
+        checkpointing=spec.settings.checkpointing,
+    )
+
+
 @dataclass
 class _OverRanks:
     """What every rank measured, combined (outside the timed region)."""
@@ -424,6 +447,7 @@ def _measured_record(
     ranks: _OverRanks,
     comm_summary: dict,
     allocator: str,
+    traced: Any = None,
 ) -> Record:
     """Rank 0: the cell's record — its env, metrics, comm and status (nan when a loss is not finite) — from what
     the ranks measured."""
@@ -446,6 +470,11 @@ def _measured_record(
     if payload.predicted is not None:
         fields["predicted"] = _with_deviations(payload.predicted, comm=comm_summary, median_s=summary["median"])
     fields["comm"] = comm_summary
+    if traced is not None:  # trace: true (harness.worker.meters.profile.Traced)
+        metrics["time_s"] = traced.time_s
+        fields["artifacts"] = {"traces": traced.traces}
+    else:
+        metrics["null_reasons"]["time_s"] = "trace is off for this cell (settings.trace)"
     if getattr(trainer, "layout_info", None) is not None:  # a tensor- or pipeline-parallel layout
         fields["layout"] = trainer.layout_info
     status: Status = "ok"

@@ -180,3 +180,74 @@ def test_report_with_predictions_decodes_and_its_tables_fit(chromium, tmp_path):
     assert attrs.get("data-model-tables-scrolling") == "0", attrs
     assert int(attrs["data-widest-model-table"]) <= int(attrs["data-viewport-width"])
     assert "Predicted vs measured step time" in proc.stdout and " vs pred</span>" in proc.stdout
+
+
+TRACED = Path(__file__).resolve().parents[1] / "fixtures" / "traced"
+"""six traced cells of the held-out time-model sweep (deep-12m, 2 ranks, fp32; calibrated predictions), records only"""
+
+
+@pytest.fixture(scope="module")
+def traced_report(tmp_path_factory):
+    return build_report([TRACED], out=tmp_path_factory.mktemp("traced") / "report")
+
+
+def test_traced_cells_in_the_table_the_summary_and_the_figure(traced_report):
+    """No browser: table.csv's measured parts and trace paths, the summary's per-part error of the time model
+    (recomputed here from the records), the breakdown figure drawn with measured bars."""
+    import csv
+
+    from harness.results.store import load_records
+
+    records, _ = load_records(TRACED)
+    rows = list(csv.DictReader(traced_report["paths"]["csv"].open()))
+    assert len(rows) == 6
+    by_id = {r["run_id"]: r for r in rows}
+    for rec in records:
+        row, t = by_id[rec.run_id], rec.metrics.time_s
+        assert t is not None and rec.artifacts is not None and rec.artifacts.traces
+        assert float(row["measured_comm_exposed_s"]) == pytest.approx(t.comm_exposed)
+        assert float(row["measured_step_s"]) == pytest.approx(t.step)
+        assert row["traces"].split(";") == [str(TRACED / p) for p in rec.artifacts.traces]
+    errs = [abs(r.predicted.time_s.other - r.metrics.time_s.other) / r.metrics.time_s.step for r in records]
+    md = traced_report["paths"]["markdown"].read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- **time model per part**"))
+    assert "over 6 traced cells" in line and f"other {sum(errs) / len(errs):.1%}" in line, line
+    fig = next(f for f in traced_report["figures"] if f.name == "time_breakdown")
+    assert fig.png is not None and fig.title == "Step-time breakdown, predicted and measured"
+    assert "## Step-time breakdown of the traced cells (6)" in md
+
+
+def test_breakdown_view_of_traced_cells(chromium, traced_report, tmp_path):
+    """The report of traced cells in the browser, opened at its breakdown figure (an iframe scrolled to its anchor:
+    a headless screenshot does not follow a URL's fragment itself): the figure decodes and paints measured beside
+    predicted bars, the section lists the six cells with each part measured / predicted and a link to each rank's
+    trace, relative to the report's folder. HARNESS_SCREENSHOT_DIR: also copy the screenshot there."""
+    report = traced_report
+    out = report["out"]
+    proc = _run(chromium, tmp_path, "--window-size=1400,1000", "--dump-dom", report["paths"]["html"].resolve().as_uri())
+    attrs = _body_attrs(proc)
+    assert attrs.get("data-images-loaded") == attrs.get("data-images-total"), attrs
+    dom = proc.stdout
+    assert "Step-time breakdown, predicted and measured" in dom
+    section = dom[dom.index('id="breakdown"') : dom.index('id="failed"')]
+    assert section.count("<tr>") == 7  # the header and the six cells
+    assert '<td class="num">75.1 / 123</td>' in section  # ddp's exposed communication, measured / predicted (ms)
+    links = re.findall(r'<a href="([^"]+)">(rank\d)</a>', section)
+    assert len(links) == 12 and {name for _, name in links} == {"rank0", "rank1"}
+    ddp = "deep-12m-ddp-fp32-g2-69f96bde86"
+    want = os.path.relpath(TRACED / "traces" / ddp / "rank0.trace.json.gz", out.resolve())
+    assert (want, "rank0") in links
+    frame = out / "breakdown.html"
+    frame.write_text(
+        '<!DOCTYPE html><html><body style="margin:0"><iframe src="index.html#fig-time_breakdown" '
+        'style="border:0;width:1400px;height:1700px"></iframe></body></html>'
+    )
+    shot = tmp_path / "breakdown.png"
+    proc = _run(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1400,1700", frame.resolve().as_uri())
+    assert shot.exists(), f"no screenshot; chromium said:\n{proc.stderr[-2000:]}"
+    rgb = np.round(mpimg.imread(shot)[..., :3] * 255).astype(int)
+    # the parts' colours (compute #4C72B0, exposed communication #C44E52) are painted: the figure is on screen
+    for colour in ((0x4C, 0x72, 0xB0), (0xC4, 0x4E, 0x52)):
+        assert (np.abs(rgb - np.array(colour)).sum(axis=-1) <= 6).sum() > 2000, colour
+    if os.environ.get("HARNESS_SCREENSHOT_DIR"):
+        shutil.copy(shot, Path(os.environ["HARNESS_SCREENSHOT_DIR"]) / "trace-breakdown-chromium.png")

@@ -151,6 +151,25 @@ def test_run_id_is_stable_and_spec_sensitive():
     assert d.run_id == a.run_id  # world 2 fits in one node either way: gpus_per_node clamps to 2
 
 
+def test_trace_is_an_axis_and_sweep_trace_turns_it_on_everywhere():
+    """`trace` at its default keeps every run_id (the smoke baseline's among them); `trace: true` is a cell of its
+    own; `harness sweep --trace` (Scenario.with_setting) sets it in every cell, over the settings and an axis."""
+    doc = {**BASE, "matrix": {**BASE["matrix"], "precision": ["fp32", "bf16"]}}
+    plain = parse_scenario(doc, "a.yaml").expand(gpus_per_node=2)
+    off = parse_scenario({**doc, "settings": {"trace": False}}, "a.yaml").expand(gpus_per_node=2)
+    assert [s.run_id for s in off] == [s.run_id for s in plain]
+    axis = parse_scenario({**doc, "matrix": {**doc["matrix"], "trace": [False, True]}}, "a.yaml")
+    cells = axis.expand(gpus_per_node=2)
+    assert len(cells) == 4 and len({s.run_id for s in cells}) == 4
+    traced = axis.with_setting("trace", True).expand(gpus_per_node=2)
+    assert len(traced) == 2 and all(s.settings.trace for s in traced)
+    assert {s.run_id for s in traced} == {s.run_id for s in cells if s.settings.trace}
+    assert not {s.run_id for s in traced} & {s.run_id for s in plain}
+    assert problems_of({**with_matrix(), "settings": {"trace": "yes"}}) == [
+        "s.yaml: settings.trace: 'yes' is not a boolean"
+    ]
+
+
 def test_run_id_is_stable_across_processes():
     code = (
         "from harness.scenario.schema import parse_scenario;"

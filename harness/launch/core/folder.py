@@ -13,9 +13,11 @@ each question is one call here, returning typed records (harness.results.store r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.results.record import Record
 from harness.results.store import record_or_none, record_path, sweep_dir, write_record
@@ -52,10 +54,28 @@ class SweepFolder:
         (with `repeat: k`); run 1's is returned as it is."""
         if repeat <= 1:
             return rec
-        filed = rec.model_copy(update={"repeat": repeat})
+        filed = rec.model_copy(update={"repeat": repeat, **self._file_artifacts(rec, repeat=repeat)})
         write_record(self.results, filed)
         record_path(self.staging_root(repeat), self.sweep, rec.run_id).unlink(missing_ok=True)
         return filed
+
+    def _file_artifacts(self, rec: Record, *, repeat: int) -> dict[str, Any]:
+        """A run k >= 2's files beside its record (`artifacts.traces`, paths relative to the record, first part the
+        kind's folder, second the run_id's), moved from its staging folder to the cell's first run's side with
+        `.r<k>` after the run_id's folder: `traces/<run_id>.r<k>/rank0.trace.json.gz`. The record's paths follow."""
+        traces = rec.artifacts.traces if rec.artifacts is not None else None
+        if not traces:
+            return {}
+        staged, moved = sweep_dir(self.staging_root(repeat), self.sweep), []
+        for rel in traces:
+            parts = Path(rel).parts
+            new = Path(parts[0], f"{parts[1]}.r{repeat}", *parts[2:]) if len(parts) >= 3 else Path(rel)
+            if (staged / rel).exists():
+                (self.path / new).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged / rel, self.path / new)
+            moved.append(new.as_posix())
+        assert rec.artifacts is not None
+        return {"artifacts": rec.artifacts.model_copy(update={"traces": moved})}
 
     def ok_run(self, run_id: str, repeat: int = 1) -> Record | None:
         """Run `repeat`'s ok record: filed, or (k >= 2) ended ok in staging but not filed yet (the sweep stopped in

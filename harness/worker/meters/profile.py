@@ -1,0 +1,405 @@
+"""One traced step after the timed ones: each rank's torch.profiler trace, and the measured step-time breakdown.
+
+With `trace: true` every rank runs one more step under `torch.profiler` (CPU activities; CUDA activities too on a
+GPU) after the counted-comm step — the timed steps are never profiled — writes the trace as a gzipped Chrome trace
+(what Perfetto and chrome://tracing open) beside the record, and reads it back to split the step into the parts the
+time model predicts (`predicted.time_s`): compute, recompute, optimizer, comm_exposed, other, and comm_total beside
+them. Rank 0 gathers every rank's parts into `metrics.time_s`.
+
+How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window (the
+`harness.traced_step` annotation around the step and its device synchronisation) every instant is given to one part:
+
+- the *busy* timeline is what computes. On a GPU: the device's kernels, memcpys and memsets that are not NCCL's. On
+  CPU (gloo): the rank's main thread inside a profiled operator, minus the collective operators themselves (c10d::*,
+  _c10d_functional::*, wait_tensor, record_param_comms) — gloo runs collectives on its own threads, and while the
+  main thread waits on a work handle it runs no operator;
+- the *communication* timeline is where collectives run: NCCL kernels on their streams; gloo's `gloo:*` spans on its
+  threads. comm_total is its length inside the window;
+- an instant that is busy is recompute when it lies in a checkpointed block's recomputation (a `harness.recompute`
+  annotation this module adds for the traced step), optimizer when in the optimizer's step or zero_grad, else
+  compute (on a GPU a kernel belongs to the region its launch was made in); an instant that is not busy while a
+  collective runs is comm_exposed (the rank waits for communication); anything else is other (host overhead between
+  operators, launch gaps, the framework's bookkeeping).
+
+So the parts add up to the traced window exactly, and comm_exposed <= comm_total. The analysis below is pure (a
+trace's events in, seconds out): tests feed it synthetic events as well as real traces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEP_MARK = "harness.traced_step"
+"""the annotation around the traced step (and its device synchronisation): the window the parts fill"""
+RECOMPUTE_MARK = "harness.recompute"
+"""the annotation around each recomputation of a checkpointed block in the traced step's backward"""
+OPTIMIZER_MARK = "harness.optimizer"
+"""the annotation around DeepSpeed's engine.step in the traced step (torch optimizers annotate themselves)"""
+OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", OPTIMIZER_MARK)
+"""the annotations of the optimizer's region (torch.optim.Optimizer names its step and zero_grad so)"""
+COMM_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms", "nccl:", "gloo:")
+"""main-thread operators that issue or wait on a collective: not compute"""
+PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "other")
+"""the parts that fill the traced step (the keys of predicted.time_s that add up to its total)"""
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""the trace's device activities (CUDA): what runs on the GPU"""
+TRACE_DIR = "traces"
+"""where a sweep's traces go, beside its records: <sweep>/traces/<run_id>/rank<k>.trace.json.gz"""
+
+
+# --------------------------------------------------------------------------------------------------
+# intervals
+
+
+Intervals = list[tuple[float, float]]
+"""sorted, disjoint [start, end) spans (µs, the trace's clock)"""
+
+
+def union(spans: Iterable[tuple[float, float]]) -> Intervals:
+    """The union of `spans` as sorted, disjoint intervals (empty spans dropped)."""
+    out: Intervals = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def minus(base: Intervals, cut: Intervals) -> Intervals:
+    """`base` without `cut` (both sorted and disjoint)."""
+    out: Intervals = []
+    j = 0
+    for a, b in base:
+        while j < len(cut) and cut[j][1] <= a:
+            j += 1
+        k, start = j, a
+        while k < len(cut) and cut[k][0] < b:
+            if cut[k][0] > start:
+                out.append((start, cut[k][0]))
+            start = max(start, cut[k][1])
+            k += 1
+        if start < b:
+            out.append((start, b))
+    return out
+
+
+def clip(spans: Intervals, *, lo: float, hi: float) -> Intervals:
+    """`spans` inside [lo, hi)."""
+    return [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
+
+
+def length(spans: Intervals) -> float:
+    """Their total length (µs)."""
+    return sum(b - a for a, b in spans)
+
+
+class _Member:
+    """Whether an instant lies in a set of sorted, disjoint intervals (bisect over their starts)."""
+
+    def __init__(self, spans: Intervals) -> None:
+        self.spans, self.starts = spans, [a for a, _ in spans]
+
+    def __contains__(self, t: float) -> bool:
+        i = bisect.bisect_right(self.starts, t) - 1
+        return i >= 0 and t < self.spans[i][1]
+
+
+def split_window(
+    window: tuple[float, float], *, busy: Intervals, comm: Intervals, optimizer: Intervals, recompute: Intervals
+) -> dict[str, float]:
+    """Each part's share of the window [lo, hi) (µs): busy instants are recompute, optimizer or compute (in that
+    precedence), idle ones comm_exposed while a collective runs, else other. The parts add up to hi − lo."""
+    lo, hi = window
+    sets = [clip(s, lo=lo, hi=hi) for s in (busy, comm, optimizer, recompute)]
+    cuts = sorted({lo, hi, *(t for s in sets for span in s for t in span)})
+    is_busy, is_comm, in_opt, in_rec = (_Member(s) for s in sets)
+    parts = dict.fromkeys(PARTS, 0.0)
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        if mid in is_busy:
+            part = "recompute" if mid in in_rec else "optimizer" if mid in in_opt else "compute"
+        else:
+            part = "comm_exposed" if mid in is_comm else "other"
+        parts[part] += b - a
+    return parts
+
+
+# --------------------------------------------------------------------------------------------------
+# a trace → this rank's breakdown (pure)
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's traced step, split (s)."""
+
+    rank: int
+    step: float
+    """the traced step's wall time: perf_counter around the step and its device synchronisation (s)"""
+    window: float
+    """the same step as the trace's annotation spans it (s): what the parts add up to"""
+    compute: float
+    recompute: float | None
+    optimizer: float
+    comm_exposed: float
+    other: float
+    comm_total: float
+    """time a collective ran during the step, hidden or not (s)"""
+    basis: str
+    """what the busy timeline was: `device kernels` (GPU) or `main thread operators` (CPU)"""
+    null_reasons: dict[str, str] = field(default_factory=dict)
+
+
+def _events(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in doc.get("traceEvents", ()) if e.get("ph") == "X" and "dur" in e and "ts" in e]
+
+
+def _span(e: Mapping[str, Any]) -> tuple[float, float]:
+    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
+
+def _is_comm_op(name: str) -> bool:
+    return name.startswith(COMM_OP_PREFIXES) or "wait_tensor" in name
+
+
+def _is_nccl(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def analyse(doc: Mapping[str, Any], *, rank: int, step_s: float, recompute_reason: str | None = None) -> RankTime:
+    """This rank's breakdown from its trace (the Chrome trace's JSON document). `recompute_reason`: why the
+    recomputation could not be marked (then recompute is null and its time is in compute)."""
+    events = _events(doc)
+    marks = [e for e in events if e.get("name") == STEP_MARK]
+    if not marks:
+        raise ValueError(f"the trace has no {STEP_MARK!r} annotation")
+    mark = marks[0]
+    lo, hi = _span(mark)
+    main = mark.get("tid")
+    opt = union(_span(e) for e in events if str(e.get("name", "")).startswith(OPTIMIZER_PREFIXES))
+    rec = union(_span(e) for e in events if e.get("name") == RECOMPUTE_MARK)
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and _span(e)[1] > lo and _span(e)[0] < hi]
+    if device:
+        busy, comm, opt, rec = _device_timelines(events, device, optimizer=opt, recompute=rec)
+        basis = "device kernels"
+    else:
+        ops = [e for e in events if e.get("tid") == main and e.get("cat") == "cpu_op"]
+        comm_ops = union(_span(e) for e in ops if _is_comm_op(str(e.get("name", ""))))
+        busy = minus(union(_span(e) for e in ops), comm_ops)
+        comm = union(_span(e) for e in events if str(e.get("name", "")).startswith("gloo:"))
+        basis = "main thread operators"
+    parts = split_window((lo, hi), busy=busy, comm=comm, optimizer=opt, recompute=rec)
+    reasons = {}
+    if recompute_reason is not None:
+        reasons["recompute"] = recompute_reason
+    return RankTime(
+        rank=rank,
+        step=step_s,
+        window=(hi - lo) / 1e6,
+        compute=parts["compute"] / 1e6,
+        recompute=None if recompute_reason is not None else parts["recompute"] / 1e6,
+        optimizer=parts["optimizer"] / 1e6,
+        comm_exposed=parts["comm_exposed"] / 1e6,
+        other=parts["other"] / 1e6,
+        comm_total=length(clip(comm, lo=lo, hi=hi)) / 1e6,
+        basis=basis,
+        null_reasons=reasons,
+    )
+
+
+def _device_timelines(
+    events: list[dict[str, Any]], device: list[dict[str, Any]], *, optimizer: Intervals, recompute: Intervals
+) -> tuple[Intervals, Intervals, Intervals, Intervals]:
+    """(busy, comm, optimizer, recompute) on the device: NCCL kernels are communication, every other kernel,
+    memcpy and memset is busy; a busy kernel is the optimizer's (recompute's) when the host call that launched it
+    (same correlation id) lies in the optimizer's (a recomputation's) annotation."""
+    launched = {
+        (e.get("args") or {}).get("correlation"): float(e["ts"])
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and (e.get("args") or {}).get("correlation") is not None
+    }
+    in_opt, in_rec = _Member(optimizer), _Member(recompute)
+    comm, busy, opt, rec = [], [], [], []
+    for e in device:
+        span = _span(e)
+        if _is_nccl(str(e.get("name", ""))):
+            comm.append(span)
+            continue
+        busy.append(span)
+        t = launched.get((e.get("args") or {}).get("correlation"))
+        if t is not None and t in in_rec:
+            rec.append(span)
+        elif t is not None and t in in_opt:
+            opt.append(span)
+    return union(busy), union(comm), union(opt), union(rec)
+
+
+# --------------------------------------------------------------------------------------------------
+# every rank's breakdown → metrics.time_s
+
+
+def combine(ranks: Sequence[RankTime]) -> dict[str, Any]:
+    """`metrics.time_s` (harness.results.record.TimeBreakdown): the slowest rank's parts (a step ends when its
+    slowest rank ends, as for the timed steps), how much slower it was than the fastest, and each rank's step and
+    exposed communication (the rank that waits least is the one the others wait for)."""
+    slowest = max(ranks, key=lambda r: r.step)
+    fastest = min(ranks, key=lambda r: r.step)
+    waits_least = min(ranks, key=lambda r: r.comm_exposed)
+    return {
+        "step": slowest.step,
+        "compute": slowest.compute,
+        "recompute": slowest.recompute,
+        "optimizer": slowest.optimizer,
+        "comm_exposed": slowest.comm_exposed,
+        "other": slowest.other,
+        "comm_total": slowest.comm_total,
+        "window": slowest.window,
+        "slowest_rank": slowest.rank,
+        "spread_s": slowest.step - fastest.step,
+        "waits_least_rank": waits_least.rank,
+        "by_rank": [
+            {"rank": r.rank, "step": r.step, "comm_exposed": r.comm_exposed, "compute": r.compute}
+            for r in sorted(ranks, key=lambda r: r.rank)
+        ],
+        "basis": slowest.basis,
+        "null_reasons": dict(slowest.null_reasons),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the traced step (torch)
+
+
+def trace_name(rank: int) -> str:
+    return f"rank{rank}.trace.json.gz"
+
+
+def trace_paths(run_id: str, world_size: int) -> list[str]:
+    """Every rank's trace, relative to the record's folder (what `artifacts.traces` lists)."""
+    return [f"{TRACE_DIR}/{run_id}/{trace_name(k)}" for k in range(world_size)]
+
+
+@dataclass
+class Traced:
+    """What the traced step gives rank 0 for the record."""
+
+    time_s: dict[str, Any]
+    """metrics.time_s"""
+    traces: list[str]
+    """artifacts.traces: every rank's trace, relative to the record"""
+
+
+def traced_step(
+    step: Callable[[], Any],
+    *,
+    trainer: Any,
+    device: Any,
+    sweep_dir: str | Path,
+    run_id: str,
+    rank: int,
+    world_size: int,
+    compiled: bool,
+    checkpointing: bool,
+) -> Traced | None:
+    """Run `step` once under the profiler, write this rank's trace, and gather every rank's breakdown: rank 0
+    gets `Traced`, the others None. Every rank must call it (it ends with a gather)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from harness.worker.meters.timing import synchronize
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    folder = Path(sweep_dir) / TRACE_DIR / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / f".rank{rank}.{os.getpid()}.json"
+    dist.barrier()  # NOTE: every rank starts the traced step together, so no rank's step includes another's lateness
+    synchronize(device)
+    with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
+        with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
+            with record_function(STEP_MARK):
+                t0 = time.perf_counter()
+                step()
+                synchronize(device)
+                step_s = time.perf_counter() - t0
+    try:
+        prof.export_chrome_trace(str(raw))
+        data = raw.read_bytes()
+    finally:
+        raw.unlink(missing_ok=True)
+    mine = analyse(json.loads(data), rank=rank, step_s=step_s, recompute_reason=recompute_reason)
+    from harness.results.store import atomic_write_bytes
+
+    atomic_write_bytes(folder / trace_name(rank), gzip.compress(data, compresslevel=6, mtime=0))
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, asdict(mine))
+    if rank != 0:
+        return None
+    return Traced(time_s=combine([RankTime(**g) for g in gathered]), traces=trace_paths(run_id, world_size))
+
+
+@contextmanager
+def _marks(trainer: Any, *, compiled: bool, checkpointing: bool) -> Iterator[str | None]:
+    """For the traced step only: annotate each checkpointed block's recomputation and DeepSpeed's engine.step.
+    Yields why recomputation is not marked (None when it is, or when nothing is checkpointed)."""
+    from torch.autograd.profiler import record_function
+
+    blocks = [m._checkpoint_wrapped_module for m in _modules(trainer) if type(m).__name__ == "CheckpointWrapper"]
+    reason = None
+    if checkpointing and compiled:
+        # NOTE: wrapping a compiled block's forward would make dynamo recompile it inside the traced step
+        reason = "torch.compile: the traced step leaves compiled blocks as they are; recompute is counted in compute"
+        blocks = []
+    elif checkpointing and not blocks:
+        reason = "no checkpointed block found in the trainer's modules; recompute is counted in compute"
+    for b in blocks:
+        b.forward = _marking_recompute(b.forward)
+    engine = getattr(trainer, "engine", None)
+    if engine is not None:
+        original = engine.step
+
+        def annotated_step(*args: Any, **kwargs: Any) -> Any:
+            with record_function(OPTIMIZER_MARK):
+                return original(*args, **kwargs)
+
+        engine.step = annotated_step
+    try:
+        yield reason
+    finally:
+        for b in blocks:
+            del b.forward  # NOTE: the instance attribute shadowed the class's forward; removing it restores that
+        if engine is not None:
+            del engine.step  # NOTE: the instance attribute shadowed the class's method; removing it restores that
+
+
+def _marking_recompute(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward`, annotated RECOMPUTE_MARK when autograd calls it from a backward: the checkpoint's recomputation.
+
+    NOTE: a wrapper around the call, not a pre- and a post-hook: the non-reentrant checkpoint stops a recomputation
+    early (an exception) once it has what the backward needs, and a post-hook would never close the annotation."""
+    from torch.autograd.profiler import record_function
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward: the block's own forward
+            return forward(*args, **kwargs)
+        with record_function(RECOMPUTE_MARK):
+            return forward(*args, **kwargs)
+
+    return marked
+
+
+def _modules(trainer: Any) -> list[Any]:
+    """Every module of the trainer's model (or of its pipeline stages)."""
+    roots = [getattr(trainer, "model", None), *(getattr(trainer, "modules", None) or [])]
+    return [m for root in roots if callable(getattr(root, "modules", None)) for m in root.modules()]

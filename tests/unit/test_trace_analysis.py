@@ -1,0 +1,125 @@
+"""harness.worker.meters.profile's analysis: a Chrome trace's events → the traced step's parts.
+
+Synthetic traces with known answers: a gloo-shaped one (main-thread operators, `gloo:*` spans on a worker thread)
+and a GPU-shaped one (kernels, NCCL kernels, launches with correlation ids). The GPU trace is made up, not recorded:
+no GPU runs here, and this is the only place the NCCL path is exercised on this machine. Real gloo traces are
+analysed in tests/dist/test_trace.py. Times are µs, as in the trace.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.worker.meters.profile import (
+    PARTS,
+    RECOMPUTE_MARK,
+    STEP_MARK,
+    RankTime,
+    analyse,
+    combine,
+    length,
+    minus,
+    split_window,
+    union,
+)
+
+MAIN, GLOO = 100, 200
+
+
+def x(name, ts, dur, *, tid=MAIN, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_gloo_trace_parts():
+    """Step 0–100: forward ops 0–30, a gap 30–32, backward 32–60 (recompute 40–50 inside), the allreduce issued
+    55–57 (a c10d op: not compute) and run by gloo 56–80, the main thread idle 60–80 (waiting), optimizer 80–95
+    (its annotation 80–97: 95–97 idle), the rest idle. A gloo span before the step is outside the window."""
+    events = [
+        x(STEP_MARK, 0, 100, cat="user_annotation"),
+        x("aten::linear", 0, 30),
+        x("aten::mm", 5, 10),  # nested: counts once
+        x("autograd::engine::evaluate_function: MmBackward0", 32, 23),
+        x(RECOMPUTE_MARK, 40, 10, cat="user_annotation"),
+        x("c10d::allreduce_", 55, 2),
+        x("aten::add_", 57, 3),
+        x("gloo:all_reduce", 56, 24, tid=GLOO, cat="user_annotation"),
+        x("gloo:all_reduce", -50, 20, tid=GLOO, cat="user_annotation"),
+        x("aten::copy_", 70, 5, tid=GLOO),  # gloo's own work on its thread: not the rank's compute
+        x("Optimizer.step#AdamW.step", 80, 17, cat="user_annotation"),
+        x("aten::_foreach_add_", 80, 15),
+    ]
+    r = analyse({"traceEvents": events}, rank=3, step_s=0.000101)
+    assert r.basis == "main thread operators"
+    got = {p: getattr(r, p) * 1e6 for p in PARTS}
+    assert got == pytest.approx(
+        {"compute": 30 + 8 + 5 + 3, "recompute": 10, "optimizer": 15, "comm_exposed": 1 + 20, "other": 2 + 1 + 5}
+    )
+    assert sum(got.values()) == pytest.approx(100)
+    assert r.comm_total * 1e6 == pytest.approx(24)
+    assert r.window == pytest.approx(100e-6) and r.step == 0.000101 and r.rank == 3
+
+
+def test_gpu_trace_parts_from_kernels():
+    """A made-up GPU trace (no GPU here): compute kernels 10–40 and 60–70, an NCCL all-reduce kernel 30–55
+    (hidden under compute 30–40, exposed 40–55), an optimizer kernel 80–90 whose launch (correlation 3) lies in
+    the optimizer's annotation, a recomputed kernel 45–50 launched inside the recompute annotation. Host-side
+    operators do not count as busy on a GPU."""
+    events = [
+        x(STEP_MARK, 0, 100, cat="user_annotation"),
+        x("aten::mm", 0, 100),  # the host is busy all along: irrelevant on a GPU
+        x(RECOMPUTE_MARK, 20, 5, cat="user_annotation", tid=7),
+        x("Optimizer.step#AdamW.step", 75, 5, cat="user_annotation"),
+        x("cudaLaunchKernel", 1, 1, cat="cuda_runtime", correlation=1),
+        x("cudaLaunchKernel", 22, 1, cat="cuda_runtime", correlation=2),
+        x("cudaLaunchKernel", 76, 1, cat="cuda_runtime", correlation=3),
+        x("sm90_gemm", 10, 30, tid=7, cat="kernel", correlation=1),
+        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 25, tid=9, cat="kernel"),
+        x("elementwise", 45, 5, tid=7, cat="kernel", correlation=2),
+        x("Memcpy DtoD", 60, 10, tid=7, cat="gpu_memcpy"),
+        x("multi_tensor_apply_kernel", 80, 10, tid=7, cat="kernel", correlation=3),
+    ]
+    r = analyse({"traceEvents": events}, rank=0, step_s=0.0001)
+    assert r.basis == "device kernels"
+    got = {p: getattr(r, p) * 1e6 for p in PARTS}
+    assert got == pytest.approx(
+        {"compute": 30 + 10, "recompute": 5, "optimizer": 10, "comm_exposed": 15 - 5, "other": 10 + 5 + 10 + 10}
+    )
+    assert r.comm_total * 1e6 == pytest.approx(25)
+
+
+def test_recompute_is_null_with_its_reason_when_not_marked():
+    events = [x(STEP_MARK, 0, 10, cat="user_annotation"), x("aten::mm", 0, 10)]
+    r = analyse({"traceEvents": events}, rank=0, step_s=1e-5, recompute_reason="torch.compile: …")
+    assert r.recompute is None and r.null_reasons == {"recompute": "torch.compile: …"}
+    assert r.compute == pytest.approx(10e-6)
+    with pytest.raises(ValueError, match="no 'harness.traced_step' annotation"):
+        analyse({"traceEvents": events[1:]}, rank=0, step_s=1e-5)
+
+
+def test_combine_takes_the_slowest_rank_and_names_who_waits_least():
+    def rank(k, step, exposed):
+        return RankTime(k, step, step, step - exposed, 0.0, 0.0, exposed, 0.0, exposed, "main thread operators")
+
+    t = combine([rank(0, 0.10, 0.03), rank(1, 0.12, 0.01), rank(2, 0.11, 0.02)])
+    assert (t["step"], t["comm_exposed"], t["slowest_rank"], t["waits_least_rank"]) == (0.12, 0.01, 1, 1)
+    assert t["spread_s"] == pytest.approx(0.02)
+    assert [r["rank"] for r in t["by_rank"]] == [0, 1, 2]
+
+
+spans = st.lists(st.tuples(st.integers(-20, 120), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy=spans, comm=spans, opt=spans, rec=spans)
+def test_parts_fill_the_window_and_exposed_never_exceeds_total(busy, comm, opt, rec):
+    """Any timelines: the parts add up to the window, and the exposed part is the window's communication not under
+    busy time (so never more than the communication)."""
+    b, c = union(busy), union(comm)
+    parts = split_window((0, 100), busy=b, comm=c, optimizer=union(opt), recompute=union(rec))
+    assert sum(parts.values()) == pytest.approx(100)
+    in_window = [(max(a, 0), min(z, 100)) for a, z in c if z > 0 and a < 100]
+    assert parts["comm_exposed"] == pytest.approx(length(minus(in_window, b)))
+    assert parts["comm_exposed"] <= length(in_window) + 1e-9
+    assert all(v >= 0 for v in parts.values())
