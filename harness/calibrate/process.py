@@ -3,8 +3,9 @@ environment (locally OMP_NUM_THREADS=1, as every rank runs) and set up as the pr
 allocator, device). Two roles:
 
 - `compute`: one process on one device measures the device (harness.calibrate.device), the collectives of a
-  one-rank group and the host's sharing at one rank (harness.calibrate.group), then each strategy family's
-  framework overhead (harness.calibrate.framework); it writes the calibration file without the merge's fields.
+  one-rank group and the host's sharing at one rank (harness.calibrate.group), the checkpoint folder's bandwidth
+  (harness.calibrate.storage), then each strategy family's framework overhead (harness.calibrate.framework); it
+  writes the calibration file without the merge's fields.
 - `collectives`: one rank of a group of N (RANK/WORLD_SIZE/MASTER_* from the launcher) measures the host's sharing
   and the collectives' curves; rank 0 writes them (a `CollectivesPart`).
 
@@ -33,6 +34,7 @@ from harness.calibrate.device import (
 )
 from harness.calibrate.framework import measure_framework
 from harness.calibrate.group import init_group, measure_collectives, measure_sharing
+from harness.calibrate.storage import measure_storage
 from harness.plan.calibration.file import (
     FORMAT,
     Calibration,
@@ -100,6 +102,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
         compute=measured,
         comm=comm,
         sharing=sharing,
+        storage=measure_storage(Path(cluster.checkpoint_dir or out.resolve().parent), quick=quick),
     )
     framework = measure_framework(cluster, part, device, quick=quick)
     compute = measured.model_copy(update={"framework": framework})

@@ -12,6 +12,7 @@ import gc
 import math
 
 from harness.plan import calibration as cal
+from harness.plan import checkpoint as ck
 from harness.plan import comm as cm
 from harness.plan import memory as mb
 from harness.plan import time as tm
@@ -79,7 +80,23 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
         "reason": reason,
         "notes": dict(mem.notes),
     }
+    if spec.settings.checkpoint:  # NOTE: only then, so every other cell's prediction reads as before
+        fields.update(_checkpoint_fields(spec, cluster, rates))
     return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+
+
+def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> dict[str, object]:
+    """predicted.checkpoint_bytes and checkpoint_s (harness.plan.checkpoint) at the cluster's rates."""
+    if rates is None:
+        try:
+            rates = cal.rates_for(cluster)
+        except cal.CalibrationMismatch as e:
+            return {
+                "checkpoint_bytes": ck.checkpoint_bytes(spec),
+                "checkpoint_s": None,
+                "checkpoint_null_reasons": {"checkpoint_s": str(e.problems[0])},
+            }
+    return ck.checkpoint_prediction(spec, rates)
 
 
 def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:

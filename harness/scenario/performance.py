@@ -14,9 +14,10 @@ from typing import Any
 
 from harness.core.errors import Problem, unknown
 
-PERFORMANCE_KEYS = ("matmul_tflops", "memory_gbps", "intra_node", "inter_node", "sources")
+PERFORMANCE_KEYS = ("matmul_tflops", "memory_gbps", "intra_node", "inter_node", "storage", "sources")
 MATMUL_KEYS = ("fp32", "tf32", "bf16", "fp16")
 LINK_KEYS = ("busbw_gbps", "latency_us")
+STORAGE_KEYS = ("write_gbps", "read_gbps")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,16 @@ class LinkFigures:
     """bus bandwidth (GB/s, 1e9 B/s; nccl-tests convention), None = unknown"""
     latency_us: float | None = None
     """time of a tiny collective (us), None = unknown"""
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    """Where checkpoints go (the profile's checkpoint_dir): its sequential write and read bandwidth from one node."""
+
+    write_gbps: float | None = None
+    """bytes written per second by one node's ranks together, fsync included (GB/s, 1e9 B/s); None = unknown"""
+    read_gbps: float | None = None
+    """bytes read per second by one node (GB/s); None = unknown"""
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,8 @@ class Performance:
     """collectives among the GPUs of one node"""
     inter_node: LinkFigures = LinkFigures()
     """collectives across nodes (per GPU)"""
+    storage: StorageFigures = StorageFigures()
+    """the checkpoint folder's bandwidth (predicted.checkpoint_s)"""
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     """figure name → where it comes from"""
 
@@ -85,6 +98,7 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
     for name in ("intra_node", "inter_node"):
         raw = _figures(doc, name, LINK_KEYS, "a mapping (busbw_gbps, latency_us)", file, problems)
         links[name] = LinkFigures(busbw_gbps=raw.get("busbw_gbps"), latency_us=raw.get("latency_us"))
+    storage = _figures(doc, "storage", STORAGE_KEYS, "a mapping (write_gbps, read_gbps)", file, problems)
     sources = doc.get("sources") or {}
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         problems.append(Problem(file, "performance.sources", "must map figure names to source strings"))
@@ -96,5 +110,8 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         memory_gbps=None if doc.get("memory_gbps") is None else float(doc["memory_gbps"]),
         intra_node=links["intra_node"],
         inter_node=links["inter_node"],
+        storage=StorageFigures(
+            **{k: None if storage.get(k) is None else float(storage[k]) for k in STORAGE_KEYS if k in storage}
+        ),
         sources={str(k): v for k, v in sources.items()},
     )

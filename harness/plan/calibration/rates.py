@@ -30,6 +30,7 @@ from harness.plan.calibration.file import (
     FrameworkCost,
     GemmPoint,
     Sharing,
+    Storage,
 )
 from harness.plan.calibration.find import ClusterProfile, Found, candidate_paths, find_calibration
 from harness.scenario.performance import Performance
@@ -196,6 +197,10 @@ class Rates:
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         raise NotImplementedError
 
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        """Writing (`op` write, fsync included) or reading (`op` read) `nbytes` of checkpoint from one node (s)."""
+        raise NotImplementedError
+
     def p2p_s(self, *, link: str, nbytes: float, dtype: str) -> float:
         """One point-to-point transfer (a pipeline's send or recv of `nbytes`) on `link`: priced as a broadcast
         between two ranks, whose bus factor is 1 (nccl-tests' sendrecv and broadcast both have busbw = algbw): the
@@ -337,6 +342,7 @@ class CalibratedRates(Rates):
         self._sharing = sharing_curves(cal.sharing)
         self._sync_wait = sync_wait_points(cal.sharing)
         self._comm = comm_curves(cal.comm)
+        self._storage: Storage | None = cal.storage
         # NOTE: the figures' digest from pydantic's JSON of the model (in Rust: a third of the time of hashing the
         # dict, which was most of reading a file); equal files give equal JSON, with their defaults filled in
         figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
@@ -356,6 +362,12 @@ class CalibratedRates(Rates):
         if not pts or self.device != "cpu":
             return super().share(kind, ranks=ranks)
         return _per_ranks(pts, ranks)
+
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        if self._storage is None:
+            raise Unknown(f"no storage bandwidth measured in {self.path.name}; run `harness calibrate` again")
+        gbps = self._storage.write_gbps if op == "write" else self._storage.read_gbps
+        return nbytes / (gbps * 1e9)
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
         return _calibrated_gemm_s(self, dtype, m, n, k, layout)
@@ -487,6 +499,10 @@ class ProfileRates(Rates):
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
         self.dispatch_s()  # unknown on a CPU profile; on GPUs the host's framework work runs ahead of the device
         return 0.0
+
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        gbps = self.perf.storage.write_gbps if op == "write" else self.perf.storage.read_gbps
+        return nbytes / (self._need(gbps, f"storage.{op}_gbps (the checkpoint folder's bandwidth)") * 1e9)
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:
