@@ -371,6 +371,8 @@ def compare_indexed(
                     cell.basis = basis_of(len(b_runs), len(c_runs), min_runs=min_runs)
                 cell.notes.extend(_failed_runs_notes(base, cand, key))
                 for m in judged:
+                    if m.absent_in(b, c):  # a phase neither cell ran (checkpoint): no row, as before it existed
+                        continue
                     threshold = limits.get(m.name, limits["default"])
                     cell.metrics.append(
                         compare_metric(

@@ -173,6 +173,21 @@ def run(
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
         timed = _timed_steps(step, n=s.measure_steps, device=device)
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
+        # NOTE: the checkpoint phase comes last (after the traced step): it trains on, so nothing measured follows it
+        ckpt = (
+            _checkpoint_phase(
+                trainer,
+                step,
+                batches,
+                spec=spec,
+                payload=payload,
+                topo=(rank, world_size, local_rank),
+                device=device,
+                steps_done=comm_summary["counted_step"],
+            )
+            if s.checkpoint
+            else None
+        )
         ranks = _aggregate_over_ranks(
             warm_losses + timed.losses,
             timed=timed,
@@ -197,6 +212,10 @@ def run(
             comm_summary=comm_summary,
             allocator=allocator_used,
         )
+        if ckpt is not None:
+            from harness.worker.checkpoint import into_record
+
+            record = into_record(record, ckpt)
         write_record(payload.results, record)
         return record
     except BaseException as e:
@@ -352,6 +371,24 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
     comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 1
     comm_summary["counted_step_time_s"] = counted_times[0]
     return comm_summary
+
+
+def _checkpoint_phase(
+    trainer, step, batches, *, spec: RunSpec, payload: Payload, topo: tuple[int, int, int], device: Any, steps_done: int
+) -> Any:
+    """The checkpoint phase (harness.worker.checkpoint): save, reload into a fresh trainer built like this one, train
+    on; its outcome, the same on every rank. `topo`: (rank, world size, local rank)."""
+    from harness.worker.checkpoint import run_checkpoint
+
+    rank, world_size, local_rank = topo
+
+    def fresh() -> tuple[Any, Any]:
+        new, _ = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        return new, lambda: new.step(batches)
+
+    return run_checkpoint(
+        trainer, step, spec=spec, payload=payload, rank=rank, device=device, steps_done=steps_done, fresh=fresh
+    )
 
 
 @dataclass
