@@ -151,8 +151,9 @@ def _null_reasons(out: CheckpointOutcome) -> None:
     why = out.failure or "not measured"
     for name in ("save_s", "load_s", "bytes", "files", "resume_loss_delta"):
         if out.fields.get(name) is None:
-            out.fields[name] = None
             out.null_reasons[f"checkpoint.{name}"] = why
+    for name in Checkpoint.model_fields:  # every field in every record, null where the phase did not reach it
+        out.fields.setdefault(name, None)
 
 
 def _agree(error: str | None) -> str | None:
@@ -185,6 +186,7 @@ def _timed_collective(fn: Callable[[], Any], *, what: str, device: Any) -> tuple
     """(every rank's time (s), the failure or None, what fn returned on this rank): fn between barriers, each rank
     timed from the first barrier to its own end (device synchronised)."""
     import torch.distributed as dist
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from harness.worker.meters.timing import synchronize
 
@@ -194,12 +196,23 @@ def _timed_collective(fn: Callable[[], Any], *, what: str, device: Any) -> tuple
     try:
         result = fn()
         synchronize(device)
-    except Exception as e:  # noqa: BLE001 - disk full, unwritable, a truncated file: the record says which
-        error = f"checkpoint {what} failed: {type(e).__name__}: {e}".strip()[:1000]
+    # NOTE: DCP's CheckpointException is a BaseException: every rank's failure, gathered by DCP itself
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - disk full, unwritable, a truncated file
+        error = f"checkpoint {what} failed: {_describe(e)}"[:1000]
     elapsed = time.perf_counter() - t0
     times: list[float] = [0.0] * dist.get_world_size()
     dist.all_gather_object(times, elapsed)
     return times, _agree(error), result
+
+
+def _describe(e: BaseException) -> str:
+    """`Type: message` of a failure; for DCP's CheckpointException, its first failing rank's exception (not every
+    rank's traceback)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (inner, _) = min(failures.items())
+        return f"{type(e).__name__} on rank {rank}: {type(inner).__name__}: {inner}".strip()
+    return f"{type(e).__name__}: {e}".strip()
 
 
 def _files_and_bytes(folder: Path, *, rank: int) -> tuple[int, int]:
