@@ -9,7 +9,8 @@ Called once by harness.worker.runner after the timed (and counted, and traced) s
    makes it and every rank tries to write in it before anything is saved, so an unwritable dir is one clear reason,
    not a failure inside a library's collective.
 2. save: the family's `save_checkpoint` (DCP with sharded state dicts for FSDP/FSDP2, rank 0's torch.save for DDP,
-   DeepSpeed's save_checkpoint for ZeRO), between barriers; each rank's own time is kept, the slowest reported.
+   DeepSpeed's save_checkpoint for ZeRO) and an fsync of its files (a checkpoint counts once it is on storage),
+   between barriers; each rank's own time is kept, the slowest reported.
 3. rank 0 counts the files and bytes under the folder (every rank's, on the shared folder).
 4. the reference: two more steps of the uninterrupted trainer, their losses kept.
 5. load: a fresh trainer (the same build as the measured one: keyed init, same seed), the family's
@@ -26,6 +27,7 @@ reason; the runner then writes the cell's record with its measured steps and sta
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -92,9 +94,14 @@ def run_checkpoint(
     try:
         failure = _prepare(folder, rank=rank)
         if failure is None:
-            save_s, failure, fmt = _timed_collective(
-                lambda: fam.save_checkpoint(trainer, folder, step=steps_done), what="save", device=device
-            )
+            node_leader = rank % spec.gpus_per_node == 0
+
+            def save() -> str:
+                fmt = fam.save_checkpoint(trainer, folder, step=steps_done)
+                _make_durable(folder, node_leader=node_leader)
+                return fmt
+
+            save_s, failure, fmt = _timed_collective(save, what="save", device=device)
             out.fields.update(format=fmt, save_s=max(save_s), save_s_per_rank=save_s)
         if failure is None:
             n_files, n_bytes = _files_and_bytes(folder, rank=rank)
@@ -203,6 +210,23 @@ def _timed_collective(fn: Callable[[], Any], *, what: str, device: Any) -> tuple
     times: list[float] = [0.0] * dist.get_world_size()
     dist.all_gather_object(times, elapsed)
     return times, _agree(error), result
+
+
+def _make_durable(folder: Path, *, node_leader: bool) -> None:
+    """A save ends when its files are on storage, not in the page cache: the first rank of each node fsyncs every
+    file of the checkpoint (its node's dirty pages go out; another node's files are clean here, a cheap fsync), then
+    every rank waits for all nodes. torch.save and DeepSpeed do not sync; DCP syncs its own files (sync_files)."""
+    import torch.distributed as dist
+
+    if node_leader:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    dist.barrier()
 
 
 def _describe(e: BaseException) -> str:
