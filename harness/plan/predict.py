@@ -184,7 +184,7 @@ def time_footer(cells: list[PlannedCell]) -> str:
 
 
 def cell_options(spec: RunSpec) -> str:
-    """The table's `opts` column: checkpointing, offload, layout, and micro-batch × sequence."""
+    """The table's `opts` column: checkpointing, offload, layout, the checkpoint phase, and micro-batch × sequence."""
     s = spec.settings
     ac = s.activation_checkpointing
     return ",".join(
@@ -194,6 +194,7 @@ def cell_options(spec: RunSpec) -> str:
             (f"offload={s.offload}" if s.offload != "none" else ""),
             (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
             (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+            ("ckpt" if s.checkpoint else ""),
             f"mb{s.micro_batch}x{s.seq_len}",
         )
         if o
