@@ -32,7 +32,7 @@ def _byte_unit(max_bytes: float) -> tuple[float, str]:
     return 1.0, "bytes"
 
 
-@register("checkpoint", order=75, cost=0.4)
+@register("checkpoint", order=75, cost=0.05)
 def checkpoint_figure(fc: pd.DataFrame) -> Figure:
     title = "Checkpoint save, load and size"
     caption = (
