@@ -11,7 +11,7 @@ allocator, device). Two roles:
 
 Both write through the file's typed models (harness.plan.calibration.file), atomically.
 
-    python -m harness.calibrate.process compute --cluster PROFILE --out FILE [--quick]
+    python -m harness.calibrate.process compute --cluster PROFILE --out FILE [--quick] [--storage-dir DIR]
     python -m harness.calibrate.process collectives --cluster PROFILE --out FILE [--quick] [--link intra|inter]
 """
 
@@ -80,8 +80,9 @@ def process_setup(cluster_path: str) -> tuple[Cluster, torch.device]:
     return cluster, torch.device("cpu")
 
 
-def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
-    """The `compute` role: the device, the one-rank group, the framework overheads; writes the file's device part."""
+def run_compute(cluster_path: str, out: Path, *, quick: bool, storage_dir: Path | None = None) -> None:
+    """The `compute` role: the device, the one-rank group, the storage at `storage_dir` (default: the profile's
+    checkpoint_dir, else `out`'s folder), the framework overheads; writes the file's device part."""
     cluster, device = process_setup(cluster_path)
     t0 = time.perf_counter()
     measured = Compute(
@@ -102,7 +103,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
         compute=measured,
         comm=comm,
         sharing=sharing,
-        storage=measure_storage(Path(cluster.checkpoint_dir or out.resolve().parent), quick=quick),
+        storage=measure_storage(storage_dir or Path(cluster.checkpoint_dir or out.resolve().parent), quick=quick),
     )
     framework = measure_framework(cluster, part, device, quick=quick)
     compute = measured.model_copy(update={"framework": framework})
@@ -132,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="a smaller grid (tests)")
     ap.add_argument("--link", default="intra", help="collectives: the link the group spans (intra | inter)")
+    ap.add_argument("--storage-dir", type=Path, help="compute: the folder whose write/read bandwidth is measured")
     args = ap.parse_args(argv)
     if args.role == "compute":
-        run_compute(args.cluster, args.out, quick=args.quick)
+        run_compute(args.cluster, args.out, quick=args.quick, storage_dir=args.storage_dir)
     else:
         run_collectives(args.cluster, args.out, quick=args.quick, link=args.link)
     return 0
