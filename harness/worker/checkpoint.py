@@ -102,7 +102,8 @@ def run_checkpoint(
                 return fmt
 
             save_s, failure, fmt = _timed_collective(save, what="save", device=device)
-            out.fields.update(format=fmt, save_s=max(save_s), save_s_per_rank=save_s)
+            if failure is None:  # NOTE: a failed save's time is how long it took to fail: not a save time
+                out.fields.update(format=fmt, save_s=max(save_s), save_s_per_rank=save_s)
         if failure is None:
             n_files, n_bytes = _files_and_bytes(folder, rank=rank)
             out.fields.update(files=n_files, bytes=n_bytes)
