@@ -3,14 +3,15 @@ environment (locally OMP_NUM_THREADS=1, as every rank runs) and set up as the pr
 allocator, device). Two roles:
 
 - `compute`: one process on one device measures the device (harness.calibrate.device), the collectives of a
-  one-rank group and the host's sharing at one rank (harness.calibrate.group), then each strategy family's
-  framework overhead (harness.calibrate.framework); it writes the calibration file without the merge's fields.
+  one-rank group and the host's sharing at one rank (harness.calibrate.group), the checkpoint folder's bandwidth
+  (harness.calibrate.storage), then each strategy family's framework overhead (harness.calibrate.framework); it
+  writes the calibration file without the merge's fields.
 - `collectives`: one rank of a group of N (RANK/WORLD_SIZE/MASTER_* from the launcher) measures the host's sharing
   and the collectives' curves; rank 0 writes them (a `CollectivesPart`).
 
 Both write through the file's typed models (harness.plan.calibration.file), atomically.
 
-    python -m harness.calibrate.process compute --cluster PROFILE --out FILE [--quick]
+    python -m harness.calibrate.process compute --cluster PROFILE --out FILE [--quick] [--storage-dir DIR]
     python -m harness.calibrate.process collectives --cluster PROFILE --out FILE [--quick] [--link intra|inter]
 """
 
@@ -33,6 +34,7 @@ from harness.calibrate.device import (
 )
 from harness.calibrate.framework import measure_framework
 from harness.calibrate.group import init_group, measure_collectives, measure_sharing
+from harness.calibrate.storage import measure_storage
 from harness.plan.calibration.file import (
     FORMAT,
     Calibration,
@@ -79,8 +81,9 @@ def process_setup(cluster_path: str) -> tuple[Cluster, torch.device]:
     return cluster, torch.device("cpu")
 
 
-def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
-    """The `compute` role: the device, the one-rank group, the framework overheads; writes the file's device part."""
+def run_compute(cluster_path: str, out: Path, *, quick: bool, storage_dir: Path | None = None) -> None:
+    """The `compute` role: the device, the one-rank group, the storage at `storage_dir` (default: the profile's
+    checkpoint_dir, else `out`'s folder), the framework overheads; writes the file's device part."""
     cluster, device = process_setup(cluster_path)
     t0 = time.perf_counter()
     measured = Compute(
@@ -101,6 +104,7 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool) -> None:
         compute=measured,
         comm=comm,
         sharing=sharing,
+        storage=measure_storage(storage_dir or Path(cluster.checkpoint_dir or out.resolve().parent), quick=quick),
     )
     framework = measure_framework(cluster, part, device, quick=quick)
     compute = measured.model_copy(update={"framework": framework})
@@ -130,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="a smaller grid (tests)")
     ap.add_argument("--link", default="intra", help="collectives: the link the group spans (intra | inter)")
+    ap.add_argument("--storage-dir", type=Path, help="compute: the folder whose write/read bandwidth is measured")
     args = ap.parse_args(argv)
     silence_collective_renames()
     if args.role == "compute":
-        run_compute(args.cluster, args.out, quick=args.quick)
+        run_compute(args.cluster, args.out, quick=args.quick, storage_dir=args.storage_dir)
     else:
         run_collectives(args.cluster, args.out, quick=args.quick, link=args.link)
     return 0

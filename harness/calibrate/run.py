@@ -174,7 +174,9 @@ JOB_MINUTES = 30
 """the --time of each calibration job (min); the profile's time_limit_min caps it"""
 
 
-def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path) -> Measured:
+def _calibrate_on_slurm(
+    cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path, storage: Path
+) -> Measured:
     import submitit
 
     executor = submitit.AutoExecutor(folder=work / "submitit", cluster="slurm", slurm_max_num_timeout=0)
@@ -185,7 +187,7 @@ def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...
         cluster=cluster,
         nodes=1,
         tasks=1,
-        argv=["compute", "--out", str(compute), *flags],
+        argv=["compute", "--out", str(compute), "--storage-dir", str(storage), *flags],
         what="device, one-rank collectives and framework overheads",
     )
     device_part = read_calibration(compute)
@@ -198,13 +200,14 @@ def _calibrate_on_slurm(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...
     return device_part, parts
 
 
-def _calibrate_locally(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...]) -> Measured:
+def _calibrate_locally(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], storage: Path) -> Measured:
     env = _env(cluster)
     with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
         compute = Path(tmp) / "compute.json"
         print(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads", flush=True)
         cmd = [sys.executable, "-m", PROCESS, "compute", "--cluster", cluster.path]
-        _run(cmd + ["--out", str(compute)] + (["--quick"] if quick else []), env, "of the device")
+        cmd += ["--out", str(compute), "--storage-dir", str(storage)]
+        _run(cmd + (["--quick"] if quick else []), env, "of the device")
         device_part = read_calibration(compute)
         parts = []
         for world in worlds:
@@ -222,13 +225,16 @@ def calibrate(
     file; returns the path."""
     check_calibratable(cluster)
     target = out or write_path(cluster)
+    # NOTE: the checkpoint folder's bandwidth is measured where checkpoints go: the profile's checkpoint_dir, else
+    # beside the calibration file (not the processes' temp folder, which may be another file system)
+    storage = Path(cluster.checkpoint_dir) if cluster.checkpoint_dir else target.resolve().parent
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if cluster.executor == "slurm":
         with _work_dir(target) as work:
-            device_part, parts = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work)
+            device_part, parts = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work, storage=storage)
     else:
-        device_part, parts = _calibrate_locally(cluster, quick=quick, worlds=worlds)
+        device_part, parts = _calibrate_locally(cluster, quick=quick, worlds=worlds, storage=storage)
     merged = device_part.merged(
         parts,
         created_at=started.isoformat(timespec="seconds"),

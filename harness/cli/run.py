@@ -17,7 +17,7 @@ import click
 from harness.core.errors import InputError, Problem, one_of
 from harness.core.zoo import ZOO, ZOO_SOURCES, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
-from harness.scenario.schema import STRATEGIES, load_scenario
+from harness.scenario.schema import STRATEGIES, Scenario, load_scenario
 
 if TYPE_CHECKING:
     from harness.launch.core.manifest import RunEntry, SweepManifest
@@ -72,6 +72,12 @@ def cluster_option(f):
     help="every cell with `trace: true`: one more step under torch.profiler after the timed ones, each rank's "
     "Chrome trace beside the record and the measured step-time breakdown (metrics.time_s)",
 )
+@click.option(
+    "--checkpoint",
+    is_flag=True,
+    help="every cell also saves and reloads its training state after the timed steps (the `checkpoint` setting; "
+    "a scenario's own `checkpoint` axis still decides its cells): metrics.checkpoint",
+)
 def sweep(
     scenario: str,
     cluster_name: str,
@@ -82,6 +88,7 @@ def sweep(
     pack: bool,
     repeat: int,
     trace: bool = False,
+    checkpoint: bool = False,
 ) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record (with --repeat K, K records). Exit 1 if any
     run failed.
@@ -103,6 +110,8 @@ def sweep(
     sc = load_scenario(scenario)
     if trace:
         sc = sc.with_setting("trace", True)
+    if checkpoint:
+        sc = with_checkpoint(sc)
     cluster = load_cluster(cluster_name)
     local = [flag for flag, on in (("--no-wait", no_wait), ("--pack", pack)) if on and cluster.executor != "slurm"]
     if local:
@@ -149,6 +158,11 @@ def sweep(
     me, folder = this_command(), shlex.quote(str(res.results_dir))
     click.echo(f"records: {res.results_dir}/  ({me} report {shlex.quote(results)} | {me} status {folder})")
     return 1 if res.failed else 0
+
+
+def with_checkpoint(sc: Scenario) -> Scenario:
+    """`--checkpoint`: the scenario with `checkpoint: true` among its settings (cells that set it keep theirs)."""
+    return dataclasses.replace(sc, settings={**sc.settings, "checkpoint": True})
 
 
 def this_command() -> str:

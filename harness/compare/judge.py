@@ -371,8 +371,8 @@ def compare_indexed(
                     cell.basis = basis_of(len(b_runs), len(c_runs), min_runs=min_runs)
                 cell.notes.extend(_failed_runs_notes(base, cand, key))
                 for m in judged:
-                    if m.optional and m.raw(b) is None and m.raw(c) is None:
-                        continue  # NOTE: measured in some cells only (a traced step's parts): neither side has it
+                    if m.absent_in(b, c):  # a phase neither cell ran (trace, checkpoint): no row, as before it existed
+                        continue
                     threshold = limits.get(m.name, limits["default"])
                     cell.metrics.append(
                         compare_metric(

@@ -73,8 +73,8 @@ def judge_cell(entry: Entry, runs: Sequence[Run], *, rules: Rules) -> CellVerdic
     for metric in keys.HISTORY_METRICS:
         series = series_of(mine, metric.name, window=rules.window)
         value = entry.values.get(metric.name)
-        if metric.optional and value is None and not series.values:
-            continue  # NOTE: measured in some cells only (a traced step's parts): neither tonight nor before
+        if metric.phase is not None and value is None and not series.values:
+            continue  # a phase this cell never ran (trace, checkpoint): no row, as before the phase existed
         cell.metrics.append(judge_metric(metric, series, value, entry, rules=rules, searches=searches))
     return cell
 

@@ -12,6 +12,7 @@ import gc
 import math
 
 from harness.plan import calibration as cal
+from harness.plan import checkpoint as ck
 from harness.plan import comm as cm
 from harness.plan import memory as mb
 from harness.plan import time as tm
@@ -79,7 +80,23 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
         "reason": reason,
         "notes": dict(mem.notes),
     }
+    if spec.settings.checkpoint:  # NOTE: only then, so every other cell's prediction reads as before
+        fields.update(_checkpoint_fields(spec, cluster, rates))
     return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+
+
+def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> dict[str, object]:
+    """predicted.checkpoint_bytes and checkpoint_s (harness.plan.checkpoint) at the cluster's rates."""
+    if rates is None:
+        try:
+            rates = cal.rates_for(cluster)
+        except cal.CalibrationMismatch as e:
+            return {
+                "checkpoint_bytes": ck.checkpoint_bytes(spec),
+                "checkpoint_s": None,
+                "checkpoint_null_reasons": {"checkpoint_s": str(e.problems[0])},
+            }
+    return ck.checkpoint_prediction(spec, rates)
 
 
 def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
@@ -167,7 +184,7 @@ def time_footer(cells: list[PlannedCell]) -> str:
 
 
 def cell_options(spec: RunSpec) -> str:
-    """The table's `opts` column: checkpointing, offload, layout, and micro-batch × sequence."""
+    """The table's `opts` column: checkpointing, offload, layout, the checkpoint phase, and micro-batch × sequence."""
     s = spec.settings
     ac = s.activation_checkpointing
     return ",".join(
@@ -177,6 +194,7 @@ def cell_options(spec: RunSpec) -> str:
             (f"offload={s.offload}" if s.offload != "none" else ""),
             (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
             (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+            ("ckpt" if s.checkpoint else ""),
             f"mb{s.micro_batch}x{s.seq_len}",
         )
         if o

@@ -132,6 +132,15 @@ class Prediction(_Frozen):
     """measured / predicted collective bytes − 1 (fraction; 0.0: exact), added by the worker"""
     step_time_deviation: Number | None = None
     """measured median step time / predicted − 1 (fraction; 0.0: exact), added by the worker"""
+    checkpoint_bytes: Number | None = None
+    """`checkpoint: true` cells: tensor bytes of the strategy's checkpoint, all ranks (B; harness.plan.checkpoint)"""
+    checkpoint_s: Number | None = None
+    """`checkpoint: true` cells: the save at the checkpoint folder's write bandwidth (s); null: see
+    checkpoint_null_reasons"""
+    checkpoint_null_reasons: dict[str, str] | None = None
+    """checkpoint field → why it is null"""
+    checkpoint_bytes_deviation: Number | None = None
+    """measured checkpoint bytes / predicted − 1 (fraction; the format's framing), added by the worker"""
 
     @classmethod
     def of(cls, fields: dict[str, Any], time: TimePrediction) -> Prediction:

@@ -100,8 +100,13 @@ class Metric:
     """stays a float in table.csv even when a value is whole (default: by the column's unit suffix)"""
     get: Callable[[Record], Any] | None = None
     """how to read it: `path`'s value by default (path_getter); a function for a derived value (a count)"""
-    optional: bool = False
-    """measured only in some cells (a traced step's parts): compare lists it for a cell only where a side has it"""
+    phase: str | None = None
+    """the optional phase that measures it (`trace`, `checkpoint`): compare and the history leave it out of a cell where
+    neither side has it, so cells that never ran the phase compare exactly as before it existed"""
+
+    def absent_in(self, *recs: Record | None) -> bool:
+        """A phase's metric that none of `recs` has (nothing to compare)."""
+        return self.phase is not None and all(r is None or self.raw(r) is None for r in recs)
 
     def __post_init__(self) -> None:
         if self.get is None:
@@ -194,7 +199,7 @@ METRICS: tuple[Metric, ...] = (
             SAMPLED,
             column=f"measured_{p}_s",
             null_reason=TRACE_OFF,
-            optional=True,
+            phase="trace",
         )
         for p in MEASURED_PARTS
     ),
@@ -210,6 +215,61 @@ METRICS: tuple[Metric, ...] = (
     Metric("predicted_comm_total_s", ("predicted", "time_s", "comm_total"), "s", True, SHOWN),
     Metric("loss", ("metrics", "loss"), "nats", True, SHOWN),
     Metric("measured_spread_s", ("metrics", "time_s", "spread_s"), "s", True, SHOWN, null_reason=TRACE_OFF),
+    # the checkpoint phase (`checkpoint: true` cells; absent elsewhere): times judged like timing, bytes exactly
+    Metric(
+        "checkpoint.save_s",
+        ("metrics", "checkpoint", "save_s"),
+        "s",
+        True,
+        SAMPLED,
+        column="checkpoint_save_s",
+        phase="checkpoint",
+    ),
+    Metric(
+        "checkpoint.load_s",
+        ("metrics", "checkpoint", "load_s"),
+        "s",
+        True,
+        SAMPLED,
+        column="checkpoint_load_s",
+        phase="checkpoint",
+    ),
+    Metric(
+        "checkpoint.bytes",
+        ("metrics", "checkpoint", "bytes"),
+        "bytes",
+        True,
+        EXACT,
+        column="checkpoint_bytes",
+        phase="checkpoint",
+    ),
+    Metric(
+        "predicted.checkpoint_bytes",
+        ("predicted", "checkpoint_bytes"),
+        "bytes",
+        True,
+        EXACT,
+        column="predicted_checkpoint_bytes",
+        null_reason=("predicted", "checkpoint_null_reasons", "checkpoint_bytes"),
+        phase="checkpoint",
+    ),
+    Metric("checkpoint_files", ("metrics", "checkpoint", "files"), "count", True, SHOWN),
+    Metric(
+        "resume_loss_delta",
+        ("metrics", "checkpoint", "resume_loss_delta"),
+        "nats",
+        True,
+        SHOWN,
+        null_reason=("metrics", "null_reasons", "checkpoint.resume_loss_delta"),
+    ),
+    Metric(
+        "predicted_checkpoint_s",
+        ("predicted", "checkpoint_s"),
+        "s",
+        True,
+        SHOWN,
+        null_reason=("predicted", "checkpoint_null_reasons", "checkpoint_s"),
+    ),
 )
 """every quantity, in the order compare lists the judged ones (then the report's own)"""
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

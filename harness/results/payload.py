@@ -28,6 +28,8 @@ class PayloadCluster(Typed):
     """environment variables set in each rank (unless already set)"""
     cpu_allocator: Annotated[str | None, SOMETIMES] = None
     """'caching' or 'system': what a CPU rank's malloc does with freed memory (harness.worker.allocator)"""
+    checkpoint_dir: Annotated[str | None, SOMETIMES] = None
+    """where `checkpoint: true` cells write (the profile's checkpoint_dir); absent: under the results folder"""
 
 
 class PackPlace(Typed):

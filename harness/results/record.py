@@ -109,6 +109,8 @@ class Spec(Typed):
     """tp > 1: the norms run on sequence shards (absent in older records: false)"""
     trace: Annotated[bool | None, SOMETIMES] = None
     """one more step profiled after the timed ones (absent in older records: false)"""
+    checkpoint: Annotated[bool | None, SOMETIMES] = None
+    """the cell saved and reloaded its training state after the timed steps (absent in older records: false)"""
 
     model_config = ConfigDict(**{**Typed.model_config, "populate_by_name": True, "protected_namespaces": ()})
 
@@ -209,6 +211,36 @@ class TimeBreakdown(Typed):
     """part → why it is null"""
 
 
+class Checkpoint(Typed):
+    """The checkpoint phase (`checkpoint: true`, harness.worker.checkpoint): the full training state saved the
+    strategy's way after the timed steps, loaded into a fresh model and optimizer, and trained on."""
+
+    format: str | None = None
+    """how it was written: dcp (FSDP, FSDP2: torch.distributed.checkpoint, sharded) | torch.save (rank 0) (DDP) |
+    deepspeed (ZeRO: engine.save_checkpoint)"""
+    dir: str | None = None
+    """the folder the checkpoint was written under (deleted after measuring)"""
+    step: int | None = None
+    """the optimizer steps the saved state holds (count)"""
+    save_s: Num | None = None
+    """the save between barriers, the slowest rank's (s); null: see null_reasons['checkpoint.save_s']"""
+    save_s_per_rank: list[Num] | None = None
+    """every rank's save time, by rank (s)"""
+    load_s: Num | None = None
+    """the load into a fresh model and optimizer between barriers, the slowest rank's (s)"""
+    load_s_per_rank: list[Num] | None = None
+    """every rank's load time, by rank (s)"""
+    bytes: int | None = None
+    """bytes written, every rank's files (B)"""
+    files: int | None = None
+    """files written, every rank's (count)"""
+    resume_loss_delta: Num | None = None
+    """loss after the reload minus the uninterrupted run's loss of the same step, the larger of the two steps after
+    it (nats; 0.0 for a correct checkpoint)"""
+    resume_losses: list[Num] | None = None
+    """the losses of the steps after the reload, mean over ranks (nats)"""
+
+
 class Metrics(Typed):
     """What rank 0 measured (status ok, or nan: the numbers of the steps that ran); `{}` in a record rank 0 did not
     write (composed from failures, or skipped)."""
@@ -255,6 +287,8 @@ class Metrics(Typed):
     """torch.compile's counts"""
     time_s: Annotated[TimeBreakdown | None, SOMETIMES] = None
     """the traced step's measured breakdown (trace: true)"""
+    checkpoint: Annotated[Checkpoint | None, SOMETIMES] = None
+    """the checkpoint phase's save and load (only in `checkpoint: true` cells)"""
     null_reasons: dict[str, str] | None = None
     """metric name → why it is null"""
 

@@ -271,6 +271,9 @@ class Cluster:
     cpu_allocator: str = "caching"
     """CPU ranks (and the calibration): 'caching' keeps freed memory in the process, as PyTorch's CUDA allocator
     does on a GPU; 'system' leaves glibc's defaults (harness.worker.allocator)"""
+    checkpoint_dir: str | None = None
+    """where `checkpoint: true` cells write their checkpoints (an absolute path; on SLURM a file system every node
+    shares); None: a temp folder under the sweep's results folder. Each cell's is deleted after it is measured"""
     slurm: SlurmProfile = field(default_factory=SlurmProfile)
     """how cells' jobs are requested when executor is slurm (partition, account, time limits, ...)"""
     performance: Performance = field(default_factory=Performance)
@@ -292,6 +295,7 @@ CLUSTER_KEYS = (
     "max_local_ranks",
     "env",
     "cpu_allocator",
+    "checkpoint_dir",
     "slurm",
     "performance",
 )
@@ -331,6 +335,11 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         )
     if doc.get("cpu_allocator", "caching") not in CPU_ALLOCATORS:
         problems.append(Problem(file, "cpu_allocator", one_of(doc.get("cpu_allocator"), CPU_ALLOCATORS)))
+    ckpt_dir = doc.get("checkpoint_dir")
+    if ckpt_dir is not None and (not isinstance(ckpt_dir, str) or not Path(ckpt_dir).expanduser().is_absolute()):
+        problems.append(
+            Problem(file, "checkpoint_dir", f"{ckpt_dir!r} is not an absolute path (a folder every node can reach)")
+        )
     if doc.get("env") is not None and not isinstance(doc.get("env"), dict):
         problems.append(Problem(file, "env", "must be a mapping"))
     slurm = parse_slurm(doc.get("slurm"), file, problems)
@@ -354,6 +363,7 @@ def parse_cluster(doc: Any, file: str) -> Cluster:
         description=doc.get("description", "") or "",
         env={str(k): str(v) for k, v in env.items()},
         cpu_allocator=doc.get("cpu_allocator", "caching"),
+        checkpoint_dir=None if ckpt_dir is None else str(Path(ckpt_dir).expanduser()),
         slurm=slurm,
         performance=performance,
     )

@@ -22,6 +22,7 @@ PERFORMANCE_KEYS = (
     "collectives",
     "efficiency",
     "price_per_gpu_hour",
+    "storage",
     "sources",
 )
 MATMUL_KEYS = ("fp32", "tf32", "bf16", "fp16")
@@ -33,6 +34,7 @@ ranks' NICs; docs/time-model.md: profile figures)"""
 EFFICIENCY_KEYS = ("attention", "attention_seq_half", "attention_head_dim_half")
 """`performance.efficiency`: the kernel-efficiency curves (harness.plan.calibration.kernels); absent: every matmul
 and attention at the flat matmul rate"""
+STORAGE_KEYS = ("write_gbps", "read_gbps")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,16 @@ class LinkFigures:
     """time of a tiny collective (us), None = unknown; under `collectives: nccl-ring` the base latency of a call"""
     hop_latency_us: float | None = None
     """under `collectives: nccl-ring`: the latency each ring step adds (us)"""
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    """Where checkpoints go (the profile's checkpoint_dir): its sequential write and read bandwidth from one node."""
+
+    write_gbps: float | None = None
+    """bytes written per second by one node's ranks together, fsync included (GB/s, 1e9 B/s); None = unknown"""
+    read_gbps: float | None = None
+    """bytes read per second by one node (GB/s); None = unknown"""
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class Performance:
     """kernel-efficiency parameters (`EFFICIENCY_KEYS` → value), sorted; empty: flat matmul rate"""
     price_per_gpu_hour: float | None = None
     """what one GPU-hour costs (the site's currency; `harness plan --tokens`), None = unknown"""
+    storage: StorageFigures = StorageFigures()
+    """the checkpoint folder's bandwidth (predicted.checkpoint_s)"""
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     """figure name → where it comes from"""
 
@@ -115,6 +129,7 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
     if collectives not in COLLECTIVE_MODELS:
         problems.append(Problem(file, "performance.collectives", one_of(collectives, COLLECTIVE_MODELS)))
     efficiency = _figures(doc, "efficiency", EFFICIENCY_KEYS, "a mapping of efficiency parameters", file, problems)
+    storage = _figures(doc, "storage", STORAGE_KEYS, "a mapping (write_gbps, read_gbps)", file, problems)
     sources = doc.get("sources") or {}
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         problems.append(Problem(file, "performance.sources", "must map figure names to source strings"))
@@ -129,5 +144,8 @@ def parse_performance(doc: Any, file: str, problems: list[Problem]) -> Performan
         collectives=str(collectives),
         price_per_gpu_hour=None if doc.get("price_per_gpu_hour") is None else float(doc["price_per_gpu_hour"]),
         efficiency=tuple(sorted((k, float(v)) for k, v in efficiency.items() if v is not None)),
+        storage=StorageFigures(
+            **{k: None if storage.get(k) is None else float(storage[k]) for k in STORAGE_KEYS if k in storage}
+        ),
         sources={str(k): v for k, v in sources.items()},
     )

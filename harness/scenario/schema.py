@@ -35,7 +35,7 @@ OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
 AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
 """activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
 recompute the rest of each block: norms, RoPE, SiLU, products)"""
-FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow")
+FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow", "checkpoint_truncate")
 INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step", "factor")
 SLOW_FACTOR_MAX = 100.0
 """the largest `slow` factor accepted (a step 100 times its own duration)"""
@@ -118,6 +118,11 @@ class Settings:
         False,
         "one more step after the timed ones under torch.profiler: a Chrome trace per rank beside the record and "
         "the measured step-time breakdown (metrics.time_s)",
+    )
+    checkpoint: bool = _setting(
+        False,
+        "after the timed steps, save the full training state (model, optimizer, step) the strategy's way, load it "
+        "into a fresh model and optimizer and train on: metrics.checkpoint (save_s, load_s, bytes, files)",
     )
 
     def __post_init__(self) -> None:
@@ -277,6 +282,8 @@ class RunSpec:
         s = self.settings
         if s.inject is not None and s.inject.get("rank", 0) >= self.gpus:
             return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.gpus}"
+        if s.inject is not None and s.inject.get("fault") == "checkpoint_truncate" and not s.checkpoint:
+            return "inject checkpoint_truncate cuts the checkpoint's files: it needs checkpoint: true"
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
@@ -333,6 +340,8 @@ class RunSpec:
             return why
         if s.compile:
             return "torch.compile is not part of the tensor- and pipeline-parallel layouts here"
+        if s.checkpoint:
+            return "checkpoint is not part of the tensor- and pipeline-parallel layouts here"
         return entry.device_refusal(device, self.precision)
 
 

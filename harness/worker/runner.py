@@ -176,6 +176,21 @@ def run(
         timed = _timed_steps(step, n=s.measure_steps, device=device)
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
         traced = _traced_step(step, spec=spec, payload=payload, trainer=trainer, device=device, rank=rank)
+        # NOTE: the checkpoint phase comes last (after the traced step): it trains on, so nothing measured follows it
+        ckpt = (
+            _checkpoint_phase(
+                trainer,
+                step,
+                batches,
+                spec=spec,
+                payload=payload,
+                topo=(rank, world_size, local_rank),
+                device=device,
+                steps_done=comm_summary["counted_step"] + int(s.trace),  # the traced step trained too
+            )
+            if s.checkpoint
+            else None
+        )
         ranks = _aggregate_over_ranks(
             warm_losses + timed.losses,
             timed=timed,
@@ -201,6 +216,10 @@ def run(
             allocator=allocator_used,
             traced=traced,
         )
+        if ckpt is not None:
+            from harness.worker.checkpoint import into_record
+
+            record = into_record(record, ckpt)
         # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
         if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
             write_record(payload.results, record)
@@ -378,6 +397,24 @@ def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device:
         world_size=spec.gpus,
         compiled=spec.settings.compile,
         checkpointing=spec.settings.checkpointing,
+    )
+
+
+def _checkpoint_phase(
+    trainer, step, batches, *, spec: RunSpec, payload: Payload, topo: tuple[int, int, int], device: Any, steps_done: int
+) -> Any:
+    """The checkpoint phase (harness.worker.checkpoint): save, reload into a fresh trainer built like this one, train
+    on; its outcome, the same on every rank. `topo`: (rank, world size, local rank)."""
+    from harness.worker.checkpoint import run_checkpoint
+
+    rank, world_size, local_rank = topo
+
+    def fresh() -> tuple[Any, Any]:
+        new, _ = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        return new, lambda: new.step(batches)
+
+    return run_checkpoint(
+        trainer, step, spec=spec, payload=payload, rank=rank, device=device, steps_done=steps_done, fresh=fresh
     )
 
 

@@ -45,8 +45,12 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch, capfd):
     for probe in ("gemm", "gemm_bfloat16", "elementwise", "optimizer"):
         assert two.field(f"{probe}_s") > 0 and two.field(f"{probe}_alone_s") > 0 and two.field(f"{probe}_slowdown") > 0
     assert two.sync_wait_s is not None and two.sync_wait_s >= 0.0  # the wait per collective (measure_sync_wait)
+    # the checkpoint folder's bandwidth: the profile has no checkpoint_dir, so the calibration file's folder
+    assert calibration.storage is not None and calibration.storage.path == str(tmp_path)
+    assert calibration.storage.bytes == 32 * 2**20 and calibration.storage.write_gbps > 0
     rates = cal.rates_for(cluster)
     assert rates.source.startswith(f"calibrated {path}")
+    assert rates.storage_s(1e9, op="read") == pytest.approx(1.0 / calibration.storage.read_gbps)
     pred = predict_time(make_spec(strategy="fsdp.full_shard", gpus=2, model="125m", seq_len=128), cluster, rates)
     assert pred.step_time_s > 0 and pred.time_s.comm_total > 0
     # quiet (issue 31): no deprecation warning per collective call (about 80 lines before)

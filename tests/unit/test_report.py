@@ -24,6 +24,8 @@ FIGURES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")
 """the figures the fixture's records draw; the time model's two (no fixture record has a predicted step time: see
 test_report_prediction.py) follow them, not drawn"""
 PREDICTION_FIGURES = ("prediction", "time_breakdown")
+CHECKPOINT_FIGURES = ("checkpoint",)
+"""the checkpoint phase's figure (issue 34): no fixture record has metrics.checkpoint, so it is last, not drawn"""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -178,12 +180,14 @@ def test_failed_and_skipped_cells_are_listed_with_reasons(md):
 
 
 def test_every_figure_is_a_png_file_and_inline_in_the_html(report):
-    assert [f.name for f in report["figures"]] == [*FIGURES, *PREDICTION_FIGURES]
-    for f in report["figures"][len(FIGURES) :]:
+    assert [f.name for f in report["figures"]] == [*FIGURES, *PREDICTION_FIGURES, *CHECKPOINT_FIGURES]
+    for f in report["figures"][len(FIGURES) : len(FIGURES) + len(PREDICTION_FIGURES)]:
         assert (
             f.png is None
             and f.note == "No data: no cell that ran ok has a predicted step time (predicted.step_time_s)."
         )
+    (ckpt,) = report["figures"][len(FIGURES) + len(PREDICTION_FIGURES) :]
+    assert ckpt.png is None and ckpt.note == ("No data: no record has metrics.checkpoint (run with checkpoint: true).")
     html = report["paths"]["html"].read_text()
     for name in FIGURES:
         path = report["out"] / f"{name}.png"
@@ -354,7 +358,7 @@ def test_figures_drawn_in_parallel_processes_are_the_same_pngs(report):
     from harness.report.frame import figure_cells
 
     parallel = all_figures(figure_cells(report["cells"]), workers=2)
-    assert [f.name for f in parallel] == [*FIGURES, *PREDICTION_FIGURES]
+    assert [f.name for f in parallel] == [*FIGURES, *PREDICTION_FIGURES, *CHECKPOINT_FIGURES]
     assert [f.png for f in parallel] == [f.png for f in report["figures"]]
     assert [f.note for f in parallel] == [f.note for f in report["figures"]]
 

@@ -16,7 +16,7 @@ from harness.report import build_report, load
 from harness.report.figures import memory, registry, schedule
 from harness.report.frame import records_frame
 from harness.results.store import iter_records
-from tests.unit.test_report import FIGURES, PREDICTION_FIGURES
+from tests.unit.test_report import CHECKPOINT_FIGURES, FIGURES, PREDICTION_FIGURES
 from tests.unit.test_store import _tree
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
@@ -62,7 +62,7 @@ def test_parallel_report_is_the_serial_one_byte_for_byte(serial_report, monkeypa
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "table.parquet"), pd.read_parquet(serial["out"] / "table.parquet")
     )
-    assert [f.name for f in result["figures"]] == [*FIGURES, *PREDICTION_FIGURES]
+    assert [f.name for f in result["figures"]] == [*FIGURES, *PREDICTION_FIGURES, *CHECKPOINT_FIGURES]
     assert [f.note for f in result["figures"]] == [f.note for f in serial["figures"]]
     assert result["warnings"] == serial["warnings"]
 
@@ -130,7 +130,11 @@ def test_a_dying_load_process_changes_nothing(monkeypatch, tmp_path):
 
 def test_every_figure_is_registered_once_in_report_order(serial_report):
     makers = registry.figure_makers()
-    assert [m.name for m in makers] == [f.name for f in serial_report[0]["figures"]] == [*FIGURES, *PREDICTION_FIGURES]
+    assert (
+        [m.name for m in makers]
+        == [f.name for f in serial_report[0]["figures"]]
+        == [*FIGURES, *PREDICTION_FIGURES, *CHECKPOINT_FIGURES]
+    )
     assert [m.order for m in makers] == sorted(m.order for m in makers)
     assert all(m.cost > 0 for m in makers)
     with pytest.raises(ValueError, match="'memory'"):
@@ -159,9 +163,10 @@ def test_the_heaviest_go_first_and_the_report_process_takes_what_balances():
 
 def test_with_two_cpus_the_report_process_draws_the_heatmap_and_the_prediction():
     """The registered costs on the development machine's two CPUs: the two workers draw the four heavy panel
-    figures and the breakdown; the report's process, once its tables and text are done, the two lightest that
-    balance it (the heatmap, and the prediction scatter, which has no data in a sweep without a calibration)."""
+    figures and the breakdown (and the checkpoint figure, the lightest: no data outside checkpoint sweeps); the
+    report's process, once its tables and text are done, the two lightest that balance it (the heatmap, and the
+    prediction scatter, which has no data in a sweep without a calibration)."""
     pooled, here = schedule.share_out(registry.figure_makers(), 2)
-    assert [m.name for m in pooled] == ["memory", "comm", "step_time", "scaling", "time_breakdown"]
+    assert [m.name for m in pooled] == ["memory", "comm", "step_time", "scaling", "time_breakdown", "checkpoint"]
     assert [m.name for m in here] == ["mfu_heatmap", "prediction"]
     assert schedule.share_out(registry.figure_makers(), 4)[1] == []

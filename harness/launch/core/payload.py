@@ -54,6 +54,8 @@ def make_payload(
                 "pg_timeout_s": cluster.pg_timeout_s,
                 "env": cluster.env,
                 "cpu_allocator": cluster.cpu_allocator,
+                # NOTE: only when the profile names one, so every other payload reads as before
+                **({"checkpoint_dir": cluster.checkpoint_dir} if cluster.checkpoint_dir else {}),
             },
             "git_sha": sha,
             "predicted": predicted,

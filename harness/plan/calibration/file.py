@@ -285,6 +285,20 @@ class Sharing(Typed):
 # the file and the parts the processes write
 
 
+class Storage(Typed):
+    """The checkpoint folder's bandwidth (harness.calibrate.storage): one file written sequentially and fsynced, then
+    read back with its pages dropped from the page cache, by one process."""
+
+    path: str
+    """the folder measured (the profile's checkpoint_dir, else the calibration file's folder)"""
+    bytes: int
+    """the file's size (B)"""
+    write_gbps: Num
+    """bytes written / (write + fsync) time (GB/s, 1e9 B/s)"""
+    read_gbps: Num
+    """bytes read / read time, its cached pages dropped first (GB/s)"""
+
+
 class CollectivesPart(Typed):
     """What one group of ranks measured (`harness calibrate`'s `collectives` process, rank 0 writes it)."""
 
@@ -310,6 +324,8 @@ class Calibration(Typed):
     """collective curves: the one-rank group's, then each measured group's"""
     sharing: Annotated[list[Sharing], SOMETIMES] = []
     """the host's sharing at each measured rank count (absent in older files: the cores rule)"""
+    storage: Annotated[Storage | None, SOMETIMES] = None
+    """the checkpoint folder's write and read bandwidth (absent in older files: predicted.checkpoint_s is null)"""
     compute_s: Annotated[Num | None, SOMETIMES] = None
     """seconds the device process took"""
     created_at: Annotated[str | None, SOMETIMES] = None

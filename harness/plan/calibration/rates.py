@@ -32,6 +32,7 @@ from harness.plan.calibration.file import (
     FrameworkCost,
     GemmPoint,
     Sharing,
+    Storage,
 )
 from harness.plan.calibration.find import ClusterProfile, Found, candidate_paths, find_calibration
 from harness.scenario.performance import Performance
@@ -200,6 +201,10 @@ class Rates:
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         raise NotImplementedError
 
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        """Writing (`op` write, fsync included) or reading (`op` read) `nbytes` of checkpoint from one node (s)."""
+        raise NotImplementedError
+
     def p2p_s(self, *, link: str, nbytes: float, dtype: str) -> float:
         """One point-to-point transfer (a pipeline's send or recv of `nbytes`) on `link`: priced as a broadcast
         between two ranks, whose bus factor is 1 (nccl-tests' sendrecv and broadcast both have busbw = algbw): the
@@ -341,6 +346,7 @@ class CalibratedRates(Rates):
         self._sharing = sharing_curves(cal.sharing)
         self._sync_wait = sync_wait_points(cal.sharing)
         self._comm = comm_curves(cal.comm)
+        self._storage: Storage | None = cal.storage
         # NOTE: the figures' digest from pydantic's JSON of the model (in Rust: a third of the time of hashing the
         # dict, which was most of reading a file); equal files give equal JSON, with their defaults filled in
         figures = hashlib.sha256(cal.model_dump_json().encode()).hexdigest()
@@ -360,6 +366,12 @@ class CalibratedRates(Rates):
         if not pts or self.device != "cpu":
             return super().share(kind, ranks=ranks)
         return _per_ranks(pts, ranks)
+
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        if self._storage is None:
+            raise Unknown(f"no storage bandwidth measured in {self.path.name}; run `harness calibrate` again")
+        gbps = self._storage.write_gbps if op == "write" else self._storage.read_gbps
+        return nbytes / (gbps * 1e9)
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:
         return _calibrated_gemm_s(self, dtype, m, n, k, layout)
@@ -548,6 +560,10 @@ class ProfileRates(Rates):
         lat = self._need(fig.latency_us, f"{name}.latency_us")
         hop = self._need(fig.hop_latency_us, f"{name}.hop_latency_us")
         return lat, hop, bw
+
+    def storage_s(self, nbytes: float, *, op: str) -> float:
+        gbps = self.perf.storage.write_gbps if op == "write" else self.perf.storage.read_gbps
+        return nbytes / (self._need(gbps, f"storage.{op}_gbps (the checkpoint folder's bandwidth)") * 1e9)
 
     def collective_s(self, collective: str, *, link: str, ranks: int, nbytes: float, dtype: str) -> float:
         if ranks <= 1:

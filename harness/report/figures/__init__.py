@@ -1,7 +1,7 @@
 """The report's figures (matplotlib, Agg backend), each rendered once to PNG bytes.
 
-One module per figure (scaling, heatmap, memory, comm, step_time, prediction, time_breakdown), each registering
-its drawing function with its place in the report and its cost (`registry`); `base` is what they share (the
+One module per figure (scaling, heatmap, memory, comm, step_time, prediction, time_breakdown, checkpoint), each
+registering its drawing function with its place in the report and its cost (`registry`); `base` is what they share (the
 `Figure`, the strategy style, labels, which models and panels are drawn), `layout` how panels are drawn and
 placed, `schedule` who draws which figure (in parallel for a big report). Importing this package registers
 every figure.
@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # NOTE: before pyplot is imported (by the modules below);
 # NOTE: each figure module registers its figure on import; the order of these imports does not matter (each
 # figure gives its place in the report)
 from harness.report.figures import (  # noqa: E402
+    checkpoint,
     comm,
     heatmap,
     memory,
@@ -46,6 +47,7 @@ __all__ = [
     "Figure",
     "FigureMaker",
     "all_figures",
+    "checkpoint",
     "comm",
     "figure_makers",
     "heatmap",

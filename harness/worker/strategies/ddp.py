@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.core.constants import DDP_BUCKET_CAP_MB
@@ -79,3 +81,44 @@ def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
         loss_parallel=False,
         layout_info=layouts.layout_info(spec, loss_parallel=False),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoint (harness.worker.checkpoint): the replicated state, written once by rank 0 with torch.save
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = "torch.save (rank 0)"
+
+
+def _module(trainer: TorchTrainer) -> torch.nn.Module:
+    """The model inside DDP (and torch.compile): its state dict has the plain parameter names."""
+    model = getattr(trainer.model, "_orig_mod", trainer.model)
+    return cast(torch.nn.Module, getattr(model, "module", model))
+
+
+def save_checkpoint(trainer: TorchTrainer, directory: Path, *, step: int) -> str:
+    """Rank 0 writes the model, the AdamW state (and the loss scaler's) and `step` to one file: every rank holds the
+    same replica, so one copy is the whole state (the usual DDP practice). The other ranks write nothing. Returns the
+    format's name."""
+    if dist.get_rank() == 0:
+        state: dict[str, Any] = {
+            "model": _module(trainer).state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "step": step,
+        }
+        if trainer.scaler is not None:
+            state["scaler"] = trainer.scaler.state_dict()
+        torch.save(state, directory / CHECKPOINT_FILE)
+    return FORMAT
+
+
+def load_checkpoint(trainer: TorchTrainer, directory: Path) -> int:
+    """Every rank reads rank 0's file (on a multi-node cell: from the shared checkpoint_dir) onto its device; returns
+    the step saved."""
+    device = next(_module(trainer).parameters()).device
+    state = torch.load(directory / CHECKPOINT_FILE, map_location=device, weights_only=True)
+    _module(trainer).load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.scaler is not None:
+        trainer.scaler.load_state_dict(state["scaler"])
+    return int(state["step"])

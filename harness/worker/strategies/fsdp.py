@@ -7,6 +7,7 @@ its own device by `param_init_fn`, so no rank ever holds the whole unsharded mod
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import cast
 
 import torch
@@ -19,6 +20,7 @@ from harness.core.catalogue import is_hybrid
 from harness.scenario.schema import RunSpec
 from harness.worker.models import Block, apply_activation_checkpointing, build_model, init_module_
 from harness.worker.precision import policy
+from harness.worker.strategies import dcp
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 
 SHARDING = {
@@ -74,3 +76,19 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
     model_for_step = cast(torch.nn.Module, torch.compile(fsdp)) if spec.settings.compile else fsdp
     return TorchTrainer(model_for_step, opt, scaler=scaler, no_sync=fsdp.no_sync)
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoint (harness.worker.checkpoint): DCP with FSDP1's sharded state dicts
+
+
+def save_checkpoint(trainer: TorchTrainer, directory: Path, *, step: int) -> str:
+    """Each rank writes its flat-parameter shards and their AdamW state (torch.distributed.checkpoint); returns the
+    format's name."""
+    dcp.save(trainer, directory, step=step)
+    return dcp.FORMAT
+
+
+def load_checkpoint(trainer: TorchTrainer, directory: Path) -> int:
+    """The step saved, with the state loaded into `trainer` (a fresh one)."""
+    return dcp.load(trainer, directory)

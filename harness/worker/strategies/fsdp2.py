@@ -8,6 +8,7 @@ onto the mesh, so weights equal every other strategy's.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -24,6 +25,7 @@ from harness.worker.models import (
     build_model,
 )
 from harness.worker.precision import policy
+from harness.worker.strategies import dcp
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 from harness.worker.strategies.layouts import init_module_sharded_
 
@@ -127,3 +129,19 @@ def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
             cast(FSDPModule, model).set_requires_gradient_sync(True)
 
     return layouts.TensorParallelTrainer(model, opt, loss_parallel=loss_parallel, no_sync=no_sync, layout_info=info)
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoint (harness.worker.checkpoint): DCP with FSDP2's DTensor state dicts
+
+
+def save_checkpoint(trainer: TorchTrainer, directory: Path, *, step: int) -> str:
+    """Each rank writes its DTensor shards of the parameters and of their AdamW state (torch.distributed.checkpoint);
+    returns the format's name."""
+    dcp.save(trainer, directory, step=step)
+    return dcp.FORMAT
+
+
+def load_checkpoint(trainer: TorchTrainer, directory: Path) -> int:
+    """The step saved, with the state loaded into `trainer` (a fresh one)."""
+    return dcp.load(trainer, directory)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,3 +120,27 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
         opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return DeepSpeedTrainer(engine, config)
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoint (harness.worker.checkpoint): DeepSpeed's own save_checkpoint / load_checkpoint
+
+CHECKPOINT_TAG = "state"
+"""the tag (sub-folder) DeepSpeed writes the checkpoint under"""
+FORMAT = "deepspeed"
+
+
+def save_checkpoint(trainer: DeepSpeedTrainer, directory: Path, *, step: int) -> str:
+    """`engine.save_checkpoint`: the module's state (dp rank 0; ZeRO-3's partitioned parameters are placeholders
+    there) and each rank's ZeRO partition of the fp32 master weights and the AdamW moments (`zero_pp_rank_*`), with
+    `step` as client state. DeepSpeed also writes `latest` and copies its zero_to_fp32.py beside them. Collective."""
+    trainer.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, client_state={"harness_step": step})
+    return FORMAT
+
+
+def load_checkpoint(trainer: DeepSpeedTrainer, directory: Path) -> int:
+    """`engine.load_checkpoint` into a fresh engine (the same stage and world); returns the step saved."""
+    path, client = trainer.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed found no checkpoint {CHECKPOINT_TAG!r} under {directory}")
+    return int(client["harness_step"])
