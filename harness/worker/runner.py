@@ -25,6 +25,7 @@ from harness.results.record import Fragment, Record, Status
 from harness.results.store import new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
+from harness.worker.devices import cuda_placement
 from harness.worker.meters import dynamo as dynamo_meter
 
 # NOTE: torch and the strategies are imported inside run() and its phases: the submitit driver unpickles the entry
@@ -64,19 +65,6 @@ def _process_start_time() -> float | None:
         return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot)
     except (OSError, ValueError, IndexError, AttributeError):  # not Linux
         return None
-
-
-def cuda_index(local_rank: int, visible: int) -> int:
-    """This rank's CUDA device: cuda:<local rank> when the task sees the node's GPUs, cuda:0 when the scheduler
-    bound the task to its one GPU (--gpus-per-task=1, --gpu-bind); an error that says why otherwise."""
-    if local_rank < visible:
-        return local_rank
-    if visible == 1:
-        return 0
-    raise RuntimeError(
-        f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has {visible} CUDA "
-        f"device(s) visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
-    )
 
 
 def utilisation(
@@ -211,32 +199,46 @@ def run(
 # the phases of run(), in order
 
 
+def rank_device(cluster: PayloadCluster, *, local_rank: int) -> tuple[Any, str, str]:
+    """(device, backend, LOCAL_RANK to export) of the rank with `local_rank` on its node: cuda:<index> (set as
+    current) and nccl on a CUDA profile, where the index and LOCAL_RANK follow harness.worker.devices; cpu, gloo and
+    the local rank otherwise."""
+    import torch
+
+    if cluster.device != "cuda":
+        return torch.device("cpu"), "gloo", str(local_rank)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"cluster profile {cluster.name!r} says cuda, but torch.cuda.is_available() "
+            f"is False here (torch {torch.__version__}, host {node_name()})"
+        )
+    placement = cuda_placement(
+        local_rank,
+        device_count=torch.cuda.device_count(),
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        host=node_name(),
+    )
+    device = torch.device("cuda", placement.index)
+    torch.cuda.set_device(device)
+    return device, "nccl", placement.local_rank
+
+
 def _join_process_group(
     cluster: PayloadCluster, *, rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
 ) -> tuple[Any, str]:
     """(device, backend): this rank's device (cuda:<index> or cpu), set as current, and the world process group
     joined (nccl on CUDA, gloo on CPU) with the cluster's watchdog timeout on every group made later too."""
-    import torch
     import torch.distributed as dist
 
-    if cluster.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"cluster profile {cluster.name!r} says cuda, but torch.cuda.is_available() "
-                f"is False here (torch {torch.__version__}, host {node_name()})"
-            )
-        device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
+    device, backend, exported_local_rank = rank_device(cluster, local_rank=local_rank)
+    # NOTE: LOCAL_RANK names this rank's device as this process numbers them (cuda:0 under a one-GPU binding), not
+    # the SLURM local id: DeepSpeed's engine and zero.Init set their device from it (harness.worker.devices)
     os.environ.update(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(local_rank),
+        LOCAL_RANK=exported_local_rank,
     )
     timeout = datetime.timedelta(seconds=float(cluster.pg_timeout_s))
     # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
