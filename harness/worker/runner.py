@@ -27,6 +27,7 @@ from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
 from harness.worker.devices import cuda_placement
 from harness.worker.meters import dynamo as dynamo_meter
+from harness.worker.versions import require_torch
 
 # NOTE: torch and the strategies are imported inside run() and its phases: the submitit driver unpickles the entry
 # point (harness.launch.entry, which imports this module) in every task, and `import harness.worker.runner` must
@@ -96,7 +97,9 @@ def utilisation(
 def _is_oom(e: BaseException) -> bool:
     import torch
 
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+    # NOTE: getattr: on a torch older than the minimum (no torch.OutOfMemoryError before 2.5) the failure writer
+    # must still write the fragment that says so (harness.worker.versions)
+    if isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError)):
         return True
     # host allocations fail as RuntimeError from the CPU allocator; CUDA's as "CUDA out of memory"
     return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
@@ -145,8 +148,9 @@ def run(
 
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
-        # local rank beyond the GPUs there are, a rendezvous that fails) writes a fragment saying so, instead of
-        # leaving the cell "crashed" with no reason
+        # local rank beyond the GPUs there are, a rendezvous that fails, a torch older than the minimum) writes a
+        # fragment saying so, instead of leaving the cell "crashed" with no reason
+        require_torch(torch.__version__)
         device, backend = _join_process_group(
             cluster,
             rank=rank,
@@ -463,7 +467,7 @@ def _measured_record(
             f"loss is not finite at step {first + 1} "
             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {failed_rank}"
         )
-    started = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
+    started = datetime.datetime.fromtimestamp(t_entry, datetime.UTC).isoformat(timespec="seconds")
     return new_record(
         spec=payload.spec,
         run_id=payload.run_id,
@@ -475,7 +479,7 @@ def _measured_record(
         metrics=sanitize(metrics),
         env=sanitize(env),
         started_at=started,
-        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        finished_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **{k: v if isinstance(v, Prediction) else sanitize(v) for k, v in fields.items()},
     )
 
