@@ -26,6 +26,7 @@ from harness.results.store import new_record, sanitize, write_fragment, write_re
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
 from harness.worker.devices import cuda_placement
+from harness.worker.heartbeat import Heartbeat
 from harness.worker.meters import dynamo as dynamo_meter
 from harness.worker.versions import require_torch
 
@@ -146,6 +147,9 @@ def run(
     if spec.gpus != world_size:
         raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
 
+    # NOTE: the heartbeat says which rank stopped when none raised (an NCCL watchdog's abort, a SIGKILL): it beats
+    # until this function leaves, after the process group is destroyed (harness.worker.heartbeat)
+    heartbeat = Heartbeat(payload, rank=rank, hostname=node_name()).start()
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
         # local rank beyond the GPUs there are, a rendezvous that fails, a torch older than the minimum) writes a
@@ -161,10 +165,14 @@ def run(
         )
         trainer, batches = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         t_ready = time.time()
+        heartbeat.phase("warmup")
         step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
+        heartbeat.phase("timed")
         timed = _timed_steps(step, n=s.measure_steps, device=device)
+        heartbeat.phase("counted")
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
+        heartbeat.phase("aggregate")
         ranks = _aggregate_over_ranks(
             warm_losses + timed.losses,
             timed=timed,
@@ -174,6 +182,7 @@ def run(
         )
         if rank != 0:
             return None
+        heartbeat.phase("record")
         record = _measured_record(
             payload=payload,
             spec=spec,
@@ -197,6 +206,7 @@ def run(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        heartbeat.stop()
 
 
 # --------------------------------------------------------------------------------------------------
