@@ -45,3 +45,21 @@ def cuda_placement(local_rank: int, *, device_count: int, visible_devices: str |
             "(--gpus-per-task=1) or show every task the node's GPUs"
         )
     return CudaPlacement(index=index, local_rank=str(index))
+
+
+def node_major_problem(hosts: list[str], *, gpus_per_node: int) -> str | None:
+    """Why the ranks are not numbered node by node (rank = node * gpus_per_node + local), or None when they are:
+    each block of gpus_per_node consecutive ranks must be on one host. The hybrid meshes (replicate across nodes,
+    shard within one) and the intra/inter-node split of the collectives assume it; SLURM gives it with
+    --distribution=block (the profiles' default), not with cyclic. `hosts`: each rank's node, by rank. (Locally
+    several simulated nodes share one host: that is allowed.)"""
+    for start in range(0, len(hosts), gpus_per_node):
+        block = hosts[start : start + gpus_per_node]
+        if len(set(block)) > 1:
+            spread = ", ".join(f"rank {start + i} on {h}" for i, h in enumerate(block))
+            return (
+                f"ranks are not numbered node by node: ranks {start}..{start + len(block) - 1} should share a node "
+                f"({gpus_per_node} per node) but run on {len(set(block))} ({spread}); ask SLURM for "
+                "--distribution=block (slurm.distribution in the cluster profile)"
+            )
+    return None

@@ -25,7 +25,7 @@ from harness.results.record import Fragment, Record, Status
 from harness.results.store import new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
-from harness.worker.devices import cuda_placement
+from harness.worker.devices import cuda_placement, node_major_problem
 from harness.worker.heartbeat import Heartbeat
 from harness.worker.meters import dynamo as dynamo_meter
 from harness.worker.versions import require_torch
@@ -163,6 +163,8 @@ def run(
             master_addr=master_addr,
             master_port=master_port,
         )
+        if spec.nodes > 1:
+            _check_node_major(spec)
         trainer, batches = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         t_ready = time.time()
         heartbeat.phase("warmup")
@@ -269,6 +271,18 @@ def _join_process_group(
         device_id=device if backend == "nccl" else None,
     )
     return device, backend
+
+
+def _check_node_major(spec: RunSpec) -> None:
+    """RuntimeError when a multi-node cell's ranks are not numbered node by node (harness.worker.devices); one
+    all_gather of the node names, before anything is built."""
+    import torch.distributed as dist
+
+    hosts: list[str | None] = [None] * spec.gpus
+    dist.all_gather_object(hosts, node_name())
+    problem = node_major_problem([str(h) for h in hosts], gpus_per_node=spec.gpus_per_node)
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 def build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:

@@ -96,3 +96,25 @@ def test_calibration_processes_take_the_same_device(monkeypatch, tmp_path):
     cluster, device = process.process_setup("local-gpu")
     assert (cluster.device, device, set_to) == ("cuda", torch.device("cuda", 0), [0])
     assert os.environ["LOCAL_RANK"] == "0"
+
+
+@pytest.mark.parametrize(
+    "hosts, gpn, ok",
+    [
+        (["n1", "n1", "n2", "n2"], 2, True),  # --distribution=block
+        (["n1"] * 8 + ["n2"] * 8, 8, True),
+        (["vm"] * 4, 2, True),  # local: two simulated nodes on one host
+        (["n1", "n2", "n1", "n2"], 2, False),  # --distribution=cyclic
+    ],
+)
+def test_ranks_must_be_numbered_node_by_node(hosts, gpn, ok):
+    from harness.worker.devices import node_major_problem
+
+    problem = node_major_problem(hosts, gpus_per_node=gpn)
+    assert (problem is None) == ok
+    if not ok:
+        assert problem == (
+            "ranks are not numbered node by node: ranks 0..1 should share a node (2 per node) but run on 2 "
+            "(rank 0 on n1, rank 1 on n2); ask SLURM for --distribution=block (slurm.distribution in the cluster "
+            "profile)"
+        )

@@ -15,6 +15,7 @@ for its record is launch/core's, shared with the local launchers, and the sweep 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -44,7 +45,7 @@ from harness.launch.core.outcome import (
 from harness.results.payload import PackPlace, Payload
 from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, write_record
-from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
+from harness.scenario.cluster import CPUS_PER_TASK_AUTO, Cluster, SlurmProfile, min_job_minutes
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
 SINFO_TIMEOUT_S = 30
@@ -146,8 +147,12 @@ def job_minutes(time_limit_s: float, slurm: SlurmProfile) -> int:
     return minutes if slurm.time_limit_min is None else min(minutes, slurm.time_limit_min)
 
 
-def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int) -> dict[str, Any]:
-    """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block."""
+def executor_parameters(
+    cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int, node_cpus: int | None = None
+) -> dict[str, Any]:
+    """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block.
+    `node_cpus`: the partition's CPUs per node (node_cpus_for), which cpus_per_task "auto" divides by gpus_per_node;
+    None leaves --cpus-per-task to the site then."""
     s = cluster.slurm
     params: dict[str, Any] = {
         "nodes": nodes,
@@ -157,8 +162,11 @@ def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, ti
     }
     if cluster.device == "cuda":  # one GPU per task; a cpu profile's gpus_per_node counts ranks, not GPUs
         params["gpus_per_node"] = tasks_per_node
-    if s.cpus_per_task is not None:
-        params["cpus_per_task"] = s.cpus_per_task
+    cpus: int | str | None = s.cpus_per_task
+    if cpus == CPUS_PER_TASK_AUTO:
+        cpus = None if node_cpus is None else cpus_per_rank(node_cpus, cluster.gpus_per_node)
+    if cpus is not None:
+        params["cpus_per_task"] = cpus
     if s.mem_per_node_gib is not None:
         params["mem_gb"] = s.mem_per_node_gib  # submitit writes --mem=<n>GB, which SLURM reads as GiB
     for key in ("partition", "account", "qos", "constraint"):
@@ -166,9 +174,40 @@ def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, ti
             params[f"slurm_{key}"] = getattr(s, key)
     if s.setup:
         params["slurm_setup"] = list(s.setup)
-    if s.additional_parameters:
-        params["slurm_additional_parameters"] = dict(s.additional_parameters)
+    # NOTE: block distribution numbers ranks node by node, as the hybrid meshes assume (the worker checks it)
+    extra: dict[str, Any] = {"distribution": s.distribution} if s.distribution is not None else {}
+    if s.exclusive:
+        extra["exclusive"] = True
+    extra.update(s.additional_parameters)
+    if extra:
+        params["slurm_additional_parameters"] = extra
     return params
+
+
+def cpus_per_rank(cpus_per_node: int, gpus_per_node: int) -> int:
+    """Cores per rank when a node's CPUs are shared evenly by its GPUs' ranks (at least 1)."""
+    return max(1, cpus_per_node // max(1, gpus_per_node))
+
+
+@functools.cache
+def partition_cpus_per_node(partition: str | None) -> int | None:
+    """The fewest CPUs a node of `partition` (the default partition: None) has, as sinfo reports them (%c), or
+    None when sinfo does not say (then --cpus-per-task is left to the site)."""
+    cmd = ["sinfo", "--noheader", "--format=%c"] + ([f"--partition={partition}"] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    counts = [int(x.rstrip("+")) for x in out.stdout.split() if x.rstrip("+").isdigit()]
+    return min(counts) if out.returncode == 0 and counts else None
+
+
+def node_cpus_for(cluster: Cluster) -> int | None:
+    """What executor_parameters needs for slurm.cpus_per_task "auto": the partition's CPUs per node (sinfo, once
+    per partition); None when the profile does not ask for auto or sinfo does not say."""
+    if cluster.slurm.cpus_per_task != CPUS_PER_TASK_AUTO:
+        return None
+    return partition_cpus_per_node(cluster.slurm.partition)
 
 
 def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
@@ -529,7 +568,13 @@ class SlurmSweep:
             self._executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm", slurm_max_num_timeout=0)
         self._executor.update_parameters(
             name=f"harness-{self.manifest.header.sweep or 'sweep'}",
-            **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min),
+            **executor_parameters(
+                self.cluster,
+                nodes=nodes,
+                tasks_per_node=tasks_per_node,
+                timeout_min=timeout_min,
+                node_cpus=node_cpus_for(self.cluster),
+            ),
         )
         return self._executor
 
