@@ -181,7 +181,7 @@ class Metrics(Typed):
     peak_memory_reserved_gib: Num | None = None
     """max over ranks of the allocator's peak reserved (GiB); null on CPU"""
     alloc_retries: Annotated[int | None, SOMETIMES] = None
-    """rank 0's cudaMalloc retries during the measured steps (count); null on CPU"""
+    """cudaMalloc retries during the measured steps, the max over ranks (count); null on CPU"""
     loss: Num | None = None
     """the last step's loss, mean over ranks; null when not finite"""
     losses: list[Num | None] | None = None

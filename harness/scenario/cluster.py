@@ -41,7 +41,25 @@ class Peak:
 
 
 # source: vendor datasheets; dense numbers only (the datasheets' headline tensor numbers are 2:4 sparse, halve them)
+# NOTE: first match wins: the NVL (PCIe-card, lower-clocked) parts come before the SXM entries whose match they also
+# satisfy ("NVIDIA H200 NVL" contains "H200")
 PEAKS: tuple[Peak, ...] = (
+    Peak(
+        "H200 NVL",
+        ("H200", "NVL"),
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        # source: NVIDIA H200 Tensor Core GPU datasheet, H200 NVL column: FP32 60 TF; TF32 835, BF16/FP16 1,671 TF
+        # with sparsity
+        "NVIDIA H200 datasheet (NVL), sparse tensor figures halved",
+    ),
+    Peak(
+        "H100 NVL",
+        ("H100", "NVL"),
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        # source: NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column: FP32 60 TF; TF32 835, BF16/FP16 1,671 TF
+        # with sparsity
+        "NVIDIA H100 datasheet (NVL), sparse tensor figures halved",
+    ),
     Peak(
         "H200",
         ("H200",),

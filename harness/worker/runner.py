@@ -395,8 +395,8 @@ class _OverRanks:
     step_times: Any
     """tensor of each measured step's time (s), the max over ranks: a step ends when its slowest rank ends"""
     peaks: Any
-    """tensor [peak allocated GiB, peak reserved GiB, frames dynamo compiled in the measured steps], max over
-    ranks (-1: not measured)"""
+    """tensor [peak allocated GiB, peak reserved GiB, frames dynamo compiled in the measured steps, allocator
+    retries in the measured steps], max over ranks (-1: not measured)"""
     hosts: list[str | None]
 
 
@@ -416,13 +416,15 @@ def _aggregate_over_ranks(
     step_times = torch.tensor(timed.times, dtype=torch.float64, device=device)
     dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
     # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
-    # recompilation on any rank stalls every rank's step)
+    # recompilation on any rank stalls every rank's step), the allocator's retries (a rank that retried stalls them too;
+    # rank 0's alone hid the others' before issue 32)
     mem = timed.mem
     peaks = torch.tensor(
         [
             mem["peak_memory_allocated_gib"] or -1.0,
             mem["peak_memory_reserved_gib"] or -1.0,
             timed.dynamo["frames"] - timed.dynamo_warm["frames"],
+            -1 if mem["alloc_retries"] is None else mem["alloc_retries"],
         ],
         dtype=torch.float64,
         device=device,
@@ -570,7 +572,7 @@ def _metrics(
         "mfu_peak_tflops": peak_tflops,
         "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
         "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
-        "alloc_retries": mem["alloc_retries"],
+        "alloc_retries": None if peaks[3] < 0 else int(peaks[3]),
         "loss": ranks.losses[-1],
         "losses": ranks.losses,
         "n_params": spec.model_config.n_params(),

@@ -5,7 +5,7 @@ Real gloo groups, the real strategy setup (fsdp.full_shard and fsdp2.full_shard,
 the optimizer a CUDA rank gets (adamw_kwargs("cuda"); until issue 32 that was fused=True, and CPU has the fused kernel
 too, so this test ran CUDA's path and failed: a fused step checks this rank's shard alone, and ShardedGradScaler
 all-reduces the verdict only inside unscale_). One 2-rank launch serves both strategies: step 1 clean, step 2 with an inf written into rank
-1's local gradient shard after the backward (the overflow of one rank's shard), step 3 clean again.
+1's local gradient shard after the backward (the overflow of one rank's shard), step 3 clean again. The same group then checks that the allocator's retries are the maximum over ranks.
 """
 
 from __future__ import annotations
@@ -69,6 +69,15 @@ def _run_rank(rank: int, port: int, out: str) -> None:
             rows.append({"scale": float(trainer.scaler.get_scale()), "params_changed": changed,
                          "params": len(params)})  # fmt: skip
         got[strategy] = rows
+    # the same group: the worker's aggregation over ranks, given this rank's memory meter readings as CUDA would
+    # give them (NOTE: the readings are made up, no GPU here): rank 1 alone retried cudaMalloc 3 times
+    from harness.worker.runner import _aggregate_over_ranks, _Timed
+
+    mem = {"peak_memory_allocated_gib": 1.0 + rank, "peak_memory_reserved_gib": None,
+           "alloc_retries": 3 if rank == 1 else 0, "null_reasons": {}}  # fmt: skip
+    timed = _Timed(times=[0.1], losses=[torch.tensor(1.0)], mem=mem, dynamo_warm={"frames": 0}, dynamo={"frames": 0})
+    over = _aggregate_over_ranks([torch.tensor(1.0)], timed=timed, world_size=2, device=torch.device("cpu"))
+    got["peaks"] = over.peaks.tolist()
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(got, f)
     dist.destroy_process_group()
@@ -98,3 +107,9 @@ def test_an_overflow_in_one_ranks_shard_makes_every_rank_skip_and_back_off_alike
         assert rows[1]["params_changed"] == 0, f"rank {r} stepped on an overflow"
         assert rows[0]["params_changed"] > 0 and rows[2]["params_changed"] > 0, f"rank {r}"
     assert [row["scale"] for row in rank0] == [row["scale"] for row in rank1]
+
+
+def test_allocator_retries_are_the_maximum_over_ranks(steps):
+    """[peak allocated GiB, peak reserved GiB (-1: null), frames compiled, alloc retries]: rank 1's 3 retries, on
+    every rank (metrics.alloc_retries was rank 0's 0 before issue 32)."""
+    assert steps[0]["peaks"] == steps[1]["peaks"] == [2.0, -1.0, 0.0, 3.0]
