@@ -1,11 +1,12 @@
-"""fp16 under FSDP1 and FSDP2: when one rank's gradient shard overflows, every rank skips the step and backs off to
+"""GPU paths of issue 32 that a gloo group can show (one 2-rank launch for all). fp16 under FSDP1 and FSDP2: when one rank's gradient shard overflows, every rank skips the step and backs off to
 the same scale (harness.worker.strategies.base.TorchTrainer.optimizer_step unscales before stepping).
 
 Real gloo groups, the real strategy setup (fsdp.full_shard and fsdp2.full_shard, fp16, the tiny model, 2 ranks), with
 the optimizer a CUDA rank gets (adamw_kwargs("cuda"); until issue 32 that was fused=True, and CPU has the fused kernel
 too, so this test ran CUDA's path and failed: a fused step checks this rank's shard alone, and ShardedGradScaler
 all-reduces the verdict only inside unscale_). One 2-rank launch serves both strategies: step 1 clean, step 2 with an inf written into rank
-1's local gradient shard after the backward (the overflow of one rank's shard), step 3 clean again. The same group then checks that the allocator's retries are the maximum over ranks.
+1's local gradient shard after the backward (the overflow of one rank's shard), step 3 clean again. The same group then checks that the allocator's retries are the maximum over ranks, and that the
+timed comm meter leaves ops inside a coalescing block untimed.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ def _run_rank(rank: int, port: int, out: str) -> None:
     timed = _Timed(times=[0.1], losses=[torch.tensor(1.0)], mem=mem, dynamo_warm={"frames": 0}, dynamo={"frames": 0})
     over = _aggregate_over_ranks([torch.tensor(1.0)], timed=timed, world_size=2, device=torch.device("cpu"))
     got["peaks"] = over.peaks.tolist()
+    # the same group: the timed comm meter inside a non-fast-path _coalescing_manager block, entered as torch's manager
+    # enters it (NOTE: gloo cannot start coalescing, "Backend gloo does not implement startCoalescing"; NCCL queues the
+    # block's ops and launches them at _end_coalescing): counted, not timed; outside the block, timed
+    from torch.distributed.distributed_c10d import _world
+
+    from harness.worker.meters.comm import CommMeter
+
+    meter = CommMeter(timed=True, device=torch.device("cpu")).install()
+    t = torch.ones(4)
+    with meter.measure():
+        _world.pg_coalesce_state[dist.group.WORLD] = []
+        try:
+            dist.broadcast(t, 0)
+        finally:
+            _world.pg_coalesce_state.pop(dist.group.WORLD)
+        dist.broadcast(t, 0)
+    meter.uninstall()
+    got["coalesced"] = [(coll, nbytes, seconds is not None) for coll, _, nbytes, _, seconds in meter.events]
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(got, f)
     dist.destroy_process_group()
@@ -113,3 +132,10 @@ def test_allocator_retries_are_the_maximum_over_ranks(steps):
     """[peak allocated GiB, peak reserved GiB (-1: null), frames compiled, alloc retries]: rank 1's 3 retries, on
     every rank (metrics.alloc_retries was rank 0's 0 before issue 32)."""
     assert steps[0]["peaks"] == steps[1]["peaks"] == [2.0, -1.0, 0.0, 3.0]
+
+
+def test_ops_in_a_coalescing_block_are_counted_but_not_timed_alone(steps):
+    """(collective, bytes, timed) of a broadcast inside the block, then one outside it; before issue 32 the one inside
+    was timed alone (its queueing, ~0 s on NCCL: an absurd bandwidth)."""
+    for s in steps:
+        assert s["coalesced"] == [["broadcast", 16, False], ["broadcast", 16, True]]
