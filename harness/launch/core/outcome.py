@@ -43,6 +43,9 @@ def beats_of(payload: Payload) -> list[Beat]:
 STALE_S = 10.0
 """a rank whose last beat (one a second) is older than this, and that did not say it ended, has stopped: its process
 died or froze (s)"""
+SHARED_FS_STALE_S = 60.0
+"""STALE_S for beats read across a shared file system (SLURM), whose clients may cache a file's content for up to a
+minute (s)"""
 TOGETHER_S = 3.0
 """beats that stopped within this of each other stopped together: one cause, not first and second (s)"""
 

@@ -33,6 +33,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from harness.core.errors import InputError, Problem, did_you_mean
 from harness.launch.core.manifest import Manifest, RunEntry, cell_state
 from harness.launch.core.outcome import (
+    SHARED_FS_STALE_S,
     beats_of,
     describe,
     finalize,
@@ -78,10 +79,10 @@ SACCT_MIN_S, SACCT_MAX_S = 2.0, 30.0
 """sacct is polled every tenth of the time since the last change, within these bounds (s)"""
 STUCK_GRACE_S = 15.0
 """a rank failed (left a fragment) and the job is still running this long after: its other ranks are stuck (s)"""
-BEAT_STALE_S = 60.0
+BEAT_STALE_S = SHARED_FS_STALE_S
 """a rank's heartbeat (harness.worker.heartbeat) silent this long while its job runs: the rank died or froze without
 an exception (an NCCL watchdog's abort, a SIGKILL) and the job is cancelled; longer than locally (outcome.STALE_S)
-because the beats cross a shared file system, whose clients may cache a file's content for up to a minute (s)"""
+because the beats cross a shared file system (s)"""
 JOB_END_GRACE_S = 60.0
 """how long the job may go on running after every task returned (result files) before the sweep cancels it: a rank
 hangs on its way out (s)"""
@@ -679,7 +680,9 @@ class SlurmSweep:
         # while it waits; its ranks delete their fragments as they restart
         running = not cell.stopped_stuck and base_state(cell.state) in RUNNING_STATES
         failed = running and bool(fragments_of(cell.payload))
-        stopped = stopped_ranks(beats_of(cell.payload), now=now, stale_s=BEAT_STALE_S) if running else []
+        # NOTE: only beats of this run of the job: a requeued job's earlier run left beats that stopped long ago
+        beats = [b for b in beats_of(cell.payload) if float(b.time) >= cell.state_since] if running else []
+        stopped = stopped_ranks(beats, now=now, stale_s=BEAT_STALE_S)
         returned = running and cell.results_written
         cell.stuck_since = (cell.stuck_since or now) if failed else None
         cell.returned_since = (cell.returned_since or now) if returned else None
