@@ -150,7 +150,8 @@ def _work_dir(target: Path) -> Iterator[Path]:
 
 
 def _run_job(executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: list[str], what: str) -> None:
-    from harness.launch.slurm.jobs import executor_parameters, node_cpus_for
+    from harness.launch.slurm.jobs import executor_parameters
+    from harness.launch.slurm.resources import node_cpus_for
 
     cap = cluster.slurm.time_limit_min
     minutes = JOB_MINUTES if cap is None else min(JOB_MINUTES, cap)

@@ -130,7 +130,7 @@ class SlurmProfile:
     """--constraint: node features, e.g. "h100&ib" """
     cpus_per_task: int | str | None = None
     """--cpus-per-task: CPU cores per rank (a rank is one task); "auto": the partition's CPUs per node divided by
-    gpus_per_node (sinfo, at submission: harness.launch.slurm.jobs.node_cpus_for), so a rank's host thread,
+    gpus_per_node (sinfo, at submission: harness.launch.slurm.resources.node_cpus_for), so a rank's host thread,
     NCCL's proxy thread, compile workers and CPU Adam do not share one core"""
     mem_per_node_gib: float | None = None
     """--mem per node, GiB (2**30; SLURM's G)"""

@@ -176,7 +176,7 @@ def test_pack_needs_a_slurm_profile(tmp_path, capsys):
 
 @pytest.mark.parametrize("cpus, gpus, per_rank", [(112, 8, 14), (128, 8, 16), (96, 4, 24), (2, 2, 1), (4, 8, 1)])
 def test_auto_cores_per_rank_share_the_node_evenly(cpus, gpus, per_rank):
-    from harness.launch.slurm.jobs import cpus_per_rank
+    from harness.launch.slurm.resources import cpus_per_rank
 
     assert cpus_per_rank(cpus, gpus) == per_rank
 

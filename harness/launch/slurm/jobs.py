@@ -15,7 +15,6 @@ for its record is launch/core's, shared with the local launchers, and the sweep 
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import shutil
@@ -43,14 +42,13 @@ from harness.launch.core.outcome import (
     job_log_tail,
     stopped_ranks,
 )
+from harness.launch.slurm.resources import SINFO_TIMEOUT_S, cpus_per_rank, node_cpus_for
 from harness.results.payload import PackPlace, Payload
 from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, write_record
 from harness.scenario.cluster import CPUS_PER_TASK_AUTO, Cluster, SlurmProfile, min_job_minutes
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
-SINFO_TIMEOUT_S = 30
-"""how long the check before a sweep, and `harness status`, wait for SLURM's answer (s)"""
 
 # sacct's job states (`man sacct`, JOB STATE CODES), by what they mean for a cell
 PENDING_STATES = frozenset(
@@ -183,32 +181,6 @@ def executor_parameters(
     if extra:
         params["slurm_additional_parameters"] = extra
     return params
-
-
-def cpus_per_rank(cpus_per_node: int, gpus_per_node: int) -> int:
-    """Cores per rank when a node's CPUs are shared evenly by its GPUs' ranks (at least 1)."""
-    return max(1, cpus_per_node // max(1, gpus_per_node))
-
-
-@functools.cache
-def partition_cpus_per_node(partition: str | None) -> int | None:
-    """The fewest CPUs a node of `partition` (the default partition: None) has, as sinfo reports them (%c), or
-    None when sinfo does not say (then --cpus-per-task is left to the site)."""
-    cmd = ["sinfo", "--noheader", "--format=%c"] + ([f"--partition={partition}"] if partition else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    counts = [int(x.rstrip("+")) for x in out.stdout.split() if x.rstrip("+").isdigit()]
-    return min(counts) if out.returncode == 0 and counts else None
-
-
-def node_cpus_for(cluster: Cluster) -> int | None:
-    """What executor_parameters needs for slurm.cpus_per_task "auto": the partition's CPUs per node (sinfo, once
-    per partition); None when the profile does not ask for auto or sinfo does not say."""
-    if cluster.slurm.cpus_per_task != CPUS_PER_TASK_AUTO:
-        return None
-    return partition_cpus_per_node(cluster.slurm.partition)
 
 
 def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
