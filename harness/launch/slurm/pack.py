@@ -242,9 +242,9 @@ class PackRun:
 
     def _run_cell(self, payload: Payload, *, position: int, tmp: Path) -> Marker | None:
         """Run this task's rank of the cell to its end; its end marker, or None when the job is stopping."""
-        (fragment_dir(payload.results, payload.sweep, payload.run_id) / f"rank{self.rank}.json").unlink(
-            missing_ok=True
-        )  # an interrupted run's
+        folder = fragment_dir(payload.results, payload.sweep, payload.run_id)
+        for name in (f"rank{self.rank}.json", f"beat{self.rank}.json"):  # an interrupted run's fragment and heartbeat
+            (folder / name).unlink(missing_ok=True)
         ppath = tmp / f"{payload.run_id}.json"
         atomic_write_json(ppath, payload.to_dict())
         env = dict(os.environ)
