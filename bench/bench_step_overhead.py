@@ -18,6 +18,7 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -159,6 +160,52 @@ def host_syncs(fn) -> str:
         return f"err:{type(e).__name__}"
 
 
+def measure(strategy: str, *, compiled: bool, args, topo, device: torch.device, peak, peak_key: str) -> str:
+    """One row: the harness's step and the bare loop of `strategy`, alternating in blocks. Everything it builds is
+    local to it, so it is freed when it returns (the lambdas and closures over a trainer once kept the previous
+    strategy's model alive through the next one's setup)."""
+    from harness.plan.memory import flops_per_step
+
+    doc = {
+        "name": "bench",
+        "matrix": {"model": [args.model], "strategy": [strategy], "precision": [args.precision], "gpus": [1]},
+        "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "compile": compiled},
+    }
+    (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=1)
+    trainer = family(strategy).setup(spec, topo=topo)
+    bare = bare_loop(strategy, spec, device)
+    x, y = synthetic_batch(
+        spec.model_config, seed=0, rank=0, micro_batch=args.micro_batch, seq_len=args.seq_len, device=device
+    )
+    for _ in range(3):  # warmup both
+        trainer.step([(x, y)])
+        bare(x, y)
+    h: list[float] = []
+    b: list[float] = []
+
+    def harness_step():
+        trainer.step([(x, y)])
+
+    def bare_step():
+        bare(x, y)
+
+    for r in range(args.rounds):
+        blocks = [
+            ("h", lambda: time_steps(harness_step, n=args.steps, device=device)[0]),
+            ("b", lambda: bare_times(bare, x, y, args.steps, device)),
+        ]
+        for name, fn in blocks if r % 2 == 0 else blocks[::-1]:
+            (h if name == "h" else b).extend(fn())
+    syncs = f"{host_syncs(harness_step)}/{host_syncs(bare_step)}"
+    mh, mb = statistics.median(h), statistics.median(b)
+    tflops = flops_per_step(spec) / mh / 1e12
+    mfu = f"{tflops / peak.tflops[peak_key]:6.1%}" if peak else f"{'n/a':>6s}"
+    return (
+        f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
+        f"{tflops:8.2f} {mfu} {syncs:>9s}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategy", nargs="+", default=["ddp", "fsdp.full_shard", "fsdp2.full_shard", "zero1", "zero3"])
@@ -171,7 +218,6 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off")
     args = ap.parse_args()
-    from harness.plan.memory import flops_per_step
     from harness.scenario.cluster import find_peak
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -199,45 +245,11 @@ def main() -> None:
     )
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     for strategy, compiled in [(st, c) for st in args.strategy for c in variants]:
-        doc = {
-            "name": "bench",
-            "matrix": {"model": [args.model], "strategy": [strategy], "precision": [args.precision], "gpus": [1]},
-            "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "compile": compiled},
-        }
-        (spec,) = parse_scenario(doc, "bench").expand(gpus_per_node=1)
-        trainer = family(strategy).setup(spec, topo=topo)
-        bare = bare_loop(strategy, spec, device)
-        x, y = synthetic_batch(
-            spec.model_config, seed=0, rank=0, micro_batch=args.micro_batch, seq_len=args.seq_len, device=device
-        )
-        for _ in range(3):  # warmup both
-            trainer.step([(x, y)])
-            bare(x, y)
-        h, b = [], []
-
-        def harness_step(trainer=trainer, x=x, y=y):
-            trainer.step([(x, y)])
-
-        def bare_step(bare=bare, x=x, y=y):
-            bare(x, y)
-
-        for r in range(args.rounds):
-            blocks = [
-                ("h", lambda: time_steps(harness_step, n=args.steps, device=device)[0]),
-                ("b", lambda bare=bare, x=x, y=y: bare_times(bare, x, y, args.steps, device)),
-            ]
-            for name, fn in blocks if r % 2 == 0 else blocks[::-1]:
-                (h if name == "h" else b).extend(fn())
-        syncs = f"{host_syncs(harness_step)}/{host_syncs(bare_step)}"
-        mh, mb = statistics.median(h), statistics.median(b)
-        tflops = flops_per_step(spec) / mh / 1e12
-        mfu = f"{tflops / peak.tflops[peak_key]:6.1%}" if peak else f"{'n/a':>6s}"
-        print(
-            f"{strategy:18s} {'on' if compiled else 'off':>7s} {mh * 1e3:11.2f} {mb * 1e3:9.2f} {mh / mb:7.3f} "
-            f"{tflops:8.2f} {mfu} {syncs:>9s}",
-            flush=True,
-        )
-        del trainer, bare
+        print(measure(strategy, compiled=compiled, args=args, topo=topo, device=device, peak=peak, peak_key=peak_key),
+              flush=True)  # fmt: skip
+        # NOTE: measure() has returned, so its trainer, bare loop and the closures over them are gone before the next
+        # setup: two 1.3b setups at once fit 141 GB, not 80 GB
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     dist.destroy_process_group()

@@ -12,27 +12,53 @@
 # files): gpu.txt, table_<part>.md and records_<part>.tgz (records and sweep log) per sweep part, bench.txt.
 # Device run: bash bench/gpu_check.sh large, carrying .whl (DeepSpeed, submitit, pydantic, hjson, ... as cp312
 # wheels; build it here first with `bash bench/device_wheels.sh`)
+# CPU dry mode (GPU_CHECK_DRY=1; CI runs it): the same parts through the same commands, on CPU with the tiny model
+# (bench/gpu_check_dry.py shrinks each scenario; cluster `local`; the benches at --device cpu, tiny, few rounds,
+# compile off), so the script and what it calls are known to run the day a GPU is there. PYTHON picks the
+# interpreter (default python3; CI: .venv/bin/python).
 set -uo pipefail
+DRY=${GPU_CHECK_DRY:-}
+PY=${PYTHON:-python3}
 PARTS=("${@:-small}")
 for part in "${PARTS[@]}"; do
   case $part in small|large|bench) ;; *) echo "unknown part '$part' (small | large | bench)" >&2; exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+if [ -d .whl ] && [ -z "$DRY" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ -n "$DRY" ]; then
+  "$PY" -c "import torch; print(f'dry mode: cpu, torch {torch.__version__}, no GPU')" | tee "$OUT/gpu.txt"
+  CLUSTER=local
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+  CLUSTER=local-gpu
+fi
 DEADLINE=${DEADLINE:-560}
+FAILED=()
+dry_rc() {  # dry mode: a command that failed fails the check (on a GPU the table and logs say what happened)
+  if [ -n "$DRY" ] && [ "$2" != 0 ]; then FAILED+=("$1 (exit $2)"); fi
+}
 left() { local l=$((DEADLINE - SECONDS)); echo $((l > 10 ? l : 10)); }   # seconds left (at least 10)
 cap() { local l; l=$(left); echo $(($1 < l ? $1 : l)); }                  # min(cap, seconds left)
 
 bench_part() {
-  timeout "$(cap 150)" python3 bench/bench_comm_meter.py --device cuda --world 1 --model 1.3b --precision bf16 \
+  if [ -n "$DRY" ]; then  # the same two benches, tiny on CPU, compile off (inductor's CPU build takes minutes)
+    timeout "$(cap 60)" "$PY" bench/bench_comm_meter.py --device cpu --world 1 --model tiny --precision bf16 \
+      --micro-batch 2 --seq-len 64 --rounds 1 --warmup 2 --strategy ddp 2>&1 | grep -v WARNING | tee -a "$OUT/bench.txt"
+    dry_rc "bench_comm_meter" "${PIPESTATUS[0]}"
+    timeout "$(cap 60)" "$PY" bench/bench_step_overhead.py --device cpu --model tiny --micro-batch 2 --seq-len 64 \
+      --precision bf16 --strategy ddp zero3 --compile off --rounds 1 --steps 1 2>&1 \
+      | grep -v WARNING | tee -a "$OUT/bench.txt"
+    dry_rc "bench_step_overhead" "${PIPESTATUS[0]}"
+    return
+  fi
+  timeout "$(cap 150)" "$PY" bench/bench_comm_meter.py --device cuda --world 1 --model 1.3b --precision bf16 \
     --micro-batch 4 --seq-len 2048 --rounds 40 2>&1 | grep -v WARNING | tee -a "$OUT/bench.txt"
   overhead() {  # model compile seconds-cap
-    timeout "$(cap "$3")" python3 bench/bench_step_overhead.py --device cuda --model "$1" --micro-batch 8 \
+    timeout "$(cap "$3")" "$PY" bench/bench_step_overhead.py --device cuda --model "$1" --micro-batch 8 \
       --seq-len 2048 --precision bf16 --strategy ddp fsdp.full_shard fsdp2.full_shard zero3 --compile "$2" \
       --rounds 4 --steps 3 2>&1 | grep -v WARNING | tee -a "$OUT/bench.txt"
   }
@@ -44,10 +70,12 @@ bench_part() {
 sweep_part() {
   local part=$1 scen=scenarios/gpu-check.yaml results=/tmp/gpu-check-results/$1
   [ "$part" = small ] && scen=scenarios/gpu-check-small.yaml
+  if [ -n "$DRY" ]; then results=$OUT/dry-results; scen=$("$PY" bench/gpu_check_dry.py "$scen" "$OUT/dry-$part.yaml"); fi
   mkdir -p "$results"
-  timeout -s INT -k 20 "$(($(left) - 25))" python3 -m harness.cli sweep $scen --cluster local-gpu \
+  timeout -s INT -k 20 "$(($(left) - 25))" "$PY" -m harness.cli sweep "$scen" --cluster "$CLUSTER" \
     --results "$results" --no-skip 2>&1 | tee "$results.log" | grep -E '^\[|done in|records|nterrupt'
-  python3 - "$results" <<'PY' | tee "$OUT/table_$part.md"
+  dry_rc "sweep $part" "${PIPESTATUS[0]}"
+  "$PY" - "$results" <<'PY' | tee "$OUT/table_$part.md"
 import sys
 from harness.results.store import load_records
 ac = lambda r: r["spec"]["activation_checkpointing"]
@@ -78,3 +106,7 @@ for part in "${PARTS[@]}"; do
   echo "== part $part ($((DEADLINE - SECONDS)) s left)"
   if [ "$part" = bench ]; then bench_part; else sweep_part "$part"; fi
 done
+if [ -n "$DRY" ]; then
+  if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check dry mode FAILED: ${FAILED[*]}" >&2; exit 1; fi
+  echo "gpu_check dry mode: every part ran (${PARTS[*]})"
+fi

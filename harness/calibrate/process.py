@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ from harness.plan.calibration.file import (
 )
 from harness.plan.calibration.find import host_fingerprint
 from harness.scenario.cluster import Cluster, load_cluster
+from harness.worker.devices import cuda_placement
 from harness.worker.env import silence_collective_renames
 
 
@@ -75,9 +77,16 @@ def process_setup(cluster_path: str) -> tuple[Cluster, torch.device]:
     if cluster.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"profile {cluster.name!r} says cuda, but torch.cuda.is_available() is False here")
-        local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
-        torch.cuda.set_device(local)
-        return cluster, torch.device("cuda", local)
+        placement = cuda_placement(
+            int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))),
+            device_count=torch.cuda.device_count(),
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        )
+        # NOTE: LOCAL_RANK then names the device as this process numbers them (the worker's rule)
+        os.environ["LOCAL_RANK"] = placement.local_rank
+        torch.cuda.set_device(placement.index)
+        return cluster, torch.device("cuda", placement.index)
     return cluster, torch.device("cpu")
 
 

@@ -151,12 +151,15 @@ def _work_dir(target: Path) -> Iterator[Path]:
 
 def _run_job(executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: list[str], what: str) -> None:
     from harness.launch.slurm.jobs import executor_parameters
+    from harness.launch.slurm.resources import node_cpus_for
 
     cap = cluster.slurm.time_limit_min
     minutes = JOB_MINUTES if cap is None else min(JOB_MINUTES, cap)
     executor.update_parameters(
         name=f"harness-calibrate-{cluster.name}",
-        **executor_parameters(cluster, nodes=nodes, tasks_per_node=tasks, timeout_min=minutes),
+        **executor_parameters(
+            cluster, nodes=nodes, tasks_per_node=tasks, timeout_min=minutes, node_cpus=node_cpus_for(cluster)
+        ),
     )
     job = executor.submit(CalibrationTask(), argv, dict(cluster.env))
     print(f"calibrate: {what}: SLURM job {job.job_id} ({nodes} node(s) x {tasks} task(s))", flush=True)

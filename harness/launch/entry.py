@@ -30,11 +30,13 @@ from harness.worker.runner import run
 
 
 def _forget_earlier_run(payload: Payload, job_env: Any) -> None:
-    """A requeued SLURM job runs again with the same payload: this rank's fragment and submitit result file from
-    the run that was interrupted (requeue, preemption) must not be taken for this run's."""
+    """A requeued SLURM job runs again with the same payload: this rank's fragment, heartbeat and submitit result
+    file from the run that was interrupted (requeue, preemption) must not be taken for this run's."""
     if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
         rank = job_env.global_rank
-        (fragment_dir(payload.results, payload.sweep, payload.run_id) / f"rank{rank}.json").unlink(missing_ok=True)
+        folder = fragment_dir(payload.results, payload.sweep, payload.run_id)
+        (folder / f"rank{rank}.json").unlink(missing_ok=True)
+        (folder / f"beat{rank}.json").unlink(missing_ok=True)  # its heartbeat, stopped when that run was interrupted
         job_env.paths.result_pickle.unlink(missing_ok=True)
 
 

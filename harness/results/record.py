@@ -264,7 +264,7 @@ class Metrics(Typed):
     peak_memory_reserved_gib: Num | None = None
     """max over ranks of the allocator's peak reserved (GiB); null on CPU"""
     alloc_retries: Annotated[int | None, SOMETIMES] = None
-    """rank 0's cudaMalloc retries during the measured steps (count); null on CPU"""
+    """cudaMalloc retries during the measured steps, the max over ranks (count); null on CPU"""
     loss: Num | None = None
     """the last step's loss, mean over ranks; null when not finite"""
     losses: list[Num | None] | None = None
@@ -526,6 +526,30 @@ class Fragment(Failure):
         keep = ("rank", "status", "reason", "hostname", "traceback")
         memory = ("memory_allocated_gib", "memory_reserved_gib", "memory_rss_gib")
         return Failure.model_validate({**{k: getattr(self, k) for k in keep + memory}})
+
+
+class Beat(Typed):
+    """A rank's heartbeat (`.fragments/<run_id>/beat<k>.json`): a thread of the rank rewrites it every second
+    (harness.worker.heartbeat), so it stops when the process dies or freezes, whatever the cause. The launcher
+    attributes a failure that raised no Python exception from it (an NCCL watchdog's abort, a SIGKILL, a frozen
+    node): harness.launch.core.outcome."""
+
+    rank: int
+    """the rank"""
+    attempt: str | None = None
+    """the launch it belongs to (a stale attempt's beats are ignored)"""
+    pid: int | None = None
+    """the rank's process id on its host"""
+    hostname: str | None = None
+    """its node"""
+    phase: str
+    """what the rank was doing: setup | warmup | timed | counted | aggregate | record | ended"""
+    phase_since: Num
+    """when it entered that phase (s since the epoch)"""
+    time: Num
+    """when this beat was written (s since the epoch)"""
+    ended: bool = False
+    """the rank left the benchmark (returned or raised): its beats stop by design"""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from harness.core.errors import InputError, Problem
 from harness.core.typed import data_location, dotted, expected
-from harness.results.record import SCHEMA_VERSION, STATUSES, Fragment, Record, Spec, Status
+from harness.results.record import SCHEMA_VERSION, STATUSES, Beat, Fragment, Record, Spec, Status
 
 __all__ = ["SCHEMA_VERSION", "STATUSES", "GIB"]  # re-exported: the contract's version and statuses
 GIB = 2**30
@@ -420,3 +420,23 @@ def read_fragments(results: str | Path, sweep: str, run_id: str, *, attempt: str
         if frag.attempt in (None, attempt):
             frags.append(frag)
     return frags
+
+
+def write_beat(results: str | Path, sweep: str, run_id: str, beat: Beat) -> Path:
+    """A rank's heartbeat, rewritten atomically beside the fragments (`beat<k>.json`)."""
+    path = fragment_dir(results, sweep, run_id) / f"beat{beat.rank}.json"
+    atomic_write_json(path, beat.to_dict())
+    return path
+
+
+def read_beats(results: str | Path, sweep: str, run_id: str, *, attempt: str | None) -> list[Beat]:
+    """The last heartbeat of each rank of launch `attempt`, by rank; a torn or unreadable one is left out."""
+    beats = []
+    for p in sorted(fragment_dir(results, sweep, run_id).glob("beat*.json")):
+        try:
+            beat = Beat.model_validate_json(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if beat.attempt in (None, attempt):
+            beats.append(beat)
+    return sorted(beats, key=lambda b: b.rank)

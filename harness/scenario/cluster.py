@@ -41,7 +41,25 @@ class Peak:
 
 
 # source: vendor datasheets; dense numbers only (the datasheets' headline tensor numbers are 2:4 sparse, halve them)
+# NOTE: first match wins: the NVL (PCIe-card, lower-clocked) parts come before the SXM entries whose match they also
+# satisfy ("NVIDIA H200 NVL" contains "H200")
 PEAKS: tuple[Peak, ...] = (
+    Peak(
+        "H200 NVL",
+        ("H200", "NVL"),
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        # source: NVIDIA H200 Tensor Core GPU datasheet, H200 NVL column: FP32 60 TF; TF32 835, BF16/FP16 1,671 TF
+        # with sparsity
+        "NVIDIA H200 datasheet (NVL), sparse tensor figures halved",
+    ),
+    Peak(
+        "H100 NVL",
+        ("H100", "NVL"),
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        # source: NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column: FP32 60 TF; TF32 835, BF16/FP16 1,671 TF
+        # with sparsity
+        "NVIDIA H100 datasheet (NVL), sparse tensor figures halved",
+    ),
     Peak(
         "H200",
         ("H200",),
@@ -110,8 +128,10 @@ class SlurmProfile:
     """--qos"""
     constraint: str | None = None
     """--constraint: node features, e.g. "h100&ib" """
-    cpus_per_task: int | None = None
-    """--cpus-per-task: CPU cores per rank (a rank is one task)"""
+    cpus_per_task: int | str | None = None
+    """--cpus-per-task: CPU cores per rank (a rank is one task); "auto": the partition's CPUs per node divided by
+    gpus_per_node (sinfo, at submission: harness.launch.slurm.resources.node_cpus_for), so a rank's host thread,
+    NCCL's proxy thread, compile workers and CPU Adam do not share one core"""
     mem_per_node_gib: float | None = None
     """--mem per node, GiB (2**30; SLURM's G)"""
     time_limit_min: int | None = None
@@ -124,8 +144,13 @@ class SlurmProfile:
     """submitit's USR2 warning comes this long before the limit (s), plus up to SLURM_CHECK_PERIOD_S"""
     setup: tuple[str, ...] = ()
     """shell lines run in the sbatch script before srun (module load, source .venv/bin/activate)"""
+    distribution: str | None = "block"
+    """--distribution: how tasks are laid onto nodes; block (the default) numbers ranks node by node, which the
+    hybrid meshes assume (the worker checks it); None leaves it to the site"""
+    exclusive: bool = False
+    """--exclusive: no other job on the cell's nodes (measurements free of neighbours; costs whole nodes)"""
     additional_parameters: dict[str, Any] = field(default_factory=dict)
-    """any other #SBATCH option, e.g. {exclusive: true, reservation: name} (underscores become dashes)"""
+    """any other #SBATCH option, e.g. {reservation: name} (underscores become dashes)"""
 
 
 SLURM_KEYS = (
@@ -139,8 +164,14 @@ SLURM_KEYS = (
     "max_nodes",
     "signal_delay_s",
     "setup",
+    "distribution",
+    "exclusive",
     "additional_parameters",
 )
+CPUS_PER_TASK_AUTO = "auto"
+"""slurm.cpus_per_task: derive it from the partition's nodes (CPUs per node / gpus_per_node)"""
+DISTRIBUTIONS = ("block", "cyclic", "plane", "arbitrary")
+"""--distribution's first (node) level; a value may add the socket and core levels after colons (block:block)"""
 # sbatch options the harness sets per cell, and those a key of the `slurm:` block sets
 SLURM_PER_CELL = (
     "nodes",
@@ -164,6 +195,8 @@ SLURM_OWN_KEY = {
     "constraint": "constraint",
     "cpus_per_task": "cpus_per_task",
     "mem": "mem_per_node_gib",
+    "distribution": "distribution",
+    "exclusive": "exclusive",
 }
 
 
@@ -188,8 +221,14 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
             problems.append(Problem(file, f"slurm.{k}", f"{v!r} must be a non-empty string or null"))
     for k in ("cpus_per_task", "time_limit_min", "max_nodes"):
         v = doc.get(k)
-        if v is not None and not _positive_int(v):
-            problems.append(Problem(file, f"slurm.{k}", f"{v!r} is not a positive integer"))
+        if v is not None and not _positive_int(v) and not (k == "cpus_per_task" and v == CPUS_PER_TASK_AUTO):
+            also = f" or {CPUS_PER_TASK_AUTO!r}" if k == "cpus_per_task" else ""
+            problems.append(Problem(file, f"slurm.{k}", f"{v!r} is not a positive integer{also}"))
+    dist = doc.get("distribution", "block")
+    if dist is not None and (not isinstance(dist, str) or dist.split(":")[0] not in DISTRIBUTIONS):
+        problems.append(Problem(file, "slurm.distribution", one_of(dist, DISTRIBUTIONS)))
+    if not isinstance(doc.get("exclusive", False), bool):
+        problems.append(Problem(file, "slurm.exclusive", f"{doc.get('exclusive')!r} must be true or false"))
     mem = doc.get("mem_per_node_gib")
     if mem is not None and (not isinstance(mem, (int, float)) or isinstance(mem, bool) or mem <= 0):
         problems.append(Problem(file, "slurm.mem_per_node_gib", f"{mem!r} is not a positive number"))
@@ -242,6 +281,8 @@ def parse_slurm(doc: Any, file: str, problems: list[Problem]) -> SlurmProfile:
         max_nodes=doc.get("max_nodes"),
         signal_delay_s=delay,
         setup=tuple(setup),
+        distribution=dist,
+        exclusive=doc.get("exclusive", False),
         additional_parameters=dict(extra),
     )
 

@@ -6,6 +6,9 @@
 | bf16      | autocast(bf16), fp32 params  | params gathered in bf16, gradients reduced in fp32 | `bf16: enabled`    |
 | fp16      | autocast(fp16) + GradScaler  | as bf16 with fp16 + ShardedGradScaler             | `fp16: enabled`    |
 
+fp16's step unscales before it steps (harness.worker.strategies.base.TorchTrainer.optimizer_step), and FSDP's fp16
+AdamW is foreach, not fused, on every device (adamw_kwargs): ranks then skip an overflow together.
+
 Gradients are reduced in fp32 under FSDP mixed precision (torchtitan's default) so low-precision compute
 does not also mean low-precision accumulation across ranks; DeepSpeed reduces in its model dtype.
 """

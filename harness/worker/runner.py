@@ -25,7 +25,10 @@ from harness.results.record import Fragment, Record, Status
 from harness.results.store import claim_end, new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.schema import RunSpec
+from harness.worker.devices import cuda_placement, node_major_problem
+from harness.worker.heartbeat import Heartbeat
 from harness.worker.meters import dynamo as dynamo_meter
+from harness.worker.versions import require_torch
 
 # NOTE: torch and the strategies are imported inside run() and its phases: the submitit driver unpickles the entry
 # point (harness.launch.entry, which imports this module) in every task, and `import harness.worker.runner` must
@@ -66,19 +69,6 @@ def _process_start_time() -> float | None:
         return None
 
 
-def cuda_index(local_rank: int, visible: int) -> int:
-    """This rank's CUDA device: cuda:<local rank> when the task sees the node's GPUs, cuda:0 when the scheduler
-    bound the task to its one GPU (--gpus-per-task=1, --gpu-bind); an error that says why otherwise."""
-    if local_rank < visible:
-        return local_rank
-    if visible == 1:
-        return 0
-    raise RuntimeError(
-        f"local rank {local_rank} needs cuda:{local_rank}, but host {node_name()} has {visible} CUDA "
-        f"device(s) visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
-    )
-
-
 def utilisation(
     spec: RunSpec,
     tflops_per_gpu: float,
@@ -108,7 +98,9 @@ def utilisation(
 def _is_oom(e: BaseException) -> bool:
     import torch
 
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+    # NOTE: getattr: on a torch older than the minimum (no torch.OutOfMemoryError before 2.5) the failure writer
+    # must still write the fragment that says so (harness.worker.versions)
+    if isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError)):
         return True
     # host allocations fail as RuntimeError from the CPU allocator; CUDA's as "CUDA out of memory"
     return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
@@ -157,10 +149,14 @@ def run(
     if spec.gpus != world_size:
         raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
 
+    # NOTE: the heartbeat says which rank stopped when none raised (an NCCL watchdog's abort, a SIGKILL): it beats
+    # until this function leaves, after the process group is destroyed (harness.worker.heartbeat)
+    heartbeat = Heartbeat(payload, rank=rank, hostname=node_name()).start()
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
-        # local rank beyond the GPUs there are, a rendezvous that fails) writes a fragment saying so, instead of
-        # leaving the cell "crashed" with no reason
+        # local rank beyond the GPUs there are, a rendezvous that fails, a torch older than the minimum) writes a
+        # fragment saying so, instead of leaving the cell "crashed" with no reason
+        require_torch(torch.__version__)
         device, backend = _join_process_group(
             cluster,
             rank=rank,
@@ -169,14 +165,21 @@ def run(
             master_addr=master_addr,
             master_port=master_port,
         )
+        if spec.nodes > 1:
+            _check_node_major(spec)
         trainer, batches = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         t_ready = time.time()
+        heartbeat.phase("warmup")
         step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
+        heartbeat.phase("timed")
         timed = _timed_steps(step, n=s.measure_steps, device=device)
+        heartbeat.phase("counted")
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
+        heartbeat.phase("traced")
         traced = _traced_step(step, spec=spec, payload=payload, trainer=trainer, device=device, rank=rank)
         # NOTE: the checkpoint phase comes last (after the traced step): it trains on, so nothing measured follows it
+        heartbeat.phase("checkpoint")
         ckpt = (
             _checkpoint_phase(
                 trainer,
@@ -191,6 +194,7 @@ def run(
             if s.checkpoint
             else None
         )
+        heartbeat.phase("aggregate")
         ranks = _aggregate_over_ranks(
             warm_losses + timed.losses,
             timed=timed,
@@ -200,6 +204,7 @@ def run(
         )
         if rank != 0:
             return None
+        heartbeat.phase("record")
         record = _measured_record(
             payload=payload,
             spec=spec,
@@ -230,10 +235,35 @@ def run(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        heartbeat.stop()
 
 
 # --------------------------------------------------------------------------------------------------
 # the phases of run(), in order
+
+
+def rank_device(cluster: PayloadCluster, *, local_rank: int) -> tuple[Any, str, str]:
+    """(device, backend, LOCAL_RANK to export) of the rank with `local_rank` on its node: cuda:<index> (set as
+    current) and nccl on a CUDA profile, where the index and LOCAL_RANK follow harness.worker.devices; cpu, gloo and
+    the local rank otherwise."""
+    import torch
+
+    if cluster.device != "cuda":
+        return torch.device("cpu"), "gloo", str(local_rank)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"cluster profile {cluster.name!r} says cuda, but torch.cuda.is_available() "
+            f"is False here (torch {torch.__version__}, host {node_name()})"
+        )
+    placement = cuda_placement(
+        local_rank,
+        device_count=torch.cuda.device_count(),
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        host=node_name(),
+    )
+    device = torch.device("cuda", placement.index)
+    torch.cuda.set_device(device)
+    return device, "nccl", placement.local_rank
 
 
 def _join_process_group(
@@ -241,27 +271,17 @@ def _join_process_group(
 ) -> tuple[Any, str]:
     """(device, backend): this rank's device (cuda:<index> or cpu), set as current, and the world process group
     joined (nccl on CUDA, gloo on CPU) with the cluster's watchdog timeout on every group made later too."""
-    import torch
     import torch.distributed as dist
 
-    if cluster.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"cluster profile {cluster.name!r} says cuda, but torch.cuda.is_available() "
-                f"is False here (torch {torch.__version__}, host {node_name()})"
-            )
-        device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
+    device, backend, exported_local_rank = rank_device(cluster, local_rank=local_rank)
+    # NOTE: LOCAL_RANK names this rank's device as this process numbers them (cuda:0 under a one-GPU binding), not
+    # the SLURM local id: DeepSpeed's engine and zero.Init set their device from it (harness.worker.devices)
     os.environ.update(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(local_rank),
+        LOCAL_RANK=exported_local_rank,
     )
     timeout = datetime.timedelta(seconds=float(cluster.pg_timeout_s))
     # NOTE: groups created later (device meshes, hybrid sub-groups, DeepSpeed's groups) take their timeout
@@ -278,6 +298,18 @@ def _join_process_group(
         device_id=device if backend == "nccl" else None,
     )
     return device, backend
+
+
+def _check_node_major(spec: RunSpec) -> None:
+    """RuntimeError when a multi-node cell's ranks are not numbered node by node (harness.worker.devices); one
+    all_gather of the node names, before anything is built."""
+    import torch.distributed as dist
+
+    hosts: list[str | None] = [None] * spec.gpus
+    dist.all_gather_object(hosts, node_name())
+    problem = node_major_problem([str(h) for h in hosts], gpus_per_node=spec.gpus_per_node)
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 def build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:
@@ -429,8 +461,8 @@ class _OverRanks:
     step_times: Any
     """tensor of each measured step's time (s), the max over ranks: a step ends when its slowest rank ends"""
     peaks: Any
-    """tensor [peak allocated GiB, peak reserved GiB, frames dynamo compiled in the measured steps], max over
-    ranks (-1: not measured)"""
+    """tensor [peak allocated GiB, peak reserved GiB, frames dynamo compiled in the measured steps, allocator
+    retries in the measured steps], max over ranks (-1: not measured)"""
     hosts: list[str | None]
 
 
@@ -450,13 +482,15 @@ def _aggregate_over_ranks(
     step_times = torch.tensor(timed.times, dtype=torch.float64, device=device)
     dist.all_reduce(step_times, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank ends
     # max over ranks of: peak allocated, peak reserved, frames dynamo compiled in the measured steps (a
-    # recompilation on any rank stalls every rank's step)
+    # recompilation on any rank stalls every rank's step), the allocator's retries (a rank that retried stalls them too;
+    # rank 0's alone hid the others' before issue 32)
     mem = timed.mem
     peaks = torch.tensor(
         [
             mem["peak_memory_allocated_gib"] or -1.0,
             mem["peak_memory_reserved_gib"] or -1.0,
             timed.dynamo["frames"] - timed.dynamo_warm["frames"],
+            -1 if mem["alloc_retries"] is None else mem["alloc_retries"],
         ],
         dtype=torch.float64,
         device=device,
@@ -531,7 +565,7 @@ def _measured_record(
             f"loss is not finite at step {first + 1} "
             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {failed_rank}"
         )
-    started = datetime.datetime.fromtimestamp(t_entry, datetime.timezone.utc).isoformat(timespec="seconds")
+    started = datetime.datetime.fromtimestamp(t_entry, datetime.UTC).isoformat(timespec="seconds")
     return new_record(
         spec=payload.spec,
         run_id=payload.run_id,
@@ -543,7 +577,7 @@ def _measured_record(
         metrics=sanitize(metrics),
         env=sanitize(env),
         started_at=started,
-        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        finished_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **{k: v if isinstance(v, Prediction) else sanitize(v) for k, v in fields.items()},
     )
 
@@ -610,7 +644,7 @@ def _metrics(
         "mfu_peak_tflops": peak_tflops,
         "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
         "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
-        "alloc_retries": mem["alloc_retries"],
+        "alloc_retries": None if peaks[3] < 0 else int(peaks[3]),
         "loss": ranks.losses[-1],
         "losses": ranks.losses,
         "n_params": spec.model_config.n_params(),

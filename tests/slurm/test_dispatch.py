@@ -211,6 +211,20 @@ def test_ok_cells_carry_job_ids_and_node_names(dispatch_sweep, slurm_cluster):
     # result file ("terminate called without an active exception"), and sacct says FAILED; the record counts
 
 
+def test_the_job_asks_for_cores_per_rank_and_block_distribution(dispatch_sweep, slurm_cluster):
+    """Issue 32: cpus_per_task auto (sinfo's 2 CPUs per node / 2 ranks per node) and --distribution=block, read in
+    the hybrid cell's generated batch script; its ranks ran node by node (the worker checks it before building: a
+    cyclic layout is an error record), so the 2-node hybrid is ok with both nodes."""
+    rec = dispatch_sweep["records"]["hybrid"]
+    job_id = dispatch_sweep["manifest"][rec["run_id"]]["job_id"]
+    script = (dispatch_sweep["results"] / "dispatch" / ".submitit" / f"{job_id}_submission.sh").read_text()
+    assert "#SBATCH --cpus-per-task=1\n" in script
+    assert "#SBATCH --distribution=block\n" in script
+    assert "#SBATCH --exclusive" not in script  # an option, off by default
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --ntasks-per-node=2\n" in script
+    assert rec["status"] == "ok" and rec["env"]["hostnames"] == list(slurm_cluster.nodes)
+
+
 def test_cells_with_the_same_resources_share_one_job_array(dispatch_sweep):
     recs, cells = dispatch_sweep["records"], dispatch_sweep["manifest"]
     same = [cells[recs[k]["run_id"]]["job_id"] for k in ("ddp", "exception", "requeue", "preempt")]

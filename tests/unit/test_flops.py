@@ -222,3 +222,20 @@ def test_mfu_is_null_with_a_reason_where_the_peak_is_unknown(device_type, name):
     assert (
         reasons["mfu"] == reasons["hfu"] and f"no dense peak FLOPS known for device {name!r} (bf16)" in reasons["mfu"]
     )
+
+
+@pytest.mark.parametrize(
+    "device_name, peak_name, bf16",
+    [
+        ("NVIDIA H100 NVL", "H100 NVL", 835.5),  # issue 32: was no entry (MFU null)
+        ("NVIDIA H200 NVL", "H200 NVL", 835.5),  # issue 32: was the SXM part's 989.4
+        ("NVIDIA H200", "H200", 989.4),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),
+    ],
+)
+def test_each_hopper_part_gets_its_own_dense_peak(device_name, peak_name, bf16):
+    from harness.scenario.cluster import find_peak
+
+    peak = find_peak(device_name)
+    assert peak is not None and (peak.name, peak.tflops["bf16"]) == (peak_name, bf16)

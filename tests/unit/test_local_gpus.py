@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from harness.cli import main
 from harness.launch.local.launchers import local_executor_parameters, local_gpus
 from harness.scenario.cluster import load_cluster
@@ -48,22 +46,3 @@ def test_cells_needing_more_gpus_than_visible_are_skipped_unlaunched(tmp_path, m
         n = r["spec"]["gpus"]
         assert r["reason"] == f"needs {n} GPUs on this machine; 1 visible (CUDA_VISIBLE_DEVICES='0')"
     assert not (results / "g" / ".submitit").exists()  # nothing was launched
-
-
-@pytest.mark.parametrize("local_rank, visible, index", [(0, 1, 0), (3, 8, 3), (3, 1, 0), (1, 2, 1)])
-def test_each_rank_takes_its_gpu_or_the_one_it_was_bound_to(local_rank, visible, index):
-    from harness.worker.runner import cuda_index
-
-    assert cuda_index(local_rank, visible) == index
-
-
-def test_a_rank_beyond_the_visible_gpus_says_how_many_there_are(monkeypatch):
-    from harness.worker.runner import cuda_index
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(
-        RuntimeError,
-        match=r"local rank 3 needs cuda:3, but host .* has 2 CUDA device\(s\) visible "
-        r"\(CUDA_VISIBLE_DEVICES='0,1'\)",
-    ):
-        cuda_index(3, 2)

@@ -47,8 +47,16 @@ def test_gpu_profiles_are_placeholders_a_user_edits():
             "max_nodes",
             "signal_delay_s",
             "setup",
+            "distribution",
+            "exclusive",
             "additional_parameters",
         }
+        # issue 32: a benchmark's job asks for cores per rank derived from the node and block distribution
+        assert (raw["slurm"]["cpus_per_task"], raw["slurm"]["distribution"], raw["slurm"]["exclusive"]) == (
+            "auto",
+            "block",
+            False,
+        )
         assert "EDIT" in (SHIPPED_DIR / f"{name}.yaml").read_text()
 
 
@@ -57,6 +65,8 @@ def test_every_problem_in_a_slurm_block_is_reported_once():
         partiton: gpu
         cpus_per_task: 0
         mem_per_node_gib: -1
+        distribution: round_robin
+        exclusive: yes please
         time_limit_min: 2
         signal_delay_s: 90
         setup: module load cuda
@@ -67,9 +77,11 @@ def test_every_problem_in_a_slurm_block_is_reported_once():
     lines = [str(p) for p in raised.value.problems]
     assert lines == [
         "p.yaml: slurm.partiton: unknown key; allowed: partition, account, qos, constraint, cpus_per_task, "
-        "mem_per_node_gib, time_limit_min, max_nodes, signal_delay_s, setup, additional_parameters (did you mean "
-        "'partition'?)",
-        "p.yaml: slurm.cpus_per_task: 0 is not a positive integer",
+        "mem_per_node_gib, time_limit_min, max_nodes, signal_delay_s, setup, distribution, exclusive, "
+        "additional_parameters (did you mean 'partition'?)",
+        "p.yaml: slurm.cpus_per_task: 0 is not a positive integer or 'auto'",
+        "p.yaml: slurm.distribution: 'round_robin' is not one of block, cyclic, plane, arbitrary",
+        "p.yaml: slurm.exclusive: 'yes please' must be true or false",
         "p.yaml: slurm.mem_per_node_gib: -1 is not a positive number",
         "p.yaml: slurm.time_limit_min: 2 min leaves no time before submitit's USR2 (signal_delay_s 90 + up to 30 s "
         "of SLURM's check period + start-up): at least 3",
@@ -77,6 +89,7 @@ def test_every_problem_in_a_slurm_block_is_reported_once():
         "p.yaml: slurm.additional_parameters.time: set by the harness for each cell (nodes, tasks, GPUs, time "
         "limit, signal, logs); not settable here",
         "p.yaml: slurm.additional_parameters.mem: use slurm.mem_per_node_gib instead",
+        "p.yaml: slurm.additional_parameters.exclusive: use slurm.exclusive instead",
         "p.yaml: slurm.additional_parameters.reservation: ['a'] must be a string, number or true",
     ]
 
@@ -92,7 +105,8 @@ def test_profile_to_submitit_parameters():
         mem_per_node_gib: 800
         signal_delay_s: 120
         setup: [module load cuda/12.4]
-        additional_parameters: {exclusive: true}
+        exclusive: true
+        additional_parameters: {reservation: bench}
     """,
         env={"NCCL_DEBUG": "WARN"},
     )
@@ -110,7 +124,7 @@ def test_profile_to_submitit_parameters():
         "slurm_constraint": "h100",
         "slurm_signal_delay_s": 120,
         "slurm_setup": ["module load cuda/12.4"],
-        "slurm_additional_parameters": {"exclusive": True},
+        "slurm_additional_parameters": {"distribution": "block", "exclusive": True, "reservation": "bench"},
     }
     cpu = load_cluster("local-slurm")  # ranks, not GPUs: nothing asked of SLURM's gres
     assert "gpus_per_node" not in executor_parameters(cpu, nodes=1, tasks_per_node=2, timeout_min=1)
@@ -158,3 +172,22 @@ def test_pack_needs_a_slurm_profile(tmp_path, capsys):
         "error: --pack: needs a SLURM profile; 'local' runs cells locally, as children of the sweep\n"
     )
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("cpus, gpus, per_rank", [(112, 8, 14), (128, 8, 16), (96, 4, 24), (2, 2, 1), (4, 8, 1)])
+def test_auto_cores_per_rank_share_the_node_evenly(cpus, gpus, per_rank):
+    from harness.launch.slurm.resources import cpus_per_rank
+
+    assert cpus_per_rank(cpus, gpus) == per_rank
+
+
+def test_auto_cores_per_rank_come_from_the_nodes_cpus():
+    cluster = parse_cluster(profile("cpus_per_task: auto"), "p.yaml")  # gpus_per_node 8
+    assert executor_parameters(cluster, nodes=1, tasks_per_node=8, timeout_min=5, node_cpus=112)["cpus_per_task"] == 14
+    # sinfo did not say: left to the site, never a guess
+    assert "cpus_per_task" not in executor_parameters(cluster, nodes=1, tasks_per_node=8, timeout_min=5)
+
+
+def test_distribution_can_be_left_to_the_site():
+    cluster = parse_cluster(profile("distribution: null"), "p.yaml")
+    assert "slurm_additional_parameters" not in executor_parameters(cluster, nodes=1, tasks_per_node=2, timeout_min=5)

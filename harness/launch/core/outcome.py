@@ -15,10 +15,11 @@ from typing import Any
 
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
-from harness.results.record import Fragment, Record
+from harness.results.record import Beat, Fragment, Record
 from harness.results.store import (
     claim_end,
     new_record,
+    read_beats,
     read_fragments,
     record_or_none,
     record_path,
@@ -64,6 +65,64 @@ RECORD_WAIT_S = 30.0
 claims just before writing one file"""
 
 
+def beats_of(payload: Payload) -> list[Beat]:
+    """The last heartbeat of each rank of this attempt (harness.worker.heartbeat)."""
+    return read_beats(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt)
+
+
+STALE_S = 10.0
+"""a rank whose last beat (one a second) is older than this, and that did not say it ended, has stopped: its process
+died or froze (s)"""
+SHARED_FS_STALE_S = 60.0
+"""STALE_S for beats read across a shared file system (SLURM), whose clients may cache a file's content for up to a
+minute (s)"""
+TOGETHER_S = 3.0
+"""beats that stopped within this of each other stopped together: one cause, not first and second (s)"""
+
+
+def stopped_ranks(beats: list[Beat], *, now: float, stale_s: float = STALE_S) -> list[int]:
+    """The ranks whose heartbeat stopped without their saying they ended (died or froze), as of `now`."""
+    return [b.rank for b in beats if not b.ended and now - float(b.time) > stale_s]
+
+
+def beat_verdict(
+    beats: list[Beat], *, world_size: int, pg_timeout_s: float | None, now: float, stale_s: float = STALE_S
+) -> tuple[str, str, int | None] | None:
+    """(status, reason, culprit) from the ranks' heartbeats when no rank raised, or None when they tell nothing.
+
+    The ranks whose beats stopped first (within TOGETHER_S of the earliest) are the culprits: they died or froze
+    while the others were still alive (blocked in a collective). Unless they had been in their phase for the whole
+    watchdog timeout when they stopped: then the watchdog ended them (NCCL aborts the ranks whose collective timed
+    out, without an exception), and the culprits are the ranks that beat on after them: they hung."""
+    stopped = {b.rank: b for b in beats if b.rank in stopped_ranks(beats, now=now, stale_s=stale_s)}
+    if not stopped:
+        return None
+    first_stop = min(float(b.time) for b in stopped.values())
+    first = sorted(r for r, b in stopped.items() if float(b.time) - first_stop <= TOGETHER_S)
+    later = {b.rank: b for b in beats if b.rank not in first and float(b.time) - first_stop > TOGETHER_S}
+    if not later and len(first) == len(beats) == world_size and world_size > 1:
+        return None  # every rank stopped at once: nothing tells them apart
+    head = stopped[first[0]]
+    in_phase = float(head.time) - float(head.phase_since)
+    who = f"rank{'s' * (len(first) > 1)} {', '.join(map(str, first))}"
+    if pg_timeout_s is not None and in_phase >= pg_timeout_s and later:
+        hung = sorted(later)
+        return (
+            "timeout",
+            f"rank{'s' * (len(hung) > 1)} {', '.join(map(str, hung))} stopped making progress: {who} waited "
+            f"{in_phase:.0f} s in phase '{head.phase}' (the {pg_timeout_s:g} s watchdog) and stopped beating, while "
+            f"rank {hung[0]} still beat (heartbeats; no rank raised an exception)",
+            hung[0],
+        )
+    after = max((float(b.time) for b in later.values()), default=now) - first_stop
+    return (
+        "crashed",
+        f"{who} stopped without an exception in phase '{head.phase}' (on {head.hostname}, pid {head.pid}): its "
+        f"heartbeat ended {after:.0f} s before the other ranks' (heartbeats: died, killed or frozen)",
+        first[0],
+    )
+
+
 def fresh_record(payload: Payload) -> Record | None:
     """Rank 0's record of this very attempt, if it wrote one (an earlier attempt's record does not count)."""
     rec = record_or_none(record_path(payload.results, payload.sweep, payload.run_id))
@@ -80,6 +139,11 @@ SECONDARY = (
     "read error",
     "nccl communicator was aborted",
     "process group was aborted",
+    # NCCL's words for a peer that is gone (ncclRemoteError), and ProcessGroupNCCL's when a collective failed
+    "ncclremoteerror",
+    "remote process exited or there was a network error",
+    "some nccl operations have failed or timed out",
+    "failed to recv, got 0 bytes",
 )
 TIMEOUTS = ("timed out", "timeout", "watchdog")
 
@@ -105,13 +169,16 @@ def classify(
     pg_timeout_s: float | None,
     ended: tuple[str, str] | None = None,
     job_errors: dict[int, str] | None = None,
+    beats: list[Beat] | None = None,
+    now: float | None = None,
 ) -> tuple[str, str, int | None]:
     """(status, reason, failed rank) of a cell that ended without rank 0's record.
 
     The first rank to fail is the root cause. Ranks that left no fragment while others report a broken
     collective are the culprits: they died (the others saw their connection close) or hung (the others'
     collective hit the watchdog). `ended` is the scheduler's verdict when it explains the end (a time limit, a
-    cancel, a node failure); `job_errors` are tracebacks the scheduler's tasks left when no fragment was written.
+    cancel, a node failure); `job_errors` are tracebacks the scheduler's tasks left when no fragment was written;
+    `beats` are the ranks' heartbeats as of `now`, which attribute a failure that no rank raised (beat_verdict).
     """
     if cancelled:
         return "cancelled", "the job was cancelled before the cell finished", None
@@ -140,6 +207,11 @@ def classify(
             f"{who} died without raising an exception; the others saw its connection close (rank {first.rank}: {said})",
             culprit,
         )
+    by_beats = beat_verdict(
+        beats or [], world_size=world_size, pg_timeout_s=pg_timeout_s, now=time.time() if now is None else now
+    )
+    if by_beats is not None:
+        return by_beats
     if job_errors:
         rank = min(job_errors)
         return "error", f"{_exception_line(job_errors[rank])} (rank {rank}, outside the benchmark)", rank
@@ -180,6 +252,7 @@ def finalize(
         pg_timeout_s=payload.cluster.pg_timeout_s,
         ended=ended,
         job_errors=job_errors,
+        beats=beats_of(payload),
     )
     fields: dict[str, Any] = {"attempt": payload.attempt}
     if payload.predicted is not None:

@@ -21,7 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.launch.core.outcome import Interrupted, cancel_cell, finalize, fragments_of, job_log_tail
+import psutil
+
+from harness.launch.core.outcome import (
+    STALE_S,
+    Interrupted,
+    beats_of,
+    cancel_cell,
+    finalize,
+    fragments_of,
+    job_log_tail,
+    stopped_ranks,
+)
 from harness.launch.core.payload import free_port
 from harness.plan.placement import parse_visible_devices
 from harness.results.payload import Payload
@@ -92,10 +103,12 @@ def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = T
 
 class FailureWatch:
     """A rank that failed leaves a fragment; ranks still alive `grace_s` later are stuck (a hung peer, a
-    collective that will never complete): the launcher ends the cell instead of waiting for its time limit."""
+    collective that will never complete): the launcher ends the cell instead of waiting for its time limit. A rank
+    whose heartbeat stopped (harness.worker.heartbeat: it died or froze without an exception, as NCCL's ranks do)
+    makes the cell stuck at once: its beat has been silent for outcome.STALE_S already."""
 
-    def __init__(self, payload: Payload, grace_s: float = 15.0):
-        self.payload, self.grace_s = payload, grace_s
+    def __init__(self, payload: Payload, grace_s: float = 15.0, stale_s: float = STALE_S):
+        self.payload, self.grace_s, self.stale_s = payload, grace_s, stale_s
         self.first_seen: float | None = None
         self._next_check = 0.0
 
@@ -104,6 +117,8 @@ class FailureWatch:
         if now < self._next_check:
             return False
         self._next_check = now + 1.0
+        if stopped_ranks(beats_of(self.payload), now=now, stale_s=self.stale_s):
+            return True
         if self.first_seen is None:
             if fragments_of(self.payload):
                 self.first_seen = now
@@ -113,12 +128,12 @@ class FailureWatch:
 
 def _kill_tree(pid: int) -> None:
     """SIGTERM, then SIGKILL, a process and all its descendants (a local submitit job: controller + ranks)."""
+    # NOTE: psutil is imported at the top (a declared dependency): imported here inside `except Exception: return`,
+    # its absence made every stuck cell silently unkillable
     try:
-        import psutil
-
         root = psutil.Process(pid)
         procs = root.children(recursive=True) + [root]
-    except Exception:  # noqa: BLE001 - already gone
+    except psutil.NoSuchProcess:  # already gone
         return
     for p in procs:
         try:

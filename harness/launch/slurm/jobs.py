@@ -31,15 +31,24 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
 from harness.launch.core.manifest import Manifest, RunEntry, cell_state
-from harness.launch.core.outcome import describe, finalize, fragments_of, fresh_record, is_secondary, job_log_tail
+from harness.launch.core.outcome import (
+    SHARED_FS_STALE_S,
+    beats_of,
+    describe,
+    finalize,
+    fragments_of,
+    fresh_record,
+    is_secondary,
+    job_log_tail,
+    stopped_ranks,
+)
+from harness.launch.slurm.resources import SINFO_TIMEOUT_S, cpus_per_rank, node_cpus_for
 from harness.results.payload import PackPlace, Payload
 from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, write_record
-from harness.scenario.cluster import Cluster, SlurmProfile, min_job_minutes
+from harness.scenario.cluster import CPUS_PER_TASK_AUTO, Cluster, SlurmProfile, min_job_minutes
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
-SINFO_TIMEOUT_S = 30
-"""how long the check before a sweep, and `harness status`, wait for SLURM's answer (s)"""
 
 # sacct's job states (`man sacct`, JOB STATE CODES), by what they mean for a cell
 PENDING_STATES = frozenset(
@@ -68,6 +77,10 @@ SACCT_MIN_S, SACCT_MAX_S = 2.0, 30.0
 """sacct is polled every tenth of the time since the last change, within these bounds (s)"""
 STUCK_GRACE_S = 15.0
 """a rank failed (left a fragment) and the job is still running this long after: its other ranks are stuck (s)"""
+BEAT_STALE_S = SHARED_FS_STALE_S
+"""a rank's heartbeat (harness.worker.heartbeat) silent this long while its job runs: the rank died or froze without
+an exception (an NCCL watchdog's abort, a SIGKILL) and the job is cancelled; longer than locally (outcome.STALE_S)
+because the beats cross a shared file system (s)"""
 JOB_END_GRACE_S = 60.0
 """how long the job may go on running after every task returned (result files) before the sweep cancels it: a rank
 hangs on its way out (s)"""
@@ -133,8 +146,12 @@ def job_minutes(time_limit_s: float, slurm: SlurmProfile) -> int:
     return minutes if slurm.time_limit_min is None else min(minutes, slurm.time_limit_min)
 
 
-def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int) -> dict[str, Any]:
-    """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block."""
+def executor_parameters(
+    cluster: Cluster, *, nodes: int, tasks_per_node: int, timeout_min: int, node_cpus: int | None = None
+) -> dict[str, Any]:
+    """AutoExecutor parameters of one cell's job: its shape and time limit, then the profile's `slurm:` block.
+    `node_cpus`: the partition's CPUs per node (node_cpus_for), which cpus_per_task "auto" divides by gpus_per_node;
+    None leaves --cpus-per-task to the site then."""
     s = cluster.slurm
     params: dict[str, Any] = {
         "nodes": nodes,
@@ -144,8 +161,11 @@ def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, ti
     }
     if cluster.device == "cuda":  # one GPU per task; a cpu profile's gpus_per_node counts ranks, not GPUs
         params["gpus_per_node"] = tasks_per_node
-    if s.cpus_per_task is not None:
-        params["cpus_per_task"] = s.cpus_per_task
+    cpus: int | str | None = s.cpus_per_task
+    if cpus == CPUS_PER_TASK_AUTO:
+        cpus = None if node_cpus is None else cpus_per_rank(node_cpus, cluster.gpus_per_node)
+    if cpus is not None:
+        params["cpus_per_task"] = cpus
     if s.mem_per_node_gib is not None:
         params["mem_gb"] = s.mem_per_node_gib  # submitit writes --mem=<n>GB, which SLURM reads as GiB
     for key in ("partition", "account", "qos", "constraint"):
@@ -153,8 +173,13 @@ def executor_parameters(cluster: Cluster, *, nodes: int, tasks_per_node: int, ti
             params[f"slurm_{key}"] = getattr(s, key)
     if s.setup:
         params["slurm_setup"] = list(s.setup)
-    if s.additional_parameters:
-        params["slurm_additional_parameters"] = dict(s.additional_parameters)
+    # NOTE: block distribution numbers ranks node by node, as the hybrid meshes assume (the worker checks it)
+    extra: dict[str, Any] = {"distribution": s.distribution} if s.distribution is not None else {}
+    if s.exclusive:
+        extra["exclusive"] = True
+    extra.update(s.additional_parameters)
+    if extra:
+        params["slurm_additional_parameters"] = extra
     return params
 
 
@@ -516,7 +541,13 @@ class SlurmSweep:
             self._executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm", slurm_max_num_timeout=0)
         self._executor.update_parameters(
             name=f"harness-{self.manifest.header.sweep or 'sweep'}",
-            **executor_parameters(self.cluster, nodes=nodes, tasks_per_node=tasks_per_node, timeout_min=timeout_min),
+            **executor_parameters(
+                self.cluster,
+                nodes=nodes,
+                tasks_per_node=tasks_per_node,
+                timeout_min=timeout_min,
+                node_cpus=node_cpus_for(self.cluster),
+            ),
         )
         return self._executor
 
@@ -621,9 +652,14 @@ class SlurmSweep:
         # while it waits; its ranks delete their fragments as they restart
         running = not cell.stopped_stuck and base_state(cell.state) in RUNNING_STATES
         failed = running and bool(fragments_of(cell.payload))
+        # NOTE: only beats of this run of the job: a requeued job's earlier run left beats that stopped long ago
+        beats = [b for b in beats_of(cell.payload) if float(b.time) >= cell.state_since] if running else []
+        stopped = stopped_ranks(beats, now=now, stale_s=BEAT_STALE_S)
         returned = running and cell.results_written
         cell.stuck_since = (cell.stuck_since or now) if failed else None
         cell.returned_since = (cell.returned_since or now) if returned else None
+        if stopped:
+            return f"rank {stopped[0]}'s heartbeat stopped {BEAT_STALE_S:g} s ago and the job still runs"
         if cell.stuck_since is not None and now - cell.stuck_since > STUCK_GRACE_S:
             return f"a rank failed and the job still runs {STUCK_GRACE_S:g} s later"
         if cell.returned_since is not None and now - cell.returned_since > JOB_END_GRACE_S:

@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Annotated
 
 from harness.core.typed import SOMETIMES, Typed
-from harness.launch.core.outcome import finalize, fragments_of, fresh_record
+from harness.launch.core.outcome import (
+    SHARED_FS_STALE_S,
+    beats_of,
+    finalize,
+    fragments_of,
+    fresh_record,
+    stopped_ranks,
+)
 from harness.results.payload import Payload
 from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, fragment_dir, sweep_dir, write_record
@@ -235,9 +242,9 @@ class PackRun:
 
     def _run_cell(self, payload: Payload, *, position: int, tmp: Path) -> Marker | None:
         """Run this task's rank of the cell to its end; its end marker, or None when the job is stopping."""
-        (fragment_dir(payload.results, payload.sweep, payload.run_id) / f"rank{self.rank}.json").unlink(
-            missing_ok=True
-        )  # an interrupted run's
+        folder = fragment_dir(payload.results, payload.sweep, payload.run_id)
+        for name in (f"rank{self.rank}.json", f"beat{self.rank}.json"):  # an interrupted run's fragment and heartbeat
+            (folder / name).unlink(missing_ok=True)
         ppath = tmp / f"{payload.run_id}.json"
         atomic_write_json(ppath, payload.to_dict())
         env = dict(os.environ)
@@ -291,7 +298,7 @@ class PackRun:
                         break
                     if now >= next_check:
                         next_check = now + 1.0
-                        if failed_at is None and self._fresh_fragments(payload):
+                        if failed_at is None and (self._fresh_fragments(payload) or self._stopped_beats(payload, now)):
                             failed_at = now
                         if recorded_at is None and fresh_record(payload) is not None:
                             recorded_at = now
@@ -322,6 +329,12 @@ class PackRun:
             f"{elapsed:.1f} s" + (f" (killed: {killed})" if killed else "")
         )
         return marker
+
+    def _stopped_beats(self, payload: Payload, now: float) -> list[int]:
+        """Ranks of this cell whose heartbeat, written in this run of the job, stopped (they died or froze without
+        an exception: harness.worker.heartbeat); the shared file system's caching allowed for (SHARED_FS_STALE_S)."""
+        beats = [b for b in beats_of(payload) if float(b.time) >= self.started]
+        return stopped_ranks(beats, now=now, stale_s=SHARED_FS_STALE_S)
 
     def _fresh_fragments(self, payload: Payload) -> list[Fragment]:
         """Fragments of this attempt written in this run of the job (an interrupted run's are older than it)."""

@@ -17,7 +17,8 @@ for send/recv; barrier counts a call and 0 bytes.
 
 The functional collectives (`_c10d_functional`: what DTensor's redistributions, tensor parallelism and loss parallel
 issue) call the process group without passing through the `c10d` ops, so they are hooked too, the same way; they name
-their group by its registered name. Point-to-point sends and receives (pipeline parallelism) are counted but not
+their group by its registered name. Point-to-point sends and receives (pipeline parallelism), and ops issued inside a
+non-fast-path `_coalescing_manager` block (NCCL launches those together at `_end_coalescing`), are counted but not
 timed one by one: waiting on a send inside the hook, before the peer has posted its receive, would stall the pipeline
 (and gloo's send work cannot be waited on twice).
 
@@ -200,7 +201,7 @@ class CommMeter:
     def _count(self, name: str, call, coll: str, size_fn, pg_index: int, args: tuple, kwargs: dict):
         """Issue one collective through `call`, recording (and, when timed, timing) it."""
         what = (coll, _dtype_of(name, args), size_fn(args), args[pg_index])
-        timed = self.timed and coll not in _P2P
+        timed = self.timed and coll not in _P2P and not _coalescing(args[pg_index])
         if timed:
             _sync(self.device)
             t0 = time.perf_counter()
@@ -280,6 +281,22 @@ class CommMeter:
             "groups": list(groups.values()),
             "measured_steps": steps,
         }
+
+
+def _coalescing(pg: Any) -> bool:
+    """Whether `pg` is inside a `_coalescing_manager` block that issues its ops one by one (the non-fast path: NCCL
+    queues them and launches them together at `_end_coalescing`). Such an op is counted but not timed: timed alone it
+    measured its queueing (~0 s, an absurd bandwidth), and waiting on its work before the block ends could block.
+    The block's own time is not split among its ops; the summary's bandwidths leave them out."""
+    state = getattr(dist.distributed_c10d._world, "pg_coalesce_state", None)
+    if not state:
+        return False
+    if isinstance(pg, torch.ScriptObject):
+        try:
+            pg = torch._C._distributed_c10d.ProcessGroup.unbox(pg)
+        except Exception:  # noqa: BLE001 - not a process group
+            return False
+    return pg in state
 
 
 def _group_info(pg: Any, gpus_per_node: int) -> tuple[list[int], str]:

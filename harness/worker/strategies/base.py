@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -90,20 +90,41 @@ class TorchTrainer:
                     loss = loss_fn(self.model(x), y) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
+        self.optimizer_step()
+        assert total is not None, "a step has at least one micro-batch"
+        return total
+
+    def optimizer_step(self) -> None:
+        """The optimizer step after the last backward: with a loss scaler, unscale, then step (skipped when any
+        rank's gradients hold an inf or NaN), then update the scale; then zero the gradients."""
         if self.scaler is not None:
+            # NOTE: unscale_ before step, on every device: ShardedGradScaler all-reduces found_inf over the ranks only
+            # inside unscale_. A fused optimizer's step without it (GradScaler.step's _check_inf_per_device path)
+            # looks at this rank's shard alone: a rank whose shard overflowed skipped the step and halved its scale
+            # while the others stepped. After unscale_, step skips on the reduced verdict (adamw_kwargs: not fused).
+            self.scaler.unscale_(self.optimizer)
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        assert total is not None, "a step has at least one micro-batch"
-        return total
 
 
-def adamw(params, *, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with the fastest honest implementation the device has (fused on CUDA, foreach elsewhere)."""
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(params, lr=lr, fused=fused, foreach=None if fused else True)
+def adamw_kwargs(device_type: str, *, sharded_scaler: bool = False) -> dict[str, Any]:
+    """How AdamW runs on `device_type`: the fastest honest implementation (fused on CUDA, foreach elsewhere), but
+    foreach wherever a ShardedGradScaler drives the step (fp16 under FSDP1/FSDP2).
+
+    Why not fused there: ShardedGradScaler agrees on an overflow across ranks only inside `unscale_`, and its
+    verdict is a shape-(1,) tensor; a fused step given that verdict fails subtracting it from its shape-() step
+    counters ("output with shape [] doesn't match the broadcast shape [1]", torch 2.13), and a fused step without
+    `unscale_` first checks this rank's shard alone, so ranks disagreed about skipping (issue 32)."""
+    fused = device_type == "cuda" and not sharded_scaler
+    return {"fused": fused, "foreach": None if fused else True}
+
+
+def adamw(params, *, lr: float, device: torch.device, sharded_scaler: bool = False) -> torch.optim.Optimizer:
+    """AdamW as adamw_kwargs chooses for the device (`sharded_scaler`: a ShardedGradScaler drives its step)."""
+    return torch.optim.AdamW(params, lr=lr, **adamw_kwargs(device.type, sharded_scaler=sharded_scaler))
 
 
 def barrier() -> None:

@@ -71,7 +71,10 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         **kwargs,
     )
     opt = adamw(
-        fsdp.parameters(), lr=spec.settings.lr, device=init_device if offload == "optimizer+params" else topo.device
+        fsdp.parameters(),
+        lr=spec.settings.lr,
+        device=init_device if offload == "optimizer+params" else topo.device,
+        sharded_scaler=prec.loss_scaling,
     )
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
     model_for_step = cast(torch.nn.Module, torch.compile(fsdp)) if spec.settings.compile else fsdp

@@ -60,7 +60,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     model.to_empty(device=topo.device)
     _init_sharded_(model)
-    opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device)
+    opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device, sharded_scaler=prec.loss_scaling)
     scaler = ShardedGradScaler(topo.device_type) if prec.loss_scaling else None
 
     @contextlib.contextmanager

@@ -1,0 +1,43 @@
+"""The CPU dry mode of bench/gpu_check.sh: a device-check scenario shrunk to run on CPU in seconds, the same cells
+by strategy, precision and checkpointing policy, with the tiny model.
+
+    python bench/gpu_check_dry.py scenarios/gpu-check-small.yaml OUT.yaml
+
+Every model becomes `tiny` (the 13b out-of-memory cell too: on CPU it runs ok); micro-batch 2 x 64 tokens, the
+minimum of two warmup and two measured steps. The scenario is read and written as YAML data; `harness sweep`
+validates it as any other. Every part's dry scenario is named gpu-check-dry, so the parts share one results folder
+and a cell one part measured is not run again by the next. Prints the output path.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+DRY_NAME = "gpu-check-dry"
+DRY_SETTINGS = {"micro_batch": 2, "seq_len": 64, "warmup_steps": 2, "measure_steps": 2, "time_limit_s": 120}
+
+
+def shrink(doc: dict) -> dict:
+    """The dry scenario of a device-check scenario document."""
+    matrix = dict(doc["matrix"])
+    matrix["model"] = ["tiny"]
+    matrix["include"] = [
+        {**{k: v for k, v in cell.items() if k != "micro_batch"}, "model": "tiny"} for cell in matrix.get("include", [])
+    ]
+    # NOTE: one name for every part's dry scenario, swept into one folder: a cell another part measured already
+    # (tiny shrinks 1.3b and 125m alike) keeps its ok record and is not run twice
+    return {**doc, "name": DRY_NAME, "matrix": matrix, "settings": {**doc.get("settings", {}), **DRY_SETTINGS}}
+
+
+def main(argv: list[str]) -> int:
+    src, out = Path(argv[0]), Path(argv[1])
+    out.write_text(yaml.safe_dump(shrink(yaml.safe_load(src.read_text())), sort_keys=False))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
