@@ -33,6 +33,14 @@ TORCH_APIS: dict[str, tuple[int, int]] = {
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper:CheckpointImpl": (2, 0),
     "torch.utils._python_dispatch:TorchDispatchMode": (2, 0),
     "torch._dynamo.utils:counters": (2, 0),
+    "torch.profiler:profile": (2, 0),  # the traced step (trace: true)
+    "torch.profiler:ProfilerActivity": (2, 0),
+    "torch.profiler:record_function": (2, 0),
+    "torch.autograd.profiler:record_function": (2, 0),
+    "torch.distributed.checkpoint": (2, 0),  # the checkpoint phase (checkpoint: true): DCP
+    "torch.distributed.checkpoint.api:CheckpointException": (2, 0),
+    "torch.distributed.checkpoint.state_dict:get_state_dict": (2, 2),
+    "torch.distributed.checkpoint.state_dict:set_state_dict": (2, 2),
     "torch.distributed.device_mesh:init_device_mesh": (2, 2),
     "torch.distributed.tensor.parallel:ColwiseParallel": (2, 2),
     "torch.distributed.tensor.parallel:RowwiseParallel": (2, 2),
