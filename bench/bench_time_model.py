@@ -27,34 +27,12 @@ from pathlib import Path
 from harness.core.catalogue import CATALOGUE
 from harness.plan.calibration import find_calibration
 from harness.plan.predict import predict
+from harness.plan.validation import spearman
 from harness.results.store import load_records
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def ranks(xs: list[float]) -> list[float]:
-    """1-based ranks, ties averaged."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return r
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def mape(pred: list[float], meas: list[float]) -> float:

@@ -141,28 +141,15 @@ def predict_published(run: PublishedRun) -> Checked:
     return Checked(run, pred.tokens_per_s_per_gpu, reasons.get("step_time_s"))
 
 
-def ranks(xs: list[float]) -> list[float]:
-    """1-based ranks, ties averaged."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return r
-
-
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation of two equally long lists (nan when one is constant)."""
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else float("nan")
+    """Spearman's rank correlation of two equally long lists (nan when one is constant): scipy's."""
+    import warnings
+
+    from scipy.stats import spearmanr  # NOTE: here, not at the top: scipy.stats costs about a second to import
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant side: nan, as documented, without scipy's warning
+        return float(spearmanr(a, b).statistic)
 
 
 @dataclass(frozen=True)
