@@ -205,3 +205,11 @@ def select_panels(fc: pd.DataFrame) -> tuple[list[tuple[str, float]], str]:
             f"At most {per_model} GPU count(s) per model are drawn (smallest and largest first); the tables have all."
         )
     return panels, note
+
+
+def byte_unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, unit) to draw byte counts up to `max_bytes` in binary units (GiB = 2**30)."""
+    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if max_bytes >= div:
+            return float(div), unit
+    return 1.0, "bytes"

@@ -11,6 +11,7 @@ from matplotlib.patches import Patch
 
 from harness.report.figures.base import (
     Figure,
+    byte_unit,
     gpus_label,
     model_title,
     no_data,
@@ -23,13 +24,6 @@ from harness.report.figures.registry import register
 
 PANEL_W, PANEL_H = 5.2, 3.4
 """one axes' size (inches): a row per (model, GPU count) panel, times left and bytes right"""
-
-
-def _byte_unit(max_bytes: float) -> tuple[float, str]:
-    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= div:
-            return float(div), unit
-    return 1.0, "bytes"
 
 
 @register("checkpoint", order=75, cost=0.05)
@@ -49,7 +43,7 @@ def checkpoint_figure(fc: pd.DataFrame) -> Figure:
         return no_data("checkpoint", title, caption, "no record has metrics.checkpoint (run with checkpoint: true)")
     panels, note = select_panels(data)
     fig, axes = plt.subplots(len(panels), 2, figsize=(2 * PANEL_W, PANEL_H * len(panels)), squeeze=False)
-    div, unit = _byte_unit(float(np.nanmax(data[["checkpoint_bytes", "predicted_checkpoint_bytes"]].to_numpy())))
+    div, unit = byte_unit(float(np.nanmax(data[["checkpoint_bytes", "predicted_checkpoint_bytes"]].to_numpy())))
     for (ax_t, ax_b), (model, gpus) in zip(axes, panels):
         p = data[(data["model"] == model) & (data["gpus"] == gpus)]
         x = np.arange(len(p))

@@ -10,6 +10,7 @@ from matplotlib.patches import Patch
 
 from harness.report.figures.base import (
     Figure,
+    byte_unit,
     gpus_label,
     model_title,
     no_data,
@@ -31,13 +32,6 @@ from harness.report.figures.registry import register
 from harness.report.frame import COMM_PREFIX, collective_columns
 
 _COLLECTIVE_HATCH = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
-
-
-def _byte_unit(max_bytes: float) -> tuple[float, str]:
-    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= div:
-            return float(div), unit
-    return 1.0, "bytes"
 
 
 @register("comm", order=40, cost=1.15)
@@ -69,7 +63,7 @@ def comm_figure(fc: pd.DataFrame) -> Figure:
     stacks = np.column_stack([parts, rest])
     labels = names + ["not broken down"]
     pred = data["predicted_comm_bytes_per_step"].to_numpy()
-    div, unit = _byte_unit(float(np.nanmax(np.concatenate([stacks.sum(axis=1), pred]))))
+    div, unit = byte_unit(float(np.nanmax(np.concatenate([stacks.sum(axis=1), pred]))))
     used = [k for k in range(stacks.shape[1]) if stacks[:, k].any()]
     n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
     fig, axes, corner = new_panel_figure(len(panels), n_bars, "Collective bytes per step by collective type")
