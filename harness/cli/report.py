@@ -58,6 +58,13 @@ TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
     help="The last N runs of each cell (0: every run).",
 )
 @click.option(
+    "--repredict",
+    is_flag=True,
+    help="Predict every record's cell again with its cluster's current calibration (or profile) instead of the "
+    "prediction made before it ran (after `harness calibrate`); labelled 're-predicted at report time'. The record "
+    "files are not changed.",
+)
+@click.option(
     "--projection",
     "projection_file",
     metavar="FILE",
@@ -68,6 +75,7 @@ TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
 )
 def report_command(
     dirs: tuple[Path, ...],
+    repredict: bool,
     out: Path | None,
     history_db: str | None,
     history_cell: str | None,
@@ -95,7 +103,7 @@ def report_command(
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
                 noise = cell_noise(store)
-    result = build_report(dirs, out, trends=trends, projection=projection, noise=noise)
+    result = build_report(dirs, out, trends=trends, projection=projection, noise=noise, repredict=repredict)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:

@@ -142,6 +142,16 @@ class Prediction(_Frozen):
     checkpoint_bytes_deviation: Number | None = None
     """measured checkpoint bytes / predicted − 1 (fraction; the format's framing), added by the worker"""
 
+    def with_deviations(self, *, comm_bytes: float | None, median_s: float | None) -> Prediction:
+        """This prediction with how a measurement compares: measured / predicted − 1 for collective bytes and step
+        time (where both sides have them); the worker adds them, `harness report --repredict` again."""
+        update: dict[str, float] = {}
+        if self.comm_bytes_per_step and comm_bytes is not None:
+            update["comm_deviation"] = comm_bytes / self.comm_bytes_per_step - 1.0
+        if self.step_time_s and median_s is not None:
+            update["step_time_deviation"] = median_s / self.step_time_s - 1.0
+        return self.model_copy(update=update) if update else self
+
     @classmethod
     def of(cls, fields: dict[str, Any], time: TimePrediction) -> Prediction:
         """The memory, FLOP and collective `fields` (as keyword arguments) with the step-time model's `time`."""

@@ -31,6 +31,7 @@ from harness.report.frame import (
 from harness.report.load import load_records
 from harness.report.projection import projection_figure
 from harness.report.render import prepare_html, prepare_markdown
+from harness.report.repredict import stale_predictions
 from harness.report.sections import ReportData, build_page
 from harness.report.trends import trends_figure
 from harness.report.tune import read_tune_logs, tune_figure, tune_figure_names
@@ -129,6 +130,7 @@ def build_report(
     trends: dict[str, Any] | None = None,
     projection: Projection | None = None,
     noise: Mapping[tuple[str, str, str | None], tuple[float, int]] | None = None,
+    repredict: bool = False,
 ) -> dict[str, Any]:
     """Write the report for every record under `dirs` into `out` (default reports/<sweep name or 'report'>).
     `trends` (harness.history.trends.trend_series' data, `harness report --history`) adds the trends figure and
@@ -137,7 +139,9 @@ def build_report(
     `dirs` adds a search section: its funnel, its figure (in "figures", drawn after the others) and its measured
     candidates ranked; an unreadable log or one of another version is a warning. `noise` (harness.history.noise.
     cell_noise's data, `harness report --history`) is each cell's between-run noise, a basis for the best-strategy
-    table's verdicts where a cell was not measured MIN_RUNS times (harness.report.leader).
+    table's verdicts where a cell was not measured MIN_RUNS times (harness.report.leader). `repredict`: every
+    record's cell predicted again at its cluster's current rates (harness.report.repredict); without it, a warning
+    names the records whose predictions came from other rates than their cluster's current ones.
 
     Returns {"out": Path | None, "name": str, "paths": {"html", "markdown", "csv", "parquet", "figures":
     {name: Path}}, "warnings": [str], "frame": DataFrame (one row per record), "cells": DataFrame (one row
@@ -156,7 +160,9 @@ def build_report(
         raise InputError("no result directories given")
     out_path = Path(out) if out is not None else None
     _check_inputs(paths_in, out_path)
-    df, warnings, n_unreadable = load_records(paths_in)
+    df, warnings, n_unreadable = load_records(paths_in, repredict=repredict)
+    if not repredict and not df.empty:
+        warnings += stale_predictions(zip(df["cluster"].tolist(), df["prediction_source"].tolist()))
     tune_logs = read_tune_logs(paths_in, warnings=warnings)
     timings["load"] = time.perf_counter() - t0
     result: dict[str, Any] = dict(out=None, name=report_name(df), paths={}, warnings=warnings, frame=df)

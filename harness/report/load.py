@@ -19,6 +19,7 @@ import pandas as pd
 
 from harness.report.frame import FlatRecords, flatten_records, frame_from_flat
 from harness.report.processes import close_pool, usable_cpus
+from harness.report.repredict import repredicted
 from harness.report.tune import is_tune_log
 from harness.results.record import Record
 from harness.results.store import read_record, record_files
@@ -40,16 +41,20 @@ def records_of(files: list[str], warnings: list[str], fields: list[str]) -> Iter
             warnings.append(f"{path}: {e}")
 
 
-def read_share(files: list[str]) -> tuple[FlatRecords, list[str], list[str]]:
+def read_share(files: list[str], repredict: bool = False) -> tuple[FlatRecords, list[str], list[str]]:
     """Read and flatten one share of the record files (in any process): (flattened records, warnings on files
-    that are not readable records, warnings on fields of the wrong type)."""
+    that are not readable records, warnings on fields of the wrong type). `repredict`: each record's cell
+    predicted again at its cluster's current rates first (harness.report.repredict)."""
     unreadable: list[str] = []
     wrong: list[str] = []
-    return flatten_records(records_of(files, unreadable, wrong), wrong), unreadable, wrong
+    records = records_of(files, unreadable, wrong)
+    if repredict:
+        records = (repredicted(r) for r in records)
+    return flatten_records(records, wrong), unreadable, wrong
 
 
 def _share_read(
-    future: Future | None, share: list[str], broken: list[bool]
+    future: Future | None, share: list[str], broken: list[bool], repredict: bool
 ) -> tuple[FlatRecords, list[str], list[str]]:
     """What another process read of `share`, or, when it could not (none started, or it died: killed, out of
     memory; `broken` then says so), the share read here."""
@@ -58,10 +63,10 @@ def _share_read(
             return future.result()
         except BrokenProcessPool:
             broken[0] = True
-    return read_share(share)
+    return read_share(share, repredict)
 
 
-def load_records(dirs: list[Path]) -> tuple[pd.DataFrame, list[str], int]:
+def load_records(dirs: list[Path], *, repredict: bool = False) -> tuple[pd.DataFrame, list[str], int]:
     """(frame of every record under `dirs`, warnings, how many of them are on unreadable files, which come
     first). Each record is parsed and flattened as it is read, never all held. With many files the shares are
     read in parallel, forked processes flattening the later ones (the flattened fields are what comes back);
@@ -79,13 +84,13 @@ def load_records(dirs: list[Path]) -> tuple[pd.DataFrame, list[str], int]:
     if n > 1:
         try:
             pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=multiprocessing.get_context("fork"))
-            futures = [pool.submit(read_share, share) for share in shares[1:]]
+            futures = [pool.submit(read_share, share, repredict) for share in shares[1:]]
         except (OSError, ValueError, RuntimeError, ImportError):  # NOTE: BrokenProcessPool is a RuntimeError
             pass  # no processes (no fork, no semaphores in a sandbox): every share is read here
     broken = [False]
     try:
-        read = [read_share(shares[0])]
-        read += [_share_read(future, share, broken) for future, share in zip(futures, shares[1:])]
+        read = [read_share(shares[0], repredict)]
+        read += [_share_read(future, share, broken, repredict) for future, share in zip(futures, shares[1:])]
     finally:
         if pool is not None:
             close_pool(pool, broken=broken[0])

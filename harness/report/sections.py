@@ -32,6 +32,7 @@ from harness.report.formats import (
     is_null,
 )
 from harness.report.frame import MEMORY_RSS, PREDICTION_BAND, TRACES_SEP
+from harness.report.repredict import sources_text
 from harness.report.search import SearchSection, search_sections
 from harness.report.table import Cell, Column, Group, Table, text_cells
 from harness.report.trends import TREND_HEADER, trend_rows
@@ -253,6 +254,7 @@ def summary_items(data: ReportData) -> tuple[tuple[str, str], ...]:
         ("clusters", uniq("cluster")),
         ("devices", uniq("device_name")),
         ("harness commits", uniq("harness_git_sha")),
+        ("predictions", sources_text(df["prediction_source"].tolist())),
         *_accuracy_item(data.prediction_accuracy),
         *_part_accuracy_item(data.prediction_accuracy),
     )

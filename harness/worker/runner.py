@@ -539,7 +539,9 @@ def _measured_record(
         metrics["null_reasons"]["startup_s"] = "process start time unavailable (/proc/self/stat)"
     fields: dict[str, Any] = {"attempt": payload.attempt}
     if payload.predicted is not None:
-        fields["predicted"] = _with_deviations(payload.predicted, comm=comm_summary, median_s=summary["median"])
+        fields["predicted"] = payload.predicted.with_deviations(
+            comm_bytes=comm_summary["bytes_per_step"], median_s=summary["median"]
+        )
     fields["comm"] = comm_summary
     if traced is not None:  # trace: true (harness.worker.meters.profile.Traced)
         metrics["time_s"] = traced.time_s
@@ -657,17 +659,6 @@ def _metrics(
         "dynamo": dict(dynamo, frames_in_measured_steps=int(peaks[2])),
         "null_reasons": null_reasons,
     }
-
-
-def _with_deviations(predicted: Prediction, *, comm: dict, median_s: float) -> Prediction:
-    """The prediction with how the measurement compares: measured / predicted − 1 for collective bytes and step
-    time (where the prediction has them)."""
-    update: dict[str, float] = {}
-    if predicted.comm_bytes_per_step:
-        update["comm_deviation"] = comm["bytes_per_step"] / predicted.comm_bytes_per_step - 1.0
-    if predicted.step_time_s:
-        update["step_time_deviation"] = median_s / predicted.step_time_s - 1.0
-    return predicted.model_copy(update=update) if update else predicted
 
 
 def _write_failure(payload: Payload, rank: int, e: BaseException) -> None:
