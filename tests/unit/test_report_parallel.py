@@ -112,10 +112,10 @@ def test_a_dying_load_process_changes_nothing(monkeypatch, tmp_path):
     parent = os.getpid()
     read = load.read_share
 
-    def dies_in_a_worker(files):
+    def dies_in_a_worker(files, repredict=False):
         if os.getpid() != parent:
             os._exit(1)
-        return read(files)
+        return read(files, repredict)
 
     # NOTE: functions are pickled by name: the forked worker finds this one where read_share was
     dies_in_a_worker.__module__, dies_in_a_worker.__qualname__ = load.__name__, "read_share"
