@@ -230,3 +230,18 @@ def test_without_rank_0s_record_finalize_composes_one_from_this_attempts_fragmen
     assert [f.rank for f in rec.failures or []] == [0]
     assert rec.attempt == payload.attempt and rec.env.harness_git_sha == "abc"
     assert read_record(record_path(payload.results, "s", payload.run_id)).to_dict() == rec.to_dict()
+
+
+def test_a_peer_that_saw_the_killed_rank_close_at_the_time_limit_is_the_kills_consequence():
+    """A hung cell ended by its launcher at the time limit: rank 0 may still see rank 1's connection close and say so
+    before it is killed too (a race with the kill: once in three CI runs of tests/slurm/test_pack.py). The cell timed
+    out; it did not crash."""
+    closed = frag(0, "error", "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:58497", 30.1)
+    assert outcome([closed], elapsed_s=30.4, time_limit_s=30.0) == (
+        "timeout",
+        "the cell exceeded its time limit of 30 s",
+        None,
+    )
+    # before the limit the same fragment still names the silent rank as the one that died
+    status, reason, rank = outcome([closed], elapsed_s=12.0, time_limit_s=30.0)
+    assert (status, rank) == ("crashed", 1) and reason.startswith("rank 1 died without raising an exception")

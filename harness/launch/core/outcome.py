@@ -190,6 +190,10 @@ def classify(
     if primary:
         first = min(primary, key=_when)
         return str(first.status), str(first.reason), first.rank
+    if frags and elapsed_s >= time_limit_s and not any(k in (f.reason or "").lower() for f in frags for k in TIMEOUTS):
+        # NOTE: the launcher ended the cell at its time limit; a peer that saw the killed rank's connection close
+        # (a race with the kill) is the kill's consequence, not a crash
+        return "timeout", f"the cell exceeded its time limit of {time_limit_s:g} s", None
     if frags:
         first = min(frags, key=_when)
         culprit = silent[0] if silent else first.rank
