@@ -695,7 +695,8 @@ def failure_reason(e: BaseException) -> str:
                 break
         else:
             parts = parts[-3:]
-        where = f" (raised at {'/'.join(parts)}:{last.lineno} in {last.name})"
+        line = f":{last.lineno}" if last.lineno else ""  # NOTE: None for some frames (a C call's caller)
+        where = f" (raised at {'/'.join(parts)}{line} in {last.name})"
     return f"{type(e).__name__}: {message}"[:1800] + where
 
 
