@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from harness.calibrate.device import DTYPES, progress, sync
+from harness.core.ports import free_port
 from harness.plan.calibration.bus import BUS_FACTORS, bus_factor
 from harness.plan.calibration.file import CommCurve, Sharing
 
@@ -46,15 +47,6 @@ def init_group(device: torch.device, *, rank: int, world: int) -> None:
         timeout=datetime.timedelta(seconds=300),
         device_id=device if backend == "nccl" else None,
     )
-
-
-def free_port() -> int:
-    """A TCP port on localhost that is free now (the one-rank group's rendezvous)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_sharing(device: torch.device) -> Sharing:

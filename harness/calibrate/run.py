@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import InputError, Problem
+from harness.core.ports import derived_port, free_port
 from harness.plan.calibration.file import (
     Calibration,
     CollectivesPart,
@@ -59,12 +58,6 @@ def _env(cluster: Cluster) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class CalibrationFailed(RuntimeError):
     """A measuring process or job failed; its output (or SLURM log) says why."""
 
@@ -76,7 +69,7 @@ def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
 
 
 def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: dict[str, str]) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
         e = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
@@ -122,7 +115,7 @@ class CalibrationTask:
             WORLD_SIZE=str(job.num_tasks),
             LOCAL_RANK=str(job.local_rank),
             MASTER_ADDR=job.hostnames[0],
-            MASTER_PORT=str(random.Random(job.job_id).randint(20000, 60000)),
+            MASTER_PORT=str(derived_port(job.job_id)),
         )
         main(argv)
 

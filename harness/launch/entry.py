@@ -17,12 +17,12 @@ the zygote are the launcher's business.
 from __future__ import annotations
 
 import os
-import random
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
+from harness.core.ports import derived_port
 from harness.launch.local import prefork
 from harness.results.payload import Payload
 from harness.results.store import fragment_dir
@@ -52,7 +52,7 @@ def submitit_entry(payload: Payload) -> None:
     if port is None:
         # on a cluster, all tasks derive the same port from the job id (submitit's formula, without its reading of
         # MASTER_PORT: sbatch copies the submitter's environment, and one inherited port would serve every job)
-        port = random.Random(job_env.job_id).randint(20000, 60000)
+        port = derived_port(job_env.job_id)
     rank: dict[str, Any] = dict(
         rank=job_env.global_rank,
         world_size=job_env.num_tasks,

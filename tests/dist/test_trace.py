@@ -12,11 +12,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from harness.core.ports import free_port
 from harness.worker.meters.profile import PARTS, RECOMPUTE_MARK, STEP_MARK
 from tests.conftest import make_spec, run_cell
 
@@ -93,12 +93,6 @@ five (the first reduced while the blocks' backward still runs)"""
 TRACED_STEPS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _overlap_rank(rank: int, port: int, out: str) -> None:
     """One rank: DDP with each bucket cap, warmed up, then TRACED_STEPS traced steps; rank 0 writes each step's
     exposed and total communication (s) per cap."""
@@ -146,7 +140,7 @@ def test_one_bucket_exposes_its_communication_small_buckets_hide_some(tmp_path, 
     communication (and on this loaded 2-core host one all_reduce takes 1 to 70 ms from step to step)."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_overlap_rank, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_overlap_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     got = json.loads((tmp_path / "overlap.json").read_text())
     share = {name: sum(e for e, _ in steps) / sum(c for _, c in steps) for name, steps in got.items()}
     for steps in got.values():

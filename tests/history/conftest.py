@@ -18,7 +18,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from harness.core.ports import free_port
 from harness.results.store import write_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,12 +115,6 @@ def _pg_bindir() -> Path | None:
     return Path(which).parent if which else None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _server_user() -> str | None:
     """The user to run the server as when this process is root (PostgreSQL refuses root); None otherwise."""
     if os.geteuid() != 0:
@@ -152,7 +146,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     if user:
         pw = pwd.getpwnam(user)
         os.chown(base, pw.pw_uid, pw.pw_gid)
-    port = _free_port()
+    port = free_port()
     started = False
     try:
         init = subprocess.run(

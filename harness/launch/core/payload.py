@@ -9,22 +9,16 @@ without rank 0 are built from it too; it is the one contract between the sweep a
 
 from __future__ import annotations
 
-import socket
 import sys
 import uuid
 from pathlib import Path
 
+from harness.core.ports import free_port
 from harness.plan.predict import predict as plan_predict
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def predict(spec: RunSpec, cluster: Cluster) -> Prediction | None:

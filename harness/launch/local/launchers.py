@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from harness.core.ports import free_port
 from harness.launch.core.outcome import (
     STALE_S,
     Interrupted,
@@ -33,7 +34,6 @@ from harness.launch.core.outcome import (
     job_log_tail,
     stopped_ranks,
 )
-from harness.launch.core.payload import free_port
 from harness.plan.placement import parse_visible_devices
 from harness.results.payload import Payload
 from harness.results.record import Record

@@ -28,7 +28,6 @@ a launcher of its own (fresh processes, limits, kills) that ends each cell with 
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+from harness.core.ports import derived_port
 from harness.core.typed import SOMETIMES, Typed
 from harness.launch.core.outcome import (
     SHARED_FS_STALE_S,
@@ -126,7 +126,7 @@ def cell_recorded(payload: Payload) -> Record | None:
 
 def cell_port(job_id: str, restart: int, position: int) -> int:
     """The cell's rendezvous port: the same on every task of the job, different per cell and per run."""
-    return random.Random(f"{job_id}/{restart}/{position}").randint(20000, 60000)
+    return derived_port(f"{job_id}/{restart}/{position}")
 
 
 def log_tail(payload: Payload, world: int) -> str:
