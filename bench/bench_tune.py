@@ -1,13 +1,15 @@
 """Does `harness tune` find the grid's best while measuring a fraction of it? (issue 17)
 
     .venv/bin/python bench/bench_tune.py [--scenario scenarios/tune-bench.yaml] [--results DIR] [--seeds 5]
-                                         [--grid-repeat 3] [--cluster local]
+                                         [--grid-repeat 3] [--cluster local] [--uncalibrated]
 
 1. `harness sweep SCENARIO --repeat 3` measures the whole grid (112 cells of scenarios/tune-bench.yaml, each run 3
    times, in rounds: the noise between runs is what a best is judged on) into DIR/grid; its wall time is the
    grid's measurement time (kept in DIR/grid.wall, so an existing DIR resumes without re-measuring);
 2. `harness tune SCENARIO --seed S` for each seed, into DIR/tune-S (a fresh search each: no record is shared with
-   the grid or another seed); its wall time, start to end of the command, is the tune's;
+   the grid or another seed); its wall time, start to end of the command, is the tune's. `--uncalibrated`: each
+   seed's search starts as on a fresh clone, with no calibration (an empty HARNESS_CALIBRATION_DIR of its own,
+   DIR/cal-S), so its wall time includes the quick calibration `harness tune` makes first;
 3. per seed and (model, gpus) group: the winner's throughput as the grid measured it (median of its 3 runs) against
    the grid's best cell's, and `harness compare`'s run-level test between their grid runs. The target: within 5%
    of the best, or not distinguishable from it (p >= 0.05), in every run, with each tune taking <= 20% of the
@@ -35,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 METRIC = "tokens_per_s_per_gpu"
 
 
-def harness(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=capture, text=True)
+def harness(*args: str, capture: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=capture, text=True, env=env)
 
 
 def load() -> str:
@@ -68,6 +70,7 @@ def main() -> None:
     ap.add_argument("--results", default=None, help="results dir (default: a fresh temp dir); an existing one resumes")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--grid-repeat", type=int, default=3)
+    ap.add_argument("--uncalibrated", action="store_true", help="each search starts with no calibration")
     a = ap.parse_args()
     root = Path(a.results or tempfile.mkdtemp(prefix="bench-tune-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -113,16 +116,26 @@ def main() -> None:
 
     rows, fractions, passes = [], [], 0
     for seed in range(a.seeds):
+        env = None
+        if a.uncalibrated:
+            (root / f"cal-{seed}").mkdir(exist_ok=True)
+            env = dict(os.environ, HARNESS_CALIBRATION_DIR=str(root / f"cal-{seed}"))
         t0 = time.time()
         p = harness(
             "tune", a.scenario, "--cluster", a.cluster, "--results", str(root / f"tune-{seed}"), "--seed", str(seed),
-            "--format", "json", capture=True,
+            "--format", "json", capture=True, env=env,
         )  # fmt: skip
         tune_s = time.time() - t0
         if p.returncode not in (0, 1):
             sys.exit(f"tune seed {seed} exited {p.returncode}: {p.stderr[-2000:]}")
         log = check_tune_log(json.loads(p.stdout))
         fractions.append(tune_s / grid_s)
+        cal = log.calibration
+        made = f"quick calibration {cal.seconds:.0f} s, " if cal and cal.made_by_tune and cal.seconds else ""
+        measured = sum(c.was_run() for g in log.groups for c in g.candidates)
+        total = sum(len(g.candidates) for g in log.groups)
+        print(f"tune seed {seed}: {made}{measured} of {total} candidates measured; calibration "
+              f"{cal.path if cal and cal.path else (cal.note if cal else 'n/a')}")  # fmt: skip
         for g in log.groups:
             key = (g.model, g.gpus)
             cs, b = groups[key], best[key]

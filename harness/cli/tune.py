@@ -50,6 +50,13 @@ from harness.scenario.schema import load_scenario
     is_flag=True,
     help="SLURM: the trials of a batch asking for the same nodes and tasks share one job (harness sweep --pack)",
 )
+@click.option(
+    "--no-calibrate",
+    "no_calibrate",
+    is_flag=True,
+    help="on a cluster without a calibration, rank by counts (FLOPs, bytes, calls per token) instead of running "
+    "a quick `harness calibrate` first",
+)
 def tune_command(
     scenario: str,
     cluster_name: str,
@@ -60,9 +67,11 @@ def tune_command(
     fmt: str,
     out: str | None,
     pack: bool,
+    no_calibrate: bool,
 ) -> int:
-    """Find the fastest configuration of SCENARIO that fits: prune by the memory model, rank by the predicted step
-    time, measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
+    """Find the fastest configuration of SCENARIO that fits: prune by the memory model and by dominance, rank by
+    the predicted step time (a cluster without a calibration gets a quick one first, unless --no-calibrate),
+    measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
     trial is an ordinary record in RESULTS/<scenario name>-tune/; the winners are written as a scenario file
     (tuned.yaml there, or --out) that `harness sweep` runs. A re-run goes on where the last one stopped."""
     from harness.cli.history import stdout_to_stderr
@@ -104,6 +113,7 @@ def tune_command(
             echo=echo,
             tuned_file=out,
             pack=pack,
+            calibrate=not no_calibrate,
         )
     if fmt == "json":
         doc = {**res.log.to_dict(), "tuned_file": str(res.tuned_file) if res.tuned_file else None}

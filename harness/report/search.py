@@ -25,7 +25,7 @@ from harness.report.formats import (
 from harness.report.table import Cell, Column, Table, text_cells
 from harness.report.tune import metric_unit
 from harness.tune.log import GroupLog, TuneLog
-from harness.tune.summary import funnel, ranked_candidates
+from harness.tune.summary import VERDICT_SHOWN, funnel, ranked_candidates
 
 MAX_REASON = 300
 """a candidate's reason in the ranked tables, characters at most (one line)"""
@@ -36,18 +36,26 @@ FUNNEL_HEADER = (
     "candidates",
     "unsupported",
     "pruned: memory",
-    "pruned: prediction",
+    "pruned: dominated",
+    "pruned: ranked below",
     "dropped: OOM neighbour",
     "measured per round",
     "failed",
-    "not measured",
+    "not reached",
     "winner",
     "verdict",
     "p",
 )
-_FUNNEL_NUM = {1, 2, 3, 4, 5, 6, 8, 9, 12}
+_FUNNEL_NUM = {1, 2, 3, 4, 5, 6, 7, 9, 10, 13}
 _RANKED_NUM = {0, 2, 3, 4, 5, 6, 7}
-_FATE_TEXT = {"runner_up": "runner-up", "dropped_oom_neighbour": "dropped (OOM neighbour)"}
+_FATE_TEXT = {
+    "runner_up": "runner-up",
+    "dropped_oom_neighbour": "dropped (OOM neighbour)",
+    "pruned_prediction": "ranked below",
+    "not_reached": "not reached",
+    "unmeasured": "not reached",
+    "pruned_memory": "predicted not to fit",
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,9 @@ class SearchGroup:
     """model · GPU count: the verdict (and its p-value)"""
     ranked: Table | None
     """its measured candidates, best first; None when nothing was measured"""
+    left_out: Table | None = None
+    """its candidates never measured, each with why (dominated by which cell, ranked below the first round by
+    what, predicted not to fit, …); None when every candidate was measured"""
 
 
 @dataclass(frozen=True)
@@ -94,11 +105,12 @@ def _funnel_table(log: TuneLog) -> Table:
             str(r.candidates),
             str(r.unsupported),
             str(r.pruned_memory),
+            str(r.dominated),
             str(r.pruned_prediction),
             str(r.dropped_oom_neighbour),
             " → ".join(map(str, r.measured_per_round)) or "none",
             str(r.failed),
-            str(r.unmeasured),
+            str(r.unmeasured + r.not_reached),
             r.winner or ABSENT,
             str(r.verdict),
             fmt_p(r.p_value),
@@ -157,9 +169,46 @@ def _ranked_table(log: TuneLog, group: GroupLog) -> Table | None:
     return Table(_ranked_columns(metric), tuple(rows)) if rows else None
 
 
+_LEFT_OUT_ORDER = ("dominated", "pruned_prediction", "not_reached", "unmeasured", "dropped_oom_neighbour")
+"""the fates of candidates never measured, in the order the left-out table lists them (then the pruned by memory
+and the unsupported)"""
+
+
+def _left_out_table(log: TuneLog, group: GroupLog) -> Table | None:
+    """The group's candidates never measured: the cell, its fate, its prediction and why it was left out."""
+    fmt = _fmt_metric(log.metric)
+    order = {f: i for i, f in enumerate(_LEFT_OUT_ORDER)}
+    never = sorted(
+        (c for c in group.candidates if not c.was_run()),
+        key=lambda c: (order.get(c.fate, len(order)), c.predicted_rank or 0, c.label),
+    )
+    rows = tuple(
+        (
+            Cell(c.label, title=c.run_id),
+            Cell(_FATE_TEXT.get(c.fate, c.fate)),
+            Cell(fmt_int(c.predicted_rank), title=fmt_text(c.rank_source)),
+            Cell(fmt(c.prediction(log.metric))),
+            Cell(shorten(c.reason or "", MAX_REASON)),
+        )
+        for c in never
+    )
+    unit = metric_unit(log.metric)[1]
+    columns = (
+        Column("left out"),
+        Column("fate"),
+        Column("predicted rank", right=True),
+        Column(f"predicted {unit}", right=True),
+        Column("why", cls="reason"),
+    )
+    return Table(columns, rows) if rows else None
+
+
 def _group_title(group: GroupLog) -> str:
     p = group.p_value
-    return f"{group.model} · {gpus_label(group.gpus)}: {group.verdict}" + ("" if is_null(p) else f" (p = {p:.3g})")
+    verdict = VERDICT_SHOWN.get(group.verdict or "", group.verdict)
+    run = sum(1 for c in group.candidates if c.was_run())
+    judged = f"{verdict}" + ("" if is_null(p) else f" (p = {p:.3g})")
+    return f"{group.model} · {gpus_label(group.gpus)}: {judged}; {run} of {len(group.candidates)} cells measured"
 
 
 def search_sections(tune: tuple[tuple[TuneLog, str], ...]) -> tuple[SearchSection, ...]:
@@ -170,7 +219,9 @@ def search_sections(tune: tuple[tuple[TuneLog, str], ...]) -> tuple[SearchSectio
             facts=_facts(log),
             funnel=_funnel_table(log),
             figure=figure,
-            groups=tuple(SearchGroup(_group_title(g), _ranked_table(log, g)) for g in log.groups),
+            groups=tuple(
+                SearchGroup(_group_title(g), _ranked_table(log, g), _left_out_table(log, g)) for g in log.groups
+            ),
         )
         for log, figure in tune
     )

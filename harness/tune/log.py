@@ -41,6 +41,7 @@ __all__ = [
     "GroupLog",
     "LeftOut",
     "TrialLog",
+    "TuneCalibration",
     "TuneLog",
     "TuneSettings",
     "check_tune_log",
@@ -58,6 +59,8 @@ Fate = Literal[
     "eliminated",
     "pruned_memory",
     "pruned_prediction",
+    "dominated",
+    "not_reached",
     "unsupported",
     "failed",
     "dropped_oom_neighbour",
@@ -65,7 +68,10 @@ Fate = Literal[
     "measured",
 ]
 """a candidate's fate ("measured": still in the search, in a log written between batches; "unmeasured": not
-reached yet, or — in a finished log — never, the budget having run out)"""
+reached yet, or — in a finished log — never, the budget having run out; "pruned_prediction": ranked below the
+first round, by predicted step time or by counts (its rank_source says which); "dominated": another cell that fits
+is at least as fast by construction (harness.tune.search.dominates; the reason names it); "not_reached": neither
+ranked nor drawn before the search ended)"""
 FATES: tuple[str, ...] = get_args(Fate)
 Metric = Literal["tokens_per_s_per_gpu", "step_time_s"]
 """the record metric the search judges (harness.tune.search.METRIC: the objective's)"""
@@ -133,7 +139,8 @@ class CandidateLog(Typed):
     predicted_memory_gib: Num | None = None
     """the memory model's peak per rank (GiB, 2**30 B); null: no prediction"""
     rank_source: str | None = None
-    """what ranked it: prediction | proxy: compile off | proxy: offload none | none"""
+    """what ranked it: prediction | proxy: compile off | proxy: offload none | counts: FLOPs, then bytes, then
+    calls per token (no calibration) | none"""
     predicted_rank: int | None = None
     """1-based place in the predicted order; null: unranked, or pruned before ranking"""
     fate: Fate
@@ -243,6 +250,19 @@ class Budget(Typed):
     """wall minutes at most (--budget-minutes)"""
 
 
+class TuneCalibration(Typed):
+    """The calibration the search's predictions came from, and whether the search made it."""
+
+    path: str | None = None
+    """the calibration file (absolute path); null: none was used"""
+    made_by_tune: bool = False
+    """this search ran `harness calibrate --quick` for it (none existed)"""
+    seconds: Num | None = None
+    """how long that calibration took (s): part of the search's time, not of measured_s"""
+    note: str | None = None
+    """why none was used or made (--no-calibrate, the profile's sourced rates predict, the calibration failed)"""
+
+
 class LeftOut(Typed):
     """A matrix cell that is not a candidate (tune.global_batch cannot derive its grad_accum)."""
 
@@ -291,6 +311,8 @@ class TuneLog(Typed):
     """why it stopped early; null: it did not"""
     left_out: list[LeftOut] = Field(default_factory=list)
     """matrix cells that are no candidate"""
+    calibration: TuneCalibration | None = None
+    """where the ranking's step times came from; null in logs written before it was recorded"""
     groups: list[GroupLog]
     """one per (model, GPU count), in the matrix's order"""
 

@@ -33,7 +33,7 @@ from harness.results.store import (
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec, Scenario
 from harness.scenario.tune import TuneSpec
-from harness.tune.log import TUNE_VERSION, Budget, LeftOut, TuneLog, TuneSettings
+from harness.tune.log import TUNE_VERSION, Budget, LeftOut, TuneCalibration, TuneLog, TuneSettings
 from harness.tune.search import METRIC, Candidate, Group, Trial, rank_candidates, search_cost
 
 TUNED_FILE = "tuned.yaml"
@@ -147,6 +147,8 @@ class Search:
     """wall time of their sweeps (s)"""
     stopped: str | None = None
     """why the search stopped early: budget | interrupted"""
+    calibration: TuneCalibration | None = None
+    """the calibration its ranking used, or why none"""
 
     def log(self, *, finished: bool) -> TuneLog:
         """The log as tune.json has it now (`finished`: the search is over, `finished_at` is now)."""
@@ -172,6 +174,7 @@ class Search:
                 "finished": finished,
                 "stopped": self.stopped,
                 "left_out": [LeftOut(cell=cell, reason=why) for cell, why in self.left_out],
+                "calibration": self.calibration,
                 "groups": [g.to_log() for g in self.groups],
             }
         )
@@ -218,18 +221,26 @@ def run_tune(
     echo: Callable[[str], None] = print,
     tuned_file: str | Path | None = None,
     pack: bool = False,
+    calibrate: bool = True,
 ) -> TuneResult:
     """Search `scenario` on `cluster`; trials and the log in RESULTS/<scenario>-tune/ (see the module docstring).
-    `pack` (SLURM): each batch's trials of one job shape share one job (harness sweep --pack)."""
+    `pack` (SLURM): each batch's trials of one job shape share one job (harness sweep --pack). `calibrate`: when
+    no candidate has a predicted step time and the cluster has no calibration, run a quick one first
+    (`quick_calibration`); else the ranking is by counts."""
     from harness.launch.sweep import run_sweep
 
     tune = scenario.tune or TuneSpec()
     metric = METRIC[tune.objective][0]
     name = tune_sweep_name(scenario)
     folder = sweep_dir(results, name)
+    started_at, started_s = utc_now(), time.time()
     groups, left_out = build_groups(scenario, cluster, seed=seed, budget_cells=budget_cells)
+    calibration = quick_calibration(cluster, groups, enabled=calibrate, echo=echo)
+    if calibration.made_by_tune:  # NOTE: ranked again, now by predicted step time
+        groups, left_out = build_groups(scenario, cluster, seed=seed, budget_cells=budget_cells)
     budget = Budget(cells=budget_cells, minutes=budget_minutes)
-    search = Search(scenario, cluster, groups, left_out, seed, budget, started_at=utc_now(), started_s=time.time())
+    search = Search(scenario, cluster, groups, left_out, seed, budget, started_at=started_at, started_s=started_s)
+    search.calibration = calibration
     _echo_funnel(groups, left_out, echo)
     sweep = functools.partial(run_sweep, pack=pack)
     try:
@@ -267,6 +278,48 @@ def run_tune(
     return TuneResult(log=final, folder=folder, tuned_file=out)
 
 
+def quick_calibration(
+    cluster: Cluster, groups: list[Group], *, enabled: bool, echo: Callable[[str], None]
+) -> TuneCalibration:
+    """The calibration the ranking uses: the cluster's own when it has one; else, when no candidate has a predicted
+    step time (a CPU profile, whose rates only a calibration gives) and `enabled`, a quick one made now (`harness
+    calibrate --quick`, written where `harness plan` finds it, its time counted in the search's); else none, and
+    the candidates are ranked by counts (harness.tune.search.counts_key)."""
+    from harness.plan.calibration import CalibrationMismatch, find_calibration
+
+    try:
+        found = find_calibration(cluster)
+    except (CalibrationMismatch, InputError) as e:
+        return TuneCalibration(note=f"the cluster's calibration is not used: {e}")
+    if found is not None:
+        return TuneCalibration(path=str(found.path.resolve()))
+    live = [c for g in groups for c in g.pool]
+    if not live:
+        return TuneCalibration(note="no candidate to rank")
+    if any(c.rank_source == "prediction" or c.rank_source.startswith("proxy") for c in live):
+        return TuneCalibration(note=f"the profile's own rates predict step times ({cluster.path})")
+    if not enabled:
+        echo("tune: no calibration (--no-calibrate): candidates ranked by counts (FLOPs, bytes, calls per token)")
+        return TuneCalibration(note="--no-calibrate: ranked by counts (FLOPs, then bytes, then calls per token)")
+    from harness.calibrate.run import CalibrationFailed, calibrate
+    from harness.launch.slurm.jobs import SlurmUnavailable
+
+    echo(
+        f"tune: cluster {cluster.name} has no calibration: running `harness calibrate --cluster {cluster.name} "
+        "--quick` first (its time counts in the search's; --no-calibrate ranks by counts instead)"
+    )
+    t0 = time.time()
+    try:
+        path = calibrate(cluster, quick=True)
+    except (CalibrationFailed, SlurmUnavailable, InputError, OSError) as e:
+        seconds = round(time.time() - t0, 1)
+        echo(f"tune: the quick calibration failed ({e}); candidates ranked by counts")
+        return TuneCalibration(seconds=seconds, note=f"the quick calibration failed: {e}; ranked by counts")
+    seconds = round(time.time() - t0, 1)
+    echo(f"tune: calibration written to {path} in {seconds:.0f} s; ranking by predicted step time")
+    return TuneCalibration(path=str(Path(path).resolve()), made_by_tune=True, seconds=seconds)
+
+
 def _write_log(folder: Path, log: TuneLog) -> None:
     """tune.json, atomically: a reader sees the log of the last batch or of this one, whole."""
     atomic_write_json(folder / TUNE_LOG, log.to_dict())
@@ -277,21 +330,22 @@ def _round_name(rnd: int, final: bool) -> str:
 
 
 def _echo_funnel(groups: list[Group], left_out: list, echo: Callable[[str], None]) -> None:
+    from harness.tune.search import COUNTS_SOURCE
+
     for g in groups:
         fates: dict[str, int] = {}
         for c in g.candidates:
             fates[c.fate] = fates.get(c.fate, 0) + 1
-        ranked = sum(1 for c in g.candidates if c.predicted_rank is not None)
+        by_counts = sum(1 for c in g.candidates if c.rank_source == COUNTS_SOURCE and c.predicted_rank is not None)
+        by_time = sum(1 for c in g.candidates if c.predicted_rank is not None) - by_counts
+        ranked = f"{by_time} ranked by predicted step time" + (f", {by_counts} by counts" if by_counts else "")
         echo(
             f"tune: {g.key[0]} on {g.key[1]} GPUs: {len(g.candidates)} cells, {fates.get('unsupported', 0)} "
-            f"unsupported, {fates.get('pruned_memory', 0)} predicted not to fit; {ranked} ranked by prediction; "
-            f"first round {g.n0}, steps per round {g.steps}"
+            f"unsupported, {fates.get('pruned_memory', 0)} predicted not to fit, {fates.get('dominated', 0)} "
+            f"dominated; {ranked}; first round {g.n0}, steps per round {g.steps}"
         )
-        if not ranked and g.pool:
-            echo(
-                "tune: no step-time prediction for any candidate (calibrate the cluster: harness calibrate "
-                "--cluster NAME): the first round is drawn at random from --seed"
-            )
+        if not by_time and not by_counts and g.pool:
+            echo("tune: nothing to rank the candidates by: the first round is drawn at random from --seed")
     if left_out:
         more = " (and others)" if len(left_out) > 1 else ""
         echo(f"tune: {len(left_out)} matrix cell(s) left out: {left_out[0][1]}{more}")

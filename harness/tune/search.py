@@ -4,13 +4,20 @@ Per (model, gpus) group of a scenario's cells:
 
 1. **Prune.** Cells the cluster cannot run (unsupported, cannot be placed) and cells the memory model says will
    not fit with `tune.memory_headroom` to spare are never launched.
-2. **Rank.** The rest by predicted objective (harness.plan.time). A cell the model leaves null (compile on a CPU,
-   offload) is ranked by its twin without that knob ("proxy: compile off"); a cell without either is unranked and
-   measured after the ranked ones (with no prediction at all, the first round is drawn at random from the seed).
-3. **Successive halving.** Round 0 measures the best `first_round` candidates with few steps (a failed trial is
+2. **Dominance.** A cell is left out while another that fits is at least as fast by construction (`dominates`):
+   the same strategy, precision, layout and knobs, a micro-batch at least as large, at least as many sequences
+   per optimizer step, and checkpointing no stronger. Larger micro-batches do the same FLOPs per token in bigger
+   kernels and pay each step's collectives and optimizer over more tokens; recomputation only adds work. Should
+   every cell dominating it fail (an OOM the memory model did not foresee), it is back in the search.
+3. **Rank.** The rest by predicted objective (harness.plan.time). A cell the model leaves null (compile on a CPU,
+   offload) is ranked by its twin without that knob ("proxy: compile off"). Without a step-time prediction (no
+   calibration, `harness tune --no-calibrate`), by the planner's exact counts, which need no rates: hardware FLOPs
+   per token per GPU, then collective bytes per token, then collective calls per token ("counts"). A cell without
+   any is unranked and measured after the ranked ones, in the seed's order.
+4. **Successive halving.** Round 0 measures the best `first_round` candidates with few steps (a failed trial is
    replaced by the next candidate); each round keeps the better half (at least 2) by measured value and measures
    it with more steps; the steps double up to the scenario's own `measure_steps` in the final round.
-4. **Confirm.** The final two run `confirm_runs` times each at the scenario's steps; the leader is ahead beyond
+5. **Confirm.** The final two run `confirm_runs` times each at the scenario's steps; the leader is ahead beyond
    noise when `harness compare`'s run-level test (Welch's t on log run values) gives p < alpha; otherwise one more
    run each, up to `max_runs`, after which they are tied (either is as good as the harness can tell).
 
@@ -33,7 +40,7 @@ from typing import Any
 
 from harness.plan.prediction import Prediction, TimePrediction
 from harness.results.record import Spec
-from harness.scenario.schema import RunSpec
+from harness.scenario.schema import SETTING_FIELDS, RunSpec
 from harness.scenario.tune import TuneSpec
 from harness.tune.log import CandidateLog, GroupLog, TrialLog
 
@@ -41,6 +48,13 @@ METRIC = {"throughput": ("tokens_per_s_per_gpu", "higher"), "step_time": ("step_
 """objective → (the record metric judged, its good direction)"""
 AC_STRENGTH = {"none": 0, "selective": 1, "full": 2}
 """activation checkpointing, by how much memory it saves"""
+DOMINANCE_FREE = ("micro_batch", "grad_accum", "activation_checkpointing", "measure_steps")
+"""the settings dominance compares; every other one (and model, gpus, strategy, precision) must be equal"""
+_FAMILY_FIELDS = tuple(k for k in SETTING_FIELDS if k not in DOMINANCE_FREE)
+RANK_TIERS = {"prediction": 0, "proxy": 0, "counts": 1}
+"""rank sources, in the order their candidates are measured (a step time beats counts; unranked come last)"""
+COUNTS_SOURCE = "counts: FLOPs, then bytes, then calls per token (no calibration)"
+"""the rank source of a cell ranked by the planner's counts (harness.tune.search.counts_key)"""
 PROXIES: tuple[tuple[str, Any, str], ...] = (("compile", False, "compile off"), ("offload", "none", "offload none"))
 """knobs the time model leaves null on some devices: a cell with one is ranked by its twin without it"""
 
@@ -75,8 +89,11 @@ class Candidate:
     spec: RunSpec
     plan: Prediction
     """the cell's prediction (harness.plan.predict): memory, fits, predicted step time"""
-    rank_key: float | None = None
-    """predicted cost, lower is better (step time, or seconds per token per GPU)"""
+    rank_key: tuple[float, ...] | None = None
+    """predicted cost, lower is better: (tier, step time or seconds per token per GPU), or (tier, FLOPs, bytes,
+    calls per token) for a cell ranked by counts"""
+    dominators: list[Candidate] = field(default_factory=list)
+    """the candidates that dominate it (`dominates`), best-ranked first; empty: none"""
     rank_source: str = "none"
     predicted_rank: int | None = None
     fate: str = "unmeasured"
@@ -168,6 +185,39 @@ def needs_more_memory(a: RunSpec, b: RunSpec) -> bool:
     )
 
 
+def dominates(a: RunSpec, b: RunSpec) -> bool:
+    """Whether cell `a` is at least as fast as `b` by construction, `a` fitting: the same cell but for a
+    micro-batch at least as large, at least as many sequences per optimizer step, and checkpointing no stronger
+    (and not the same cell)."""
+    sa, sb = a.settings, b.settings
+    if (a.model, a.gpus, a.strategy, a.precision) != (b.model, b.gpus, b.strategy, b.precision):
+        return False
+    if any(getattr(sa, k) != getattr(sb, k) for k in _FAMILY_FIELDS):
+        return False
+    return (
+        (sa.micro_batch, sa.grad_accum, sa.activation_checkpointing)
+        != (sb.micro_batch, sb.grad_accum, sb.activation_checkpointing)
+        and sa.micro_batch >= sb.micro_batch
+        and sa.micro_batch * sa.grad_accum >= sb.micro_batch * sb.grad_accum
+        and AC_STRENGTH[sa.activation_checkpointing] <= AC_STRENGTH[sb.activation_checkpointing]
+    )
+
+
+def dominance_reason(a: Candidate, b: Candidate) -> str:
+    """Why `a` dominates `b`, in words."""
+    sa, sb = a.spec.settings, b.spec.settings
+    why = []
+    if sa.micro_batch != sb.micro_batch:
+        why.append(f"micro-batch {sa.micro_batch} > {sb.micro_batch}")
+    if sa.micro_batch * sa.grad_accum != sb.micro_batch * sb.grad_accum:
+        why.append(f"{sa.micro_batch * sa.grad_accum} > {sb.micro_batch * sb.grad_accum} sequences per step")
+    if sa.activation_checkpointing != sb.activation_checkpointing:
+        why.append(f"checkpointing {sa.activation_checkpointing} instead of {sb.activation_checkpointing}")
+    state = {"winner": "the winner", "runner_up": "the runner-up"}.get(a.fate)
+    state = state or ("measured" if a.round >= 0 else "predicted to fit")
+    return f"dominated by {a.label} ({state}): the same cell with {', '.join(why)}"
+
+
 def steps_schedule(n0: int, final_steps: int) -> list[int]:
     """measure_steps per round: halving from n0 candidates down to two, doubling up to the scenario's own
     `final_steps` in the final round (at least 2 steps: a median of one sample is that sample)."""
@@ -185,6 +235,22 @@ def search_cost(n0: int, confirm_runs: int) -> int:
     return total + n * confirm_runs
 
 
+def mark_dominated(cands: list[Candidate]) -> None:
+    """Give each candidate still in the search its dominators among those; a candidate with one is `dominated`.
+    `cands` in measuring order (the dominators are kept in that order)."""
+    live = [c for c in cands if c.fate == "unmeasured"]
+    for b in live:
+        b.dominators = [a for a in live if a is not b and dominates(a.spec, b.spec)]
+    for b in live:
+        if b.dominators:
+            b.fate = "dominated"
+
+
+def _alive(c: Candidate) -> bool:
+    """Whether a candidate can still be measured or was measured ok (not failed, nor dropped beside an OOM)."""
+    return c.fate not in ("failed", "dropped_oom_neighbour", "unsupported", "pruned_memory")
+
+
 class Group:
     """One (model, gpus) group's search."""
 
@@ -199,8 +265,8 @@ class Group:
     ) -> None:
         self.key, self.candidates, self.tune = key, candidates, tune
         self.metric, self.better = METRIC[tune.objective]
-        self.pool = [c for c in candidates if c.fate == "unmeasured"]
-        self.n0 = min(n0, len(self.pool))
+        self.pool = [c for c in candidates if c.fate in ("unmeasured", "dominated")]
+        self.n0 = min(n0, sum(c.fate == "unmeasured" for c in self.pool))
         self.steps = steps_schedule(max(self.n0, 1), final_steps)
         self.round = 0
         self.alive: list[Candidate] = []
@@ -274,9 +340,12 @@ class Group:
             self.alive.remove(c)
         if t.status == "oom":
             for o in self.pool:
-                if o.fate == "unmeasured" and needs_more_memory(o.spec, c.spec):
+                if o.fate in ("unmeasured", "dominated") and needs_more_memory(o.spec, c.spec):
                     o.fate = "dropped_oom_neighbour"
                     o.reason = f"needs at least the memory of {c.label}, which ran out of memory"
+        for o in self.pool:  # NOTE: every cell that dominated it failed: it is back in the search, in its place
+            if o.fate == "dominated" and not any(_alive(d) for d in o.dominators):
+                o.fate, o.reason = "unmeasured", ""
 
     def _close_round(self) -> None:
         """Round `self.round` is measured: keep the better half, or enter the final stage."""
@@ -363,16 +432,24 @@ class Group:
                 c.fate, c.reason = "eliminated", "the budget ran out"
 
     def close(self) -> None:
-        """After the search: every candidate never measured was left out by its predicted rank."""
+        """After the search: why each candidate never measured was left out (dominated by whom, ranked below
+        the first round by what, or neither ranked nor reached)."""
         ranked = sum(1 for c in self.candidates if c.predicted_rank is not None)
         for c in self.candidates:
-            if c.fate == "unmeasured":
+            if c.fate == "dominated":
+                best = sorted((d for d in c.dominators if _alive(d)), key=lambda d: (-d.round, d.fate != "winner"))
+                c.reason = dominance_reason(best[0], c)
+            elif c.fate == "unmeasured" and self.stopped:
+                c.reason = f"not reached: the search stopped ({self.stopped})"
+            elif c.fate == "unmeasured" and c.predicted_rank is None:
+                c.fate = "not_reached"
+                c.reason = "no prediction and no counts to rank it by; the search ended before it was drawn"
+            elif c.fate == "unmeasured":
+                by = "by predicted " + ("step time" if self.metric == "step_time_s" else "throughput")
+                if c.rank_source == COUNTS_SOURCE:
+                    by = "by counts (FLOPs, bytes, calls per token; no calibration)"
                 c.fate = "pruned_prediction"
-                c.reason = (
-                    f"predicted rank {c.predicted_rank} of {ranked}: below the first round's {self.n0}"
-                    if c.predicted_rank is not None
-                    else "unranked (no prediction) and not reached"
-                )
+                c.reason = f"ranked {_ordinal(c.predicted_rank or 0)} of {ranked} {by}: below the first round's {self.n0}"
             elif c.fate == "measured":  # a search stopped between rounds
                 c.fate, c.reason = "eliminated", c.reason or "the search stopped"
 
@@ -414,15 +491,37 @@ def _ordinal(i: int) -> str:
     return f"{i}{'th' if 10 <= i % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
 
 
+def counts_key(plan: Prediction, spec: RunSpec) -> tuple[float, float, float] | None:
+    """A cell's cost by the planner's exact counts, lower is better: hardware FLOPs per token per GPU (recompute
+    included), then collective bytes per token, then collective calls per token (rank 0's; FLOPs compared to
+    3 significant digits, so cells of the same model and work tie on them and are told apart by their traffic).
+    None when the planner has no FLOPs or no collective model for the cell."""
+    s = spec.settings
+    tokens = s.micro_batch * s.grad_accum * s.seq_len  # per data-parallel rank per optimizer step
+    dp = max(1, spec.gpus // (s.tp * s.pp))
+    if plan.hardware_flops_per_step is None or plan.comm_bytes_per_step is None or tokens <= 0:
+        return None
+    from harness.plan.comm import predict_comm
+
+    comm = predict_comm(spec)
+    if comm is None:
+        return None
+    flops = float(f"{plan.hardware_flops_per_step / (tokens * dp) / spec.gpus:.3g}")
+    return flops, plan.comm_bytes_per_step / tokens, float(comm["calls_per_step"]) / tokens
+
+
 def rank_candidates(
     cands: list[Candidate],
     *,
     objective: str,
     predict_twin: Callable[[RunSpec], Prediction | TimePrediction],
     rng: random.Random,
+    dominance: bool = True,
 ) -> None:
     """Set each unpruned candidate's rank key, source and predicted rank, and order `cands` for measurement:
-    ranked ones by predicted cost, then unranked ones in the seed's order."""
+    those with a predicted step time (or a twin's) by it, then those ranked by counts (`counts_key`), then the
+    unranked in the seed's order; then (`dominance`) mark the dominated (`mark_dominated`: they keep their place
+    in the order, and their rank)."""
 
     def cost(p: Prediction | TimePrediction) -> float | None:
         if objective == "throughput":
@@ -436,7 +535,7 @@ def rank_candidates(
             continue
         k = cost(c.plan)
         if k is not None:
-            c.rank_key, c.rank_source = k, "prediction"
+            c.rank_key, c.rank_source = (0, k), "prediction"
             continue
         for knob, off, name in PROXIES:
             if getattr(c.spec.settings, knob) != off:
@@ -444,8 +543,12 @@ def rank_candidates(
                 twin = dataclasses.replace(c.spec, settings=dataclasses.replace(c.spec.settings, **changes))
                 k = cost(predict_twin(twin))
                 if k is not None:
-                    c.rank_key, c.rank_source = k, f"proxy: {name}"
+                    c.rank_key, c.rank_source = (0, k), f"proxy: {name}"
                     break
+        if c.rank_key is None:
+            counts = counts_key(c.plan, c.spec)
+            if counts is not None:
+                c.rank_key, c.rank_source = (1, *counts), COUNTS_SOURCE
     live = [c for c in cands if c.fate == "unmeasured"]
     draw = [rng.random() for _ in live]  # NOTE: one draw per live candidate, in order, ranked or not: the seed's
     ranked_at = sorted(
@@ -458,3 +561,5 @@ def rank_candidates(
     rng.shuffle(unranked)
     rest = [c for c in cands if c.fate != "unmeasured"]
     cands[:] = ranked + unranked + rest
+    if dominance:
+        mark_dominated(cands)

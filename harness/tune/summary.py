@@ -28,7 +28,11 @@ class Funnel:
     pruned_memory: int
     """the memory model says they do not fit (with the headroom)"""
     pruned_prediction: int
-    """ranked below the first round, never measured"""
+    """ranked below the first round (by predicted step time, or by counts), never measured"""
+    dominated: int
+    """another cell that fits is at least as fast by construction, never measured"""
+    not_reached: int
+    """neither ranked nor drawn before the search ended, never measured"""
     dropped_oom_neighbour: int
     """need at least the memory of a cell that ran out of it"""
     measured_per_round: tuple[int, ...]
@@ -62,6 +66,8 @@ def funnel(log: TuneLog) -> list[Funnel]:
                 unsupported=counts.get("unsupported", 0),
                 pruned_memory=counts.get("pruned_memory", 0),
                 pruned_prediction=counts.get("pruned_prediction", 0),
+                dominated=counts.get("dominated", 0),
+                not_reached=counts.get("not_reached", 0),
                 dropped_oom_neighbour=counts.get("dropped_oom_neighbour", 0),
                 measured_per_round=tuple(
                     sum(r in c.measured_rounds() for c in g.candidates) for r in range(g.n_rounds())
@@ -102,6 +108,8 @@ def ranked_candidates(group: GroupLog, *, better: str) -> list[CandidateLog]:
     return sorted((c for c in group.candidates if c.was_run()), key=key)
 
 
+VERDICT_SHOWN = {"ahead": "ahead of the runner-up", "tied": "tied with the runner-up"}
+"""a verdict as the table's head words it: what it was judged against (never the cells not measured)"""
 FATE_SHOWN = {"runner_up": "runner-up"}
 """a fate as the table words it (the others as they are)"""
 _RIGHT = (0, 2, 3, 4, 5)
@@ -121,9 +129,15 @@ def _group_lines(log: TuneLog, g: GroupLog, *, unit: str, shown: Callable[[float
     """One group's part of the table: its winner, its measured candidates, what was not measured."""
     win = next((c for c in g.candidates if c.fate == "winner"), None)
     p = f", p = {g.p_value:.3g}" if g.p_value is not None else ""
+    counts = g.fate_counts()
+    run = sum(1 for c in g.candidates if c.was_run())
     head = f"{g.model} on {g.gpus} GPUs: " + (
-        f"{win.label} ({g.verdict}{p})" if win else f"no winner ({g.verdict})"
-    )  # fmt: skip
+        f"{win.label} ({VERDICT_SHOWN.get(g.verdict or '', g.verdict)}{p}), the best of {run} measured"
+        if win
+        else f"no winner ({g.verdict})"
+    )
+    if win and counts.get("not_reached", 0):
+        head += f"; {counts['not_reached']} neither ranked nor measured could be faster"
     header = ["#", "cell", f"predicted {unit}", f"measured {unit}", "runs", "round", "fate"]
     rows = []
     for i, c in enumerate([c for c in g.candidates if c.trials], 1):
@@ -133,11 +147,11 @@ def _group_lines(log: TuneLog, g: GroupLog, *, unit: str, shown: Callable[[float
         pred = c.prediction(log.metric)
         runs = c.ok_runs_in(c.round)
         rows.append([str(i), c.label, shown(pred), shown(c.measured), str(runs), str(c.round), fate])
-    counts = g.fate_counts()
     tail = (
-        f"  not measured: {counts.get('pruned_prediction', 0)} by predicted rank, {counts.get('pruned_memory', 0)} "
-        f"predicted not to fit, {counts.get('dropped_oom_neighbour', 0)} beside an OOM, "
-        f"{counts.get('unsupported', 0)} unsupported; first round {g.first_round}, steps {g.steps}"
+        f"  measured {run} of {len(g.candidates)} cells; not measured: {counts.get('dominated', 0)} dominated, "
+        f"{counts.get('pruned_prediction', 0)} ranked below the first round, {counts.get('not_reached', 0)} not "
+        f"reached, {counts.get('pruned_memory', 0)} predicted not to fit, {counts.get('dropped_oom_neighbour', 0)} "
+        f"beside an OOM, {counts.get('unsupported', 0)} unsupported; first round {g.first_round}, steps {g.steps}"
     )
     return ["", head, *_aligned([header, *rows]), tail]
 

@@ -5,7 +5,8 @@ The scenario: a tiny model, DDP / FSDP FULL_SHARD / ZeRO-2 at 2 ranks, micro-bat
 8, seq 32. The profile gives 1.00390625 GiB of device memory (4 MiB usable after the 1 GiB reserve) and the
 scenario asks 10% headroom: ZeRO-2 (1.86 GiB of DeepSpeed buffers) and DDP at micro-batch 4 (4.76 MiB predicted) do
 not fit, DDP at micro-batch 2 (3.65 MiB) fits but not with the headroom. Four candidates are left (DDP mb 1, FSDP
-mb 1, 2, 4); FSDP at micro-batch 1 has an OOM injected.
+mb 1, 2, 4), FSDP mb 2 dominated by mb 4; FSDP at micro-batch 1 has an OOM injected. No calibration: --no-calibrate,
+ranked by counts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from harness.compare.stats import run_level_p
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
 from harness.tune.log import check_tune_log, read_tune_file
+from harness.tune.search import COUNTS_SOURCE
 
 pytestmark = pytest.mark.dist
 
@@ -62,6 +64,7 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     prof.write_text(PROFILE)
     results = tmp_path / "results"
     args = ["tune", str(sc_file), "--cluster", str(prof), "--results", str(results), "--format", "json"]
+    args.append("--no-calibrate")  # NOTE: ranked by counts; the quick calibration: tests/unit/test_tune_uncalibrated.py
     assert main(args) == 0
     out = check_tune_log(json.loads(capsys.readouterr().out))  # stdout is one JSON document: the log
     # ... as tune.json has it, with the winners' file beside
@@ -75,6 +78,12 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     assert "GiB usable" in (by_label["ddp fp32 mb 4 ga 1 ckpt none"].reason or "")
     assert "10% headroom" in (by_label["ddp fp32 mb 2 ga 2 ckpt none"].reason or "")
     assert sum(f == "pruned_memory" for f in fates.values()) == 5
+    # FSDP at micro-batch 4 fits and dominates 2 (1 carries the injected fault: another cell, not dominated); when
+    # 1 runs out of memory, 2 needs at least its memory and is dropped beside it
+    assert fates["fsdp.full_shard fp32 mb 2 ga 2 ckpt none"] == "dropped_oom_neighbour"
+    assert out.calibration is not None and out.calibration.path is None
+    assert "--no-calibrate" in str(out.calibration.note)
+    assert {c.rank_source for c in g.candidates if c.fate != "pruned_memory"} == {COUNTS_SOURCE}
 
     records, warnings = load_records(results / "tn-tune")
     assert not warnings

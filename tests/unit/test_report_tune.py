@@ -212,6 +212,8 @@ def test_funnel_counts_are_the_logs():
         unsupported=2,
         pruned_memory=1,
         pruned_prediction=2,
+        dominated=0,
+        not_reached=0,
         dropped_oom_neighbour=0,
         measured_per_round=(5, 3, 2),
         failed=1,
@@ -230,8 +232,8 @@ def test_funnel_table_in_the_markdown(md):
     section = md_section(md, f"## Search (harness tune): {SWEEP}")
     rows = md_rows(section.split("\n### ")[0])
     assert rows == [
-        ["125m", "2", "11", "2", "1", "2", "0", "5 → 3 → 2", "1", "1", "zero2 mb 3", "ahead", "0.012"],
-        ["1.3b", "4", "2", "0", "0", "0", "0", "2", "2", "0", "—", "no winner", "—"],
+        ["125m", "2", "11", "2", "1", "0", "2", "0", "5 → 3 → 2", "1", "1", "zero2 mb 3", "ahead", "0.012"],
+        ["1.3b", "4", "2", "0", "0", "0", "0", "0", "2", "2", "0", "—", "no winner", "—"],
     ]
     assert "17 trial runs, 160 s measuring; finished; budget 30 minutes" in section
 
@@ -239,12 +241,23 @@ def test_funnel_table_in_the_markdown(md):
 def test_the_winner_row_is_first_then_by_round_and_measurement(md):
     order = [c.label for c in ranked_candidates(typed(tune_log()).groups[0], better="higher")]
     assert order == ["zero2 mb 3", "ddp mb 1", "fsdp2.full_shard mb 2", "ddp mb 4", "ddp mb 5"]
-    rows = md_rows(md_section(md, "### 125m · 2 GPUs: ahead (p = 0.012)").split("\n### ")[0])
+    section = md_section(md, "### 125m · 2 GPUs: ahead of the runner-up (p = 0.012); 5 of 11 cells measured")
+    rows = md_rows(section.split("\n### ")[0].split("\n| left out")[0])
     # #, candidate, predicted rank, predicted, measured, vs predicted, round, runs ok, fate, reason
     assert rows[0] == ["1", "zero2 mb 3", "3", "145,000", "148,000", "+2.1%", "2", "5 of 5", "winner", ""]
     assert rows[1][1:5] == ["ddp mb 1", "1", "150,000", "139,500"] and rows[1][8] == "runner-up"
     assert rows[-1] == ["5", "ddp mb 5", "5", "139,000", "n/a", "n/a", "—", "0 of 1", "failed", "oom in round 0"]
     assert len(rows) == 5  # the pruned, unsupported and unmeasured were never run
+    # ... and are listed below it, each with why it was left out
+    left = md_rows("| left out" + section.split("\n### ")[0].split("\n| left out")[1])
+    assert [(r[0], r[1], r[4]) for r in left] == [
+        ("ddp mb 6", "ranked below", "ranked 6th, first round takes 5"),
+        ("ddp mb 7", "ranked below", "ranked 7th, first round takes 5"),
+        ("ddp mb 8", "not reached", "budget"),
+        ("ddp mb 10", "unsupported", "zero3 does not support fp16 offload"),
+        ("ddp mb 11", "unsupported", "no tp for this model"),
+        ("ddp mb 9", "predicted not to fit", "predicted 90 GiB > 79 GiB usable"),
+    ]
     # the fate and the round come before the value: a runner-up measured faster (a tie the confirmation settled
     # on its runs) stays second, and one eliminated in round 0 stays below one that reached round 1
     log = tune_log()

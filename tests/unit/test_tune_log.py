@@ -26,7 +26,8 @@ STARTED = "2026-01-02T03:04:05Z"
 
 def searched(tmp_path: Path) -> tuple[Search, str]:
     """A finished search of 9 cells (3 strategies x micro-batch 1, 2, 4), each predicted 10% faster than it is
-    measured, where zero2 at micro-batch 4 runs out of memory; and its log as tune.json has it."""
+    measured, where zero2 at micro-batch 4 runs out of memory; and its log as tune.json has it. Micro-batch 4
+    dominates 1 and 2 of the same strategy: three candidates, then zero2 at micro-batch 2 once its dominator failed."""
     prof = tmp_path / "cpu2.yaml"
     prof.write_text('name: cpu2\nexecutor: local\ndevice: cpu\ngpus_per_node: 2\nenv: {OMP_NUM_THREADS: "1"}\n')
     doc = {
@@ -86,7 +87,7 @@ def test_the_log_reads_back_byte_for_byte_every_field_in_the_files_order(tmp_pat
         assert list(c) == list(CandidateLog.model_fields)
     assert [list(t) == list(TrialLog.model_fields) for t in trials] == [t["status"] == "oom" for t in trials]
     assert [t["reason"] for t in trials if "reason" in t] == ["CPU allocator: out of memory"]  # only a failure's
-    assert (doc["trials"], len(trials), doc["measured_s"], doc["started_at"]) == (9, 9, 12.346, STARTED)
+    assert (doc["trials"], len(trials), doc["measured_s"], doc["started_at"]) == (8, 8, 12.346, STARTED)
     assert doc["tune"] == {
         "objective": "throughput",
         "global_batch": 8,
@@ -115,8 +116,15 @@ def test_the_funnel_and_the_ranking_follow_the_log(tmp_path):
     _, text = searched(tmp_path)
     log = check_tune_log(json.loads(text))
     (row,) = funnel(log)
-    assert (row.candidates, row.failed, row.pruned_prediction, row.unsupported, row.pruned_memory) == (9, 1, 4, 0, 0)
-    assert row.measured_per_round == (5, 2) and row.steps == (2, 4)
+    assert (row.candidates, row.failed, row.dominated, row.pruned_prediction, row.unsupported, row.pruned_memory) == (
+        9,
+        1,
+        5,
+        0,
+        0,
+        0,
+    )
+    assert row.measured_per_round == (4, 2) and row.steps == (2, 4)
     assert (row.winner, row.runner_up, row.verdict) == (
         "ddp fp32 mb 4 ga 1 ckpt none",
         "fsdp.full_shard fp32 mb 4 ga 1 ckpt none",
@@ -125,30 +133,40 @@ def test_the_funnel_and_the_ranking_follow_the_log(tmp_path):
     assert [c.label.split(" ga")[0] for c in ranked_candidates(log.groups[0], better=log.better)] == [
         "ddp fp32 mb 4",
         "fsdp.full_shard fp32 mb 4",
-        "ddp fp32 mb 2",
-        "fsdp.full_shard fp32 mb 2",
+        "zero2 fp32 mb 2",  # measured once zero2 at micro-batch 4, which dominated it, ran out of memory
         "zero2 fp32 mb 4",  # the failed last
     ]
+    why = {c.label: c.reason for c in log.groups[0].candidates if c.fate == "dominated"}
+    assert why == {
+        "ddp fp32 mb 2 ga 2 ckpt none": "dominated by ddp fp32 mb 4 ga 1 ckpt none (the winner): the same cell "
+        "with micro-batch 4 > 2",
+        "ddp fp32 mb 1 ga 4 ckpt none": "dominated by ddp fp32 mb 4 ga 1 ckpt none (the winner): the same cell "
+        "with micro-batch 4 > 1",
+        "fsdp.full_shard fp32 mb 2 ga 2 ckpt none": "dominated by fsdp.full_shard fp32 mb 4 ga 1 ckpt none (the "
+        "runner-up): the same cell with micro-batch 4 > 2",
+        "fsdp.full_shard fp32 mb 1 ga 4 ckpt none": "dominated by fsdp.full_shard fp32 mb 4 ga 1 ckpt none (the "
+        "runner-up): the same cell with micro-batch 4 > 1",
+        "zero2 fp32 mb 1 ga 4 ckpt none": "dominated by zero2 fp32 mb 2 ga 2 ckpt none (measured): the same cell "
+        "with micro-batch 2 > 1",
+    }
 
 
 def test_the_printed_table(tmp_path):
     _, text = searched(tmp_path)
     assert format_tune(check_tune_log(json.loads(text))).splitlines() == [
-        "tune tl on cpu2: objective throughput (higher tok/s/GPU is better), 9 trial runs, 12 s measuring",
+        "tune tl on cpu2: objective throughput (higher tok/s/GPU is better), 8 trial runs, 12 s measuring",
         "",
-        "tiny on 2 GPUs: ddp fp32 mb 4 ga 1 ckpt none (ahead, p = 3.56e-06)",
+        "tiny on 2 GPUs: ddp fp32 mb 4 ga 1 ckpt none (ahead of the runner-up, p = 3.56e-06), the best of 4 measured",
         "  #  cell                                      predicted tok/s/GPU  measured tok/s/GPU  runs  round  fate",
         "  1  ddp fp32 mb 4 ga 1 ckpt none                            4,400               4,002     2      1  winner",
         "  2  fsdp.full_shard fp32 mb 4 ga 1 ckpt none                3,960"
         "               3,602     2      1  runner-up",
-        "  3  ddp fp32 mb 2 ga 2 ckpt none                            2,200"
-        "               2,001     1      0  eliminated",
-        "  4  fsdp.full_shard fp32 mb 2 ga 2 ckpt none                1,980"
-        "               1,801     1      0  eliminated",
-        "  5  zero2 fp32 mb 4 ga 1 ckpt none                          3,520                 n/a     0     -1  failed: "
+        "  3  zero2 fp32 mb 2 ga 2 ckpt none                          1,760"
+        "               1,601     1      0  eliminated",
+        "  4  zero2 fp32 mb 4 ga 1 ckpt none                          3,520                 n/a     0     -1  failed: "
         "round 0 run 1: oom: CPU allocator: out of memory",
-        "  not measured: 4 by predicted rank, 0 predicted not to fit, 0 beside an OOM, 0 unsupported; first round 4, "
-        "steps [2, 4]",
+        "  measured 4 of 9 cells; not measured: 5 dominated, 0 ranked below the first round, 0 not reached, 0 "
+        "predicted not to fit, 0 beside an OOM, 0 unsupported; first round 3, steps [2, 4]",
     ]
 
 

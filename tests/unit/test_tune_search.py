@@ -82,7 +82,9 @@ def test_steps_double_up_to_the_scenarios_own_and_the_cost_counts_each_run():
 def test_a_clear_best_wins_ahead_and_the_rounds_halve():
     sc = scenario(first_round=8)
     cands = candidates(sc, predicted=lambda i, s: 1000.0 + i)  # the last cells are predicted fastest
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
+    rank_candidates(
+        cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0), dominance=False
+    )
     truth = {c.spec.run_id: 1000.0 + 10 * (c.predicted_rank or 0) for c in cands}  # rank 1 predicted: slowest
     best = min(cands[:8], key=lambda c: c.predicted_rank)  # NOTE: the prediction is upside down in the first 8
     truth[best.spec.run_id] = 5000.0
@@ -100,13 +102,18 @@ def test_a_clear_best_wins_ahead_and_the_rounds_halve():
     # every candidate never measured is pruned by its predicted rank, and says so
     pruned = [c for c in cands if c.fate == "pruned_prediction"]
     assert len(pruned) == len(cands) - 8
-    assert all(c.predicted_rank > 8 and f"rank {c.predicted_rank} of {len(cands)}" in c.reason for c in pruned)
+    assert all(
+        c.predicted_rank > 8 and f"of {len(cands)} by predicted throughput: below the first round's 8" in c.reason
+        for c in pruned
+    )
 
 
 def test_two_equal_finalists_are_tied_after_max_runs():
     sc = scenario(first_round=4)
     cands = candidates(sc, predicted=lambda i, s: 1000.0 + i)
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
+    rank_candidates(
+        cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0), dominance=False
+    )
     noise = random.Random(2)
     tune = TuneSpec(first_round=4, confirm_runs=3, max_runs=5)
     g = Group(("tiny", 2), cands, tune=tune, n0=4, final_steps=8)
@@ -127,7 +134,9 @@ def test_a_failing_trial_is_replaced_and_an_oom_drops_the_cells_that_need_more_m
         return 1000.0 + i
 
     cands = candidates(sc, predicted=predicted)
-    rank_candidates(cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0))
+    rank_candidates(
+        cands, objective="throughput", predict_twin=lambda s: Prediction(), rng=random.Random(0), dominance=False
+    )
     first = cands[0]  # predicted best: measured first, and it runs out of memory
     assert (first.spec.strategy, first.spec.settings.micro_batch) == ("ddp", 1)
     s = first.spec.settings
@@ -226,8 +235,9 @@ def test_memory_pruning_with_headroom_and_a_budget_too_small_is_refused(tmp_path
     assert fate[("ddp", 4)][0] == "pruned_memory" and "GiB usable" in fate[("ddp", 4)][1]
     # fsdp mb 4 at 5.7 MiB fits, but not with 10% to spare
     assert fate[("fsdp.full_shard", 4)][0] == "pruned_memory" and "10% headroom" in fate[("fsdp.full_shard", 4)][1]
-    assert {k for k, (f, _) in fate.items() if f == "unmeasured"} == {("ddp", 1), ("ddp", 2), ("fsdp.full_shard", 1),
-                                                                      ("fsdp.full_shard", 2)}  # fmt: skip
+    assert {k for k, (f, _) in fate.items() if f == "unmeasured"} == {("ddp", 2), ("fsdp.full_shard", 2)}
+    # micro-batch 2 fits and dominates 1 (same strategy, more sequences per micro-step): 1 is never measured
+    assert {k for k, (f, _) in fate.items() if f == "dominated"} == {("ddp", 1), ("fsdp.full_shard", 1)}
     # pruned cells are never launched
     launched = drive(g, lambda c, t: 1000.0 + c.spec.settings.micro_batch)
     assert not any(c.fate == "pruned_memory" for c, _ in launched)
