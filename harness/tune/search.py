@@ -449,7 +449,8 @@ class Group:
                 if c.rank_source == COUNTS_SOURCE:
                     by = "by counts (FLOPs, bytes, calls per token; no calibration)"
                 c.fate = "pruned_prediction"
-                c.reason = f"ranked {_ordinal(c.predicted_rank or 0)} of {ranked} {by}: below the first round's {self.n0}"
+                place = _ordinal(c.predicted_rank or 0)
+                c.reason = f"ranked {place} of {ranked} {by}: below the first round's {self.n0}"
             elif c.fate == "measured":  # a search stopped between rounds
                 c.fate, c.reason = "eliminated", c.reason or "the search stopped"
 
