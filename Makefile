@@ -115,7 +115,9 @@ nightly: setup
 	if [ $$exact -ne 0 ] || [ $$timing -ne 0 ]; then exit 1; fi
 
 # baseline: re-sweep the smoke scenario and make it the committed baseline that CI compares exactly against
-# (collective bytes, predicted memory and bytes). Run it when a change alters those on purpose; commit it.
+# (collective bytes, predicted memory and bytes). Run it, on a quiet machine, when a change alters those or the
+# record's fields on purpose, or changes how a local cell runs (launcher, warm fork, allocator, threads: a plain
+# `harness compare` judges timings and RSS against it too); commit it.
 baseline: setup
 	rm -rf .baseline-sweep
 	$(VENV)/bin/harness sweep scenarios/smoke.yaml --results .baseline-sweep
