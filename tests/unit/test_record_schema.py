@@ -25,7 +25,11 @@ from harness.scenario.schema import SETTING_FIELDS, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "record-example.json"
-STORED = (ROOT / "baselines" / "smoke-local", ROOT / "tests" / "fixtures" / "records")
+STORED = (
+    ROOT / "baselines" / "smoke-local",
+    ROOT / "tests" / "fixtures" / "smoke-legacy",
+    ROOT / "tests" / "fixtures" / "records",
+)
 NOT_RECORDS = {"broken-truncated.json", "future-schema.json", "partial-missing-spec.json"}
 """fixture files that are broken on purpose (the report's warnings are tested on them)"""
 
@@ -242,14 +246,15 @@ def test_composed_and_skipped_records_are_records(cell):
 
 def test_gpus_is_one_word_from_scenario_to_record_and_old_records_still_read(tmp_path):
     """`gpus` in scenarios, RunSpec, records and the report; a record written before the rename (spec.world_size)
-    loads as spec.gpus, matches its new self in compare, and run_ids did not change (the committed smoke
-    baseline's file names are the run_ids the scenario expands to today)."""
+    loads as spec.gpus, matches its new self in compare, and run_ids did not change (the smoke baseline as
+    committed before its regeneration, tests/fixtures/smoke-legacy: its file names are the run_ids the scenario
+    expands to today)."""
     from harness.compare.match import spec_key
     from harness.results.store import load_records
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import RunSpec, load_scenario
 
-    baseline = ROOT / "baselines" / "smoke-local" / "smoke"
+    baseline = ROOT / "tests" / "fixtures" / "smoke-legacy" / "smoke"  # the smoke baseline before 2026-12-02
     old = sorted(baseline.glob("*.json"))
     legacy = [p for p in old if "world_size" in json.loads(p.read_text())["spec"]]  # written before the rename
     assert len(legacy) >= 22

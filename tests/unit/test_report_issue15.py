@@ -2,7 +2,8 @@
 crowned noise, a scaling figure that lost precision and drew one-count series at efficiency 1.0, an all-grey MFU
 heatmap on CPU, and a read-only `-o` that ended in a traceback.
 
-CPU records: baselines/smoke-local, a real smoke sweep on this CPU machine (gloo, 2 and 4 ranks); GPU records:
+CPU records: tests/fixtures/smoke-legacy, the smoke baseline as committed before its regeneration on 2026-12-02 (real
+sweeps on this CPU machine, gloo, 2 and 4 ranks, records of several vintages); GPU records:
 the committed fixture sweep (tests/fixtures/records).
 """
 
@@ -29,7 +30,7 @@ from tests.unit.test_report import md_rows, md_section
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "records"
-SMOKE = ROOT / "baselines" / "smoke-local"
+SMOKE = ROOT / "tests" / "fixtures" / "smoke-legacy"
 
 
 @pytest.fixture(scope="module")

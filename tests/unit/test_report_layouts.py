@@ -1,8 +1,9 @@
 """Tensor/pipeline layouts in the report (issue 18): a cell's layout is part of its strategy label, cells of two
 layouts never merge, and the best-strategy table weighs layouts like strategies.
 
-Records: baselines/smoke-local, a real smoke sweep on this CPU machine with fsdp2.full_shard plain, tp 2 and pp 2
-on 2 ranks and tp 2 on 4 ranks."""
+Records: tests/fixtures/smoke-legacy (the smoke baseline as committed before its regeneration on 2026-12-02: real
+sweeps of several vintages on this CPU machine) with fsdp2.full_shard plain, tp 2 and pp 2 on 2 ranks and tp 2 on 4
+ranks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from harness.report.figures import LAYOUT_MARKERS, STRATEGY_STYLE, style
 from harness.report.frame import base_strategy, layout_label, load_frame, strategy_label
 from tests.unit.test_report import md_rows, md_section
 
-SMOKE = Path(__file__).resolve().parents[2] / "baselines" / "smoke-local"
+SMOKE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "smoke-legacy"
 FSDP2 = "fsdp2.full_shard"
 
 
