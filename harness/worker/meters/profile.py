@@ -52,8 +52,6 @@ PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "
 """the parts that fill the traced step (the keys of predicted.time_s that add up to its total)"""
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 """the trace's device activities (CUDA): what runs on the GPU"""
-WARMUP_STEPS = 1
-"""steps run under the profiler before the traced one, their events discarded (the profiler's start-up cost)"""
 TRACE_DIR = "traces"
 """where a sweep's traces go, beside its records: <sweep>/traces/<run_id>/rank<k>.trace.json.gz"""
 
@@ -316,7 +314,7 @@ def traced_step(
     """Run `step` once under the profiler, write this rank's trace, and gather every rank's breakdown: rank 0
     gets `Traced`, the others None. Every rank must call it (it ends with a gather)."""
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from harness.worker.meters.timing import synchronize
 
@@ -324,25 +322,15 @@ def traced_step(
     folder = Path(sweep_dir) / TRACE_DIR / run_id
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f".rank{rank}.{os.getpid()}.json"
+    dist.barrier()  # NOTE: every rank starts the traced step together, so no rank's step includes another's lateness
+    synchronize(device)
     with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
-        # NOTE: one warm-up step under the profiler first, its events discarded (torch.profiler's `warmup`): the
-        # profiler's start-up cost lands there, not in the traced step (docs/time-model.md, "Measured breakdown")
-        plan = schedule(wait=0, warmup=WARMUP_STEPS, active=1, repeat=1)
-        with profile(
-            activities=activities, schedule=plan, record_shapes=False, with_stack=False, profile_memory=False
-        ) as prof:
-            for _ in range(WARMUP_STEPS):
-                step()
-                synchronize(device)
-                prof.step()
-            dist.barrier()  # NOTE: every rank starts the traced step together: no rank's step holds another's lateness
-            synchronize(device)
+        with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
             with record_function(STEP_MARK):
                 t0 = time.perf_counter()
                 step()
                 synchronize(device)
                 step_s = time.perf_counter() - t0
-            prof.step()
     try:
         prof.export_chrome_trace(str(raw))
         data = raw.read_bytes()
