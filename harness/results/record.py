@@ -108,7 +108,7 @@ class Spec(Typed):
     sequence_parallel: Annotated[bool | None, SOMETIMES] = None
     """tp > 1: the norms run on sequence shards (absent in older records: false)"""
     trace: Annotated[bool | None, SOMETIMES] = None
-    """one more step profiled after the timed ones (absent in older records: false)"""
+    """five more steps profiled after the timed ones (absent in older records: false)"""
     checkpoint: Annotated[bool | None, SOMETIMES] = None
     """the cell saved and reloaded its training state after the timed steps (absent in older records: false)"""
 
@@ -182,7 +182,13 @@ class TimeBreakdown(Typed):
     compute + recompute + optimizer + comm_exposed + other = window (docs/time-model.md, "Measured breakdown")."""
 
     step: Num | None = None
-    """the slowest rank's traced step, perf_counter around it and its device synchronisation (s)"""
+    """the slowest rank's traced step, perf_counter around it and its device synchronisation (s): the median of
+    `steps`, whose parts these are"""
+    steps: list[Num] | None = None
+    """every traced step's wall time, the slowest rank's, in the order they ran (s); absent in records before
+    several steps were traced"""
+    index: int | None = None
+    """which of `steps` (0-based) is the median one: `step` and the parts are its"""
     compute: Num | None = None
     """busy outside the optimizer and recomputation (s)"""
     recompute: Num | None = None

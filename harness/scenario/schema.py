@@ -116,7 +116,7 @@ class Settings:
     )
     trace: bool = _setting(
         False,
-        "one more step after the timed ones under torch.profiler: a Chrome trace per rank beside the record and "
+        "five more steps after the timed ones under torch.profiler: a Chrome trace per rank beside the record and "
         "the measured step-time breakdown (metrics.time_s)",
     )
     checkpoint: bool = _setting(

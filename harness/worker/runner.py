@@ -130,24 +130,12 @@ def run(
     `forked`: this rank was forked from the sweep's warm interpreter (harness.launch.local.prefork) instead of
     started cold; recorded as env.prefork."""
     t_entry = time.time()
-    cluster = payload.cluster
-    for k, v in cluster.env.items():
-        os.environ.setdefault(k, str(v))
+    allocator_used = _prepare_process(payload.cluster)
     import torch
     import torch.distributed as dist
 
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    from harness.worker import allocator
-    from harness.worker.env import silence_collective_renames
-
-    silence_collective_renames()  # FSDP's and DeepSpeed's calls: a FutureWarning per collective in the rank logs
-    allocator_used = allocator.apply(cluster.cpu_allocator or "caching", cluster.device)
-
-    spec = RunSpec.from_dict(payload.spec.as_dict())
+    spec = _spec_of(payload, world_size)
     s = spec.settings
-    if spec.gpus != world_size:
-        raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
 
     # NOTE: the heartbeat says which rank stopped when none raised (an NCCL watchdog's abort, a SIGKILL): it beats
     # until this function leaves, after the process group is destroyed (harness.worker.heartbeat)
@@ -158,7 +146,7 @@ def run(
         # fragment saying so, instead of leaving the cell "crashed" with no reason
         require_torch(torch.__version__)
         device, backend = _join_process_group(
-            cluster,
+            payload.cluster,
             rank=rank,
             world_size=world_size,
             local_rank=local_rank,
@@ -180,19 +168,15 @@ def run(
         traced = _traced_step(step, spec=spec, payload=payload, trainer=trainer, device=device, rank=rank)
         # NOTE: the checkpoint phase comes last (after the traced step): it trains on, so nothing measured follows it
         heartbeat.phase("checkpoint")
-        ckpt = (
-            _checkpoint_phase(
-                trainer,
-                step,
-                batches,
-                spec=spec,
-                payload=payload,
-                topo=(rank, world_size, local_rank),
-                device=device,
-                steps_done=comm_summary["counted_step"] + int(s.trace),  # the traced step trained too
-            )
-            if s.checkpoint
-            else None
+        ckpt = _checkpoint_phase(
+            trainer,
+            step,
+            batches,
+            spec=spec,
+            payload=payload,
+            topo=(rank, world_size, local_rank),
+            device=device,
+            steps_done=comm_summary["counted_step"] + _traced_steps(s.trace),  # the traced steps trained too
         )
         heartbeat.phase("aggregate")
         ranks = _aggregate_over_ranks(
@@ -220,15 +204,9 @@ def run(
             comm_summary=comm_summary,
             allocator=allocator_used,
             traced=traced,
+            ckpt=ckpt,
         )
-        if ckpt is not None:
-            from harness.worker.checkpoint import into_record
-
-            record = into_record(record, ckpt)
-        # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
-        if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
-            write_record(payload.results, record)
-        return record
+        return _file(payload, record)
     except BaseException as e:
         _write_failure(payload, rank, e)
         raise
@@ -412,8 +390,9 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
 
 
 def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device: Any, rank: int) -> Any:
-    """`trace: true`: one more step under the profiler, after the counted one (harness.worker.meters.profile);
-    rank 0 gets the traces' breakdown, the other ranks (and every rank of an untraced cell) None."""
+    """`trace: true`: TRACED_STEPS more steps under the profiler, after the counted one
+    (harness.worker.meters.profile); rank 0 gets the traces' breakdown, the other ranks (and every rank of an
+    untraced cell) None."""
     if not spec.settings.trace:
         return None
     from harness.results.store import sweep_dir
@@ -432,11 +411,56 @@ def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device:
     )
 
 
+def _spec_of(payload: Payload, world_size: int) -> RunSpec:
+    """The payload's cell, checked against the ranks it was launched with."""
+    spec = RunSpec.from_dict(payload.spec.as_dict())
+    if spec.gpus != world_size:
+        raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
+    return spec
+
+
+def _file(payload: Payload, record: Record) -> Record:
+    """Rank 0: write the cell's record, unless the launcher claimed the cell's end first; return the record."""
+    # NOTE: the launcher may be cancelling this cell (Ctrl-C): whoever claims first says how it ended
+    if claim_end(payload.results, payload.sweep, payload.run_id, attempt=payload.attempt):
+        write_record(payload.results, record)
+    return record
+
+
+def _prepare_process(cluster: Any) -> str:
+    """This rank's process before torch does anything: the profile's environment (without overriding what the
+    launcher set), torch's thread count, the quieted collective renames and the CPU allocator. Returns the
+    allocator in use."""
+    for k, v in cluster.env.items():
+        os.environ.setdefault(k, str(v))
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    from harness.worker import allocator
+    from harness.worker.env import silence_collective_renames
+
+    silence_collective_renames()  # FSDP's and DeepSpeed's calls: a FutureWarning per collective in the rank logs
+    return allocator.apply(cluster.cpu_allocator or "caching", cluster.device)
+
+
+def _traced_steps(trace: bool) -> int:
+    """How many steps the traced phase trained (harness.worker.meters.profile.TRACED_STEPS when traced)."""
+    if not trace:
+        return 0
+    from harness.worker.meters.profile import TRACED_STEPS
+
+    return TRACED_STEPS
+
+
 def _checkpoint_phase(
     trainer, step, batches, *, spec: RunSpec, payload: Payload, topo: tuple[int, int, int], device: Any, steps_done: int
 ) -> Any:
     """The checkpoint phase (harness.worker.checkpoint): save, reload into a fresh trainer built like this one, train
-    on; its outcome, the same on every rank. `topo`: (rank, world size, local rank)."""
+    on; its outcome, the same on every rank (None when the cell does not checkpoint). `topo`: (rank, world size,
+    local rank)."""
+    if not spec.settings.checkpoint:
+        return None
     from harness.worker.checkpoint import run_checkpoint
 
     rank, world_size, local_rank = topo
@@ -519,9 +543,10 @@ def _measured_record(
     comm_summary: dict,
     allocator: str,
     traced: Any = None,
+    ckpt: Any = None,
 ) -> Record:
     """Rank 0: the cell's record — its env, metrics, comm and status (nan when a loss is not finite) — from what
-    the ranks measured."""
+    the ranks measured; with the checkpoint phase's outcome `ckpt` where the cell checkpointed."""
     import torch
 
     from harness.worker.meters.timing import summarize
@@ -568,7 +593,7 @@ def _measured_record(
             f"({'warmup' if first < s.warmup_steps else 'measured'}), first on rank {failed_rank}"
         )
     started = datetime.datetime.fromtimestamp(t_entry, datetime.UTC).isoformat(timespec="seconds")
-    return new_record(
+    record = new_record(
         spec=payload.spec,
         run_id=payload.run_id,
         sweep=payload.sweep,
@@ -582,6 +607,11 @@ def _measured_record(
         finished_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **{k: v if isinstance(v, Prediction) else sanitize(v) for k, v in fields.items()},
     )
+    if ckpt is None:
+        return record
+    from harness.worker.checkpoint import into_record
+
+    return into_record(record, ckpt)
 
 
 def _env(

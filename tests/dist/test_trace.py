@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.ports import free_port
-from harness.worker.meters.profile import PARTS, RECOMPUTE_MARK, STEP_MARK
+from harness.worker.meters.profile import PARTS, RECOMPUTE_MARK, STEP_MARK, TRACED_STEPS
 from tests.conftest import make_spec, run_cell
 
 
@@ -45,6 +45,9 @@ def test_measured_parts_add_up_to_the_traced_step(traced, record_property):
     assert [r["rank"] for r in t["by_rank"]] == [0, 1]
     assert t["slowest_rank"] in (0, 1) and t["step"] == max(r["step"] for r in t["by_rank"])
     assert t["spread_s"] == pytest.approx(abs(t["by_rank"][0]["step"] - t["by_rank"][1]["step"]))
+    # the parts are the median traced step's, by its slowest rank's wall time
+    assert len(t["steps"]) == TRACED_STEPS and all(s > 0 for s in t["steps"])
+    assert t["step"] == t["steps"][t["index"]] == sorted(t["steps"])[(TRACED_STEPS - 1) // 2]
     timed = traced["metrics"]["step_time_s"]
     within = timed["p10"] <= t["step"] <= timed["p90"]
     note = (
@@ -76,12 +79,15 @@ def test_the_record_lists_each_ranks_trace_and_perfetto_can_read_it(traced):
         for e in complete:
             assert isinstance(e["name"], str) and isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float))
             assert e["dur"] >= 0 and isinstance(e["pid"], (int, str)) and isinstance(e["tid"], (int, str))
-        (step,) = [e for e in complete if e["name"] == STEP_MARK]
-        lo, hi = step["ts"], step["ts"] + step["dur"]
-        gloo = [e for e in complete if e["name"] == "gloo:all_reduce" and lo <= e["ts"] < hi]
-        assert gloo and all(e["tid"] != step["tid"] for e in gloo)
-        recomputed = [e for e in complete if e["name"] == RECOMPUTE_MARK]
-        assert len(recomputed) == 2 and all(lo <= e["ts"] <= hi for e in recomputed)  # the tiny model's 2 blocks
+        steps = sorted((e for e in complete if e["name"] == STEP_MARK), key=lambda e: e["ts"])
+        assert len(steps) == TRACED_STEPS
+        for step in steps:
+            lo, hi = step["ts"], step["ts"] + step["dur"]
+            gloo = [e for e in complete if e["name"] == "gloo:all_reduce" and lo <= e["ts"] < hi]
+            assert gloo and all(e["tid"] != step["tid"] for e in gloo)
+            recomputed = [e for e in complete if e["name"] == RECOMPUTE_MARK and lo <= e["ts"] <= hi]
+            assert len(recomputed) == 2  # the tiny model's 2 blocks
+        assert len([e for e in complete if e["name"] == RECOMPUTE_MARK]) == 2 * TRACED_STEPS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,12 +96,13 @@ def test_the_record_lists_each_ranks_trace_and_perfetto_can_read_it(traced):
 BUCKETS_MB = {"one bucket": 25.0, "small buckets": 0.15}
 """DDP's bucket cap: the tiny model's 0.66 MB of gradients in one bucket (reduced after the backward), or in about
 five (the first reduced while the blocks' backward still runs)"""
-TRACED_STEPS = 3
+TRACED_CALLS = 3
+"""traced_step calls per bucket cap (each traces TRACED_STEPS steps and reports the median one)"""
 
 
 def _overlap_rank(rank: int, port: int, out: str) -> None:
-    """One rank: DDP with each bucket cap, warmed up, then TRACED_STEPS traced steps; rank 0 writes each step's
-    exposed and total communication (s) per cap."""
+    """One rank: DDP with each bucket cap, warmed up, then TRACED_CALLS traced phases; rank 0 writes each one's
+    (median step's) exposed and total communication (s) per cap."""
     import torch
     import torch.distributed as dist
 
@@ -113,7 +120,7 @@ def _overlap_rank(rank: int, port: int, out: str) -> None:
         trainer, batches = build_trainer(spec, rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
         for _ in range(3):  # DDP rebuilds its buckets in the backward order at step 2
             trainer.step(batches)
-        for _ in range(TRACED_STEPS):
+        for _ in range(TRACED_CALLS):
             t = traced_step(
                 lambda: trainer.step(batches),
                 trainer=trainer,
@@ -135,8 +142,8 @@ def _overlap_rank(rank: int, port: int, out: str) -> None:
 def test_one_bucket_exposes_its_communication_small_buckets_hide_some(tmp_path, record_property):
     """With one bucket the all_reduce runs after the backward, with nothing left to compute: (nearly) all of it is
     exposed. With small buckets the first ones run under the rest of the backward: a smaller share of the
-    communication is exposed. Compared as the share of the communication that is exposed, over 3 traced steps
-    each: small buckets also make more calls, each with its own latency, so their absolute times are not the same
+    communication is exposed. Compared as the share of the communication that is exposed, over 3 traced phases
+    each (each phase's median step): small buckets also make more calls, each with its own latency, so their absolute times are not the same
     communication (and on this loaded 2-core host one all_reduce takes 1 to 70 ms from step to step)."""
     import torch.multiprocessing as mp
 

@@ -20,6 +20,7 @@ from harness.worker.meters.profile import (
     analyse,
     combine,
     length,
+    median_step,
     minus,
     split_window,
     union,
@@ -94,7 +95,7 @@ def test_recompute_is_null_with_its_reason_when_not_marked():
     r = analyse({"traceEvents": events}, rank=0, step_s=1e-5, recompute_reason="torch.compile: …")
     assert r.recompute is None and r.null_reasons == {"recompute": "torch.compile: …"}
     assert r.compute == pytest.approx(10e-6)
-    with pytest.raises(ValueError, match="no 'harness.traced_step' annotation"):
+    with pytest.raises(ValueError, match="has 0 'harness.traced_step' annotations, not a step 0"):
         analyse({"traceEvents": events[1:]}, rank=0, step_s=1e-5)
 
 
@@ -106,6 +107,38 @@ def test_combine_takes_the_slowest_rank_and_names_who_waits_least():
     assert (t["step"], t["comm_exposed"], t["slowest_rank"], t["waits_least_rank"]) == (0.12, 0.01, 1, 1)
     assert t["spread_s"] == pytest.approx(0.02)
     assert [r["rank"] for r in t["by_rank"]] == [0, 1, 2]
+
+
+def test_median_step_takes_the_median_by_the_slowest_rank_and_keeps_every_step():
+    """Five traced steps: the parts are those of the step whose slowest rank's wall time is the median, so one
+    stalled step (or the profiler's slower first) does not stand for the cell."""
+
+    def rank(k, step, exposed):
+        return RankTime(k, step, step, step - exposed, 0.0, 0.0, exposed, 0.0, exposed, "main thread operators")
+
+    walls = [(0.30, 0.10), (0.11, 0.12), (0.10, 0.09), (0.50, 0.2), (0.13, 0.14)]  # (rank 0, rank 1) per step
+    steps = [[rank(0, a, 0.01 * i), rank(1, b, 0.02 * i)] for i, (a, b) in enumerate(walls)]
+    t = median_step(steps)
+    assert t["steps"] == [0.30, 0.12, 0.10, 0.50, 0.14]  # each step's slowest rank
+    assert t["index"] == 4 and t["step"] == 0.14 and t["slowest_rank"] == 1
+    assert t["comm_exposed"] == pytest.approx(0.08)  # rank 1's at step 4
+    two = median_step(steps[1:3])  # an even count: the lower middle
+    assert two["index"] == 1 and two["step"] == 0.10
+
+
+def test_analyse_reads_the_step_it_is_asked_for():
+    """Several traced steps in one trace: `index` picks the step by time, whatever the events' order."""
+    events = [
+        x(STEP_MARK, 500, 100, cat="user_annotation"),
+        x("aten::mm", 510, 50),
+        x(STEP_MARK, 0, 100, cat="user_annotation"),
+        x("aten::mm", 10, 20),
+    ]
+    doc = {"traceEvents": events}
+    first, second = (analyse(doc, rank=0, step_s=1e-4, index=i) for i in (0, 1))
+    assert (first.compute, second.compute) == (pytest.approx(20e-6), pytest.approx(50e-6))
+    with pytest.raises(ValueError, match="has 2 'harness.traced_step' annotations, not a step 2"):
+        analyse(doc, rank=0, step_s=1e-4, index=2)
 
 
 spans = st.lists(st.tuples(st.integers(-20, 120), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=12)

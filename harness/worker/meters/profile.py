@@ -1,10 +1,12 @@
-"""One traced step after the timed ones: each rank's torch.profiler trace, and the measured step-time breakdown.
+"""Traced steps after the timed ones: each rank's torch.profiler trace, and the measured step-time breakdown.
 
-With `trace: true` every rank runs one more step under `torch.profiler` (CPU activities; CUDA activities too on a
-GPU) after the counted-comm step — the timed steps are never profiled — writes the trace as a gzipped Chrome trace
-(what Perfetto and chrome://tracing open) beside the record, and reads it back to split the step into the parts the
-time model predicts (`predicted.time_s`): compute, recompute, optimizer, comm_exposed, other, and comm_total beside
-them. Rank 0 gathers every rank's parts into `metrics.time_s`.
+With `trace: true` every rank runs TRACED_STEPS more steps under `torch.profiler` (CPU activities; CUDA activities
+too on a GPU) after the counted-comm step — the timed steps are never profiled — writes the trace as a gzipped
+Chrome trace (what Perfetto and chrome://tracing open) beside the record, and reads it back to split each step into
+the parts the time model predicts (`predicted.time_s`): compute, recompute, optimizer, comm_exposed, other, and
+comm_total beside them. Rank 0 gathers every rank's parts into `metrics.time_s`: those of the median traced step
+(by the slowest rank's wall time), so one step the host stalled in (or the profiler's first, which sets itself up)
+does not stand for the cell.
 
 How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window (the
 `harness.traced_step` annotation around the step and its device synchronisation) every instant is given to one part:
@@ -52,6 +54,12 @@ PARTS: tuple[str, ...] = ("compute", "recompute", "optimizer", "comm_exposed", "
 """the parts that fill the traced step (the keys of predicted.time_s that add up to its total)"""
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 """the trace's device activities (CUDA): what runs on the GPU"""
+TRACED_STEPS = 5
+"""steps run under the profiler; the breakdown is the median one's. NOTE: one step is a single sample of a noisy
+step time: with 10 timed steps and independent noise, a single untraced step falls outside their p10–p90 about one
+time in three by chance alone (the band is narrow and itself estimated from 10 samples), the median of three about
+one in five, of five about one in eight (simulated, lognormal noise); the median of five costs four more steps
+under the profiler, small beside a cell's setup"""
 TRACE_DIR = "traces"
 """where a sweep's traces go, beside its records: <sweep>/traces/<run_id>/rank<k>.trace.json.gz"""
 
@@ -176,14 +184,17 @@ def _is_nccl(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-def analyse(doc: Mapping[str, Any], *, rank: int, step_s: float, recompute_reason: str | None = None) -> RankTime:
-    """This rank's breakdown from its trace (the Chrome trace's JSON document). `recompute_reason`: why the
-    recomputation could not be marked (then recompute is null and its time is in compute)."""
+def analyse(
+    doc: Mapping[str, Any], *, rank: int, step_s: float, index: int = 0, recompute_reason: str | None = None
+) -> RankTime:
+    """This rank's breakdown of its `index`-th traced step (0-based, in time order) from its trace (the Chrome
+    trace's JSON document). `recompute_reason`: why the recomputation could not be marked (then recompute is null
+    and its time is in compute)."""
     events = _events(doc)
-    marks = [e for e in events if e.get("name") == STEP_MARK]
-    if not marks:
-        raise ValueError(f"the trace has no {STEP_MARK!r} annotation")
-    mark = marks[0]
+    marks = sorted((e for e in events if e.get("name") == STEP_MARK), key=lambda e: float(e["ts"]))
+    if len(marks) <= index:
+        raise ValueError(f"the trace has {len(marks)} {STEP_MARK!r} annotations, not a step {index}")
+    mark = marks[index]
     lo, hi = _span(mark)
     main = mark.get("tid")
     opt = union(_span(e) for e in events if str(e.get("name", "")).startswith(OPTIMIZER_PREFIXES))
@@ -248,10 +259,20 @@ def _device_timelines(
 # every rank's breakdown → metrics.time_s
 
 
+def median_step(steps: Sequence[Sequence[RankTime]]) -> dict[str, Any]:
+    """`metrics.time_s` from every traced step (`steps[i]`: each rank's breakdown of step i): `combine` of the
+    median step by its slowest rank's wall time (the lower middle of an even count), with every step's wall time
+    (`steps`) and which one the parts are from (`index`)."""
+    walls = [max(r.step for r in ranks) for ranks in steps]
+    order = sorted(range(len(walls)), key=lambda i: (walls[i], i))
+    index = order[(len(order) - 1) // 2]
+    return {**combine(steps[index]), "steps": walls, "index": index}
+
+
 def combine(ranks: Sequence[RankTime]) -> dict[str, Any]:
-    """`metrics.time_s` (harness.results.record.TimeBreakdown): the slowest rank's parts (a step ends when its
-    slowest rank ends, as for the timed steps), how much slower it was than the fastest, and each rank's step and
-    exposed communication (the rank that waits least is the one the others wait for)."""
+    """One traced step's `metrics.time_s` (harness.results.record.TimeBreakdown): the slowest rank's parts (a step
+    ends when its slowest rank ends, as for the timed steps), how much slower it was than the fastest, and each
+    rank's step and exposed communication (the rank that waits least is the one the others wait for)."""
     slowest = max(ranks, key=lambda r: r.step)
     fastest = min(ranks, key=lambda r: r.step)
     waits_least = min(ranks, key=lambda r: r.comm_exposed)
@@ -311,8 +332,9 @@ def traced_step(
     compiled: bool,
     checkpointing: bool,
 ) -> Traced | None:
-    """Run `step` once under the profiler, write this rank's trace, and gather every rank's breakdown: rank 0
-    gets `Traced`, the others None. Every rank must call it (it ends with a gather)."""
+    """Run `step` TRACED_STEPS times under the profiler, write this rank's trace, and gather every rank's breakdown
+    of each step: rank 0 gets `Traced` (the median step's parts), the others None. Every rank must call it (it
+    ends with a gather)."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -322,29 +344,34 @@ def traced_step(
     folder = Path(sweep_dir) / TRACE_DIR / run_id
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f".rank{rank}.{os.getpid()}.json"
-    dist.barrier()  # NOTE: every rank starts the traced step together, so no rank's step includes another's lateness
-    synchronize(device)
+    step_s: list[float] = []
     with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
         with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
-            with record_function(STEP_MARK):
-                t0 = time.perf_counter()
-                step()
+            for _ in range(TRACED_STEPS):
+                # NOTE: every rank starts each traced step together, so no rank's step includes another's lateness
+                dist.barrier()
                 synchronize(device)
-                step_s = time.perf_counter() - t0
+                with record_function(STEP_MARK):
+                    t0 = time.perf_counter()
+                    step()
+                    synchronize(device)
+                    step_s.append(time.perf_counter() - t0)
     try:
         prof.export_chrome_trace(str(raw))
         data = raw.read_bytes()
     finally:
         raw.unlink(missing_ok=True)
-    mine = analyse(json.loads(data), rank=rank, step_s=step_s, recompute_reason=recompute_reason)
+    doc = json.loads(data)
+    mine = [analyse(doc, rank=rank, step_s=s, index=i, recompute_reason=recompute_reason) for i, s in enumerate(step_s)]
     from harness.results.store import atomic_write_bytes
 
     atomic_write_bytes(folder / trace_name(rank), gzip.compress(data, compresslevel=6, mtime=0))
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, asdict(mine))
+    dist.all_gather_object(gathered, [asdict(m) for m in mine])
     if rank != 0:
         return None
-    return Traced(time_s=combine([RankTime(**g) for g in gathered]), traces=trace_paths(run_id, world_size))
+    by_step = [[RankTime(**g[i]) for g in gathered] for i in range(TRACED_STEPS)]
+    return Traced(time_s=median_step(by_step), traces=trace_paths(run_id, world_size))
 
 
 @contextmanager
