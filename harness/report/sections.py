@@ -467,7 +467,8 @@ BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
 """(part, its header) of the breakdown table: the parts that add up to the step, then the communication in all"""
 BREAKDOWN_NOTE = (
     "Each cell with trace: true ran five more steps under torch.profiler after its timed steps; the median one's "
-    "parts (the slowest rank's, metrics.time_s) add up to that traced step and stand beside the time model's (predicted.time_s). "
+    "parts (the slowest rank's, metrics.time_s) add up to that traced step and stand beside the time model's "
+    "(predicted.time_s). "
     "Each value is measured / predicted, in ms; spread: slowest − fastest rank's traced step. How a part is read "
     "from a trace: docs/time-model.md, Measured breakdown. The traces (one per rank) open in ui.perfetto.dev."
 )
