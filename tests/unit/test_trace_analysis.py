@@ -18,6 +18,7 @@ from harness.worker.meters.profile import (
     STEP_MARK,
     RankTime,
     analyse,
+    analyse_steps,
     combine,
     length,
     median_step,
@@ -139,6 +140,8 @@ def test_analyse_reads_the_step_it_is_asked_for():
     assert (first.compute, second.compute) == (pytest.approx(20e-6), pytest.approx(50e-6))
     with pytest.raises(ValueError, match="has 2 'harness.traced_step' annotations, not a step 2"):
         analyse(doc, rank=0, step_s=1e-4, index=2)
+    # every step at once (the trace read once): the same breakdowns
+    assert analyse_steps(doc, rank=0, steps_s=[1e-4, 2e-4]) == [first, analyse(doc, rank=0, step_s=2e-4, index=1)]
 
 
 spans = st.lists(st.tuples(st.integers(-20, 120), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=12)

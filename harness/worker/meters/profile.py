@@ -190,42 +190,65 @@ def analyse(
     """This rank's breakdown of its `index`-th traced step (0-based, in time order) from its trace (the Chrome
     trace's JSON document). `recompute_reason`: why the recomputation could not be marked (then recompute is null
     and its time is in compute)."""
+    return _analyse(doc, rank=rank, steps={index: step_s}, recompute_reason=recompute_reason)[0]
+
+
+def analyse_steps(
+    doc: Mapping[str, Any], *, rank: int, steps_s: Sequence[float], recompute_reason: str | None = None
+) -> list[RankTime]:
+    """`analyse` of every traced step (`steps_s[i]`: step i's wall time), the trace's events read and its timelines
+    built once for all of them."""
+    return _analyse(doc, rank=rank, steps=dict(enumerate(steps_s)), recompute_reason=recompute_reason)
+
+
+def _analyse(
+    doc: Mapping[str, Any], *, rank: int, steps: Mapping[int, float], recompute_reason: str | None
+) -> list[RankTime]:
+    """The breakdown of each traced step `index` → its wall time in `steps`, in that order."""
     events = _events(doc)
     marks = sorted((e for e in events if e.get("name") == STEP_MARK), key=lambda e: float(e["ts"]))
-    if len(marks) <= index:
-        raise ValueError(f"the trace has {len(marks)} {STEP_MARK!r} annotations, not a step {index}")
-    mark = marks[index]
-    lo, hi = _span(mark)
-    main = mark.get("tid")
+    for index in steps:
+        if len(marks) <= index:
+            raise ValueError(f"the trace has {len(marks)} {STEP_MARK!r} annotations, not a step {index}")
     opt = union(_span(e) for e in events if str(e.get("name", "")).startswith(OPTIMIZER_PREFIXES))
     rec = union(_span(e) for e in events if e.get("name") == RECOMPUTE_MARK)
-    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and _span(e)[1] > lo and _span(e)[0] < hi]
-    if device:
-        busy, comm, opt, rec = _device_timelines(events, device, optimizer=opt, recompute=rec)
-        basis = "device kernels"
-    else:
-        ops = [e for e in events if e.get("tid") == main and e.get("cat") == "cpu_op"]
-        comm_ops = union(_span(e) for e in ops if _is_comm_op(str(e.get("name", ""))))
-        busy = minus(union(_span(e) for e in ops), comm_ops)
-        comm = union(_span(e) for e in events if str(e.get("name", "")).startswith("gloo:"))
-        basis = "main thread operators"
-    parts = split_window((lo, hi), busy=busy, comm=comm, optimizer=opt, recompute=rec)
-    reasons = {}
-    if recompute_reason is not None:
-        reasons["recompute"] = recompute_reason
-    return RankTime(
-        rank=rank,
-        step=step_s,
-        window=(hi - lo) / 1e6,
-        compute=parts["compute"] / 1e6,
-        recompute=None if recompute_reason is not None else parts["recompute"] / 1e6,
-        optimizer=parts["optimizer"] / 1e6,
-        comm_exposed=parts["comm_exposed"] / 1e6,
-        other=parts["other"] / 1e6,
-        comm_total=length(clip(comm, lo=lo, hi=hi)) / 1e6,
-        basis=basis,
-        null_reasons=reasons,
-    )
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES]
+    on_device = _device_timelines(events, device, optimizer=opt, recompute=rec) if device else None
+    on_host: dict[Any, tuple[Intervals, Intervals]] = {}  # the main thread's (busy, comm), by thread id
+    reasons = {} if recompute_reason is None else {"recompute": recompute_reason}
+    out = []
+    for index, step_s in steps.items():
+        mark = marks[index]
+        lo, hi = _span(mark)
+        if on_device is not None and any(_span(e)[1] > lo and _span(e)[0] < hi for e in device):
+            busy, comm, o, r = on_device
+            basis = "device kernels"
+        else:
+            main = mark.get("tid")
+            if main not in on_host:
+                ops = [e for e in events if e.get("tid") == main and e.get("cat") == "cpu_op"]
+                comm_ops = union(_span(e) for e in ops if _is_comm_op(str(e.get("name", ""))))
+                gloo = union(_span(e) for e in events if str(e.get("name", "")).startswith("gloo:"))
+                on_host[main] = (minus(union(_span(e) for e in ops), comm_ops), gloo)
+            (busy, comm), o, r = on_host[main], opt, rec
+            basis = "main thread operators"
+        parts = split_window((lo, hi), busy=busy, comm=comm, optimizer=o, recompute=r)
+        out.append(
+            RankTime(
+                rank=rank,
+                step=step_s,
+                window=(hi - lo) / 1e6,
+                compute=parts["compute"] / 1e6,
+                recompute=None if recompute_reason is not None else parts["recompute"] / 1e6,
+                optimizer=parts["optimizer"] / 1e6,
+                comm_exposed=parts["comm_exposed"] / 1e6,
+                other=parts["other"] / 1e6,
+                comm_total=length(clip(comm, lo=lo, hi=hi)) / 1e6,
+                basis=basis,
+                null_reasons=dict(reasons),
+            )
+        )
+    return out
 
 
 def _device_timelines(
@@ -363,8 +386,7 @@ def traced_step(
         data = raw.read_bytes()
     finally:
         raw.unlink(missing_ok=True)
-    doc = json.loads(data)
-    mine = [analyse(doc, rank=rank, step_s=s, index=i, recompute_reason=recompute_reason) for i, s in enumerate(step_s)]
+    mine = analyse_steps(json.loads(data), rank=rank, steps_s=step_s, recompute_reason=recompute_reason)
     from harness.results.store import atomic_write_bytes
 
     atomic_write_bytes(folder / trace_name(rank), gzip.compress(data, compresslevel=6, mtime=0))
