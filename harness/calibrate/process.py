@@ -35,6 +35,7 @@ from harness.calibrate.device import (
 )
 from harness.calibrate.framework import measure_framework
 from harness.calibrate.group import init_group, measure_collectives, measure_sharing
+from harness.calibrate.in_step import measure_in_step
 from harness.calibrate.storage import measure_storage
 from harness.plan.calibration.file import (
     FORMAT,
@@ -44,7 +45,8 @@ from harness.plan.calibration.file import (
     Fingerprint,
     write_calibration,
 )
-from harness.plan.calibration.find import host_fingerprint
+from harness.plan.calibration.find import Found, host_fingerprint
+from harness.plan.calibration.rates import CalibratedRates
 from harness.scenario.cluster import Cluster, load_cluster
 from harness.worker.devices import cuda_placement
 from harness.worker.env import silence_collective_renames
@@ -115,6 +117,9 @@ def run_compute(cluster_path: str, out: Path, *, quick: bool, storage_dir: Path 
         sharing=sharing,
         storage=measure_storage(storage_dir or Path(cluster.checkpoint_dir or out.resolve().parent), quick=quick),
     )
+    in_step = measure_in_step(CalibratedRates(Found(Path("(this calibration)"), part, None)), device)
+    measured = measured.model_copy(update={"in_step": in_step})
+    part = part.model_copy(update={"compute": measured})
     framework = measure_framework(cluster, part, device, quick=quick)
     compute = measured.model_copy(update={"framework": framework})
     elapsed = time.perf_counter() - t0

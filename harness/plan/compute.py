@@ -70,6 +70,14 @@ ROOT_BYTES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "lowp": ((38, 18, 0, 2, 40), (98, 26, 2, 4, 52)),
 }
 COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+IN_STEP_OPERAND_BYTES = float(2**26)
+"""the operand size every elementwise byte of a step is priced at (`Rates.elementwise_s`'s op_bytes): beyond the
+caches, the calibration's largest (64 MiB). Inside a step an op's operands were written ops ago, and the step's
+working set is far larger than the caches; an activation-sized operand priced at the cache-resident bandwidth of a
+product timed alone on the same buffers (63-76 GB/s at 64 KiB on the development host, against 10-11 GB/s beyond
+the caches) under-priced the non-matmul work of small shapes 2.3-5x (bench/probe_compute.py: at this size the
+measured plain step of eight shapes, d_model 64-512, seq 128-512, vocab 1k-32k, within -5 … +7 %;
+docs/time-model.md)."""
 
 
 def compute_kind(precision: str) -> str:
@@ -230,8 +238,11 @@ def compute_of(
     d, ffn, hd = cfg.d_model, cfg.ffn, cfg.head_dim
     sp = sequence_parallel
 
+    # the isolated rates' factors inside a step (a CPU calibration's in-step probes; 1 otherwise)
+    k_kern, k_ew, _ = rates.in_step(dt)
+
     def gemm_time(gs: list[Gemm]) -> float:
-        return sum(rates.gemm_s(dt, g.m, g.n, g.k, g.layout) for g in gs)
+        return k_kern * sum(rates.gemm_s(dt, g.m, g.n, g.k, g.layout) for g in gs)
 
     fwd_mm = bwd_mm = recompute_mm = 0.0
     linears = tp_linears(cfg, tp)
@@ -242,22 +253,20 @@ def compute_of(
         if policy == "full" and name != "w2":  # checkpoint's early stop: w2's output is saved by nothing
             recompute_mm += gemm_time(f)
     att = dict(batch=batch, heads=cfg.n_heads // tp, seq=seq, head_dim=hd)
-    att_fwd = rates.attention_s(dt, phase="forward", **att)
-    att_bwd = rates.attention_s(dt, phase="backward", **att)
+    att_fwd = k_kern * rates.attention_s(dt, phase="forward", **att)
+    att_bwd = k_kern * rates.attention_s(dt, phase="backward", **att)
     p_block = sum(o * i for _, o, i in linears)
     if tp == 1:
         xs: tuple[float, ...] = (tokens * d, tokens * ffn, tokens * cfg.n_heads, seq * hd, d, p_block)
-        op_bytes: float = tokens * d * (4 if mode == "fp32" else 2)  # the typical elementwise operand: one activation
     else:
         # NOTE: heads and ffn columns are this rank's; the d-wide work (norms, residual adds) is whole without
         # sequence parallelism and a sequence shard with it (docs/time-model.md: tensor parallelism)
         td = tokens * d / (tp if sp else 1)
         xs = (td, tokens * ffn / tp, tokens * cfg.n_heads / tp, seq * hd, d, p_block)
-        op_bytes = td * (4 if mode == "fp32" else 2)
     vocab = cfg.vocab if tp == 1 else -(-cfg.vocab // tp)  # the head column-wise, the embedding row-wise
 
     def ew(nbytes: float) -> float:
-        return rates.elementwise_s(ew_dt, nbytes, op_bytes=op_bytes)
+        return k_ew * rates.elementwise_s(ew_dt, nbytes, op_bytes=IN_STEP_OPERAND_BYTES)
 
     bf, bb = BLOCK_BYTES[mode]
     ew_fwd, ew_bwd = ew(dot(bf, xs)), ew(dot(bb, xs))
@@ -272,17 +281,13 @@ def compute_of(
     root_td = xs[0]
 
     def root_ew(c: tuple[float, ...], *, embedding: bool) -> float:
-        # each term at the bandwidth of its own operand size: the loss's T × vocab fp32 logits and the vocab × d
-        # embedding gradient are far larger than an activation (and fall out of the caches)
-        logits = tokens * vocab * 4
-        small = c[0] * root_td + c[3] * d + c[4] * tokens
-        t = rates.elementwise_s(ew_dt, small, op_bytes=op_bytes)
-        t += rates.elementwise_s(ew_dt, c[1] * tokens * vocab, op_bytes=logits)
+        # the loss's T × vocab fp32 logits, the vocab × d embedding gradient and the activation-sized rest
+        nbytes = c[0] * root_td + c[3] * d + c[4] * tokens + c[1] * tokens * vocab
         if embedding:
-            t += rates.elementwise_s(ew_dt, c[2] * vocab * d, op_bytes=4 * vocab * d)
-        return t
+            nbytes += c[2] * vocab * d
+        return ew(nbytes)
 
-    emb_grad = rates.elementwise_s(ew_dt, rb[2] * vocab * d, op_bytes=4 * vocab * d)
+    emb_grad = ew(rb[2] * vocab * d)
     root_ew_fwd, root_ew_bwd = root_ew(rf, embedding=True), root_ew(rb, embedding=False)
     root_fwd = gemm_time(hf) + root_ew_fwd
     root_bwd_head = gemm_time(hb) + root_ew_bwd
@@ -307,6 +312,14 @@ def compute_of(
         block_recompute_elementwise=ew_recompute,
         root_ops=root_ops,
     )
+
+
+def host_per_op(rates: Rates, precision: str) -> tuple[float, float]:
+    """(forward op, backward op) host overhead inside a step of `precision` (s): the isolated per-op cost times the
+    calibration's in-step host factor (raises Unknown without a per-op cost)."""
+    fwd, bwd = rates.dispatch_s()
+    k = rates.in_step(COMPUTE_DTYPE[precision])[2]
+    return k * fwd, k * bwd
 
 
 # --------------------------------------------------------------------------------------------------

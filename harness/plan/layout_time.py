@@ -16,7 +16,7 @@ from harness.core.layout import effective_microbatches, stage_blocks
 from harness.plan import comm as cm
 from harness.plan import layouts
 from harness.plan.calibration import Rates, Unknown
-from harness.plan.compute import OPS, RECOMPUTE_OPS, Compute, compute_kind, micro_step_compute
+from harness.plan.compute import OPS, RECOMPUTE_OPS, Compute, compute_kind, host_per_op, micro_step_compute
 from harness.plan.links import POINT_TO_POINT, ClusterView, host_ranks, link_on
 from harness.plan.memory import precision_mode
 from harness.plan.overlap import Coll, fsdp_colls, fsdp_segments, simulate, unit_of
@@ -123,7 +123,7 @@ def stage_time(spec: RunSpec, rates: Rates, comp: Compute, *, pp_rank: int, c: f
         share = (comp.root_bwd_embedding if first else comp.root_fwd + comp.root_bwd_head) / root_plain
         ew += comp.root_elementwise * share
     rec, rec_ew = nb * comp.block_recompute, nb * comp.block_recompute_elementwise
-    fwd_op, bwd_op = rates.dispatch_s()
+    fwd_op, bwd_op = host_per_op(rates, spec.precision)
     mode = precision_mode(spec.strategy, spec.precision)
     ops_f, ops_b = OPS[mode]["block"]
     blk_f, blk_b = (

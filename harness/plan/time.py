@@ -142,7 +142,7 @@ def step_costs(
     except Unknown as e:
         opt, opt_reason = None, str(e)
     try:
-        dispatch = rates.dispatch_s()
+        dispatch = compute.host_per_op(rates, precision)
         framework = rates.framework_s(strategy, precision, blocks=cfg.n_layers, elements=elements)
     except Unknown as e:
         dispatch, other_reason = None, str(e)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from harness.calibrate.in_step import BOUNDS, PROBES
 from harness.calibrate.run import calibrate
 from harness.plan import calibration as cal
 from harness.plan.time import predict_time
@@ -32,6 +33,13 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch, capfd):
     assert {p.layout for p in c.gemm} == {"nt", "nn", "tn"}
     assert all(p.s > 0 for p in c.gemm) and c.dispatch is not None and c.dispatch.forward_s > 0
     assert {"ddp/fp32", "fsdp.full_shard/bf16", "fsdp2.full_shard/fp32", "zero3/bf16"} <= set(c.framework)
+    # the in-step fit: five plain steps per dtype, measured and priced, and three factors inside their bounds
+    assert set(c.in_step) == {"float32", "bfloat16"}
+    for fit in c.in_step.values():
+        assert [p.probe for p in fit.probes] == list(PROBES)
+        assert all(p.measured_s > 0 and p.kernels_s > 0 and p.elementwise_s > 0 and p.host_s > 0 for p in fit.probes)
+        assert all(p.predicted_s == pytest.approx(p.kernels_s + p.elementwise_s + p.host_s) for p in fit.probes)
+        assert all(BOUNDS[0] <= f <= BOUNDS[1] for f in (fit.kernels, fit.elementwise, fit.host))
     curves = {(e.link, e.collective, e.dtype, e.ranks) for e in calibration.comm}
     for coll in cal.BUS_FACTORS:
         assert ("self", coll, "float32", 1) in curves and ("intra", coll, "float32", 2) in curves

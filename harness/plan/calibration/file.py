@@ -167,6 +167,41 @@ class FrameworkCost(Typed):
     """the time model's step time of each, without framework overhead (s)"""
 
 
+class StepProbe(Typed):
+    """One probe of the in-step fit (harness.calibrate.in_step): the zoo Transformer's forward + backward on one
+    rank, no strategy, at one shape, measured and priced at the isolated rates."""
+
+    probe: str
+    model: dict[str, int]
+    """d_model, n_layers, n_heads, ffn, vocab, kv_heads"""
+    batch: int
+    seq: int
+    measured_s: Num
+    """median step (s)"""
+    predicted_s: Num
+    """the time model's compute and per-op host overhead at the isolated rates (s)"""
+    kernels_s: Num
+    """of which matmuls and attention"""
+    elementwise_s: Num
+    """elementwise and normalisation bytes"""
+    host_s: Num
+    """per-op host overhead"""
+
+
+class InStep(Typed):
+    """How this calibration's isolated rates hold inside a step (harness.calibrate.in_step): the factors the time
+    model multiplies each part of a micro-step's compute by, fitted on the probes. Absent: 1 (older files, GPUs)."""
+
+    kernels: Num
+    """matmuls and attention"""
+    elementwise: Num
+    """elementwise and normalisation bytes"""
+    host: Num
+    """per-op host overhead"""
+    probes: Annotated[list[StepProbe], SOMETIMES] = []
+    """the plain steps the factors were fitted on, priced at the isolated rates (factors 1)"""
+
+
 class MatmulRate(Typed):
     """An achievable matmul rate a matmul benchmark's log reports (`harness calibrate --from`): the best shape's."""
 
@@ -199,6 +234,8 @@ class Compute(Typed):
     """AdamW's cost"""
     framework: Annotated[dict[str, FrameworkCost], SOMETIMES] = {}
     """framework overhead per `<strategy>/<precision>` (FRAMEWORK_STRATEGIES × fp32, bf16, and fp16 on CUDA)"""
+    in_step: Annotated[dict[str, InStep], SOMETIMES] = {}
+    """per compute dtype: the isolated rates' factors inside a plain step (CPU calibrations)"""
     matmul: Annotated[list[MatmulRate], SOMETIMES] = []
     """achievable matmul rates per dtype from a matmul benchmark's log (a calibration built `--from` logs)"""
 

@@ -193,6 +193,12 @@ class Rates:
     def optimizer_s(self, *, elements: float, tensors: int) -> float:
         raise NotImplementedError
 
+    def in_step(self, dtype: str) -> tuple[float, float, float]:
+        """(kernels, elementwise, host) factors by which the isolated rates' prices of a micro-step's matmuls and
+        attention, elementwise bytes and per-op host overhead in compute dtype `dtype` stretch inside a step (a CPU
+        calibration's `compute.in_step`, harness.calibrate.in_step); 1 without a measurement."""
+        return 1.0, 1.0, 1.0
+
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
         """The strategy's own host work per micro-step beyond the priced ops: per step, per block, and per element
         of the parameters this rank's optimizer updates."""
@@ -343,6 +349,7 @@ class CalibratedRates(Rates):
         self._dispatch = c.dispatch
         self._optimizer = c.optimizer
         self._framework: dict[str, FrameworkCost] = c.framework
+        self._in_step = {k: (float(v.kernels), float(v.elementwise), float(v.host)) for k, v in c.in_step.items()}
         self._sharing = sharing_curves(cal.sharing)
         self._sync_wait = sync_wait_points(cal.sharing)
         self._comm = comm_curves(cal.comm)
@@ -403,6 +410,9 @@ class CalibratedRates(Rates):
         if o is None:
             raise Unknown(f"no optimizer cost measured in {self.path.name}")
         return o.per_tensor_s * tensors + o.per_element_s * elements
+
+    def in_step(self, dtype: str) -> tuple[float, float, float]:
+        return self._in_step.get(dtype) or self._in_step.get("float32") or (1.0, 1.0, 1.0)
 
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
         key = f"{CATALOGUE[strategy].framework_cost}/{precision}"
