@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from harness.calibrate.device import DTYPES, progress, sync
+from harness.calibrate.in_step import PROBES, probe_step
 from harness.core.ports import free_port
 from harness.plan.calibration.bus import BUS_FACTORS, bus_factor
 from harness.plan.calibration.file import CommCurve, Sharing
@@ -30,6 +31,8 @@ MESSAGE_BYTES = tuple(2**e for e in (10, 13, 16, 19, 22, 25))
 """message sizes of each collective's curve (bytes)"""
 MESSAGE_BYTES_QUICK = tuple(2**e for e in (10, 16, 22))
 """the same with `--quick`, and on the device process's one-rank group"""
+STEP_PROBE = PROBES["mid"]
+"""the plain step `measure_sharing` shares (model, micro-batch, sequence): about 0.1 s in fp32 on one core"""
 
 
 def init_group(device: torch.device, *, rank: int, world: int) -> None:
@@ -50,14 +53,17 @@ def init_group(device: torch.device, *, rank: int, world: int) -> None:
 
 
 def measure_sharing(device: torch.device) -> Sharing:
-    """How much a rank slows when the cell's ranks share the host (cores, caches, memory bandwidth), for four probes:
-    a GEMM in fp32 and one in bf16 (compute bound), an elementwise product on 16 MiB operands (memory bound) and an
-    AdamW step over 4M elements. Each repetition times the probe twice, back to back: on rank 0 alone while the
-    other ranks wait at a barrier (`<probe>_alone`), then on every rank of the group at the same moment
-    (`<probe>`, the maximum over ranks); the slowdown (`<probe>_slowdown`) is the median over repetitions of their
-    ratio. Paired in time, a change in the machine's load between the parts of a calibration cannot pass for
-    sharing: a one-rank baseline measured minutes before the group's figures did (one calibration put fp32 GEMMs at
-    1.02x on 2 ranks of this 2-core host, others at 1.16-1.38x)."""
+    """How much a rank slows when the cell's ranks share the host (cores, caches, memory bandwidth), for six probes:
+    a GEMM in fp32 and one in bf16 (compute bound), an elementwise product on 16 MiB operands (memory bound), an
+    AdamW step over 4M elements, and a whole plain step (forward and backward of the zoo Transformer at the in-step
+    calibration's `mid` probe shape) in fp32 and in bf16 — the mix of matmuls, elementwise work and per-op host
+    overhead a cell's micro-step is, which is what the time model stretches. Each repetition times the probe twice,
+    back to back: on rank 0 alone while the other ranks wait at a barrier (`<probe>_alone`), and on every rank of
+    the group at the same moment (`<probe>`, the maximum over ranks), alternating which comes first; the slowdown
+    (`<probe>_slowdown`) is the median over repetitions of their ratio. Paired in time, a change in the machine's
+    load between the parts of a calibration cannot pass for sharing: a one-rank baseline measured minutes before the
+    group's figures did (one calibration put fp32 GEMMs at 1.02x on 2 ranks of this 2-core host, others at
+    1.16-1.38x)."""
     import torch.distributed as dist
 
     from harness.worker.strategies.base import adamw
@@ -70,6 +76,7 @@ def measure_sharing(device: torch.device) -> Sharing:
     for p in params:
         p.grad = torch.randn_like(p)
     opt = adamw(params, lr=1e-3, device=device)
+    cfg, batch, seq = STEP_PROBE
     probes: dict[str, Callable[[], Any]] = {
         "gemm_s": functools.partial(torch.mm, a, b.t()),
         # NOTE: a bf16 GEMM shares a host differently (on a CPU without bf16 units it is not bound by the same
@@ -77,9 +84,11 @@ def measure_sharing(device: torch.device) -> Sharing:
         "gemm_bfloat16_s": functools.partial(torch.mm, a16, b16.t()),
         "elementwise_s": functools.partial(torch.mul, x, y),
         "optimizer_s": opt.step,
+        "step_s": probe_step(cfg, batch, seq, torch.float32, device),
+        "step_bfloat16_s": probe_step(cfg, batch, seq, torch.bfloat16, device),
     }
     world, rank = dist.get_world_size(), dist.get_rank()
-    reps = 5
+    reps = 7
 
     def sample(fn: Callable[[], Any], inner: int) -> float:
         sync(device)
@@ -96,12 +105,14 @@ def measure_sharing(device: torch.device) -> Sharing:
         # time slice, not the rate
         inner = agreed_repeats(fn, device, 0.2)
         alone, together = [], []
-        for _ in range(reps):
-            if world > 1:
-                dist.barrier()
-                alone.append(sample(fn, inner) if rank == 0 else 0.0)
-            dist.barrier()
-            together.append(sample(fn, inner))
+        for i in range(reps):
+            for part in ("alone", "together") if i % 2 == 0 else ("together", "alone"):
+                if part == "alone" and world > 1:
+                    dist.barrier()
+                    alone.append(sample(fn, inner) if rank == 0 else 0.0)
+                elif part == "together":
+                    dist.barrier()
+                    together.append(sample(fn, inner))
         both = torch.tensor(together + (alone or together), dtype=torch.float64, device=device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX)  # together: the slowest rank; alone: rank 0's (others sent 0)
         t_together, t_alone = both[:reps].tolist(), both[reps:].tolist()
@@ -114,7 +125,8 @@ def measure_sharing(device: torch.device) -> Sharing:
         progress(
             f"sharing on {world} rank(s): gemm {out['gemm_slowdown']:.2f}x, bf16 gemm "
             f"{out['gemm_bfloat16_slowdown']:.2f}x, elementwise {out['elementwise_slowdown']:.2f}x, optimizer "
-            f"{out['optimizer_slowdown']:.2f}x the rank alone"
+            f"{out['optimizer_slowdown']:.2f}x, plain step {out['step_slowdown']:.2f}x (bf16 "
+            f"{out['step_bfloat16_slowdown']:.2f}x) the rank alone"
             + (f"; {out['sync_wait_s'] * 1e3:.2f} ms wait per collective" if world > 1 else "")
         )
     return Sharing.model_validate(out)

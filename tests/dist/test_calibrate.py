@@ -10,6 +10,7 @@ import pytest
 from harness.calibrate.in_step import BOUNDS, PROBES
 from harness.calibrate.run import calibrate
 from harness.plan import calibration as cal
+from harness.plan.calibration.rates import sharing_curves
 from harness.plan.time import predict_time
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
@@ -50,8 +51,12 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch, capfd):
     # sharing: every probe on 2 ranks carries its slowdown against rank 0 alone, timed in the same repetitions
     assert [e.ranks for e in calibration.sharing] == [1, 2]
     two = calibration.sharing[1]
-    for probe in ("gemm", "gemm_bfloat16", "elementwise", "optimizer"):
+    for probe in ("gemm", "gemm_bfloat16", "elementwise", "optimizer", "step", "step_bfloat16"):
         assert two.field(f"{probe}_s") > 0 and two.field(f"{probe}_alone_s") > 0 and two.field(f"{probe}_slowdown") > 0
+    # a micro-step's compute is stretched by the plain-step probe (what it is), not the GEMM's
+    shared = sharing_curves(calibration.sharing)
+    assert shared["compute"] == [(1, 1.0), (2, max(1.0, two.step_slowdown))]
+    assert shared["compute_bfloat16"] == [(1, 1.0), (2, max(1.0, two.step_bfloat16_slowdown))]
     assert two.sync_wait_s is not None and two.sync_wait_s >= 0.0  # the wait per collective (measure_sync_wait)
     # the checkpoint folder's bandwidth: the profile has no checkpoint_dir, so the calibration file's folder
     assert calibration.storage is not None and calibration.storage.path == str(tmp_path)

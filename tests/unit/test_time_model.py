@@ -575,6 +575,40 @@ def test_bf16_compute_is_stretched_by_its_own_measured_sharing(cal_dir):
     assert four["time_s"]["compute"] == pytest.approx(2.0 * (comp.total - comp.elementwise) + 4.0 * comp.elementwise)
 
 
+def test_a_plain_step_probe_stretches_compute_and_memory_where_the_file_has_it(cal_dir):
+    """measure_sharing's plain-step probes (fp32 and bf16) are the mix of work a micro-step is: where a file has them
+    at every rank count, compute and elementwise work are stretched by them (bf16 cells by the bf16 one), not by the
+    GEMM and the product timed alone; the optimizer keeps its own probe; a file without them, the isolated probes."""
+    data = cal.example_calibration("local")
+    data["fingerprint"]["cpu_count"] = 2
+    data["sharing"] = [
+        {"ranks": 1, "gemm_s": 1.0, "gemm_bfloat16_s": 1.0, "elementwise_s": 1.0, "optimizer_s": 1.0,
+         "step_s": 1.0, "step_bfloat16_s": 1.0},
+        {"ranks": 2, "gemm_s": 1.0, "gemm_slowdown": 0.87, "gemm_bfloat16_s": 1.0, "gemm_bfloat16_slowdown": 1.05,
+         "elementwise_s": 1.0, "elementwise_slowdown": 1.15, "optimizer_s": 1.0, "optimizer_slowdown": 1.16,
+         "step_s": 1.0, "step_slowdown": 1.21, "step_bfloat16_s": 1.0, "step_bfloat16_slowdown": 1.33},
+    ]  # fmt: skip
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    cluster = load_cluster("local")
+    rates = cal.rates_for(cluster)
+    assert rates.share("compute", ranks=2) == pytest.approx(1.21)
+    assert rates.share("memory", ranks=2) == pytest.approx(1.21)
+    assert rates.share("compute_bfloat16", ranks=2) == pytest.approx(1.33)
+    assert rates.share("optimizer", ranks=2) == pytest.approx(1.16)
+    spec = make_spec(strategy="ddp", gpus=2)
+    comp = cp.micro_step_compute(spec, rates)
+    two = tm.predict_time(spec, cluster, rates).to_dict()
+    assert two["time_s"]["compute"] == pytest.approx(1.21 * comp.total)
+    # a file from before the probe (the 2-rank entry lacks it): the GEMM's and the product's figures
+    del data["sharing"][1]["step_s"], data["sharing"][1]["step_bfloat16_s"]
+    (cal_dir / f"local{cal.SUFFIX}").write_text(json.dumps(data))
+    tm.clear_caches()
+    old = cal.rates_for(cluster)
+    assert old.share("compute", ranks=2) == 1.0  # 0.87, never below the rank alone
+    assert old.share("memory", ranks=2) == pytest.approx(1.15)
+    assert old.share("compute_bfloat16", ranks=2) == pytest.approx(1.05)
+
+
 def test_bad_performance_figures_are_named_with_their_key_path():
     from harness.scenario.performance import parse_performance
 

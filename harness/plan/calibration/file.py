@@ -276,7 +276,8 @@ class Sharing(Typed):
     """How a rank slows while `ranks` ranks share the host (harness.calibrate.group.measure_sharing): each probe
     timed on every rank together (`<probe>_s`, the slowest rank), on rank 0 alone in the same repetitions
     (`<probe>_alone_s`), and their median ratio (`<probe>_slowdown`). Probes: an fp32 and a bf16 GEMM, an
-    elementwise product, an AdamW step. Files from before a probe (or before the pairing) lack its fields."""
+    elementwise product, an AdamW step, a plain step in fp32 and in bf16. Files from before a probe (or before the
+    pairing) lack its fields."""
 
     ranks: int
     """ranks sharing the host"""
@@ -303,6 +304,18 @@ class Sharing(Typed):
     optimizer_alone_s: Annotated[Num | None, SOMETIMES] = None
     """seconds of it on rank 0 alone"""
     optimizer_slowdown: Annotated[Num | None, SOMETIMES] = None
+    """median ratio of the two"""
+    step_s: Annotated[Num | None, SOMETIMES] = None
+    """seconds of the plain-step probe (fp32 forward and backward of a small Transformer), every rank at once"""
+    step_alone_s: Annotated[Num | None, SOMETIMES] = None
+    """seconds of it on rank 0 alone"""
+    step_slowdown: Annotated[Num | None, SOMETIMES] = None
+    """median ratio of the two"""
+    step_bfloat16_s: Annotated[Num | None, SOMETIMES] = None
+    """seconds of the plain-step probe in bf16, every rank at once"""
+    step_bfloat16_alone_s: Annotated[Num | None, SOMETIMES] = None
+    """seconds of it on rank 0 alone"""
+    step_bfloat16_slowdown: Annotated[Num | None, SOMETIMES] = None
     """median ratio of the two"""
     sync_wait_s: Annotated[Num | None, SOMETIMES] = None
     """seconds each collective call waits for ranks the host has not run yet (groups of 2 or more ranks)"""
