@@ -18,9 +18,10 @@ import time
 
 import torch
 
+from harness.calibrate.in_step import plain_step_parts
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.rates import rates_for
-from harness.plan.compute import Gemm, block_linears, compute_of, linear_gemms
+from harness.plan.compute import Gemm, block_linears, linear_gemms
 from harness.scenario.cluster import load_cluster
 from harness.worker.models import build_model, loss_fn
 
@@ -97,18 +98,7 @@ def main() -> None:
             step()
             times.append(time.perf_counter() - t0)
         meas = statistics.median(times)
-        c = compute_of(
-            cfg,
-            mode="fp32",
-            precision="fp32",
-            batch=b,
-            seq_len=s,
-            policy="none",
-            tp=1,
-            sequence_parallel=False,
-            rates=rates,
-        )
-        host = c.ops_fwd * fwd_op + c.ops_bwd * bwd_op
+        c, host = plain_step_parts(cfg, b, s, rates, "fp32")
         iso = isolated_gemms_s(cfg, b * s, rates)
         # the matmul and attention share of the compute: total minus the elementwise part
         mm_att = c.total - c.elementwise

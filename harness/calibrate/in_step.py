@@ -24,12 +24,17 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from harness.calibrate.device import compute_dtypes, progress
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import InStep, StepProbe
+
+if TYPE_CHECKING:
+    from harness.plan.calibration.rates import Rates
+    from harness.plan.compute import Compute
 
 PROBES: dict[str, tuple[ModelConfig, int, int]] = {
     # name → (model, micro-batch, sequence): shapes none of the benches or scenarios use, chosen so each part leads
@@ -58,6 +63,20 @@ def fit_in_step(probes: Sequence[StepProbe]) -> tuple[float, float, float]:
     a /= np.array([[p.measured_s] for p in probes])
     k, e, h = (float(x) for x in lsq_linear(a, np.ones(len(probes)), bounds=BOUNDS, method="bvls").x)
     return k, e, h
+
+
+def plain_step_parts(cfg: ModelConfig, batch: int, seq: int, rates: Rates, precision: str) -> tuple[Compute, float]:
+    """The time model's `Compute` of one plain forward and backward (one rank, no strategy, no checkpointing) in
+    `precision`, and its per-op host overhead (s): what a probe step is priced at."""
+    from harness.plan.compute import compute_of, host_per_op
+
+    mode = "fp32" if precision == "fp32" else "lowp"
+    c = compute_of(
+        cfg, mode=mode, precision=precision, batch=batch, seq_len=seq, policy="none", tp=1, sequence_parallel=False,
+        rates=rates,
+    )  # fmt: skip
+    fwd_op, bwd_op = host_per_op(rates, precision)
+    return c, c.ops_fwd * fwd_op + c.ops_bwd * bwd_op
 
 
 def probe_step(cfg: ModelConfig, batch: int, seq: int, dtype: torch.dtype, device: torch.device) -> Callable[[], None]:
@@ -94,31 +113,18 @@ def time_probes(steps: dict[str, Callable[[], None]], *, rounds: int = ROUNDS) -
 def measure_in_step(rates, device: torch.device) -> dict[str, InStep]:
     """The factors per compute dtype, from the probes measured and priced at `rates` (this calibration's device
     figures, factors at 1); {} off CPU."""
-    from harness.plan.compute import compute_of
 
     if device.type != "cpu":
         return {}
     out: dict[str, InStep] = {}
-    fwd_op, bwd_op = rates.dispatch_s()
     for name in compute_dtypes(device):
-        mode, precision = MODE_OF[name]
+        precision = MODE_OF[name][1]
         steps = {p: probe_step(cfg, b, s, getattr(torch, name), device) for p, (cfg, b, s) in PROBES.items()}
         measured = time_probes(steps)
         steps.clear()
         probes = []
         for probe, (cfg, batch, seq) in PROBES.items():
-            c = compute_of(
-                cfg,
-                mode=mode,
-                precision=precision,
-                batch=batch,
-                seq_len=seq,
-                policy="none",
-                tp=1,
-                sequence_parallel=False,
-                rates=rates,
-            )
-            host = c.ops_fwd * fwd_op + c.ops_bwd * bwd_op
+            c, host = plain_step_parts(cfg, batch, seq, rates, precision)
             probes.append(
                 StepProbe(
                     probe=probe,
