@@ -13,14 +13,10 @@ from pathlib import Path
 
 import torch
 
-from harness.calibrate.device import compute_dtypes, progress
+from harness.calibrate.device import PRECISION_OF, compute_dtypes, progress
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import FRAMEWORK_STRATEGIES, Calibration, FrameworkCost
 from harness.scenario.cluster import Cluster
-
-PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""a measured dtype → the precision a scenario names it by (the `framework` keys' second half)"""
-
 
 SEQ = 64
 """tokens per sequence of the calibration's models: every GEMM of theirs lies inside the calibrated grid"""

@@ -106,12 +106,12 @@ def measure_sharing(device: torch.device) -> Sharing:
         inner = agreed_repeats(fn, device, 0.2)
         alone, together = [], []
         for i in range(reps):
-            for part in ("alone", "together") if i % 2 == 0 else ("together", "alone"):
-                if part == "alone" and world > 1:
-                    dist.barrier()
+            first = i % 2 == 0  # alone first in even repetitions, after in odd ones
+            for alone_now in (first, not first) if world > 1 else (False,):
+                dist.barrier()
+                if alone_now:
                     alone.append(sample(fn, inner) if rank == 0 else 0.0)
-                elif part == "together":
-                    dist.barrier()
+                else:
                     together.append(sample(fn, inner))
         both = torch.tensor(together + (alone or together), dtype=torch.float64, device=device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX)  # together: the slowest rank; alone: rank 0's (others sent 0)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.calibrate.device import compute_dtypes, progress
+from harness.calibrate.device import PRECISION_OF, compute_dtypes, progress
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import InStep, StepProbe
 
@@ -46,8 +46,6 @@ PROBES: dict[str, tuple[ModelConfig, int, int]] = {
     "vocab": (ModelConfig(d_model=96, n_layers=1, n_heads=3, ffn=256, vocab=12000), 2, 128),
     "mid": (ModelConfig(d_model=224, n_layers=2, n_heads=4, ffn=600, vocab=3000), 2, 192),
 }
-MODE_OF = {"float32": ("fp32", "fp32"), "bfloat16": ("lowp", "bf16"), "float16": ("lowp", "fp16")}
-"""a probe's dtype → (precision mode, precision): the model itself in that dtype (FSDP/ZeRO's 16-bit)"""
 ROUNDS = 7
 BOUNDS = (0.5, 3.0)
 """a factor outside this range says the probes measured something other than the rates (a stalled host)"""
@@ -70,7 +68,7 @@ def plain_step_parts(cfg: ModelConfig, batch: int, seq: int, rates: Rates, preci
     `precision`, and its per-op host overhead (s): what a probe step is priced at."""
     from harness.plan.compute import compute_of, host_per_op
 
-    mode = "fp32" if precision == "fp32" else "lowp"
+    mode = "fp32" if precision == "fp32" else "lowp"  # the model itself in the 16-bit dtype (as FSDP/ZeRO run it)
     c = compute_of(
         cfg, mode=mode, precision=precision, batch=batch, seq_len=seq, policy="none", tp=1, sequence_parallel=False,
         rates=rates,
@@ -110,15 +108,14 @@ def time_probes(steps: dict[str, Callable[[], None]], *, rounds: int = ROUNDS) -
     return {p: statistics.median(ts) for p, ts in times.items()}
 
 
-def measure_in_step(rates, device: torch.device) -> dict[str, InStep]:
+def measure_in_step(rates: Rates, device: torch.device) -> dict[str, InStep]:
     """The factors per compute dtype, from the probes measured and priced at `rates` (this calibration's device
     figures, factors at 1); {} off CPU."""
-
     if device.type != "cpu":
         return {}
     out: dict[str, InStep] = {}
     for name in compute_dtypes(device):
-        precision = MODE_OF[name][1]
+        precision = PRECISION_OF[name]
         steps = {p: probe_step(cfg, b, s, getattr(torch, name), device) for p, (cfg, b, s) in PROBES.items()}
         measured = time_probes(steps)
         steps.clear()
