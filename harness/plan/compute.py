@@ -16,6 +16,7 @@ Pure arithmetic, no torch import; every result is a function of frozen inputs, c
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from harness.core.catalogue import CATALOGUE
@@ -70,14 +71,14 @@ ROOT_BYTES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "lowp": ((38, 18, 0, 2, 40), (98, 26, 2, 4, 52)),
 }
 COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-IN_STEP_OPERAND_BYTES = float(2**26)
+IN_STEP_OPERAND_BYTES = math.inf
 """the operand size every elementwise byte of a step is priced at (`Rates.elementwise_s`'s op_bytes): beyond the
-caches, the calibration's largest (64 MiB). Inside a step an op's operands were written ops ago, and the step's
-working set is far larger than the caches; an activation-sized operand priced at the cache-resident bandwidth of a
-product timed alone on the same buffers (63-76 GB/s at 64 KiB on the development host, against 10-11 GB/s beyond
-the caches) under-priced the non-matmul work of small shapes 2.3-5x (bench/probe_compute.py: at this size the
-measured plain step of eight shapes, d_model 64-512, seq 128-512, vocab 1k-32k, within -5 … +7 %;
-docs/time-model.md)."""
+caches — the largest operand the calibration measured (its curve is clamped at the ends: 64 MiB in fp32, 32 MiB in
+bf16). Inside a step an op's operands were written ops ago, and the step's working set is far larger than the
+caches; an activation-sized operand priced at the cache-resident bandwidth of a product timed alone on the same
+buffers (63-81 GB/s at 64 KiB on the development host, against 10-12 GB/s beyond the caches) under-priced the
+non-matmul work of small shapes 2.3-5x (bench/probe_compute.py: at this size the measured plain step of eight
+shapes, d_model 64-512, seq 128-512, vocab 1k-32k, within -5 … +7 %; docs/time-model.md)."""
 
 
 def compute_kind(precision: str) -> str:
