@@ -31,6 +31,13 @@ MESSAGE_BYTES = tuple(2**e for e in (10, 13, 16, 19, 22, 25))
 """message sizes of each collective's curve (bytes)"""
 MESSAGE_BYTES_QUICK = tuple(2**e for e in (10, 16, 22))
 """the same with `--quick`, and on the device process's one-rank group"""
+CURVE_BUDGET_S = 1.8
+"""about how long one collective's curve is sampled (every size, interleaved): six sizes at the 0.3 s each had
+before"""
+CURVE_REPS = (7, 20)
+"""the fewest and most passes over a curve's sizes"""
+CURVE_TRIM = 0.1
+"""the share of each size's samples cut from each end before averaging (scipy.stats.trim_mean)"""
 STEP_PROBE = PROBES["mid"]
 """the plain step `measure_sharing` shares (model, micro-batch, sequence): about 0.1 s in fp32 on one core"""
 
@@ -226,20 +233,26 @@ def measure_collectives(*, link: str, device: torch.device, quick: bool) -> list
     out: list[CommCurve] = []
     plan = [(c, "float32") for c in COLLECTIVES] + [(c, "bfloat16") for c in ("all_reduce", "reduce_scatter")]
     for coll, dtype in plan:
-        times = []
-        for nbytes in sizes:
-            fn = collective_fn(coll, nbytes, DTYPES[dtype], device, n)
+        fns = [collective_fn(coll, nbytes, DTYPES[dtype], device, n) for nbytes in sizes]
+        for fn in fns:
             for _ in range(2):  # warm-up: connections, buffers
                 fn()
-            # the same number of repetitions on every rank (each one is a barrier and a collective)
-            probe = torch.tensor([timed_once(fn, device)], dtype=torch.float64, device=device)
-            dist.all_reduce(probe, op=dist.ReduceOp.MAX)
-            n_reps = int(min(20, max(3, 0.3 / max(float(probe.item()), 1e-6))))
-            reps = [timed_once(fn, device) for _ in range(n_reps)]
-            # the collective took as long as its slowest rank: the maximum over ranks of their medians
-            med = torch.tensor([statistics.median(reps)], dtype=torch.float64, device=device)
-            dist.all_reduce(med, op=dist.ReduceOp.MAX)
-            times.append(float(med.item()))
+        # the same number of passes on every rank (each call is a barrier and a collective)
+        probe = torch.tensor([sum(timed_once(fn, device) for fn in fns)], dtype=torch.float64, device=device)
+        dist.all_reduce(probe, op=dist.ReduceOp.MAX)
+        lo, hi = CURVE_REPS
+        passes = int(min(hi, max(lo, CURVE_BUDGET_S / max(float(probe.item()), 1e-6))))
+        # NOTE: the sizes interleaved, pass after pass (alternating direction), not one size's repetitions after
+        # another's: a slow moment of the host then lands on every size alike instead of bending one point of the
+        # curve (on a 2-core VM, consecutive 1 KiB and 8 KiB points came out 0.5 and 3.2 ms that way)
+        samples: list[list[float]] = [[] for _ in sizes]
+        for k in range(passes):
+            for i in range(len(fns)) if k % 2 == 0 else reversed(range(len(fns))):
+                samples[i].append(timed_once(fns[i], device))
+        # the collective took as long as its slowest rank: the maximum over ranks of each size's mean
+        mine = torch.tensor([_trimmed_mean(s) for s in samples], dtype=torch.float64, device=device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        times = curve_times(mine.tolist())
         lat = times[0]
         big, prev = sizes[-1], sizes[-2]
         beta = max((times[-1] - times[-2]) / (big - prev), 1e-15)
@@ -263,3 +276,26 @@ def measure_collectives(*, link: str, device: torch.device, quick: bool) -> list
                 f"busbw {out[-1].busbw_gbps:.3g} GB/s at large messages"
             )
     return out
+
+
+def _trimmed_mean(samples: list[float]) -> float:
+    from scipy.stats import trim_mean
+
+    return float(trim_mean(samples, CURVE_TRIM))
+
+
+def curve_times(means: list[float]) -> list[float]:
+    """A curve's seconds per size (ascending sizes) from each size's mean: made non-decreasing in size, the least
+    change in log time that does so (isotonic regression, scipy): a bigger message never takes less time, and
+    a dip is noise.
+
+    NOTE: each size's figure is a trimmed mean, not a median: a step's communication is a sum of calls, which
+    tends to count × mean; and calls can be bimodal — on the 2-core development VM, 60 calls of a 1 KiB gloo
+    all_reduce took 0.23–0.83 ms or 2.1–7.6 ms, about half each — where the median falls in the gap and jumps from
+    one mode to the other between calibrations (an 8.9 ms "latency" in one), while the mean moves with the mix."""
+    import math
+
+    from scipy.optimize import isotonic_regression
+
+    logs = [math.log(max(t, 1e-9)) for t in means]
+    return [math.exp(x) for x in isotonic_regression(logs, increasing=True).x]
