@@ -237,4 +237,10 @@ def calibrate(
         duration_s=round(time.perf_counter() - t0, 1),
         quick=quick,
     )
+    for dtype in merged.compute.in_step:
+        print(
+            f"calibrate: {dtype} in-step factors x {merged.in_step_drift(dtype):.3f}: the plain step's median time "
+            "over the calibration against the in-step probes' moment",
+            flush=True,
+        )
     return write_calibration(target, merged)

@@ -53,8 +53,10 @@ def test_a_factor_beyond_its_bounds_is_held_at_the_bound():
     assert e == pytest.approx(BOUNDS[1]) and all(BOUNDS[0] <= f <= BOUNDS[1] for f in (k, e, h))
 
 
-def rates_with(in_step: dict | None, *, curve: bool = False) -> cal.CalibratedRates:
+def rates_with(in_step: dict | None, *, curve: bool = False, sharing: list | None = None) -> cal.CalibratedRates:
     data = copy.deepcopy(cal.example_calibration("local"))
+    if sharing is not None:
+        data["sharing"] = sharing
     if curve:  # a cache-resident bandwidth at small operands, 10 GB/s beyond the caches
         data["compute"]["elementwise"] = [
             {"dtype": dt, "op_bytes": b, "gbps": g}
@@ -100,3 +102,30 @@ def test_every_elementwise_byte_is_priced_beyond_the_caches():
     curved, flat = compute(rates_with(None, curve=True)), compute(rates_with(None))
     assert curved.elementwise == pytest.approx(flat.elementwise) and curved.elementwise > 0
     assert curved.recompute_elementwise == pytest.approx(flat.recompute_elementwise)
+
+
+def mid_probe(measured_s: float) -> dict:
+    return {
+        "probe": "mid", "model": {"d_model": 224}, "batch": 2, "seq": 192, "measured_s": measured_s,
+        "predicted_s": 0.05, "kernels_s": 0.03, "elementwise_s": 0.015, "host_s": 0.005,
+    }  # fmt: skip
+
+
+def test_the_factors_follow_the_hosts_median_speed_over_the_calibration():
+    """The in-step probes timed the `mid` plain step at 70 ms; the sharing probes timed the same step on rank 0 alone
+    at 80, 79 and 86 ms minutes later (at 1, 2 and 4 ranks): over the calibration the host's median is 79.5 ms, so
+    the factors fitted at the 70 ms moment are multiplied by 79.5 / 70 (and bf16's by its own timings')."""
+    fit = {"kernels": 2.0, "elementwise": 3.0, "host": 0.5}
+    in_step = {"float32": {**fit, "probes": [mid_probe(0.070)]}, "bfloat16": {**fit, "probes": [mid_probe(0.040)]}}
+    sharing = [
+        {"ranks": 1, "step_alone_s": 0.080, "step_bfloat16_alone_s": 0.040},
+        {"ranks": 2, "step_alone_s": 0.079, "step_bfloat16_alone_s": 0.044},
+        {"ranks": 4, "step_alone_s": 0.086},  # a file may lack a probe at some rank count
+    ]
+    rates = rates_with(in_step, sharing=sharing)
+    drift = (0.079 + 0.080) / 2 / 0.070
+    assert rates.in_step("float32") == pytest.approx((2.0 * drift, 3.0 * drift, 0.5 * drift))
+    assert rates.in_step("bfloat16") == pytest.approx(tuple(f * 0.040 / 0.040 for f in (2.0, 3.0, 0.5)))
+    # no sharing timings, or no `mid` probe (older files): the factors as fitted
+    assert rates_with(in_step).in_step("float32") == pytest.approx((2.0, 3.0, 0.5))
+    assert rates_with({"float32": fit}, sharing=sharing).in_step("float32") == pytest.approx((2.0, 3.0, 0.5))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -387,6 +388,26 @@ class Calibration(Typed):
     from_logs: Annotated[list[str] | None, SOMETIMES] = None
     """the log files it was built from (`harness calibrate --from`): it holds only what they measured, and the
     profile's figures price the rest (harness.plan.calibration.rates.LoggedRates); absent when measured"""
+
+    def in_step_drift(self, dtype: str) -> float:
+        """How much slower the host ran over the whole calibration than at the moment its in-step probes were timed
+        (`dtype`'s): the median of every timing of the same plain step — the in-step probe `mid` and the sharing
+        probes' plain step on rank 0 alone (`step_alone_s`, `step_bfloat16_alone_s`) at 1, 2 and 4 ranks, measured
+        minutes apart — over the in-step probe's. The time model multiplies the in-step factors by it, so they
+        describe the host's typical speed during the calibration, not one moment's. 1 without the timings (GPUs,
+        older files).
+
+        NOTE: on the 2-core development VM one calibration timed that step at 79.7, 69.8, 79.0 and 85.5 ms within
+        three minutes; its factors, fitted at the 69.8 ms moment, under-predicted the unseen-shapes bench by a
+        median 16 % over three sweeps after it."""
+        fit = self.compute.in_step.get(dtype)
+        mid = next((p.measured_s for p in fit.probes if p.probe == "mid"), None) if fit is not None else None
+        field = "step_alone_s" if dtype == "float32" else f"step_{dtype}_alone_s"
+        alone = [s.field(field) for s in self.sharing]
+        timings = [float(mid)] + [float(t) for t in alone if t] if mid else []
+        if len(timings) < 2:
+            return 1.0
+        return statistics.median(timings) / timings[0]
 
     def merged(self, parts: list[CollectivesPart], *, created_at: str, duration_s: float, quick: bool) -> Calibration:
         """This device part with every group's curves and sharing appended, dated: the file."""

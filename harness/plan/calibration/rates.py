@@ -196,7 +196,8 @@ class Rates:
     def in_step(self, dtype: str) -> tuple[float, float, float]:
         """(kernels, elementwise, host) factors by which the isolated rates' prices of a micro-step's matmuls and
         attention, elementwise bytes and per-op host overhead in compute dtype `dtype` stretch inside a step (a CPU
-        calibration's `compute.in_step`, harness.calibrate.in_step); 1 without a measurement."""
+        calibration's `compute.in_step`, harness.calibrate.in_step, times its `in_step_drift`); 1 without a
+        measurement."""
         return 1.0, 1.0, 1.0
 
     def framework_s(self, strategy: str, precision: str, *, blocks: int, elements: float) -> float:
@@ -355,7 +356,10 @@ class CalibratedRates(Rates):
         self._dispatch = c.dispatch
         self._optimizer = c.optimizer
         self._framework: dict[str, FrameworkCost] = c.framework
-        self._in_step = {k: (float(v.kernels), float(v.elementwise), float(v.host)) for k, v in c.in_step.items()}
+        self._in_step = {
+            k: tuple(float(f) * cal.in_step_drift(k) for f in (v.kernels, v.elementwise, v.host))
+            for k, v in c.in_step.items()
+        }
         self._sharing = sharing_curves(cal.sharing)
         self._sync_wait = sync_wait_points(cal.sharing)
         self._comm = comm_curves(cal.comm)
