@@ -356,10 +356,10 @@ class CalibratedRates(Rates):
         self._dispatch = c.dispatch
         self._optimizer = c.optimizer
         self._framework: dict[str, FrameworkCost] = c.framework
-        self._in_step = {
-            k: tuple(float(f) * cal.in_step_drift(k) for f in (v.kernels, v.elementwise, v.host))
-            for k, v in c.in_step.items()
-        }
+        self._in_step: dict[str, tuple[float, float, float]] = {}
+        for k, v in c.in_step.items():
+            d = cal.in_step_drift(k)
+            self._in_step[k] = (float(v.kernels) * d, float(v.elementwise) * d, float(v.host) * d)
         self._sharing = sharing_curves(cal.sharing)
         self._sync_wait = sync_wait_points(cal.sharing)
         self._comm = comm_curves(cal.comm)
