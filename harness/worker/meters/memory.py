@@ -71,6 +71,11 @@ def _vm_hwm_bytes() -> int | None:
     return _status_kib("VmHWM")
 
 
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident set size since the last reset (VmHWM, bytes)."""
+    return _vm_hwm_bytes()
+
+
 def rss_bytes() -> int | None:
     """Current resident set size of this process (bytes)."""
     return _status_kib("VmRSS")

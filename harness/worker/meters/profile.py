@@ -6,7 +6,8 @@ Chrome trace (what Perfetto and chrome://tracing open) beside the record, and re
 the parts the time model predicts (`predicted.time_s`): compute, recompute, optimizer, comm_exposed, other, and
 comm_total beside them. Rank 0 gathers every rank's parts into `metrics.time_s`: those of the median traced step
 (by the slowest rank's wall time), so one step the host stalled in (or the profiler's first, which sets itself up)
-does not stand for the cell.
+does not stand for the cell. Before them a CPU rank faults in heap headroom (harness.worker.allocator.keep_headroom):
+the profiler's own buffers would otherwise push the step's large buffers onto fresh, page-faulted heap.
 
 How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window (the
 `harness.traced_step` annotation around the step and its device synchronisation) every instant is given to one part:
@@ -368,6 +369,12 @@ def traced_step(
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f".rank{rank}.{os.getpid()}.json"
     step_s: list[float] = []
+    if device.type == "cpu":
+        from harness.worker.allocator import keep_headroom
+        from harness.worker.meters.memory import peak_rss_bytes
+
+        # NOTE: the profiler's buffers would push the step's freed blocks to fresh, page-faulted heap (allocator)
+        keep_headroom(peak_rss_bytes(), ranks_here=world_size)
     with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
         with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
             # NOTE: the ranks start the traced steps together and run them back to back, as the timed steps: a
