@@ -92,29 +92,21 @@ def keep_headroom(peak_bytes: int | None, *, ranks_here: int = 1) -> int:
     Measured on the 2-core host, deep-12m FSDP FULL_SHARD, 2 ranks: 11,359 faults per traced step and the traced
     step 1.3-1.8x the untraced one; with 512 MiB faulted in first, 0-9 faults per traced step. The headroom is the
     rank's peak RSS so far (`peak_bytes`), at least 256 MiB and at most 2 GiB or its share (`ranks_here`: the ranks
-    on this host) of a quarter of the host's available memory; the bytes are allocated, touched and freed back to
-    the heap's top, which keeps them (no trimming), so the peak memory the record reports (read before) is not
-    changed."""
+    on this host) of a quarter of the host's available memory (MemAvailable; where unknown, 2 GiB); the bytes are
+    allocated, touched and freed back to the heap's top, which keeps them (no trimming), so the peak memory the
+    record reports (read before) is not changed."""
     if _applied is None or not _applied.startswith("caching"):
         return 0
     import torch
 
-    size = min(max(peak_bytes or 0, HEADROOM_MIN), HEADROOM_MAX, _available_bytes() // (4 * max(ranks_here, 1)))
+    from harness.plan.placement import mem_available_gib
+
+    available = mem_available_gib()
+    share = HEADROOM_MAX if available is None else int(available * 2**30) // (4 * max(ranks_here, 1))
+    size = min(max(peak_bytes or 0, HEADROOM_MIN), HEADROOM_MAX, share)
     if size <= 0:
         return 0
     buf = torch.empty(size, dtype=torch.uint8)
     buf.fill_(1)
     del buf
     return size
-
-
-def _available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (bytes); HEADROOM_MAX * 4 where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return HEADROOM_MAX * 4

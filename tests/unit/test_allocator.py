@@ -126,11 +126,12 @@ def test_headroom_is_the_peak_within_its_bounds_and_the_hosts_share(monkeypatch)
 
     sizes = []
     monkeypatch.setattr(allocator, "_applied", "caching (glibc test)")
-    monkeypatch.setattr(allocator, "_available_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr("harness.plan.placement.mem_available_gib", lambda: 64.0)
     monkeypatch.setattr("torch.empty", lambda n, dtype: sizes.append(n) or __import__("torch").zeros(1, dtype=dtype))
     assert allocator.keep_headroom(None) == allocator.HEADROOM_MIN == 256 * 2**20
     assert allocator.keep_headroom(700 * 2**20) == 700 * 2**20
     assert allocator.keep_headroom(9 * 2**30) == allocator.HEADROOM_MAX == 2 * 2**30
-    monkeypatch.setattr(allocator, "_available_bytes", lambda: 8 * 2**30)  # a quarter, shared by 4 ranks: 512 MiB
+    # 8 GiB available: a quarter, shared by 4 ranks, is 512 MiB each
+    monkeypatch.setattr("harness.plan.placement.mem_available_gib", lambda: 8.0)
     assert allocator.keep_headroom(9 * 2**30, ranks_here=4) == 512 * 2**20
     assert sizes == [256 * 2**20, 700 * 2**20, 2 * 2**30, 512 * 2**20]

@@ -42,7 +42,7 @@ class MemoryMeter:
                 "alloc_retries": retries,
                 "null_reasons": {},
             }
-        hwm = _vm_hwm_bytes()
+        hwm = peak_rss_bytes()
         reasons = {
             "peak_memory_reserved_gib": "CPU: there is no caching allocator; the process peak RSS is "
             "reported as allocated"
@@ -67,13 +67,9 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def _vm_hwm_bytes() -> int | None:
-    return _status_kib("VmHWM")
-
-
 def peak_rss_bytes() -> int | None:
     """This process's peak resident set size since the last reset (VmHWM, bytes)."""
-    return _vm_hwm_bytes()
+    return _status_kib("VmHWM")
 
 
 def rss_bytes() -> int | None:
