@@ -31,18 +31,23 @@ STEPS_TIMED = 12
 
 def test_factor_4_on_every_rank_ends_ok_at_about_4x_the_unslowed_step_time(tmp_path):
     # NOTE: 12 timed steps a cell: with 5, two load spikes among an unslowed cell's steps (another job on this
-    # 2-core machine) moved its median enough to take the ratio to 1.7 once
+    # 2-core machine) moved its median enough to take the ratio to 1.7 once. And the unslowed cell runs before and
+    # after the slowed one, judged by the faster of the two: the noise here is mostly between runs, and one unslowed
+    # run measured while the other pytest run of `make test` loaded the host took the ratio to 1.82 (2026-12-03)
     plain = run_cell(make_spec(strategy="ddp", measure_steps=STEPS_TIMED), tmp_path / "plain")
     slowed = run_cell(
         make_spec(strategy="ddp", measure_steps=STEPS_TIMED, inject={"fault": "slow", "factor": FACTOR}),
         tmp_path / "slow",
     )
+    again = run_cell(make_spec(strategy="ddp", measure_steps=STEPS_TIMED), tmp_path / "again")
     assert plain["status"] == "ok", plain.get("reason")
+    assert again["status"] == "ok", again.get("reason")
     assert slowed["status"] == "ok", slowed.get("reason")
     assert slowed["spec"]["inject"] == {"fault": "slow", "factor": FACTOR}
     assert cell_key(slowed["spec"]) == cell_key(plain["spec"])  # judged against the unslowed cell's history
     assert slowed["run_id"] != plain["run_id"]  # …though it is its own run
-    ratio = slowed["metrics"]["step_time_s"]["median"] / plain["metrics"]["step_time_s"]["median"]
+    unslowed = min(r["metrics"]["step_time_s"]["median"] for r in (plain, again))
+    ratio = slowed["metrics"]["step_time_s"]["median"] / unslowed
     print(f"slowed / unslowed median step time: {ratio:.2f} (factor {FACTOR})")
     assert FACTOR / 2 <= ratio <= 2 * FACTOR
 
