@@ -50,6 +50,7 @@ from harness.plan.calibration.rates import CalibratedRates
 from harness.scenario.cluster import Cluster, load_cluster
 from harness.worker.devices import cuda_placement
 from harness.worker.env import silence_collective_renames
+from harness.worker.teardown import end_process_group
 
 
 def fingerprint(device: torch.device, *, backend: str, cpu_allocator: str) -> Fingerprint:
@@ -138,7 +139,7 @@ def run_collectives(cluster_path: str, out: Path, *, quick: bool, link: str) -> 
     if rank == 0:
         write_calibration(out, CollectivesPart(comm=curves, sharing=[shared] if link == "intra" else []))
     dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from harness.scenario.schema import RunSpec
 from harness.worker.devices import cuda_placement, node_major_problem
 from harness.worker.heartbeat import Heartbeat
 from harness.worker.meters import dynamo as dynamo_meter
+from harness.worker.teardown import end_process_group
 from harness.worker.versions import require_torch
 
 # NOTE: torch and the strategies are imported inside run() and its phases: the submitit driver unpickles the entry
@@ -132,7 +133,6 @@ def run(
     t_entry = time.time()
     allocator_used = _prepare_process(payload.cluster)
     import torch
-    import torch.distributed as dist
 
     spec = _spec_of(payload, world_size)
     s = spec.settings
@@ -211,8 +211,7 @@ def run(
         _write_failure(payload, rank, e)
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()  # destroyed, and gloo's worker threads left to finish before the process exits
         heartbeat.stop()
 
 

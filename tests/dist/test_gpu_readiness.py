@@ -35,6 +35,7 @@ def _run_rank(rank: int, port: int, out: str) -> None:
     from harness.worker.models import synthetic_batch
     from harness.worker.strategies import family
     from harness.worker.strategies.base import Topology, adamw_kwargs
+    from harness.worker.teardown import end_process_group
     from tests.conftest import make_spec
 
     torch.set_num_threads(1)
@@ -99,7 +100,7 @@ def _run_rank(rank: int, port: int, out: str) -> None:
     got["coalesced"] = [(coll, nbytes, seconds is not None) for coll, _, nbytes, _, seconds in meter.events]
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(got, f)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ def _measure(rank: int, spec_dict: dict, port: int, out: str) -> None:
     from harness.worker.models import synthetic_batch
     from harness.worker.strategies import family
     from harness.worker.strategies.base import Topology
+    from harness.worker.teardown import end_process_group
 
     torch.set_num_threads(1)
     spec = RunSpec.from_dict(spec_dict)
@@ -92,7 +93,7 @@ def _measure(rank: int, spec_dict: dict, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"param_bytes": param_bytes, "peak_saved_bytes": state["peak"]}, f)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def measure(spec, tmp_path) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -97,62 +98,74 @@ BUCKETS_MB = {"one bucket": 25.0, "small buckets": 0.15}
 """DDP's bucket cap: the tiny model's 0.66 MB of gradients in one bucket (reduced after the backward), or in about
 five (the first reduced while the blocks' backward still runs)"""
 TRACED_CALLS = 3
-"""traced_step calls per bucket cap (each traces TRACED_STEPS steps and reports the median one)"""
+"""traced_step calls per bucket cap (each traces TRACED_STEPS steps)"""
 
 
 def _overlap_rank(rank: int, port: int, out: str) -> None:
-    """One rank: DDP with each bucket cap, warmed up, then TRACED_CALLS traced phases; rank 0 writes each one's
-    (median step's) exposed and total communication (s) per cap."""
+    """One rank: DDP with each bucket cap, warmed up, then TRACED_CALLS traced phases, each written as its own
+    traces (run id `<cap>-<k>`)."""
     import torch
     import torch.distributed as dist
 
     import harness.worker.strategies.ddp as ddp
     from harness.worker.meters.profile import traced_step
     from harness.worker.runner import build_trainer
+    from harness.worker.teardown import end_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     spec = make_spec(strategy="ddp", micro_batch=4, seq_len=128)
-    got: dict[str, list[tuple[float, float]]] = {}
     for name, cap in BUCKETS_MB.items():
         ddp.DDP_BUCKET_CAP_MB = cap  # NOTE: this process only; the buckets are laid out when DDP wraps the model
         trainer, batches = build_trainer(spec, rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
         for _ in range(3):  # DDP rebuilds its buckets in the backward order at step 2
             trainer.step(batches)
-        for _ in range(TRACED_CALLS):
-            t = traced_step(
+        for k in range(TRACED_CALLS):
+            traced_step(
                 lambda: trainer.step(batches),
                 trainer=trainer,
                 device=torch.device("cpu"),
                 sweep_dir=out,
-                run_id=name.replace(" ", "-"),
+                run_id=f"{name.replace(' ', '-')}-{k}",
                 rank=rank,
                 world_size=2,
                 compiled=False,
                 checkpointing=False,
             )
-            if t is not None:
-                got.setdefault(name, []).append((t.time_s["comm_exposed"], t.time_s["comm_total"]))
-    if rank == 0:
-        Path(out, "overlap.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def test_one_bucket_exposes_its_communication_small_buckets_hide_some(tmp_path, record_property):
     """With one bucket the all_reduce runs after the backward, with nothing left to compute: (nearly) all of it is
     exposed. With small buckets the first ones run under the rest of the backward: a smaller share of the
-    communication is exposed. Compared as the share of the communication that is exposed, over 3 traced phases
-    each (each phase's median step): small buckets also make more calls, each with its own latency, so their absolute times are not the same
-    communication (and on this loaded 2-core host one all_reduce takes 1 to 70 ms from step to step)."""
+    communication is exposed. Compared as the median, over every traced step of both ranks (3 phases of 5 steps,
+    30 steps per cap), of the share of the step's communication that was exposed: small buckets also make more
+    calls, each with its own latency, so their absolute times are not the same communication.
+
+    Why the median of the steps: on this 2-core host gloo's span of a collective sometimes ends milliseconds after
+    the rank's main thread has gone on (its worker thread is descheduled between finishing the transfer and closing
+    the span), which makes that step's one-bucket share look small (0.3-0.8 in about one step in ten; it pushed a
+    pooled share to 0.61 once). Measured, 6 runs of this test's shape: one bucket's median 0.999-1.000, small
+    buckets' 0.36-0.66 (0.62-0.66 with both cores busy with other work). The processes must also exit cleanly
+    (harness.worker.teardown): mp.start_processes fails the test on a rank's abort at exit."""
     import torch.multiprocessing as mp
 
+    from harness.worker.meters.profile import analyse_steps
+
     mp.start_processes(_overlap_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    got = json.loads((tmp_path / "overlap.json").read_text())
-    share = {name: sum(e for e, _ in steps) / sum(c for _, c in steps) for name, steps in got.items()}
-    for steps in got.values():
-        assert all(c > 0 and 0 <= e <= c for e, c in steps)
-    record_property("exposed_share", share)
-    print({k: [(round(e * 1e3, 2), round(c * 1e3, 2)) for e, c in v] for k, v in got.items()}, share)
-    assert share["one bucket"] >= 0.8  # 0.999 quiet, 0.898 once on a loaded CI host
-    assert share["small buckets"] < share["one bucket"]
+    shares: dict[str, list[float]] = {}
+    for name in BUCKETS_MB:
+        for k in range(TRACED_CALLS):
+            folder = tmp_path / "traces" / f"{name.replace(' ', '-')}-{k}"
+            for rank in (0, 1):
+                doc = json.loads(gzip.decompress((folder / f"rank{rank}.trace.json.gz").read_bytes()))
+                for t in analyse_steps(doc, rank=rank, steps_s=[0.0] * TRACED_STEPS):
+                    assert t.comm_total > 0 and 0 <= t.comm_exposed <= t.comm_total
+                    shares.setdefault(name, []).append(t.comm_exposed / t.comm_total)
+    median = {name: statistics.median(v) for name, v in shares.items()}
+    assert {name: len(v) for name, v in shares.items()} == {name: TRACED_CALLS * TRACED_STEPS * 2 for name in BUCKETS_MB}
+    record_property("exposed_share_median", median)
+    print({name: sorted(round(x, 2) for x in v) for name, v in shares.items()}, median)
+    assert median["one bucket"] >= 0.8
+    assert median["small buckets"] < median["one bucket"]

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from harness.history.keys import cell_key
 from harness.worker.faults import FaultInjector
+from harness.worker.teardown import end_process_group
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist
@@ -74,7 +75,7 @@ def _rank(rank: int, init: str, out: str) -> None:
         rows = [vars(s) for s in inj.slowdowns]
         Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def test_the_accounting_on_every_rank_of_a_real_gloo_group(tmp_path):

@@ -79,6 +79,8 @@ def gloo_all_reduce_of_ranks() -> dict:
     import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
 
+    from harness.worker.teardown import end_process_group
+
     inherited_master_addr = os.environ.get("MASTER_ADDR")
     try:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -103,7 +105,7 @@ def gloo_all_reduce_of_ranks() -> dict:
             "plain_export_refused": refused,
         }
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def square(x: int) -> dict:
