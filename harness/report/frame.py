@@ -629,15 +629,19 @@ def prediction_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
 
 
 def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
-    """{traced_cells, by_part: {part: (mean |predicted − measured|, mean predicted − measured)}}: each part's error
-    over the ok cells with a prediction and a traced step (trace: true), as a fraction of the measured traced step
-    (a part's own size can be 0: recompute without checkpointing). A part either side lacks is left out per cell."""
+    """{traced_cells, in_band, by_part: {part: (mean |predicted − measured|, mean predicted − measured)}}: each
+    part's error over the ok cells with a prediction and a traced step (trace: true), as a fraction of the measured
+    traced step (a part's own size can be 0: recompute without checkpointing). A part either side lacks is left out
+    per cell. `in_band`: how many of those cells traced a step inside their timed steps' p10–p90."""
     ok = fc[(fc["status"] == "ok") & (fc["measured_step_s"] > 0) & (fc["predicted_step_time_s"] > 0)]
     step = ok["measured_step_s"].to_numpy(dtype=float)
+    in_band = int(
+        ((ok["step_time_p10_s"] <= ok["measured_step_s"]) & (ok["measured_step_s"] <= ok["step_time_p90_s"])).sum()
+    )
     by_part: dict[str, tuple[float, float]] = {}
     for part in (*PREDICTED_PARTS, "comm_total"):
         diff = (ok[f"predicted_{part}_s"].to_numpy(dtype=float) - ok[f"measured_{part}_s"].to_numpy(dtype=float)) / step
         diff = diff[~np.isnan(diff)]
         if len(diff):
             by_part[part] = (float(np.abs(diff).mean()), float(diff.mean()))
-    return {"traced_cells": len(ok), "by_part": by_part}
+    return {"traced_cells": len(ok), "in_band": in_band, "by_part": by_part}

@@ -284,8 +284,8 @@ def _part_accuracy_item(acc: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             "time model per part",
-            f"over {acc['traced_cells']} traced cells, mean |predicted − measured| as a share of the traced step "
-            f"(mean predicted − measured): {text}",
+            f"over {acc['traced_cells']} traced cells ({acc.get('in_band', 0)} traced inside their timed "
+            f"p10–p90), mean |predicted − measured| as a share of the traced step (mean predicted − measured): {text}",
         )
     ]
 
@@ -470,7 +470,10 @@ BREAKDOWN_NOTE = (
     "parts (the slowest rank's, metrics.time_s) add up to that traced step and stand beside the time model's "
     "(predicted.time_s). "
     "Each value is measured / predicted, in ms; spread: slowest − fastest rank's traced step. How a part is read "
-    "from a trace: docs/time-model.md, Measured breakdown. The traces (one per rank) open in ui.perfetto.dev."
+    "from a trace: docs/time-model.md, Measured breakdown. The traces (one per rank) open in ui.perfetto.dev. "
+    "traced / timed: the traced step over the timed steps' median, and whether it lies inside their p10–p90; "
+    "outside it, the parts are those of a step unlike the timed ones (the profiler's own cost, or a step the host "
+    "stalled in): read them with that in mind."
 )
 
 
@@ -485,6 +488,7 @@ def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
         "GPUs",
         "traced step (ms)",
         "timed median (ms)",
+        "traced / timed",
         *(f"{h} (ms) meas. / pred." for _, h in BREAKDOWN_PARTS),
         "spread (ms)",
         "traces",
@@ -511,12 +515,26 @@ def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
                 ),
                 Cell(fmt_ms(r["measured_step_s"])),
                 Cell(fmt_ms(r["step_time_median_s"])),
+                Cell(traced_vs_timed(r)),
                 *parts,
                 Cell(fmt_ms(r["measured_spread_s"])),
                 Cell("" if links else NA, links=links),
             )
         )
     return Table(columns, tuple(rows))
+
+
+def traced_vs_timed(r: dict[str, Any]) -> str:
+    """'1.06× in p10–p90' or '1.62× outside p10–p90': the traced step over the timed median, and whether it lies
+    in the timed steps' p10–p90 (inclusive); NA without a timed median or band."""
+    values = [r.get(c) for c in ("measured_step_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s")]
+    if any(is_null(v) for v in values):
+        return NA
+    traced, median, p10, p90 = (float(v) for v in values if v is not None)
+    if not median > 0:
+        return NA
+    where = "in" if p10 <= traced <= p90 else "outside"
+    return f"{traced / median:.2f}× {where} p10–p90"
 
 
 def _href(path: str, out: Path | None) -> str:

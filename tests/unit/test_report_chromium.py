@@ -211,10 +211,33 @@ def test_traced_cells_in_the_table_the_summary_and_the_figure(traced_report):
     errs = [abs(r.predicted.time_s.other - r.metrics.time_s.other) / r.metrics.time_s.step for r in records]
     md = traced_report["paths"]["markdown"].read_text()
     line = next(x for x in md.splitlines() if x.startswith("- **time model per part**"))
-    assert "over 6 traced cells" in line and f"other {sum(errs) / len(errs):.1%}" in line, line
+    inside = sum(r.metrics.step_time_s.p10 <= r.metrics.time_s.step <= r.metrics.step_time_s.p90 for r in records)
+    assert f"over 6 traced cells ({inside} traced inside their timed p10–p90)" in line, line
+    assert f"other {sum(errs) / len(errs):.1%}" in line, line
     fig = next(f for f in traced_report["figures"] if f.name == "time_breakdown")
     assert fig.png is not None and fig.title == "Step-time breakdown, predicted and measured"
     assert "## Step-time breakdown of the traced cells (6)" in md
+
+
+def test_each_traced_cell_says_whether_its_traced_step_lies_in_the_timed_band(traced_report):
+    """The breakdown's 'traced / timed' column, recomputed from each record: the traced step over the timed median,
+    and 'in' exactly when the traced step lies in the timed steps' p10–p90. The fixtures hold both kinds (the
+    held-out sweep's FSDP cells traced 1.6-1.8x before the heap headroom)."""
+    from harness.results.store import load_records
+
+    records, _ = load_records(TRACED)
+    md = traced_report["paths"]["markdown"].read_text()
+    section = md[md.index("## Step-time breakdown of the traced cells") :]
+    kinds = set()
+    for rec in records:
+        t, timed = rec.metrics.time_s, rec.metrics.step_time_s
+        assert t is not None and timed is not None
+        inside = timed.p10 <= t.step <= timed.p90
+        kinds.add(inside)
+        want = f"{t.step / timed.median:.2f}× {'in' if inside else 'outside'} p10–p90"
+        row = next(line for line in section.splitlines() if rec.spec.strategy in line and "|" in line)
+        assert want in row, (want, row)
+    assert kinds == {True, False}
 
 
 def test_breakdown_view_of_traced_cells(chromium, traced_report, tmp_path):
