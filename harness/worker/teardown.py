@@ -1,14 +1,15 @@
 """The end of a rank's process group: destroyed, then gloo's worker threads left to finish before the process exits.
 
 Why (observed on the 2-core development host, torch 2.13.0+cpu): a two-rank gloo process that ends right after a
-collective aborted at interpreter exit in about one run in four ("terminate called without an active exception",
+collective aborted at interpreter exit in about one run in six ("terminate called without an active exception",
 SIGABRT, after its results were written). The core dump shows why. gloo runs each collective on one of its
-`pt_gloo_runloop` threads; once the collective is done that thread releases the work, and the work's last
-reference to a tensor created in Python drops the tensor's Python object, which takes the GIL. On a loaded host
-the thread is often descheduled between completing the work (which wakes the rank's main thread) and releasing it;
-when it runs again the interpreter is finalising, the GIL cannot be taken, the thread is unwound through a
-`noexcept` destructor, and the C++ runtime aborts the process. `destroy_process_group` does not join these threads
-(the backend lives on until the process ends), so nothing else waits for them.
+`pt_gloo_runloop` threads; once the collective is done that thread releases the work, and the work's last reference
+to a tensor created in Python drops the tensor's Python object, which takes the GIL. On a loaded host the thread can
+be descheduled between completing the work (which wakes the rank's main thread) and releasing it (the reading the
+measurements below support: giving it a few milliseconds ends the aborts); when it runs again the interpreter is
+finalising, the GIL cannot be taken, the thread is unwound through a `noexcept` destructor, and the C++ runtime
+aborts the process. `destroy_process_group` does not join these threads (the backend lives on until the process
+ends), so nothing else waits for them.
 
 `end_process_group` destroys the group and then sleeps in short steps (the GIL released) until every gloo worker
 thread of this process has been seen asleep in two consecutive looks, at most `SETTLE_MAX_S`. A thread that
