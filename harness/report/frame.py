@@ -628,6 +628,11 @@ def prediction_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def in_timed_band(traced: Any, p10: Any, p90: Any) -> Any:
+    """Whether a traced step lies in the timed steps' p10–p90 (inclusive): for numbers or for columns alike."""
+    return (p10 <= traced) & (traced <= p90)
+
+
 def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
     """{traced_cells, in_band, by_part: {part: (mean |predicted − measured|, mean predicted − measured)}}: each
     part's error over the ok cells with a prediction and a traced step (trace: true), as a fraction of the measured
@@ -635,9 +640,7 @@ def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
     per cell. `in_band`: how many of those cells traced a step inside their timed steps' p10–p90."""
     ok = fc[(fc["status"] == "ok") & (fc["measured_step_s"] > 0) & (fc["predicted_step_time_s"] > 0)]
     step = ok["measured_step_s"].to_numpy(dtype=float)
-    in_band = int(
-        ((ok["step_time_p10_s"] <= ok["measured_step_s"]) & (ok["measured_step_s"] <= ok["step_time_p90_s"])).sum()
-    )
+    in_band = int(in_timed_band(ok["measured_step_s"], ok["step_time_p10_s"], ok["step_time_p90_s"]).sum())
     by_part: dict[str, tuple[float, float]] = {}
     for part in (*PREDICTED_PARTS, "comm_total"):
         diff = (ok[f"predicted_{part}_s"].to_numpy(dtype=float) - ok[f"measured_{part}_s"].to_numpy(dtype=float)) / step

@@ -31,7 +31,7 @@ from harness.report.formats import (
     gpus_label,
     is_null,
 )
-from harness.report.frame import MEMORY_RSS, PREDICTION_BAND, TRACES_SEP
+from harness.report.frame import MEMORY_RSS, PREDICTION_BAND, TRACES_SEP, in_timed_band
 from harness.report.repredict import sources_text
 from harness.report.search import SearchSection, search_sections
 from harness.report.table import Cell, Column, Group, Table, text_cells
@@ -533,7 +533,7 @@ def traced_vs_timed(r: dict[str, Any]) -> str:
     traced, median, p10, p90 = (float(v) for v in values if v is not None)
     if not median > 0:
         return NA
-    where = "in" if p10 <= traced <= p90 else "outside"
+    where = "in" if in_timed_band(traced, p10, p90) else "outside"
     return f"{traced / median:.2f}× {where} p10–p90"
 
 
