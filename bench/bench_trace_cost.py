@@ -5,9 +5,11 @@
 Sweeps the scenario (every cell `trace: true`; a fresh temp dir by default, an existing DIR resumes) N times, then
 prints per cell and run: the timed steps' median, p10 and p90, the traced step (`metrics.time_s.step`: the median
 of the traced steps, whose parts the record carries), their ratio, whether the traced step lies inside p10–p90,
-and every traced step as a ratio to the timed median. Then: how many cells were inside, and the ratios' median and
-range. The load average before and after is printed: a loaded host moves both. Prints figures; asserts nothing
-(no timed assertions in tests: tests/dist/test_trace.py prints the same comparison for its cell).
+the same for the untraced steps run either side of the traced ones (their median), the profiler's cost (traced /
+untraced median), and every traced step as a ratio to the timed median. Then: how many cells were inside (traced,
+and untraced: the host's drift alone), the ratios' median and range, and the profiler cost's. The load average
+before and after is printed: a loaded host moves both. Prints figures; asserts nothing (no timed assertions in
+tests: tests/dist/test_trace.py prints the same comparison for its cell).
 """
 
 from __future__ import annotations
@@ -56,18 +58,33 @@ def main() -> None:
         ratio = t.step / timed.median
         inside = timed.p10 <= t.step <= timed.p90
         each = " ".join(f"{s / timed.median:.2f}" for s in (t.steps or [t.step]))
-        rows.append((ratio, inside))
+        plain = statistics.median(t.untraced_steps) if t.untraced_steps else None
+        plain_inside = plain is not None and timed.p10 <= plain <= timed.p90
+        rows.append((ratio, inside, plain_inside, t.profiler_cost))
+        untraced = (
+            f"untraced {plain / timed.median:5.2f}x {'inside' if plain_inside else 'OUTSIDE'}  "
+            f"profiler {t.profiler_cost:5.2f}x  "
+            if plain is not None and t.profiler_cost is not None
+            else ""
+        )
         print(
             f"{rec.spec.model:>9} {rec.spec.strategy:<18} timed median {timed.median * 1e3:8.1f} ms "
             f"(p10 {timed.p10 * 1e3:8.1f}, p90 {timed.p90 * 1e3:8.1f})  traced {t.step * 1e3:8.1f} ms  "
-            f"{ratio:5.2f}x  {'inside' if inside else 'OUTSIDE'}  each traced step: {each}"
+            f"{ratio:5.2f}x  {'inside' if inside else 'OUTSIDE'}  {untraced}each traced step: {each}"
         )
     if rows:
-        ratios = [r for r, _ in rows]
+        ratios = [r[0] for r in rows]
+        costs = [r[3] for r in rows if r[3] is not None]
         print(
-            f"inside p10–p90: {sum(i for _, i in rows)} of {len(rows)}; traced / timed median: median "
-            f"{statistics.median(ratios):.2f}, range {min(ratios):.2f}–{max(ratios):.2f}"
+            f"inside p10–p90: traced {sum(r[1] for r in rows)} of {len(rows)}, their untraced neighbours "
+            f"{sum(r[2] for r in rows)} of {len(rows)}; traced / timed median: median {statistics.median(ratios):.2f}, "
+            f"range {min(ratios):.2f}–{max(ratios):.2f}"
         )
+        if costs:
+            print(
+                f"profiler cost (traced / untraced neighbours): median {statistics.median(costs):.2f}, "
+                f"range {min(costs):.2f}–{max(costs):.2f}, above 1 in {sum(c > 1 for c in costs)} of {len(costs)}"
+            )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def cluster_option(f):
 @click.option(
     "--trace",
     is_flag=True,
-    help="every cell with `trace: true`: five more steps under torch.profiler after the timed ones, each rank's "
-    "Chrome trace beside the record and the measured step-time breakdown (metrics.time_s)",
+    help="every cell with `trace: true`: five more steps under torch.profiler after the timed ones (between "
+    "untraced ones: the profiler's cost), each rank's Chrome trace beside the record and the measured step-time "
+    "breakdown (metrics.time_s)",
 )
 @click.option(
     "--checkpoint",

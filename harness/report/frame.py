@@ -637,14 +637,34 @@ def part_accuracy(fc: pd.DataFrame) -> dict[str, Any]:
     """{traced_cells, in_band, by_part: {part: (mean |predicted − measured|, mean predicted − measured)}}: each
     part's error over the ok cells with a prediction and a traced step (trace: true), as a fraction of the measured
     traced step (a part's own size can be 0: recompute without checkpointing). A part either side lacks is left out
-    per cell. `in_band`: how many of those cells traced a step inside their timed steps' p10–p90."""
+    per cell. `in_band`: how many of those cells traced a step inside their timed steps' p10–p90; `untraced`: of
+    those with untraced neighbours (records before them have none), how many, and how many of those neighbours'
+    medians lie inside the same band (the host's drift alone, without the profiler); `profiler_cost`: the median
+    and range of their traced / untraced ratios."""
     ok = fc[(fc["status"] == "ok") & (fc["measured_step_s"] > 0) & (fc["predicted_step_time_s"] > 0)]
     step = ok["measured_step_s"].to_numpy(dtype=float)
     in_band = int(in_timed_band(ok["measured_step_s"], ok["step_time_p10_s"], ok["step_time_p90_s"]).sum())
+    neighbours = ok[ok["untraced_step_s"].notna()] if "untraced_step_s" in ok else ok.iloc[0:0]
+    untraced = {
+        "cells": len(neighbours),
+        "in_band": int(
+            in_timed_band(
+                neighbours["untraced_step_s"], neighbours["step_time_p10_s"], neighbours["step_time_p90_s"]
+            ).sum()
+        ),
+    }
+    cost = ok["profiler_cost"].dropna().to_numpy(dtype=float) if "profiler_cost" in ok else np.array([])
+    profiler_cost = (float(np.median(cost)), float(cost.min()), float(cost.max())) if len(cost) else None
     by_part: dict[str, tuple[float, float]] = {}
     for part in (*PREDICTED_PARTS, "comm_total"):
         diff = (ok[f"predicted_{part}_s"].to_numpy(dtype=float) - ok[f"measured_{part}_s"].to_numpy(dtype=float)) / step
         diff = diff[~np.isnan(diff)]
         if len(diff):
             by_part[part] = (float(np.abs(diff).mean()), float(diff.mean()))
-    return {"traced_cells": len(ok), "in_band": in_band, "by_part": by_part}
+    return {
+        "traced_cells": len(ok),
+        "in_band": in_band,
+        "untraced": untraced,
+        "profiler_cost": profiler_cost,
+        "by_part": by_part,
+    }

@@ -281,11 +281,18 @@ def _part_accuracy_item(acc: dict[str, Any]) -> list[tuple[str, str]]:
     if not parts:
         return []
     text = ", ".join(f"{p} {a:.1%} ({b:+.1%})" for p, (a, b) in parts.items())
+    inside = f"{acc.get('in_band', 0)} traced inside their timed p10–p90"
+    untraced = acc.get("untraced") or {}
+    if untraced.get("cells"):
+        inside += f"; the untraced steps beside them inside it in {untraced['in_band']} of {untraced['cells']}"
+    if acc.get("profiler_cost"):
+        median, lo, hi = acc["profiler_cost"]
+        inside += f"; the profiler's cost, traced / untraced: median {median:.2f}×, {lo:.2f}–{hi:.2f}×"
     return [
         (
             "time model per part",
-            f"over {acc['traced_cells']} traced cells ({acc.get('in_band', 0)} traced inside their timed "
-            f"p10–p90), mean |predicted − measured| as a share of the traced step (mean predicted − measured): {text}",
+            f"over {acc['traced_cells']} traced cells ({inside}), mean |predicted − measured| as a share of the "
+            f"traced step (mean predicted − measured): {text}",
         )
     ]
 
@@ -471,9 +478,12 @@ BREAKDOWN_NOTE = (
     "(predicted.time_s). "
     "Each value is measured / predicted, in ms; spread: slowest − fastest rank's traced step. How a part is read "
     "from a trace: docs/time-model.md, Measured breakdown. The traces (one per rank) open in ui.perfetto.dev. "
-    "traced / timed: the traced step over the timed steps' median, and whether it lies inside their p10–p90; "
-    "outside it, the parts are those of a step unlike the timed ones (the profiler's own cost, or a step the host "
-    "stalled in): read them with that in mind."
+    "traced / timed: the traced step over the timed steps' median, and whether it lies inside their p10–p90. "
+    "Three untraced steps ran just before the traced ones and three just after: untraced / timed is their median "
+    "over the timed median, and traced / untraced is the profiler's own cost (the traced steps' median over "
+    "theirs). A traced step outside the timed p10–p90 beside untraced steps outside it too: the host's pace moved "
+    "between the timed steps and the traced ones, not the profiler; a traced / untraced well above 1: the profiler "
+    "slowed the step, and the parts are those of a slower step than the timed ones."
 )
 
 
@@ -489,6 +499,8 @@ def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
         "traced step (ms)",
         "timed median (ms)",
         "traced / timed",
+        "untraced / timed",
+        "traced / untraced",
         *(f"{h} (ms) meas. / pred." for _, h in BREAKDOWN_PARTS),
         "spread (ms)",
         "traces",
@@ -516,6 +528,8 @@ def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
                 Cell(fmt_ms(r["measured_step_s"])),
                 Cell(fmt_ms(r["step_time_median_s"])),
                 Cell(traced_vs_timed(r)),
+                Cell(traced_vs_timed(r, column="untraced_step_s")),
+                Cell(NA if is_null(r.get("profiler_cost")) else f"{float(r['profiler_cost']):.2f}×"),
                 *parts,
                 Cell(fmt_ms(r["measured_spread_s"])),
                 Cell("" if links else NA, links=links),
@@ -524,10 +538,11 @@ def breakdown_table(cells: pd.DataFrame, *, out: Path | None) -> Table:
     return Table(columns, tuple(rows))
 
 
-def traced_vs_timed(r: dict[str, Any]) -> str:
-    """'1.06× in p10–p90' or '1.62× outside p10–p90': the traced step over the timed median, and whether it lies
-    in the timed steps' p10–p90 (inclusive); NA without a timed median or band."""
-    values = [r.get(c) for c in ("measured_step_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s")]
+def traced_vs_timed(r: dict[str, Any], *, column: str = "measured_step_s") -> str:
+    """'1.06× in p10–p90' or '1.62× outside p10–p90': the traced step (or another step time's `column`: the
+    untraced neighbours') over the timed median, and whether it lies in the timed steps' p10–p90 (inclusive); NA
+    without it, a timed median or band."""
+    values = [r.get(c) for c in (column, "step_time_median_s", "step_time_p10_s", "step_time_p90_s")]
     if any(is_null(v) for v in values):
         return NA
     traced, median, p10, p90 = (float(v) for v in values if v is not None)

@@ -19,6 +19,7 @@ Kinds (how compare and the history judge a metric):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +149,12 @@ def _samples_count(rec: Record) -> int | None:
     return n or None
 
 
+def _untraced_median(rec: Record) -> float | None:
+    t = rec.metrics.time_s
+    steps = [float(x) for x in (t.untraced_steps if t is not None else None) or () if finite_number(x) is not None]
+    return float(statistics.median(steps)) if steps else None
+
+
 DEVIATION = "predicted.step_time_deviation"
 """the watched metric: measured median step time / predicted − 1 (fraction; 0.25 = 25% slower than predicted)"""
 
@@ -215,6 +222,25 @@ METRICS: tuple[Metric, ...] = (
     Metric("predicted_comm_total_s", ("predicted", "time_s", "comm_total"), "s", True, SHOWN),
     Metric("loss", ("metrics", "loss"), "nats", True, SHOWN),
     Metric("measured_spread_s", ("metrics", "time_s", "spread_s"), "s", True, SHOWN, null_reason=TRACE_OFF),
+    # the traced steps' untraced neighbours (median) and the profiler's cost (traced median / theirs)
+    Metric(
+        "untraced_step_s",
+        ("metrics", "time_s", "untraced_steps"),
+        "s",
+        True,
+        SHOWN,
+        null_reason=TRACE_OFF,
+        get=_untraced_median,
+    ),
+    Metric(
+        "profiler_cost",
+        ("metrics", "time_s", "profiler_cost"),
+        "ratio",
+        True,
+        SHOWN,
+        null_reason=TRACE_OFF,
+        fractional=True,
+    ),
     # the checkpoint phase (`checkpoint: true` cells; absent elsewhere): times judged like timing, bytes exactly
     Metric(
         "checkpoint.save_s",

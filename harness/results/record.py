@@ -108,7 +108,7 @@ class Spec(Typed):
     sequence_parallel: Annotated[bool | None, SOMETIMES] = None
     """tp > 1: the norms run on sequence shards (absent in older records: false)"""
     trace: Annotated[bool | None, SOMETIMES] = None
-    """five more steps profiled after the timed ones (absent in older records: false)"""
+    """five more steps profiled after the timed ones, between untraced ones (absent in older records: false)"""
     checkpoint: Annotated[bool | None, SOMETIMES] = None
     """the cell saved and reloaded its training state after the timed steps (absent in older records: false)"""
 
@@ -189,6 +189,12 @@ class TimeBreakdown(Typed):
     several steps were traced"""
     index: int | None = None
     """which of `steps` (0-based) is the median one: `step` and the parts are its"""
+    untraced_steps: list[Num] | None = None
+    """the untraced steps run just before and just after the traced ones (the same steps without the profiler,
+    adjacent in time), the slowest rank's wall time each, in the order they ran (s); absent in older records"""
+    profiler_cost: Num | None = None
+    """the traced steps' median over `untraced_steps`' median (ratio): the profiler's own cost to the step, measured
+    beside it (1.0: none); null when the untraced steps' median is 0"""
     compute: Num | None = None
     """busy outside the optimizer and recomputation (s)"""
     recompute: Num | None = None

@@ -116,8 +116,9 @@ class Settings:
     )
     trace: bool = _setting(
         False,
-        "five more steps after the timed ones under torch.profiler: a Chrome trace per rank beside the record and "
-        "the measured step-time breakdown (metrics.time_s)",
+        "five more steps after the timed ones under torch.profiler, between three untraced ones either side (the "
+        "profiler's cost): a Chrome trace per rank beside the record and the measured step-time breakdown "
+        "(metrics.time_s)",
     )
     checkpoint: bool = _setting(
         False,

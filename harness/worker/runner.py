@@ -389,8 +389,8 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
 
 
 def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device: Any, rank: int) -> Any:
-    """`trace: true`: TRACED_STEPS more steps under the profiler, after the counted one
-    (harness.worker.meters.profile); rank 0 gets the traces' breakdown, the other ranks (and every rank of an
+    """`trace: true`: TRACED_STEPS more steps under the profiler, after the counted one, between untraced
+    neighbours (harness.worker.meters.profile); rank 0 gets the traces' breakdown, the other ranks (and every rank of an
     untraced cell) None."""
     if not spec.settings.trace:
         return None
@@ -444,12 +444,13 @@ def _prepare_process(cluster: Any) -> str:
 
 
 def _traced_steps(trace: bool) -> int:
-    """How many steps the traced phase trained (harness.worker.meters.profile.TRACED_STEPS when traced)."""
+    """How many steps the traced phase trained (harness.worker.meters.profile.PHASE_STEPS when traced: the traced
+    steps and their untraced neighbours)."""
     if not trace:
         return 0
-    from harness.worker.meters.profile import TRACED_STEPS
+    from harness.worker.meters.profile import PHASE_STEPS
 
-    return TRACED_STEPS
+    return PHASE_STEPS
 
 
 def _checkpoint_phase(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.ports import free_port
-from harness.worker.meters.profile import PARTS, RECOMPUTE_MARK, STEP_MARK, TRACED_STEPS
+from harness.worker.meters.profile import PARTS, RECOMPUTE_MARK, STEP_MARK, TRACED_STEPS, UNTRACED_AROUND
 from tests.conftest import make_spec, run_cell
 
 
@@ -49,11 +49,16 @@ def test_measured_parts_add_up_to_the_traced_step(traced, record_property):
     # the parts are the median traced step's, by its slowest rank's wall time
     assert len(t["steps"]) == TRACED_STEPS and all(s > 0 for s in t["steps"])
     assert t["step"] == t["steps"][t["index"]] == sorted(t["steps"])[(TRACED_STEPS - 1) // 2]
+    # the untraced neighbours: UNTRACED_AROUND each side, and the profiler's cost is the medians' ratio
+    assert len(t["untraced_steps"]) == 2 * UNTRACED_AROUND and all(s > 0 for s in t["untraced_steps"])
+    assert t["profiler_cost"] == pytest.approx(statistics.median(t["steps"]) / statistics.median(t["untraced_steps"]))
     timed = traced["metrics"]["step_time_s"]
     within = timed["p10"] <= t["step"] <= timed["p90"]
+    plain = statistics.median(t["untraced_steps"])
     note = (
         f"traced step {t['step'] * 1e3:.1f} ms; timed p10 {timed['p10'] * 1e3:.1f}, median {timed['median'] * 1e3:.1f}, "
-        f"p90 {timed['p90'] * 1e3:.1f} ms; within p10-p90: {within}"
+        f"p90 {timed['p90'] * 1e3:.1f} ms; within p10-p90: {within}; untraced neighbours' median "
+        f"{plain * 1e3:.1f} ms (within: {timed['p10'] <= plain <= timed['p90']}); profiler cost {t['profiler_cost']:.2f}x"
     )
     record_property("traced_vs_timed", note)
     print(note)

@@ -131,6 +131,23 @@ def test_median_step_takes_the_median_by_the_slowest_rank_and_keeps_every_step()
     assert t["comm_exposed"] == pytest.approx(0.08)  # rank 1's at step 4
     two = median_step(steps[1:3])  # an even count: the lower middle
     assert two["index"] == 1 and two["step"] == 0.10
+    assert "untraced_steps" not in t and "profiler_cost" not in t  # none run: nothing to say of the profiler
+
+
+def test_profiler_cost_is_the_traced_median_over_the_untraced_neighbours_median():
+    """Each untraced neighbour's wall time is its slowest rank's (as the traced steps'); the profiler's cost is the
+    traced steps' median over theirs (an even count's median: the middle two's mean)."""
+
+    def rank(k, step):
+        return RankTime(k, step, step, step, 0.0, 0.0, 0.0, 0.0, 0.0, "main thread operators")
+
+    steps = [[rank(0, w), rank(1, w - 0.01)] for w in (0.30, 0.24, 0.22, 0.26, 0.25)]  # median 0.25
+    untraced = [[0.20, 0.21, 0.19, 0.24, 0.20, 0.22], [0.21, 0.20, 0.18, 0.20, 0.23, 0.22]]  # by rank
+    t = median_step(steps, untraced=untraced)
+    assert t["untraced_steps"] == [0.21, 0.21, 0.19, 0.24, 0.23, 0.22]
+    assert t["profiler_cost"] == pytest.approx(0.25 / 0.215)
+    with pytest.raises(ValueError):  # a rank with a different count of untraced steps is a bug, not a ratio
+        median_step(steps, untraced=[[0.2, 0.2], [0.2]])
 
 
 def test_analyse_reads_the_step_it_is_asked_for():

@@ -9,6 +9,11 @@ comm_total beside them. Rank 0 gathers every rank's parts into `metrics.time_s`:
 does not stand for the cell. Before them a CPU rank faults in heap headroom (harness.worker.allocator.keep_headroom):
 the profiler's own buffers would otherwise push the step's large buffers onto fresh, page-faulted heap.
 
+Around the traced steps run UNTRACED_AROUND untraced steps on each side (the same steps without the profiler,
+adjacent in time): the traced steps' median over theirs is `profiler_cost`, the profiler's own cost measured beside
+every trace. A traced step outside the timed steps' p10–p90 whose untraced neighbours are outside too says the
+host's pace moved between the timed steps and the traced ones, not that the profiler changed the step.
+
 How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window (the
 `harness.traced_step` annotation around the step and its device synchronisation) every instant is given to one part:
 
@@ -34,6 +39,7 @@ import bisect
 import gzip
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -61,6 +67,14 @@ step time: with 10 timed steps and independent noise, a single untraced step fal
 time in three by chance alone (the band is narrow and itself estimated from 10 samples), the median of three about
 one in five, of five about one in eight (simulated, lognormal noise); the median of five costs four more steps
 under the profiler, small beside a cell's setup"""
+UNTRACED_AROUND = 3
+"""untraced steps run just before and just after the traced ones (the profiler's cost is the traced median over
+theirs). NOTE: neighbours on both sides, because the host's pace drifts between blocks of steps more than within
+one: with the profiler off, a block of five more untraced steps after the timed ones had its median inside the
+timed p10–p90 in only 11 of 16 and 18 of 25 cells (2026-12-04, 2-core VM; docs/time-model.md), so the timed band
+alone cannot tell the profiler's cost from the host's drift; the same number either side cancels a linear drift"""
+PHASE_STEPS = TRACED_STEPS + 2 * UNTRACED_AROUND
+"""steps the traced phase trains: the traced ones and their untraced neighbours"""
 TRACE_DIR = "traces"
 """where a sweep's traces go, beside its records: <sweep>/traces/<run_id>/rank<k>.trace.json.gz"""
 
@@ -283,14 +297,24 @@ def _device_timelines(
 # every rank's breakdown → metrics.time_s
 
 
-def median_step(steps: Sequence[Sequence[RankTime]]) -> dict[str, Any]:
+def median_step(
+    steps: Sequence[Sequence[RankTime]], *, untraced: Sequence[Sequence[float]] | None = None
+) -> dict[str, Any]:
     """`metrics.time_s` from every traced step (`steps[i]`: each rank's breakdown of step i): `combine` of the
     median step by its slowest rank's wall time (the lower middle of an even count), with every step's wall time
-    (`steps`) and which one the parts are from (`index`)."""
+    (`steps`) and which one the parts are from (`index`). `untraced[k]`: rank k's untraced neighbours' wall times
+    (s, in the order they ran): each one's slowest rank is `untraced_steps`, and the traced steps' median over
+    theirs is `profiler_cost`."""
     walls = [max(r.step for r in ranks) for ranks in steps]
     order = sorted(range(len(walls)), key=lambda i: (walls[i], i))
     index = order[(len(order) - 1) // 2]
-    return {**combine(steps[index]), "steps": walls, "index": index}
+    out = {**combine(steps[index]), "steps": walls, "index": index}
+    if untraced:
+        plain = [max(each) for each in zip(*untraced, strict=True)]
+        out["untraced_steps"] = plain
+        reference = statistics.median(plain)
+        out["profiler_cost"] = statistics.median(walls) / reference if reference > 0 else None
+    return out
 
 
 def combine(ranks: Sequence[RankTime]) -> dict[str, Any]:
@@ -356,13 +380,13 @@ def traced_step(
     compiled: bool,
     checkpointing: bool,
 ) -> Traced | None:
-    """Run `step` TRACED_STEPS times under the profiler, write this rank's trace, and gather every rank's breakdown
-    of each step: rank 0 gets `Traced` (the median step's parts), the others None. Every rank must call it (it
-    ends with a gather)."""
+    """Run `step` TRACED_STEPS times under the profiler between UNTRACED_AROUND untraced steps on either side,
+    write this rank's trace, and gather every rank's breakdown of each step: rank 0 gets `Traced` (the median
+    step's parts, the profiler's cost), the others None. Every rank must call it (it ends with a gather)."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from harness.worker.meters.timing import synchronize
+    from harness.worker.meters.timing import synchronize, time_steps
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     folder = Path(sweep_dir) / TRACE_DIR / run_id
@@ -375,6 +399,9 @@ def traced_step(
 
         # NOTE: the profiler's buffers would push the step's freed blocks to fresh, page-faulted heap (allocator)
         keep_headroom(peak_rss_bytes(), ranks_here=world_size)
+    # NOTE: every block of steps starts with the ranks together (a barrier), as the timed steps do after warmup
+    dist.barrier()
+    before, _ = time_steps(step, n=UNTRACED_AROUND, device=device)
     with _marks(trainer, compiled=compiled, checkpointing=checkpointing) as recompute_reason:
         with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
             # NOTE: the ranks start the traced steps together and run them back to back, as the timed steps: a
@@ -393,16 +420,20 @@ def traced_step(
         data = raw.read_bytes()
     finally:
         raw.unlink(missing_ok=True)
+    del prof  # NOTE: its parsed events (tens of thousands of objects) would stay alive through the steps after
+    dist.barrier()
+    after, _ = time_steps(step, n=UNTRACED_AROUND, device=device)
     mine = analyse_steps(json.loads(data), rank=rank, steps_s=step_s, recompute_reason=recompute_reason)
     from harness.results.store import atomic_write_bytes
 
     atomic_write_bytes(folder / trace_name(rank), gzip.compress(data, compresslevel=6, mtime=0))
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, [asdict(m) for m in mine])
+    dist.all_gather_object(gathered, {"traced": [asdict(m) for m in mine], "untraced": before + after})
     if rank != 0:
         return None
-    by_step = [[RankTime(**g[i]) for g in gathered] for i in range(TRACED_STEPS)]
-    return Traced(time_s=median_step(by_step), traces=trace_paths(run_id, world_size))
+    by_step = [[RankTime(**g["traced"][i]) for g in gathered] for i in range(TRACED_STEPS)]
+    untraced = [g["untraced"] for g in gathered]
+    return Traced(time_s=median_step(by_step, untraced=untraced), traces=trace_paths(run_id, world_size))
 
 
 @contextmanager
