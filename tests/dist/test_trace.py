@@ -1,9 +1,9 @@
 """Issue 33 on real gloo ranks: the traced step's profiler traces and the measured breakdown derived from them.
 
-One traced cell (DDP, 2 ranks, full activation checkpointing, through the worker like any sweep cell) serves the
-record's assertions and the traces' structure; one more two-rank launch builds DDP twice, with one gradient bucket
-(the all_reduce starts when the backward has ended: nothing to hide it behind) and with small buckets (each
-all_reduce starts while the backward goes on), and traces both. No GPU here: the NCCL path is tested on a made-up
+One traced cell (DDP, 2 ranks, full activation checkpointing, the checkpoint phase after the traced one, through
+the worker like any sweep cell) serves the record's assertions and the traces' structure; one more two-rank launch
+builds DDP twice, with one gradient bucket (the all_reduce starts when the backward has ended: nothing to hide it
+behind) and with small buckets (each all_reduce starts while the backward goes on), and traces both. No GPU here: the NCCL path is tested on a made-up
 trace and on a recorded one (two-rank DDP on A100s) in tests/unit/test_trace_analysis.py.
 """
 
@@ -25,7 +25,9 @@ from tests.conftest import make_spec, run_cell
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> dict:
     results = tmp_path_factory.mktemp("trace") / "results"
-    spec = make_spec(strategy="ddp", trace=True, activation_checkpointing="full", measure_steps=5)
+    # NOTE: the checkpoint phase runs after the traced one (nothing measured follows it): it says how many steps
+    # the traced phase trained
+    spec = make_spec(strategy="ddp", trace=True, activation_checkpointing="full", measure_steps=5, checkpoint=True)
     rec = run_cell(spec, results)
     assert rec["status"] == "ok", rec.get("reason")
     return rec
@@ -52,6 +54,10 @@ def test_measured_parts_add_up_to_the_traced_step(traced, record_property):
     # the untraced neighbours: UNTRACED_AROUND each side, and the profiler's cost is the medians' ratio
     assert len(t["untraced_steps"]) == 2 * UNTRACED_AROUND and all(s > 0 for s in t["untraced_steps"])
     assert t["profiler_cost"] == pytest.approx(statistics.median(t["steps"]) / statistics.median(t["untraced_steps"]))
+    # every step of the traced phase trained: the checkpoint saved after them all, and training resumed exactly
+    s, c = traced["spec"], traced["metrics"]["checkpoint"]
+    assert c["step"] == s["warmup_steps"] + s["measure_steps"] + 1 + TRACED_STEPS + 2 * UNTRACED_AROUND
+    assert abs(c["resume_loss_delta"]) <= 1e-6
     timed = traced["metrics"]["step_time_s"]
     within = timed["p10"] <= t["step"] <= timed["p90"]
     plain = statistics.median(t["untraced_steps"])
