@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared device checks (H200, world 1), in parts that each fit one device call (budget: 15 min in all):
 #   small  125m every strategy x checkpointing policy (planner: predicted vs measured peak), a real CUDA OOM
-#          then an ok cell
+#          then an ok cell, one traced cell (the breakdown from device kernels, the profiler's cost)
 #   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
 #   bench  the comm meter's cost (1.3b); harness step vs bare loop, 1.3b compiled, 1.3b eager, then 125m, each
 #          family, TFLOPS, MFU
@@ -89,9 +89,19 @@ for r in sorted(recs, key=lambda r: r["run_id"]):
     alloc, pred = m.get("peak_memory_allocated_gib"), p.get("total")
     f = lambda v, k="{:.3f}": "n/a" if v is None else k.format(v)
     ratio = f(pred / alloc if pred and alloc else None)
-    print(f"| {r['run_id'][:-11]}{'' if ac(r) == 'none' else ' ac=' + ac(r)} | {r['status']} "
+    print(f"| {r['run_id'][:-11]}{'' if ac(r) == 'none' else ' ac=' + ac(r)}{' traced' if r['spec'].get('trace') else ''} | {r['status']} "
           f"{(r.get('reason') or '')[:60]} | {f(st)} | {f(m.get('tflops_per_gpu'), '{:.1f}')} | "
           f"{f(m.get('mfu'), '{:.3f}')} | {f(alloc, '{:.2f}')} | {f(pred, '{:.2f}')} | {ratio} |")
+traced = [r for r in recs if ((r.get("metrics") or {}).get("time_s") or {}).get("step") is not None]
+if traced:  # trace: true cells (issue 33): the breakdown read from the device timeline, the profiler's cost
+    parts = ("compute", "recompute", "optimizer", "comm_exposed", "other", "comm_total")
+    print("\n| traced cell | traced step s | " + " | ".join(f"{p} s" for p in parts) + " | basis | traced/untraced |")
+    print("|---" * (len(parts) + 4) + "|")
+    for r in traced:
+        t = r["metrics"]["time_s"]
+        g = lambda v: "n/a" if v is None else f"{v:.4f}"
+        print(f"| {r['run_id'][:-11]} ac={ac(r)} | {g(t.get('step'))} | " + " | ".join(g(t.get(p)) for p in parts)
+              + f" | {t.get('basis')} | {g(t.get('profiler_cost'))} |")
 print("warnings:", warns)
 PY
   cp "$results.log" "$results/"
