@@ -483,7 +483,9 @@ BREAKDOWN_NOTE = (
     "over the timed median, and traced / untraced is the profiler's own cost (the traced steps' median over "
     "theirs). A traced step outside the timed p10–p90 beside untraced steps outside it too: the host's pace moved "
     "between the timed steps and the traced ones, not the profiler; a traced / untraced well above 1: the profiler "
-    "slowed the step, and the parts are those of a slower step than the timed ones."
+    "slowed the step, and the parts are those of a slower step than the timed ones. With few timed steps the band "
+    "is narrow (five steps' p10–p90 leaves out most of the gap to the fastest and the slowest), so read traced / "
+    "timed beside untraced / timed."
 )
 
 
