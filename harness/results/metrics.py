@@ -151,8 +151,8 @@ def _samples_count(rec: Record) -> int | None:
 
 def _untraced_median(rec: Record) -> float | None:
     t = rec.metrics.time_s
-    steps = [float(x) for x in (t.untraced_steps if t is not None else None) or () if finite_number(x) is not None]
-    return float(statistics.median(steps)) if steps else None
+    steps = [v for v in map(finite_number, (t.untraced_steps or ()) if t is not None else ()) if v is not None]
+    return statistics.median(steps) if steps else None
 
 
 DEVIATION = "predicted.step_time_deviation"
