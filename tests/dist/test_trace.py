@@ -3,8 +3,9 @@
 One traced cell (DDP, 2 ranks, full activation checkpointing, the checkpoint phase after the traced one, through
 the worker like any sweep cell) serves the record's assertions and the traces' structure; one more two-rank launch
 builds DDP twice, with one gradient bucket (the all_reduce starts when the backward has ended: nothing to hide it
-behind) and with small buckets (each all_reduce starts while the backward goes on), and traces both. No GPU here: the NCCL path is tested on a made-up
-trace and on a recorded one (two-rank DDP on A100s) in tests/unit/test_trace_analysis.py.
+behind) and with small buckets (each all_reduce starts while the backward goes on), and traces both. No GPU here:
+the NCCL path is tested on a made-up trace and on a recorded one (two-rank DDP on A100s) in
+tests/unit/test_trace_analysis.py.
 """
 
 from __future__ import annotations
