@@ -185,9 +185,7 @@ def stage_times(base: Path, cand: Path, out: Path) -> dict[str, float]:
         w: list[str] = []
         bi = index_by_spec(b, side="baseline", ignore=(), warnings_out=w)
         ci = index_by_spec(c, side="candidate", ignore=(), warnings_out=w)
-        return cell_labels(
-            {**{k: r.spec.as_dict() for k, r in bi.items()}, **{k: r.spec.as_dict() for k, r in ci.items()}}
-        )
+        return cell_labels({**{k: r.spec for k, r in bi.items()}, **{k: r.spec for k, r in ci.items()}})
 
     _timed(match, t, "match")
     cmp = _timed(lambda: compare(b, c, baseline_sources=[str(base)], candidate_sources=[str(cand)]), t, "judge")

@@ -219,8 +219,9 @@ def main_(argv: list[str] | None = None) -> None:
 
 def specs_label(spec: dict) -> str:
     from harness.history.keys import cell_label
+    from harness.results.spec import spec_from_json
 
-    return cell_label(spec)
+    return cell_label(spec_from_json(spec))
 
 
 if __name__ == "__main__":

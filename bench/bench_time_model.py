@@ -31,9 +31,9 @@ from harness.core.catalogue import CATALOGUE
 from harness.plan.calibration import find_calibration
 from harness.plan.predict import predict
 from harness.plan.validation import spearman
+from harness.results.spec import spec_from_json
 from harness.results.store import load_records
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}  # run_id -> its ok runs' records, in run order
     for r in sorted(records, key=lambda r: (r["run_id"], r.get("repeat") or 1)):
         if args.recompute and r["status"] == "ok":
-            r["predicted"] = predict(RunSpec.from_dict(r["spec"]), cluster).to_dict()
+            r["predicted"] = predict(spec_from_json(r["spec"]), cluster).to_dict()
         pred = (r.get("predicted") or {}).get("step_time_s")
         if r["status"] != "ok" or not pred:
             why = "" if pred else f" no prediction: {(r.get('predicted') or {}).get('time_null_reasons')}"

@@ -13,13 +13,16 @@ import atexit
 import gc
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import format_table, plan_cells
+from harness.plan.prediction import PlannedCell
 from harness.plan.training import format_costs, parse_tokens, training_cost
+from harness.results.spec import spec_to_json
 from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -112,7 +115,7 @@ def plan_command(
             else None
         )
         if fmt == "json":
-            docs = [c.to_dict() for c in cells]
+            docs = [planned_cell_json(c) for c in cells]
             for d, t in zip(docs, costs or []):
                 d["training"] = t.to_dict()
             click.echo(json.dumps(docs, indent=2, allow_nan=False))
@@ -137,3 +140,15 @@ def _draw(doc: pj.Projection, path: Path) -> None:
         return
     atomic_write_bytes(path, fig.png)
     click.echo(f"figure: {path}" + (f" ({fig.note})" if fig.note else ""), err=True)
+
+
+def planned_cell_json(cell: PlannedCell) -> dict[str, Any]:
+    """One cell as `harness plan --format json` prints it: run_id, spec, cannot_place, unsupported, then the
+    prediction's fields."""
+    return {
+        "run_id": cell.spec.run_id,
+        "spec": spec_to_json(cell.spec),
+        "cannot_place": cell.cannot_place,
+        "unsupported": cell.unsupported,
+        **cell.prediction.to_dict(),
+    }

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.results.record import Record
+from harness.results.spec import spec_to_json
+from harness.scenario.spec import RunSpec
 
 # verdicts of one metric of one matched cell
 REGRESSION = "regression"
@@ -90,7 +92,7 @@ class CellComparison:
     """canonical JSON of the spec (without ignored keys): the match key"""
     label: str
     """readable name: model strategy precision gN, plus the spec keys that tell same-named cells apart"""
-    spec: dict[str, Any]
+    spec: RunSpec
     state: str
     """missing, added, ok, newly failing, newly fixed or still failing"""
     baseline: Record | None = None
@@ -140,7 +142,7 @@ class CellComparison:
             "basis": self.basis,
             "runs": None if self.runs is None else {"baseline": self.runs[0], "candidate": self.runs[1]},
             "metric_counts": self.metric_counts(),
-            "spec": self.spec,
+            "spec": spec_to_json(self.spec),
             "baseline": _record_ref(self.baseline),
             "candidate": _record_ref(self.candidate),
             "notes": self.notes,

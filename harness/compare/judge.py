@@ -342,8 +342,8 @@ def compare_indexed(
         watch_deviation=watch_deviation,
     )
     notes = base.warnings() + cand.warnings()
-    specs = {k: r.spec.as_dict() for k, r in base.chosen.items()}
-    specs.update({k: r.spec.as_dict() for k, r in cand.chosen.items()})
+    specs = {k: r.spec for k, r in base.chosen.items()}
+    specs.update({k: r.spec for k, r in cand.chosen.items()})
     labels = cell_labels(specs)
     timing = any(m.kind == SAMPLED for m in judged)
 

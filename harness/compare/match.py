@@ -6,7 +6,6 @@ Also the readable label of each matched key and the spec differences that explai
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -14,47 +13,16 @@ from typing import Any
 
 from harness.compare.metrics import METRICS, metric_value
 from harness.results.record import Record
-
-_PLAIN = frozenset({str, int, bool, type(None)})
-
-
-def _canonical(obj: Any) -> Any:
-    """Spec values normalised so that 900 and 900.0 (YAML vs dataclass) match."""
-    if type(obj) in _PLAIN:  # most spec values: as they are
-        return obj
-    if isinstance(obj, float) and obj.is_integer():
-        return int(obj)
-    if isinstance(obj, dict):
-        return {str(k): _canonical(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_canonical(v) for v in obj]
-    return obj
+from harness.results.spec import spec_to_json
+from harness.scenario.spec import RunSpec, canonical_json
 
 
-@functools.cache
-def _setting_defaults() -> dict[str, Any]:
-    """Setting name → its default, canonical (computed once: spec_key runs for every record)."""
-    from harness.scenario.schema import SETTING_FIELDS
-
-    return {k: _canonical(f.default) for k, f in SETTING_FIELDS.items()}
-
-
-def spec_key(spec: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> str:
-    """The match key of a cell: canonical JSON of its spec, minus `ignore`d top-level keys and minus
-    settings at their default (RunSpec.identity's rule: a setting added later, at its default, still
-    matches records written before it existed)."""
-    from harness.scenario.schema import LEGACY_GPUS_KEY, canonical_setting
-
-    ignored = {"gpus" if k == LEGACY_GPUS_KEY else k for k in ignore}
-    defaults = _setting_defaults()
-    kept = {}
-    for k, v in spec.items():
-        k = "gpus" if k == LEGACY_GPUS_KEY else k  # a record written before the rename matches its new self
-        v = canonical_setting(k, v)
-        if k in ignored or (k in defaults and _canonical(v) == defaults[k]):
-            continue
-        kept[k] = v
-    return json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
+def spec_key(spec: RunSpec, *, ignore: Iterable[str] = ()) -> str:
+    """The match key of a cell: its RunSpec.match_key (canonical JSON of the spec without the settings at their
+    default, so a setting added later still matches records written before it existed), minus `ignore`d top-level
+    keys."""
+    ignore = tuple(ignore)
+    return spec.key_without(ignore) if ignore else spec.match_key
 
 
 @dataclass(frozen=True)
@@ -67,11 +35,11 @@ class RunFile:
     run_id: str
     repeat: int
     """which run of its cell (1: the first)"""
-    spec: dict[str, Any]
+    spec: RunSpec
 
     @classmethod
     def of(cls, rec: Record) -> RunFile:
-        return cls(rec.path, rec.sweep, rec.run_id, rec.repeat_index, rec.spec.as_dict())
+        return cls(rec.path, rec.sweep, rec.run_id, rec.repeat_index, rec.spec)
 
 
 RunValues = dict[str, float]
@@ -105,8 +73,7 @@ class SideIndex:
 
     def add(self, rec: Record) -> None:
         self.records += 1
-        spec = rec.spec.as_dict()
-        key = spec_key(spec, ignore=self.ignore)
+        key = spec_key(rec.spec, ignore=self.ignore)
         if rec.attempt:
             ident = (key, str(rec.attempt), rec.repeat)
             if ident in self._attempts:
@@ -152,12 +119,9 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
+def cell_labels(specs: Mapping[str, RunSpec]) -> dict[str, str]:
     """key → label; cells sharing `model strategy precision gN` get the spec keys that differ among them."""
-    core = {
-        k: f"{s.get('model')} {s.get('strategy')} {s.get('precision')} g{s.get('gpus', s.get('world_size'))}"
-        for k, s in specs.items()
-    }
+    core = {k: f"{s.model} {s.strategy} {s.precision} g{s.gpus}" for k, s in specs.items()}
     groups: dict[str, list[str]] = {}
     for k, name in core.items():
         groups.setdefault(name, []).append(k)
@@ -166,21 +130,23 @@ def cell_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
         if len(keys) == 1:
             labels[keys[0]] = name
             continue
-        all_keys = sorted({sk for k in keys for sk in specs[k]})
-        differing = [sk for sk in all_keys if len({_short(_canonical(specs[k].get(sk))) for k in keys}) > 1]
+        flat = {k: spec_to_json(specs[k]) for k in keys}
+        all_keys = sorted({sk for k in keys for sk in flat[k]})
+        differing = [sk for sk in all_keys if len({_short(canonical_json(flat[k].get(sk))) for k in keys}) > 1]
         for k in keys:
-            extra = " ".join(f"{sk}={_short(specs[k].get(sk))}" for sk in differing)
+            extra = " ".join(f"{sk}={_short(flat[k].get(sk))}" for sk in differing)
             labels[k] = f"{name} {extra}".strip()
     if len(set(labels.values())) < len(labels):  # cannot happen for distinct canonical specs; be safe anyway
         labels = {k: f"{v} #{i}" for i, (k, v) in enumerate(sorted(labels.items(), key=lambda kv: kv[1]))}
     return labels
 
 
-def spec_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def spec_differences(a: RunSpec, b: RunSpec) -> list[str]:
     """`key: a → b` for every top-level spec key whose value differs."""
+    fa, fb = spec_to_json(a), spec_to_json(b)
     out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = _canonical(a.get(k)), _canonical(b.get(k))
+    for k in sorted(set(fa) | set(fb)):
+        va, vb = canonical_json(fa.get(k)), canonical_json(fb.get(k))
         if va != vb:
-            out.append(f"{k}: {_short(a.get(k, '<absent>'))} → {_short(b.get(k, '<absent>'))}")
+            out.append(f"{k}: {_short(fa.get(k, '<absent>'))} → {_short(fb.get(k, '<absent>'))}")
     return out

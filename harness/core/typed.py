@@ -32,19 +32,14 @@ class Typed(BaseModel):
     def field(self, key: str) -> Any:
         """The value of the field the file calls `key` (its alias, or its name; a kept unknown field too), None
         when absent."""
-        name = FIELD_NAMES.get(key, key)
         try:
-            return self.__dict__[name]
+            return self.__dict__[key]
         except KeyError:
             return (self.__pydantic_extra__ or {}).get(key)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict of the fields that were set (as read, or as given), in declaration order."""
         return self.model_dump(mode="python", exclude_unset=True, by_alias=True)
-
-
-FIELD_NAMES: dict[str, str] = {"model_config": "model_config_"}
-"""a file's key → the field's name, where pydantic reserves the key (Spec's `model_config`)"""
 
 
 class _Sometimes:

@@ -1,8 +1,7 @@
 """What a record is in the history: its cell (spec identity), machine, software, run id, time and values.
 
-- **cell**: harness.compare.match.spec_key of the spec (canonical JSON, settings at their default left out), so a
-  cell lines up across renamed sweeps exactly as `harness compare` lines it up. Two normalisations first: the GPU
-  count is keyed `gpus` whether the record says `gpus` or (records before the rename) `world_size`; and an
+- **cell**: the spec's match key (RunSpec.match_key: canonical JSON, settings at their default left out), so a
+  cell lines up across renamed sweeps exactly as `harness compare` lines it up. One normalisation first: an
   injected `slow` fault is left out (it simulates a regression *of that cell*, so it must meet the cell's own
   history). Other injected faults stay part of the cell.
 - **machine**: cluster profile, device type, name and count, driver (null where the record has none: records
@@ -16,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -23,11 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.compare.match import spec_key
 from harness.results.metrics import EXACT, STORED, Metric
 from harness.results.record import Record
 from harness.results.store import as_record
-from harness.scenario.schema import LEGACY_GPUS_KEY
+from harness.scenario.spec import LEGACY_GPUS_KEY, RunSpec, canonical_json
 
 HISTORY_METRICS: tuple[Metric, ...] = STORED
 """what each run stores: the registry's judged metrics (harness.results.metrics: compare's, and TFLOPS per GPU),
@@ -37,46 +36,30 @@ MACHINE_FIELDS = ("cluster", "device_type", "device_name", "device_count", "driv
 SOFTWARE_FIELDS = ("python", "torch", "cuda", "nccl", "deepspeed", "harness_sha")
 
 
-def gpus_of(spec: Mapping[str, Any]) -> int | None:
-    """The cell's GPU count: `spec.gpus`, or `spec.world_size` in records written before the rename."""
-    for k in ("gpus", LEGACY_GPUS_KEY):
-        v = spec.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
+_CORE = frozenset({"model", "model_config", "strategy", "precision", LEGACY_GPUS_KEY, "nodes", "gpus_per_node"})
+"""the spec keys `cell_label`'s core names (the rest it lists when off their default)"""
 
 
-def _is_slow_fault(inject: Any) -> bool:
-    return isinstance(inject, Mapping) and inject.get("fault") == "slow"
+def history_spec(spec: RunSpec) -> RunSpec:
+    """The cell as the history keys it: an injected slowdown left out (it simulates a regression of that cell)."""
+    inject = spec.settings.inject
+    if isinstance(inject, Mapping) and inject.get("fault") == "slow":
+        return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, inject=None))
+    return spec
 
 
-def history_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec as the history keys it: the GPU count under `gpus`, an injected slowdown left out."""
-    out = dict(spec)
-    gpus = gpus_of(out)
-    out.pop(LEGACY_GPUS_KEY, None)
-    if gpus is not None:
-        out["gpus"] = gpus
-    if _is_slow_fault(out.get("inject")):
-        out["inject"] = None
-    return out
+def cell_key(spec: RunSpec) -> str:
+    """The cell's identity in the history (canonical JSON: its match key, a slowdown left out)."""
+    return history_spec(spec).match_key
 
 
-def cell_key(spec: Mapping[str, Any]) -> str:
-    """The cell's identity in the history (canonical JSON)."""
-    return spec_key(history_spec(spec))
-
-
-def cell_label(spec: Mapping[str, Any], *, key: str | None = None) -> str:
-    """`model strategy precision gN` (plus the settings that differ from their default, when any); `key`: the
-    spec's cell_key, when already made."""
-    core = f"{spec.get('model')} {spec.get('strategy')} {spec.get('precision')} g{gpus_of(spec)}"
-    try:
-        rest = json.loads(key if key is not None else cell_key(spec))
-    except ValueError:
-        return core
-    skip = {"model", "model_config", "strategy", "precision", "gpus", "nodes", "gpus_per_node"}
-    extra = [f"{k}={json.dumps(v, sort_keys=True, separators=(',', ':'))}" for k, v in rest.items() if k not in skip]
+def cell_label(spec: RunSpec) -> str:
+    """`model strategy precision gN`, plus the settings that differ from their default, in key order."""
+    core = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
+    ident = canonical_json(history_spec(spec).identity())
+    extra = [
+        f"{k}={json.dumps(ident[k], sort_keys=True, separators=(',', ':'))}" for k in sorted(ident) if k not in _CORE
+    ]
     return " ".join([core, *extra])
 
 
@@ -163,7 +146,8 @@ class Entry:
     """cell key (canonical JSON)"""
     label: str
     """readable cell name"""
-    spec: dict[str, Any]
+    spec: RunSpec
+    """the cell as the history keys it (history_spec)"""
     machine: dict[str, Any]
     software: dict[str, Any]
     time: int
@@ -178,17 +162,16 @@ def entry_of(rec: Record | Mapping[str, Any]) -> Entry:
     """A record (typed, or its JSON document: the Python API takes both) as a history entry. ValueError when it has
     no usable time."""
     rec = as_record(rec)
-    spec = rec.spec.as_dict()
+    spec = history_spec(rec.spec)
     time = epoch_s(rec.finished_at) or epoch_s(rec.started_at)
     if time is None:
         raise ValueError("no readable finished_at/started_at time")
-    key = cell_key(spec)
     return Entry(
         uid=run_uid(rec),
         run_id=str(rec.run_id),
-        cell=key,
-        label=cell_label(spec, key=key),
-        spec=history_spec(spec),
+        cell=spec.match_key,
+        label=cell_label(spec),
+        spec=spec,
         machine=machine_of(rec),
         software=software_of(rec),
         time=time,

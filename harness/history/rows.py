@@ -107,10 +107,10 @@ class CellRow:
             key=entry.cell,
             label=entry.label,
             run_id=entry.run_id,
-            model=spec.get("model"),
-            strategy=spec.get("strategy"),
-            precision=spec.get("precision"),
-            gpus=spec.get("gpus"),
+            model=spec.model,
+            strategy=spec.strategy,
+            precision=spec.precision,
+            gpus=spec.gpus,
         )
 
 

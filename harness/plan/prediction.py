@@ -165,8 +165,7 @@ class Prediction(_Frozen):
 @dataclass(frozen=True)
 class PlannedCell:
     """One cell of `harness plan` (harness.plan.predict.plan_cells): the cell, why the cluster cannot place it or why
-    it cannot run at all, and its prediction. Its JSON form (`to_dict`) is what `harness plan --format json` prints
-    per cell: run_id, spec, cannot_place, unsupported, then the prediction's fields."""
+    it cannot run at all, and its prediction."""
 
     spec: RunSpec
     cannot_place: str | None
@@ -174,12 +173,3 @@ class PlannedCell:
     unsupported: str | None
     """why the cell cannot run (RunSpec.unsupported_reason); its prediction then has FLOPs and time fields only"""
     prediction: Prediction
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.spec.run_id,
-            "spec": self.spec.to_dict(),
-            "cannot_place": self.cannot_place,
-            "unsupported": self.unsupported,
-            **self.prediction.to_dict(),
-        }

@@ -15,6 +15,7 @@ the key and the value, never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -59,27 +60,15 @@ def parse_gpus(text: str, *, option: str = "--project") -> list[int]:
     return sorted(set(out))
 
 
-def row_key(spec: RunSpec) -> tuple:
+def row_key(spec: RunSpec) -> RunSpec:
     """What a projected row is: the cell without its GPU count (and the node layout that follows from it)."""
-    d = spec.to_dict()
-    for k in ("gpus", "nodes", "gpus_per_node"):
-        d.pop(k, None)
-    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+    return dataclasses.replace(spec, gpus=0, nodes=0, gpus_per_node=0)
 
 
 def at_gpus(spec: RunSpec, gpus: int, cluster: Cluster) -> RunSpec:
     """The same cell on `gpus` GPUs of `cluster` (nodes of its gpus_per_node)."""
     gpn = cluster.gpus_per_node
-    return RunSpec(
-        model=spec.model,
-        model_config=spec.model_config,
-        strategy=spec.strategy,
-        precision=spec.precision,
-        gpus=gpus,
-        nodes=math.ceil(gpus / gpn),
-        gpus_per_node=min(gpn, gpus),
-        settings=spec.settings,
-    )
+    return dataclasses.replace(spec, gpus=gpus, nodes=math.ceil(gpus / gpn), gpus_per_node=min(gpn, gpus))
 
 
 def layout_label(spec: RunSpec) -> str:
@@ -263,7 +252,7 @@ def _null_point(gpus: int, nodes: int, reason: str) -> ProjectedPoint:
 def project(specs: list[RunSpec], cluster: Cluster, gpus: list[int], *, rates: Rates) -> list[ProjectedRow]:
     """One row per distinct cell of `specs` without its GPU count, in scenario order, each with a point per GPU
     count of `gpus`."""
-    rows: dict[tuple, ProjectedRow] = {}
+    rows: dict[RunSpec, ProjectedRow] = {}
     for spec in specs:
         key = row_key(spec)
         if key in rows:

@@ -23,7 +23,7 @@ from harness.core.catalogue import CATALOGUE
 from harness.results.metrics import METRICS, PREDICTED_PARTS, Metric, finite_number
 from harness.results.record import Record
 from harness.results.store import iter_records
-from harness.scenario.schema import PRECISIONS, STRATEGIES, canonical_setting
+from harness.scenario.schema import PRECISIONS, STRATEGIES
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
 # vary within a report (e.g. two micro-batch sizes); label → short form in row labels.
@@ -207,13 +207,11 @@ def _num(value: Any) -> float | None:
 
 def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
     """One record → (scalar row, {collective: bytes per step})."""
-    spec = rec.spec
-    tp, pp = _num(1 if spec.tp is None else spec.tp), _num(1 if spec.pp is None else spec.pp)
-    microbatches = _num(0 if spec.microbatches is None else spec.microbatches)
-    schedule = spec.pp_schedule if pp is not None and pp > 1 else None
-    sp = spec.sequence_parallel is True and tp is not None and tp > 1
-    layout = layout_label(tp, pp, schedule, microbatches, sp)
-    ac = spec.activation_checkpointing
+    spec, s = rec.spec, rec.spec.settings
+    tp, pp = _num(s.tp), _num(s.pp)
+    schedule = s.pp_schedule if s.pp > 1 else None
+    sp = s.sequence_parallel and s.tp > 1
+    layout = layout_label(tp, pp, schedule, _num(s.microbatches), sp)
     predicted = rec.predicted
     row: dict[str, Any] = {
         "sweep": rec.sweep,
@@ -231,16 +229,16 @@ def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
         "tp": tp,
         "pp": pp,
         "pp_schedule": schedule,
-        "microbatches": microbatches if pp is not None and pp > 1 else None,
-        "sequence_parallel": sp if tp is not None and tp > 1 else None,
+        "microbatches": _num(s.microbatches) if s.pp > 1 else None,
+        "sequence_parallel": sp if s.tp > 1 else None,
         "precision": spec.precision,
         "gpus": _num(spec.gpus),
         "nodes": _num(spec.nodes),
-        "micro_batch": _num(spec.micro_batch),
-        "seq_len": _num(spec.seq_len),
-        "grad_accum": _num(spec.grad_accum),
-        "activation_checkpointing": None if ac is None else str(canonical_setting("activation_checkpointing", ac)),
-        "offload": spec.offload,
+        "micro_batch": _num(s.micro_batch),
+        "seq_len": _num(s.seq_len),
+        "grad_accum": _num(s.grad_accum),
+        "activation_checkpointing": s.activation_checkpointing,
+        "offload": s.offload,
         **{column: m.value(rec) for column, m in METRIC_COLUMNS.items()},
         "mfu_null_reason": rec.metrics.null_reason("mfu"),
         "memory_measure": _memory_measure(rec),
@@ -357,9 +355,6 @@ def frame_from_flat(parts: list[FlatRecords], warnings: list[str]) -> tuple[pd.D
         cdf = pd.DataFrame(comm, columns=colls, index=df.index, dtype="float64")
         cdf.columns = [COMM_PREFIX + c for c in colls]
         df = pd.concat([df, cdf], axis=1)
-    missing = df[["model", "strategy", "precision", "gpus"]].isna().any(axis=1)
-    for p in df.loc[missing, "path"]:
-        warnings.append(f"{p}: spec lacks model/strategy/precision/gpus; listed in table.csv only")
     return df, warnings
 
 

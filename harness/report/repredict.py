@@ -18,7 +18,6 @@ from harness.plan.calibration import CalibrationMismatch, rates_for
 from harness.plan.predict import predict
 from harness.results.record import Record
 from harness.scenario.cluster import Cluster, load_cluster
-from harness.scenario.schema import RunSpec
 
 REPREDICTED = "re-predicted at report time: "
 """the prefix of a re-predicted record's predicted.calibration"""
@@ -48,11 +47,10 @@ def repredicted(rec: Record) -> Record:
     """The record with its cell predicted again at the cluster's current rates; the record itself when its spec
     or cluster cannot be priced here (an older record, a profile not on this machine)."""
     cluster = _cluster(rec.cluster) if rec.cluster else None
-    if cluster is None or rec.spec is None:
+    if cluster is None:
         return rec
     try:
-        spec = RunSpec.from_dict(rec.spec.to_dict())
-        pred = predict(spec, cluster)
+        pred = predict(rec.spec, cluster)
     except (InputError, KeyError, TypeError, ValueError, CalibrationMismatch):
         return rec
     if pred is None:

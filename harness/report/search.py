@@ -24,6 +24,7 @@ from harness.report.formats import (
 )
 from harness.report.table import Cell, Column, Table, text_cells
 from harness.report.tune import metric_unit
+from harness.results.spec import spec_to_json
 from harness.tune.log import GroupLog, TuneLog
 from harness.tune.summary import VERDICT_SHOWN, funnel, ranked_candidates
 
@@ -150,7 +151,7 @@ def _ranked_table(log: TuneLog, group: GroupLog) -> Table | None:
         pred, meas = c.prediction(metric), c.measured
         dev = None if pred is None or meas is None or not pred else meas / pred - 1
         ok, n = c.trial_counts()
-        fields = c.spec.to_dict() if c.spec is not None else {}
+        fields = spec_to_json(c.spec) if c.spec is not None else {}
         spec = ", ".join(f"{k}={v}" for k, v in fields.items() if not isinstance(v, (dict, list)))
         rows.append(
             (

@@ -131,7 +131,7 @@ def _panel(ax, g: GroupLog, *, metric: str, n_rounds: int, drawn: _Drawn) -> Non
             ax.annotate(c.label, (x, v * scale), xytext=(7, 5), textcoords="offset points", fontsize=7, zorder=6)
             drawn.fates.add(fate)
         else:
-            strategy = str(c.spec.strategy or "") if c.spec is not None else ""
+            strategy = c.spec.strategy if c.spec is not None else ""
             ax.scatter(
                 [x],
                 [v * scale],

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.typed import FIELD_NAMES, Typed
+from harness.core.typed import Typed
 from harness.results.record import Record
 
 SAMPLED, THRESHOLDED, EXACT, WATCHED, SHOWN = "sampled", "thresholded", "exact", "watched", "shown"
@@ -59,11 +59,10 @@ def value_at(node: Any, path: Sequence[str]) -> Any:
 def path_getter(path: Sequence[str]) -> Callable[[Any], Any]:
     """`value_at(node, path)` as one function, for a path read for every record (the fields' dicts directly; a
     mapping or a kept unknown field on the way takes value_at's general route)."""
-    names = tuple(FIELD_NAMES.get(k, k) for k in path)
     keys = tuple(path)
 
     def get(node: Any) -> Any:
-        for i, name in enumerate(names):
+        for i, name in enumerate(keys):
             if node is None:
                 return None
             try:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from harness.core.typed import SOMETIMES, Typed
 from harness.plan.prediction import Prediction
-from harness.results.record import Spec
+from harness.results.spec import SpecJSON
 
 
 class PayloadCluster(Typed):
@@ -47,8 +47,8 @@ class Payload(Typed):
     """Everything one rank of one cell needs (frozen: a launcher that learns more, such as the SLURM job id, makes
     a copy with `model_copy(update=...)`)."""
 
-    spec: Spec
-    """the cell"""
+    spec: SpecJSON
+    """the cell (harness.scenario.spec.RunSpec)"""
     run_id: str
     """the cell's run_id"""
     sweep: str

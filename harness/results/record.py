@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr
 
 from harness.core.typed import SOMETIMES, Typed, sometimes
 from harness.plan.prediction import Prediction
-from harness.scenario.schema import LEGACY_GPUS_KEY
+from harness.results.spec import SpecJSON
 
 SCHEMA_VERSION: Final = 1
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "error", "nan", "crashed", "cancelled", "skipped")
@@ -31,101 +31,6 @@ Status = Literal["ok", "oom", "timeout", "error", "nan", "crashed", "cancelled",
 """a cell's outcome (STATUSES, in the same order)"""
 Num = int | float
 """a JSON number as written (an int stays an int)"""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# spec: the cell (harness.scenario.schema.RunSpec.to_dict)
-
-
-class ModelDims(Typed):
-    """The model's dimensions (harness.core.zoo.ModelConfig)."""
-
-    d_model: int | None = None
-    """hidden size (features)"""
-    n_layers: int | None = None
-    """transformer blocks"""
-    n_heads: int | None = None
-    """attention (query) heads"""
-    ffn: int | None = None
-    """SwiGLU hidden size (features)"""
-    vocab: int | None = None
-    """vocabulary size (tokens)"""
-    n_kv_heads: int | None = None
-    """key/value heads (grouped-query attention); null = n_heads"""
-    qkv_bias: Annotated[bool, SOMETIMES] = False
-    """biases on the q, k and v projections (Qwen2); absent = false"""
-
-
-class Spec(Typed):
-    """One cell, flat: what it is and its settings (harness.scenario.schema.Settings); run_id is its digest."""
-
-    model: str | None = None
-    """model name (zoo or scenario-defined)"""
-    model_config_: Annotated[ModelDims | None, Field(alias="model_config")] = None
-    """the model's dimensions (`model_config` in the file; pydantic reserves the name)"""
-    strategy: str | None = None
-    """parallelism family and variant, e.g. fsdp.full_shard (harness.scenario.schema.STRATEGIES)"""
-    precision: str | None = None
-    """fp32 | bf16 | fp16 (harness.scenario.schema.PRECISIONS)"""
-    gpus: int | None = None
-    """ranks = GPUs (records written before 2026-12 call it `world_size`; read as `gpus`)"""
-    nodes: int | None = None
-    """nodes (ceil(gpus / gpus_per_node))"""
-    gpus_per_node: int | None = None
-    """ranks per node, from the cluster profile"""
-    micro_batch: int | None = None
-    """sequences per rank per micro-step"""
-    seq_len: int | None = None
-    """tokens per sequence"""
-    grad_accum: int | None = None
-    """micro-steps per optimizer step"""
-    warmup_steps: int | None = None
-    """optimizer steps run before timing"""
-    measure_steps: int | None = None
-    """timed optimizer steps (each one a sample)"""
-    activation_checkpointing: str | bool | None = None
-    """none | full | selective (older records: false/true, read as none/full by the readers that compare it)"""
-    compile: Annotated[bool | None, SOMETIMES] = None
-    """torch.compile the model (absent in older records: false)"""
-    offload: str | None = None
-    """CPU offload: none | optimizer | optimizer+params"""
-    seed: int | None = None
-    """seed of weights and synthetic batches"""
-    lr: Num | None = None
-    """AdamW learning rate"""
-    time_limit_s: Num | None = None
-    """wall-clock limit of the whole cell (s)"""
-    inject: Annotated[dict[str, Any] | None, SOMETIMES] = None
-    """fault injection {fault, rank, step}; null: none (absent in older records)"""
-    tp: Annotated[int | None, SOMETIMES] = None
-    """tensor-parallel ranks (absent in older records: 1)"""
-    pp: Annotated[int | None, SOMETIMES] = None
-    """pipeline-parallel ranks (absent in older records: 1)"""
-    pp_schedule: Annotated[str | None, SOMETIMES] = None
-    """gpipe | 1f1b | interleaved_1f1b (meaningful with pp > 1; absent in older records)"""
-    microbatches: Annotated[int | None, SOMETIMES] = None
-    """pipeline microbatches per micro-step; 0: one per pipeline rank (absent in older records)"""
-    sequence_parallel: Annotated[bool | None, SOMETIMES] = None
-    """tp > 1: the norms run on sequence shards (absent in older records: false)"""
-    trace: Annotated[bool | None, SOMETIMES] = None
-    """five more steps profiled after the timed ones, between untraced ones (absent in older records: false)"""
-    checkpoint: Annotated[bool | None, SOMETIMES] = None
-    """the cell saved and reloaded its training state after the timed steps (absent in older records: false)"""
-
-    model_config = ConfigDict(**{**Typed.model_config, "populate_by_name": True, "protected_namespaces": ()})
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gpus_named_gpus(cls, data: Any) -> Any:
-        """A spec written before the rename says `world_size`: read it as `gpus`."""
-        if isinstance(data, dict) and LEGACY_GPUS_KEY in data and "gpus" not in data:
-            data = dict(data)
-            data["gpus"] = data.pop(LEGACY_GPUS_KEY)
-        return data
-
-    def as_dict(self) -> dict[str, Any]:
-        """The spec as the file has it (the legacy `world_size` as `gpus`): what cell matching canonicalises."""
-        return self.to_dict()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -585,8 +490,8 @@ class Record(Typed):
     """why the status is not ok (or a note on ok numbers); null: none"""
     failed_rank: int | None = None
     """the first rank to fail; null: none or unknown"""
-    spec: Spec
-    """the cell"""
+    spec: SpecJSON
+    """the cell (harness.scenario.spec.RunSpec), written and read by harness.results.spec"""
     metrics: Metrics = Field(default_factory=Metrics)
     """what was measured; {} when rank 0 wrote no record"""
     env: Env = Field(default_factory=Env)
@@ -648,8 +553,7 @@ class Record(Typed):
     def contract_problems(self) -> list[str]:
         """What this record lacks, or has beyond, the contract of its kind (the record the worker writes, one the
         launcher composed, a skipped one): empty for a record the harness wrote. Tests hold the writers to it."""
-        problems = _missing(self, "record")
-        problems += _missing(self.spec, "record.spec") + _extra(self, "record")
+        problems = _missing(self, "record") + _extra(self, "record")
         measured = bool(self.metrics.model_fields_set)
         if measured:
             problems += _missing(self.metrics, "record.metrics")

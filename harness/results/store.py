@@ -26,7 +26,8 @@ from pydantic import ValidationError
 
 from harness.core.errors import InputError, Problem
 from harness.core.typed import data_location, dotted, expected
-from harness.results.record import SCHEMA_VERSION, STATUSES, Beat, Fragment, Record, Spec, Status
+from harness.results.record import SCHEMA_VERSION, STATUSES, Beat, Fragment, Record, Status
+from harness.scenario.spec import RunSpec
 
 __all__ = ["SCHEMA_VERSION", "STATUSES", "GIB"]  # re-exported: the contract's version and statuses
 GIB = 2**30
@@ -118,7 +119,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 def new_record(
     *,
-    spec: Spec | dict[str, Any],
+    spec: RunSpec,
     run_id: str,
     sweep: str,
     cluster: str,

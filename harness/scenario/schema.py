@@ -7,343 +7,71 @@ Pure: no torch import, deterministic. Every problem in a file is collected and r
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import itertools
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
-from harness.core import catalogue
 from harness.core.errors import InputError, Problem, one_of, unknown
-from harness.core.layout import PP_SCHEDULES, Layout, layout_problems
+from harness.core.layout import layout_problems
 from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
+from harness.scenario.spec import (
+    AC_POLICIES as AC_POLICIES,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    HYBRID_STRATEGIES as HYBRID_STRATEGIES,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    LAYOUT_SETTINGS as LAYOUT_SETTINGS,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    LEGACY_GPUS_KEY as LEGACY_GPUS_KEY,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    OFFLOADS as OFFLOADS,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    PRECISIONS as PRECISIONS,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    SETTING_DEFAULTS as SETTING_DEFAULTS,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    SETTING_FIELDS as SETTING_FIELDS,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    STRATEGIES as STRATEGIES,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    TYPE_NAMES,
+    value_is,
+)
+from harness.scenario.spec import (
+    FrozenDict as FrozenDict,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    RunSpec as RunSpec,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    Settings as Settings,  # TEMP re-export
+)
+from harness.scenario.spec import (
+    canonical_setting as canonical_setting,  # TEMP re-export
+)
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 
-# NOTE: the strategy names, precisions and offload modes are the catalogue's (harness.core.catalogue); re-exported
-# here because every stage validates against them through this module
-STRATEGIES: tuple[str, ...] = catalogue.STRATEGIES
-HYBRID_STRATEGIES: frozenset[str] = catalogue.HYBRID_STRATEGIES
-PRECISIONS: tuple[str, ...] = catalogue.PRECISIONS
-OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
-AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
-"""activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
-recompute the rest of each block: norms, RoPE, SiLU, products)"""
 FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow", "checkpoint_truncate")
 INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step", "factor")
 SLOW_FACTOR_MAX = 100.0
 """the largest `slow` factor accepted (a step 100 times its own duration)"""
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
-LEGACY_GPUS_KEY = "world_size"
-"""what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings", "tune")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class FrozenDict(dict[str, Any]):
-    """A dict that cannot change and hashes by its content: the value of a mapping setting (`inject`) inside a frozen,
-    hashable `Settings`, so a RunSpec can key the planner's caches (functools.cache). Still a dict (JSON, equality
-    with a plain dict, key order as written), so records, plans and run_ids read exactly as before."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self.items()))
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError(f"a setting's mapping is frozen: {dict(self)!r}")
-
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
-
-    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
-        # NOTE: pickle's default for a dict subclass fills it with __setitem__, which refuses
-        return FrozenDict, (dict(self),)
-
-
-SETTING_DEFAULTS: dict[str, Any] = {}
-"""setting → its default (filled once Settings is defined)"""
-
-
-def _setting(default: Any, doc: str, *, choices: tuple | None = None, minimum: float | None = None) -> Any:
-    return field(default=default, metadata={"doc": doc, "choices": choices, "minimum": minimum})
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Per-cell knobs. Every field may be set under `settings:` or used as a matrix axis."""
-
-    micro_batch: int = _setting(2, "sequences per rank per micro-step", minimum=1)
-    seq_len: int = _setting(64, "tokens per sequence", minimum=2)
-    grad_accum: int = _setting(1, "micro-steps per optimizer step", minimum=1)
-    warmup_steps: int = _setting(2, "steps run before timing (>= 2: DDP rebuilds its buckets at step 2)", minimum=2)
-    measure_steps: int = _setting(5, "timed steps; every one is kept as a sample", minimum=1)
-    activation_checkpointing: str = _setting(
-        "none",
-        "none | full (recompute each block in backward) | selective (keep each block's matmul and attention "
-        "outputs, recompute the rest); true/false mean full/none",
-        choices=AC_POLICIES,
-    )
-    compile: bool = _setting(
-        False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)"
-    )
-    offload: str = _setting(
-        "none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS
-    )
-    seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
-    lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
-    time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
-    inject: dict | None = _setting(
-        None,
-        "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}, or a known slowdown "
-        "{fault: slow, factor: F, rank: N (omitted: every rank), step: K (from this step on)}",
-    )
-    tp: int = _setting(
-        1, "tensor-parallel ranks (inside a node); data-parallel degree = gpus / (tp x pp); with fsdp2.*", minimum=1
-    )
-    pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp or fsdp2.*", minimum=1)
-    pp_schedule: str = _setting(
-        "1f1b", "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (2 stages per rank)", choices=PP_SCHEDULES
-    )
-    microbatches: int = _setting(
-        0, "pipeline microbatches each rank's micro_batch is split into (pp > 1); 0 = one per pipeline rank", minimum=0
-    )
-    sequence_parallel: bool = _setting(
-        False, "tp > 1: shard the norms' activations over the sequence (all-gather / reduce-scatter for all-reduce)"
-    )
-    trace: bool = _setting(
-        False,
-        "five more steps after the timed ones under torch.profiler, between three untraced ones either side (the "
-        "profiler's cost): a Chrome trace per rank beside the record and the measured step-time breakdown "
-        "(metrics.time_s)",
-    )
-    checkpoint: bool = _setting(
-        False,
-        "after the timed steps, save the full training state (model, optimizer, step) the strategy's way, load it "
-        "into a fresh model and optimizer and train on: metrics.checkpoint (save_s, load_s, bytes, files)",
-    )
-
-    def __post_init__(self) -> None:
-        # NOTE: true/false were the only values before the policies existed; records and files keep them
-        object.__setattr__(
-            self,
-            "activation_checkpointing",
-            canonical_setting("activation_checkpointing", self.activation_checkpointing),
-        )
-        # NOTE: the pipeline and sequence-parallel knobs mean nothing without pp / tp: back to their defaults, so a
-        # `pp: [1, 2]` axis with `pp_schedule: gpipe` keeps the pp 1 cell's run_id that of the cell without them
-        if self.pp == 1:
-            object.__setattr__(self, "pp_schedule", SETTING_DEFAULTS["pp_schedule"])
-            object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
-        if self.tp == 1:
-            object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
-        # NOTE: frozen all the way down, so that a RunSpec hashes (the planner's caches key on it)
-        if isinstance(self.inject, dict) and not isinstance(self.inject, FrozenDict):
-            object.__setattr__(self, "inject", FrozenDict(self.inject))
-
-    @property
-    def checkpointing(self) -> bool:
-        """Whether blocks run under activation checkpointing (full or selective)."""
-        return self.activation_checkpointing != "none"
-
-
-SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-SETTING_DEFAULTS.update({name: f.default for name, f in SETTING_FIELDS.items()})
-LAYOUT_SETTINGS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
-"""the settings of a cell's parallel layout (harness.core.layout)"""
-
-
-def canonical_setting(name: str, value: Any) -> Any:
-    """A setting's value as this version spells it: activation_checkpointing true/false → full/none (the
-    booleans of earlier records and files). Everything else as given."""
-    if name == "activation_checkpointing" and isinstance(value, bool):
-        return "full" if value else "none"
-    return value
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One matrix cell: everything a worker needs, serialisable, hashed into `run_id`."""
-
-    model: str
-    """model name (zoo or scenario-defined)"""
-    model_config: ModelConfig
-    """the model's dimensions (so a renamed or edited custom model changes run_id)"""
-    strategy: str
-    precision: str
-    gpus: int
-    """ranks = GPUs (the scenario's `gpus` axis; torch calls it the world size)"""
-    nodes: int
-    """ceil(gpus / gpus_per_node)"""
-    gpus_per_node: int
-    """ranks per node, from the cluster profile; hybrids shard inside a node and replicate across nodes"""
-    settings: Settings
-
-    def to_dict(self) -> dict[str, Any]:
-        """Flat JSON form: `spec.{model, strategy, precision, gpus, nodes, gpus_per_node, micro_batch, …}`."""
-        d: dict[str, Any] = {
-            "model": self.model,
-            "model_config": self.model_config.to_dict(),
-            "strategy": self.strategy,
-            "precision": self.precision,
-            "gpus": self.gpus,
-            "nodes": self.nodes,
-            "gpus_per_node": self.gpus_per_node,
-        }
-        # NOTE: not dataclasses.asdict (a deepcopy per field): planning 10,000 cells calls this for every run_id
-        for k in SETTING_FIELDS:
-            v = getattr(self.settings, k)
-            d[k] = dict(v) if isinstance(v, dict) else v
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
-        known = {k: d[k] for k in SETTING_FIELDS if k in d}
-        return cls(
-            model=d["model"],
-            model_config=ModelConfig(**d["model_config"]),
-            strategy=d["strategy"],
-            precision=d["precision"],
-            gpus=int(d["gpus"] if "gpus" in d else d[LEGACY_GPUS_KEY]),
-            nodes=int(d["nodes"]),
-            gpus_per_node=int(d["gpus_per_node"]),
-            settings=Settings(**known),
-        )
-
-    def identity(self) -> dict[str, Any]:
-        """What makes two cells the same cell: the spec without settings left at their default.
-
-        A setting added in a later version (at its default) thus keeps every existing run_id and match.
-        The GPU count is hashed under its old key, `world_size`, so renaming it to `gpus` kept every run_id.
-        """
-        defaults = {name: f.default for name, f in SETTING_FIELDS.items()}
-        out = {k: v for k, v in self.to_dict().items() if not (k in defaults and v == defaults[k])}
-        out[LEGACY_GPUS_KEY] = out.pop("gpus")
-        return out
-
-    @functools.cached_property
-    def run_id(self) -> str:
-        """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
-        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
-        return f"{self.model}-{self.strategy}-{self.precision}-g{self.gpus}-{digest}"
-
-    @property
-    def layout(self) -> Layout:
-        """The cell's parallel layout: data × tensor × pipeline ranks (harness.core.layout)."""
-        s = self.settings
-        return Layout(
-            gpus=self.gpus,
-            tp=s.tp,
-            pp=s.pp,
-            gpus_per_node=self.gpus_per_node,
-            hybrid=catalogue.is_hybrid(self.strategy),
-            schedule=s.pp_schedule,
-        )
-
-    @property
-    def layout_tag(self) -> str:
-        """The layout in a few characters, '' for plain data parallelism: `tp2 sp`, `pp2 (1f1b)`, `tp2 × pp2 (gpipe)`.
-        Cells that differ only in their layout share the rest of their run_id, so every line that names a cell
-        shows this beside it (issue 31)."""
-        s = self.settings
-        parts = []
-        if s.tp > 1:
-            parts.append(f"tp{s.tp}" + (" sp" if s.sequence_parallel else ""))
-        if s.pp > 1:
-            parts.append(f"pp{s.pp} ({s.pp_schedule})")
-        return " × ".join(parts)
-
-    @property
-    def cell_name(self) -> str:
-        """How a terminal line names the cell: its run_id, and its layout when it has one."""
-        return f"{self.run_id} [{self.layout_tag}]" if self.layout_tag else self.run_id
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel degree: gpus / (tp x pp), the replicas that each train on their own rows of the batch."""
-        return self.gpus // (self.settings.tp * self.settings.pp)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Global tokens per optimizer step: every data-parallel replica's (tensor- and pipeline-parallel ranks of
-        one replica train on the same rows)."""
-        s = self.settings
-        return s.micro_batch * s.seq_len * s.grad_accum * self.dp
-
-    def unsupported_reason(self, device: str | None = None) -> str | None:
-        """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
-
-        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device. The rules
-        for every strategy are here; what one strategy supports is its harness.core.catalogue entry.
-        """
-        s = self.settings
-        if s.inject is not None and s.inject.get("rank", 0) >= self.gpus:
-            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.gpus}"
-        if s.inject is not None and s.inject.get("fault") == "checkpoint_truncate" and not s.checkpoint:
-            return "inject checkpoint_truncate cuts the checkpoint's files: it needs checkpoint: true"
-        entry = catalogue.CATALOGUE.get(self.strategy)
-        if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
-            return None
-        if s.tp > 1 or s.pp > 1:
-            return self._layout_refusal(entry, device)
-        if entry.mesh == catalogue.HYBRID:
-            if self.gpus % self.gpus_per_node:
-                return (
-                    f"{self.strategy} needs gpus divisible by gpus_per_node ({self.gpus} % {self.gpus_per_node} != 0)"
-                )
-            if self.nodes < 2:
-                return (
-                    f"{self.strategy} shards inside a node and replicates across nodes; world {self.gpus} "
-                    f"with {self.gpus_per_node} GPUs per node is a single node"
-                )
-        if self.precision not in entry.precisions:
-            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
-        if s.offload != "none":
-            why = entry.offload_refusal(s.offload)
-            if why is not None:
-                return why
-        if s.compile:
-            why = entry.compile_refusal(checkpointing=s.checkpointing)
-            if why is not None:
-                return why
-        return entry.device_refusal(device, self.precision)
-
-    def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
-        """Why a tensor- or pipeline-parallel cell cannot run (its layout is valid: validation checked it)."""
-        s, lay = self.settings, self.layout
-        why = entry.layout_refusal(tp=s.tp, pp=s.pp)
-        if why is not None:
-            return why
-        if s.tp > 1 and self.gpus_per_node % s.tp:
-            return (
-                f"tp {s.tp} does not fit in a node of {self.gpus_per_node} GPUs (tensor parallelism stays inside a "
-                "node: its collectives are on every block's critical path)"
-            )
-        if entry.mesh == catalogue.HYBRID:
-            if self.gpus % self.gpus_per_node:
-                return f"{self.strategy} needs whole nodes: gpus {self.gpus} % gpus_per_node {self.gpus_per_node} != 0"
-            if lay.dp_replicate < 2 or lay.dp_shard * lay.dp_replicate != lay.dp:
-                return (
-                    f"{self.strategy} shards over the {lay.dp_shard} rank(s) of a node beside tp {s.tp} and replicates "
-                    f"across nodes; dp {lay.dp} (gpus {self.gpus} / (tp {s.tp} x pp {s.pp})) leaves "
-                    f"{lay.dp_replicate} replica(s), it needs at least 2 whole ones"
-                )
-        if self.precision not in entry.precisions:
-            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
-        if self.precision == "fp16":
-            return "fp16 loss scaling is not part of the tensor- and pipeline-parallel layouts here (run bf16 or fp32)"
-        if s.offload != "none":
-            why = entry.offload_refusal(s.offload) or f"{self.strategy}: CPU offload is not part of the tp/pp layouts"
-            return why
-        if s.compile:
-            return "torch.compile is not part of the tensor- and pipeline-parallel layouts here"
-        if s.checkpoint:
-            return "checkpoint is not part of the tensor- and pipeline-parallel layouts here"
-        return entry.device_refusal(device, self.precision)
 
 
 @dataclass(frozen=True)
@@ -442,19 +170,6 @@ def load_yaml(path: str | Path) -> Any:
         raise InputError([Problem(str(path), "", f"invalid YAML: {e}")]) from None
 
 
-def _type_ok(value: Any, typ: type) -> bool:
-    if typ is bool:
-        return isinstance(value, bool)
-    if typ is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if typ is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return isinstance(value, typ)
-
-
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-
-
 def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) -> None:
     if value is None:
         return
@@ -472,7 +187,7 @@ def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) ->
         problems.append(Problem(file, f"{where}.fault", one_of(value["fault"], FAULTS)))
     for k, minimum in (("rank", 0), ("step", 1)):
         v = value.get(k, minimum)
-        if not _type_ok(v, int) or v < minimum:
+        if not value_is(v, int) or v < minimum:
             problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not an integer >= {minimum}"))
     if value.get("fault") == "slow":
         factor = value.get("factor")
@@ -492,9 +207,9 @@ def _check_setting(name: str, value: Any, where: str, file: str, problems: list[
     value = canonical_setting(name, value)
     typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
     choices, minimum = f.metadata["choices"], f.metadata["minimum"]
-    if not _type_ok(value, typ):
+    if not value_is(value, typ):
         problems.append(
-            Problem(file, where, one_of(value, choices) if choices else f"{value!r} is not {_TYPE_NAMES[typ]}")
+            Problem(file, where, one_of(value, choices) if choices else f"{value!r} is not {TYPE_NAMES[typ]}")
         )
         return
     if choices and value not in choices:
@@ -538,7 +253,7 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
             if k in BOOL_MODEL_KEYS and not isinstance(v, bool):
                 problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not true or false"))
                 ok = False
-            elif k in MODEL_KEYS - BOOL_MODEL_KEYS and v is not None and (not _type_ok(v, int) or v < 1):
+            elif k in MODEL_KEYS - BOOL_MODEL_KEYS and v is not None and (not value_is(v, int) or v < 1):
                 problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not a positive integer"))
                 ok = False
         if ok:
@@ -564,7 +279,7 @@ def _check_axis_value(
         if value not in PRECISIONS:
             problems.append(Problem(file, where, one_of(value, PRECISIONS)))
     elif axis == "gpus":
-        if not _type_ok(value, int) or value < 1:
+        if not value_is(value, int) or value < 1:
             problems.append(Problem(file, where, f"{value!r} is not a positive integer"))
     else:
         _check_setting(axis, value, where, file, problems)
@@ -754,11 +469,10 @@ def _expand_cells(
     """The matrix's cells (`expand_matrix`), each with every core axis and a layout that can be built (else
     problems)."""
     cells = expand_matrix(axes, include, exclude)
-    inc_index = {id(e): i for i, e in enumerate(include)}
     for cell in cells:
         missing = [a for a in CORE_AXES if a not in cell]
         if missing:
-            src = next((f"matrix.include[{inc_index[id(e)]}]" for e in include if _matches(cell, e)), "matrix")
+            src = next((f"matrix.include[{i}]" for i, e in enumerate(include) if _matches(cell, e)), "matrix")
             problems.append(
                 Problem(
                     file,

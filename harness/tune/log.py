@@ -27,7 +27,8 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 from harness.core.errors import one_of
 from harness.core.typed import SOMETIMES, Typed, data_location, dotted, expected
-from harness.results.record import Spec, Status
+from harness.results.record import Status
+from harness.results.spec import SpecJSON
 from harness.results.store import TUNE_LOG, files_named
 from harness.scenario.tune import Objective
 
@@ -130,8 +131,8 @@ class CandidateLog(Typed):
     """the cell's run_id at the scenario's own measure_steps (a sweep of the scenario writes this record)"""
     label: str
     """what tells the group's cells apart: strategy, precision, micro-batch, accumulation, checkpointing, …"""
-    spec: Spec | None = None
-    """the cell (a record's spec)"""
+    spec: SpecJSON | None = None
+    """the cell, as a record's spec"""
     predicted_step_time_s: Num | None = None
     """the time model's step time (s); null: no prediction"""
     predicted_tokens_per_s_per_gpu: Num | None = None

@@ -30,7 +30,6 @@ there and goes on where it stopped.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import random
 import statistics
@@ -39,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.plan.prediction import Prediction, TimePrediction
-from harness.results.record import Spec
 from harness.scenario.schema import SETTING_FIELDS, RunSpec
 from harness.scenario.tune import TuneSpec
 from harness.tune.log import CandidateLog, GroupLog, TrialLog
@@ -104,11 +102,6 @@ class Candidate:
     def label(self) -> str:
         return cell_label(self.spec)
 
-    @functools.cached_property
-    def log_spec(self) -> Spec:
-        """The cell as a record's spec, as the log has it (made once: the log is written after every batch)."""
-        return Spec.model_validate(self.spec.to_dict())
-
     def add_trial(self, rnd: int, spec: RunSpec) -> Trial:
         """A new run of `spec`: the next repeat of its run_id (two rounds at the same steps are two runs)."""
         k = 1 + max((t.repeat for t in self.trials if t.spec.run_id == spec.run_id), default=0)
@@ -136,7 +129,7 @@ class Candidate:
             {
                 "run_id": self.spec.run_id,
                 "label": self.label,
-                "spec": self.log_spec,
+                "spec": self.spec,
                 "predicted_step_time_s": self.plan.step_time_s,
                 "predicted_tokens_per_s_per_gpu": self.plan.tokens_per_s_per_gpu,
                 "predicted_memory_gib": mem.total if mem is not None else None,

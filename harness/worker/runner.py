@@ -412,7 +412,7 @@ def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device:
 
 def _spec_of(payload: Payload, world_size: int) -> RunSpec:
     """The payload's cell, checked against the ranks it was launched with."""
-    spec = RunSpec.from_dict(payload.spec.as_dict())
+    spec = payload.spec
     if spec.gpus != world_size:
         raise RuntimeError(f"launched with {world_size} ranks for a world_size {spec.gpus} cell")
     return spec

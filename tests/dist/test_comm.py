@@ -14,6 +14,7 @@ import pytest
 
 from harness.plan.comm import predict_comm
 from harness.scenario.schema import HYBRID_STRATEGIES, STRATEGIES, RunSpec
+from harness.results.spec import spec_from_json
 
 pytestmark = pytest.mark.dist
 
@@ -30,7 +31,7 @@ def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
               if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)
               and r["spec"].get("tp", 1) == r["spec"].get("pp", 1) == 1]  # layout cells: tests/dist/test_layouts.py
     assert rec["status"] == "ok", rec.get("reason")
-    spec = RunSpec.from_dict(rec["spec"])
+    spec = spec_from_json(rec["spec"])
     pred = predict_comm(spec)
     assert pred is not None
     got = rec["comm"]

@@ -18,6 +18,7 @@ from harness.plan.comm import predict_comm
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import STRATEGIES, RunSpec
 from harness.worker.models import build_model, loss_fn, synthetic_batch
+from harness.results.spec import spec_from_json
 from tests.conftest import make_spec, run_cell
 
 pytestmark = pytest.mark.dist
@@ -60,7 +61,7 @@ def smoke_record(smoke_sweep, strategy: str, precision: str) -> tuple[dict, RunS
               if (r["spec"]["strategy"], r["spec"]["precision"]) == (strategy, precision)
               and r["spec"].get("tp", 1) == r["spec"].get("pp", 1) == 1]  # layout cells: tests/dist/test_layouts.py
     assert rec["status"] == "ok", rec.get("reason")
-    return rec, RunSpec.from_dict(rec["spec"])
+    return rec, spec_from_json(rec["spec"])
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -16,6 +16,7 @@ import socket
 import pytest
 
 from harness.plan.layouts import in_flight, layout_memory
+from harness.results.spec import spec_from_json, spec_to_json
 
 pytestmark = pytest.mark.dist
 
@@ -34,7 +35,7 @@ def _measure(rank: int, spec_dict: dict, port: int, out: str) -> None:
     from harness.worker.teardown import end_process_group
 
     torch.set_num_threads(1)
-    spec = RunSpec.from_dict(spec_dict)
+    spec = spec_from_json(spec_dict)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=spec.gpus)
     topo = Topology(rank=rank, world_size=spec.gpus, local_rank=rank % spec.gpus_per_node,
@@ -103,7 +104,7 @@ def measure(spec, tmp_path) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "measured.json"
-    mp.spawn(_measure, args=(spec.to_dict(), port, str(out)), nprocs=spec.gpus)
+    mp.spawn(_measure, args=(spec_to_json(spec), port, str(out)), nprocs=spec.gpus)
     return json.loads(out.read_text())
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from harness.history.keys import cell_key
+from harness.results.spec import spec_from_json
 from harness.worker.faults import FaultInjector
 from harness.worker.teardown import end_process_group
 from tests.conftest import make_spec, run_cell
@@ -45,7 +46,8 @@ def test_factor_4_on_every_rank_ends_ok_at_about_4x_the_unslowed_step_time(tmp_p
     assert again["status"] == "ok", again.get("reason")
     assert slowed["status"] == "ok", slowed.get("reason")
     assert slowed["spec"]["inject"] == {"fault": "slow", "factor": FACTOR}
-    assert cell_key(slowed["spec"]) == cell_key(plain["spec"])  # judged against the unslowed cell's history
+    # judged against the unslowed cell's history
+    assert cell_key(spec_from_json(slowed["spec"])) == cell_key(spec_from_json(plain["spec"]))
     assert slowed["run_id"] != plain["run_id"]  # …though it is its own run
     unslowed = min(r["metrics"]["step_time_s"]["median"] for r in (plain, again))
     ratio = slowed["metrics"]["step_time_s"]["median"] / unslowed

@@ -11,6 +11,7 @@ ranked by counts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -22,6 +23,7 @@ from harness.cli import main
 from harness.compare.stats import run_level_p
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
+from harness.scenario.spec import RunSpec
 from harness.tune.log import check_tune_log, read_tune_file
 from harness.tune.search import COUNTS_SOURCE
 
@@ -54,8 +56,8 @@ env: {OMP_NUM_THREADS: "1"}
 """
 
 
-def _sans_steps(spec: dict) -> tuple:
-    return tuple(sorted((k, json.dumps(v)) for k, v in spec.items() if k != "measure_steps"))
+def _sans_steps(spec: RunSpec) -> RunSpec:
+    return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, measure_steps=1))
 
 
 def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(tmp_path, capsys):
@@ -88,8 +90,8 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     records, warnings = load_records(results / "tn-tune")
     assert not warnings
     # pruning never launched a cell predicted not to fit: no record's spec is a pruned cell's at any step count
-    pruned = {_sans_steps(c.spec.as_dict()) for c in g.candidates if c.fate == "pruned_memory" and c.spec}
-    assert not [r.run_id for r in records if _sans_steps(r.spec.as_dict()) in pruned]
+    pruned = {_sans_steps(c.spec) for c in g.candidates if c.fate == "pruned_memory" and c.spec}
+    assert not [r.run_id for r in records if _sans_steps(r.spec) in pruned]
 
     # the injected OOM is a record with its status; the candidate failed and the search went on
     oom = by_label["fsdp.full_shard fp32 mb 1 ga 4 ckpt none"]

@@ -29,6 +29,7 @@ from harness.compare.judge import compare
 from harness.compare.promote import promote_baseline
 from harness.core.errors import InputError
 from harness.core.zoo import ZOO
+from harness.results.spec import spec_to_json
 from harness.results.store import as_record, load_records, write_record
 from harness.scenario.schema import RunSpec, Settings, load_scenario
 
@@ -74,7 +75,7 @@ def make_record(
         "status": status,
         "reason": reason,
         "failed_rank": None,
-        "spec": spec.to_dict(),
+        "spec": spec_to_json(spec),
         "metrics": {},
         "env": {"torch": "2.13.0+cpu", "device_name": "cpu", "harness_git_sha": "abc1234"},
         "started_at": "2026-11-29T23:10:00+00:00",

@@ -85,10 +85,13 @@ def test_classify_uses_the_beats_only_when_no_rank_left_a_fragment():
 
 
 def test_the_beats_are_read_back_per_rank_for_this_attempt(tmp_path):
+    from harness.core.zoo import ZOO
     from harness.results.payload import Payload
+    from harness.scenario.spec import RunSpec, Settings
 
+    spec = RunSpec("tiny", ZOO["tiny"], "ddp", "fp32", gpus=2, nodes=1, gpus_per_node=2, settings=Settings())
     payload = Payload.model_validate(
-        {"spec": {"model": "tiny", "strategy": "ddp", "precision": "fp32", "gpus": 2}, "run_id": "r1",
+        {"spec": spec, "run_id": "r1",
          "sweep": "s", "results": str(tmp_path), "attempt": "a1",
          "cluster": {"name": "local", "device": "cpu", "pg_timeout_s": 60, "env": {}},
          "git_sha": None, "predicted": None, "master_port": None}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from harness.cli.plan import planned_cell_json
 from harness.core.errors import InputError
 from harness.plan import calibration as cal
 from harness.plan import predict as planner
@@ -74,7 +75,7 @@ def test_predict_is_typed_and_its_json_is_the_plans(tmp_path, monkeypatch):
     )
     assert isinstance(p.time(), TimePrediction) and p.time().step_time_s == p.step_time_s
     (cell,) = planner.plan_cells([spec], cluster)
-    doc = cell.to_dict()
+    doc = planned_cell_json(cell)
     assert list(doc)[:4] == ["run_id", "spec", "cannot_place", "unsupported"]
     assert {k: v for k, v in doc.items() if k not in ("run_id", "spec", "cannot_place", "unsupported")} == p.to_dict()
     assert Prediction.model_validate(p.to_dict()) == p

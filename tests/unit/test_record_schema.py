@@ -19,6 +19,7 @@ from harness.launch.core.payload import make_payload, predict
 from harness.results import record
 from harness.results.payload import Payload
 from harness.results.record import STATUSES, Record
+from harness.results.spec import CORE_KEYS, spec_from_json, spec_to_json
 from harness.results.store import load_records, parse_record, read_record, record_files, write_record
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import SETTING_FIELDS, RunSpec
@@ -41,12 +42,10 @@ def test_the_contract_check_can_fail():
     rec = parse_record(json.loads(EXAMPLE.read_text()))
     assert rec.contract_problems() == []
     bad = json.loads(EXAMPLE.read_text())
-    del bad["spec"]["seq_len"]
     del bad["metrics"]["loss"]
     bad["metrics"]["step_time_p50_s"] = 0.1
     bad["surprise"] = 1
     assert parse_record(bad).contract_problems() == [
-        "record.spec.seq_len: missing",
         "record.surprise: not a field of Record",
         "record.metrics.step_time_p50_s: not a field of Metrics",
         "record.metrics.loss: missing",
@@ -97,6 +96,11 @@ def type_paths(model: type[BaseModel], prefix: str = "") -> tuple[set[str], set[
     if model is Record:
         leaves.add("_path")  # not in the file: where the store read it (Record.path)
         known.add("_path")
+        # the cell (harness.results.spec: a RunSpec, no pydantic model): its core keys, settings and dimensions
+        spec = {f"spec.{k}" for k in (*CORE_KEYS, *SETTING_FIELDS) if k != "model_config"}
+        dims = {f"spec.model_config.{f.name}" for f in dataclasses.fields(ModelConfig)}
+        leaves = (leaves - {"spec"}) | spec | dims
+        known |= spec | dims | {"spec.model_config"}
     return leaves, known
 
 
@@ -156,9 +160,10 @@ def test_readme_parsing_sees_nested_and_placeholder_fields():
 
 def test_status_and_spec_types_match_their_definitions():
     assert get_args(record.Status) == STATUSES
-    spec_fields = {f.name for f in dataclasses.fields(RunSpec)} - {"settings"} | set(SETTING_FIELDS)
-    assert {f.alias or n for n, f in record.Spec.model_fields.items()} == spec_fields
-    assert set(record.ModelDims.model_fields) == {f.name for f in dataclasses.fields(ModelConfig)}
+    spec_fields = {f.name for f in dataclasses.fields(RunSpec)} - {"settings", "extra"} | set(SETTING_FIELDS)
+    written = spec_to_json(spec_from_json(json.loads(EXAMPLE.read_text())["spec"]))
+    assert list(written)[: len(CORE_KEYS)] == list(CORE_KEYS) and set(written) == spec_fields
+    assert set(written["model_config"]) | {"qkv_bias"} == {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 # ---- records as written and as stored
@@ -199,7 +204,7 @@ def test_a_record_written_and_read_back_is_the_same_file(tmp_path):
 
 @pytest.fixture
 def cell(tmp_path):
-    spec = RunSpec.from_dict(json.loads(EXAMPLE.read_text())["spec"])
+    spec = spec_from_json(json.loads(EXAMPLE.read_text())["spec"])
     cluster = load_cluster("local")
     payload = make_payload(
         spec, sweep="smoke", cluster=cluster, results=tmp_path, sha="abc123", predicted=predict(spec, cluster)
@@ -252,7 +257,7 @@ def test_gpus_is_one_word_from_scenario_to_record_and_old_records_still_read(tmp
     from harness.compare.match import spec_key
     from harness.results.store import load_records
     from harness.scenario.cluster import load_cluster
-    from harness.scenario.schema import RunSpec, load_scenario
+    from harness.scenario.schema import load_scenario
 
     baseline = ROOT / "tests" / "fixtures" / "smoke-legacy" / "smoke"  # the smoke baseline before 2026-12-02
     old = sorted(baseline.glob("*.json"))
@@ -266,10 +271,10 @@ def test_gpus_is_one_word_from_scenario_to_record_and_old_records_still_read(tmp
 
     records, warnings = load_records(baseline)
     assert not warnings and len(records) == len(old)
+    by_id = {json.loads(p.read_text())["run_id"]: json.loads(p.read_text())["spec"] for p in old}
     for rec in records:
-        spec = rec.spec.as_dict()
-        assert "world_size" not in spec and isinstance(spec["gpus"], int)
-        rebuilt = RunSpec.from_dict(dict(spec))
-        assert rebuilt.run_id == rec.run_id and rebuilt.to_dict()["gpus"] == spec["gpus"]
+        spec = spec_to_json(rec.spec)
+        assert "world_size" not in spec and isinstance(spec["gpus"], int) and spec["gpus"] == rec.spec.gpus
+        assert rec.spec.run_id == rec.run_id  # the cell read from an old record hashes to the old run_id
         legacy = {("world_size" if k == "gpus" else k): v for k, v in spec.items()}
-        assert spec_key(legacy) == spec_key(spec)
+        assert spec_key(spec_from_json(legacy)) == spec_key(rec.spec) == spec_key(spec_from_json(by_id[rec.run_id]))

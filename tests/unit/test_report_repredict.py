@@ -16,8 +16,8 @@ from harness.plan import calibration as cal
 from harness.plan.predict import clear_caches, predict
 from harness.report import build_report
 from harness.report.repredict import REPREDICTED
+from harness.results.spec import spec_from_json
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "baselines" / "smoke-local"
@@ -64,7 +64,7 @@ def test_repredict_prices_every_cell_again_and_leaves_the_files(records, tmp_pat
     assert set(df["prediction_source"]) == {REPREDICTED + now}
     for row in df.to_dict("records"):
         spec = json.loads((records / Path(row["path"]).name).read_text())["spec"]
-        pred = predict(RunSpec.from_dict(spec), load_cluster("local"))
+        pred = predict(spec_from_json(spec), load_cluster("local"))
         assert row["predicted_step_time_s"] == pytest.approx(pred.step_time_s, rel=1e-12)
         assert row["step_time_deviation"] == pytest.approx(row["step_time_median_s"] / pred.step_time_s - 1, rel=1e-9)
     assert {f.name: f.read_bytes() for f in records.iterdir()} == before

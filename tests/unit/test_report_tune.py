@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from harness.core.zoo import ZOO
 from harness.report import build_report
 from harness.report.tune import tune_figure, tune_figure_names
+from harness.results.spec import spec_to_json
+from harness.scenario.spec import RunSpec, Settings
 from harness.tune.log import FATES, TuneLog, check_tune_log, read_tune_logs
 from harness.tune.summary import Funnel, funnel, ranked_candidates
 from tests.unit.test_report import PNG_MAGIC, _has_colour, md_rows, md_section
@@ -55,7 +58,9 @@ def candidate(
     return {
         "run_id": f"c{n}-{strategy}-abc{n:07d}",
         "label": f"{strategy} mb {n}",
-        "spec": {"strategy": strategy, "precision": "bf16", "micro_batch": n, "gpus": 2, "model": "125m"},
+        "spec": spec_to_json(
+            RunSpec("125m", ZOO["125m"], strategy, "bf16", gpus=2, nodes=1, gpus_per_node=2, settings=Settings(n))
+        ),
         "predicted_step_time_s": None if predicted is None else 8 * 2048 / predicted,
         "predicted_tokens_per_s_per_gpu": predicted,
         "predicted_memory_gib": 10.0 + n,

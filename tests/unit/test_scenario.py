@@ -11,7 +11,8 @@ import pytest
 
 from harness.cli import main
 from harness.core.errors import InputError
-from harness.scenario.schema import RunSpec, expand_matrix, load_scenario, parse_scenario
+from harness.results.spec import spec_from_json, spec_to_json
+from harness.scenario.schema import expand_matrix, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,8 +117,8 @@ def test_activation_checkpointing_policies_and_their_boolean_spellings():
     assert [s.settings.checkpointing for s in specs] == [False, True, True]
     none, full, _ = specs
     assert "activation_checkpointing" not in none.identity()  # the default: run_ids of earlier cells hold
-    old = {**full.to_dict(), "activation_checkpointing": True}  # a record written before the policies
-    assert RunSpec.from_dict(old).run_id == full.run_id
+    old = {**spec_to_json(full), "activation_checkpointing": True}  # a record written before the policies
+    assert spec_from_json(old).run_id == full.run_id
     # ZeRO-3's gather hooks inside a compiled checkpointed block recompile on every call (measured 5 s steps
     # instead of 0.08 s): refused as unsupported (a skipped record) rather than timed
     sel = {
@@ -199,18 +200,18 @@ def test_a_spec_is_frozen_and_hashable_and_still_reads_and_hashes_as_before():
     inject = {"fault": "slow", "factor": 1.5, "rank": 1, "step": 3}
     (spec,) = parse_scenario({**BASE, "settings": {"inject": inject}}, "s.yaml").expand(gpus_per_node=2)
     assert spec.run_id == "tiny-ddp-fp32-g2-4883092142"
-    assert json.dumps(spec.to_dict()["inject"]) == '{"fault": "slow", "factor": 1.5, "rank": 1, "step": 3}'
+    assert json.dumps(spec_to_json(spec)["inject"]) == '{"fault": "slow", "factor": 1.5, "rank": 1, "step": 3}'
     assert spec.settings.inject == inject and isinstance(spec.settings.inject, dict)
     with pytest.raises(TypeError, match="frozen"):
         spec.settings.inject["rank"] = 0
-    twin = RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    twin = spec_from_json(json.loads(json.dumps(spec_to_json(spec))))
     assert twin == spec and hash(twin) == hash(spec) and {spec: 1}[twin] == 1
     for back in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
         assert back == spec and hash(back) == hash(spec) and back.settings.inject == inject
     # the same mapping in another key order is the same cell
-    reordered = RunSpec.from_dict({**spec.to_dict(), "inject": dict(reversed(list(inject.items())))})
+    reordered = spec_from_json({**spec_to_json(spec), "inject": dict(reversed(list(inject.items())))})
     assert reordered == spec and hash(reordered) == hash(spec) and reordered.run_id == spec.run_id
-    other = RunSpec.from_dict({**spec.to_dict(), "inject": {**inject, "rank": 0}})
+    other = spec_from_json({**spec_to_json(spec), "inject": {**inject, "rank": 0}})
     assert other != spec and other.run_id != spec.run_id
 
 

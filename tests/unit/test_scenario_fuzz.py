@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
+from harness.cli.plan import planned_cell_json
 from harness.core.errors import InputError
 from harness.scenario.schema import CORE_AXES, PRECISIONS, SETTING_FIELDS, STRATEGIES, TOP_LEVEL_KEYS, parse_scenario
 
@@ -138,7 +139,7 @@ def test_plan_either_plans_placeable_cells_or_raises_input_error(doc, cluster_na
     # a fixed machine (2 cores, 4 GiB available: 8 ranks by cores, 13 by memory), so the limit is known here
     cap = capacity(cluster, gpus=lambda: None, cores=lambda: 2, mem_gib=lambda: 4.0)
     cells = plan_cells(specs, cluster, cap=cap)
-    json.dumps([c.to_dict() for c in cells], allow_nan=False)
+    json.dumps([planned_cell_json(c) for c in cells], allow_nan=False)
     format_table(cells, cluster)
     limit = {"local": 8, "local-capped": 3, "local-gpu-capped": 4, "slurm-2-nodes": 16, "slurm-unbounded": None}
     assert cap.ranks == limit[cluster_name]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.plan.prediction import Prediction
+from harness.results.spec import spec_to_json
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.tune.log import Budget, CandidateLog, GroupLog, TrialLog, TuneLog, check_tune_log
@@ -108,7 +109,7 @@ def test_the_log_reads_back_byte_for_byte_every_field_in_the_files_order(tmp_pat
     finals = [t.value for t in win.trials if t.round == win.round]
     assert finals == [4001.0, 4002.0] and win.measured == statistics.median(finals) == 4001.5
     assert (win.predicted_tokens_per_s_per_gpu, win.predicted_memory_gib, win.predicted_rank) == (4400.0, 1.0, 1)
-    assert win.spec is not None and win.spec.to_dict() == g["candidates"][0]["spec"]
+    assert win.spec is not None and spec_to_json(win.spec) == g["candidates"][0]["spec"]
     assert search.groups[0].winner is not None and win.spec == search.groups[0].winner.to_log().spec
 
 

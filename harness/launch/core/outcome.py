@@ -248,7 +248,7 @@ def finalize(
     frags = fragments_of(payload)
     status, reason, rank = classify(
         frags,
-        world_size=int(payload.spec.gpus or 0),
+        world_size=payload.spec.gpus,
         elapsed_s=elapsed_s,
         time_limit_s=time_limit_s,
         cancelled=cancelled,
@@ -290,7 +290,7 @@ def skipped_record(
 ) -> Record:
     extra: dict[str, Any] = {} if predicted is None else {"predicted": predicted}
     rec = new_record(
-        spec=spec.to_dict(),
+        spec=spec,
         run_id=spec.run_id,
         sweep=sweep,
         cluster=cluster.name,

@@ -37,7 +37,7 @@ def make_payload(
     """Everything a rank needs (pickled by submitit, or written to a file as JSON)."""
     return Payload.model_validate(
         {
-            "spec": spec.to_dict(),
+            "spec": spec,
             "run_id": spec.run_id,
             "sweep": sweep,
             "attempt": uuid.uuid4().hex[:12],

@@ -203,7 +203,7 @@ def _shape(payload: Payload) -> tuple[int, int]:
 
 
 def _time_limit(payload: Payload) -> float:
-    return float(payload.spec.time_limit_s or 0.0)
+    return float(payload.spec.settings.time_limit_s)
 
 
 def _pack_of(payload: Payload) -> PackPlace:

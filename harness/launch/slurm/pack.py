@@ -377,7 +377,7 @@ class PackRun:
 
 
 def _time_limit(payload: Payload) -> float:
-    return float(payload.spec.time_limit_s or 0.0)
+    return float(payload.spec.settings.time_limit_s)
 
 
 def run_pack(cells: list[Payload]) -> None:

@@ -1,0 +1,159 @@
+"""The cell's JSON form: the one pair of functions that writes a `RunSpec` (harness.scenario.spec) as the flat `spec`
+object of a record, a payload, a tune log, a history row or `harness plan --format json`, and reads it back.
+
+Every other stage passes the typed cell; none builds or reads its dict. `SpecJSON` is the field type the file models
+use (`Record.spec`, `Payload.spec`, a tune log's candidates), so pydantic calls these two functions on every read and
+write.
+
+Reading keeps every record the harness ever wrote: the GPU count written as `world_size` (before 2026-12) is read as
+`gpus`; `activation_checkpointing: true/false` (before the policies) as `full`/`none`; a setting a record lacks (added
+after it was written) at its default; a key this version does not know (a newer harness's setting) kept in the
+cell's `extra`, written back and part of its identity. A spec that names no cell (a core key missing, a value of the
+wrong type) is refused with the key path, the value and what was expected: the record is then unreadable, with that
+reason, because a measurement whose cell cannot be told is no measurement of any cell.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import PlainSerializer, PlainValidator
+from pydantic_core import PydanticCustomError
+
+from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ModelConfig
+from harness.scenario.spec import (
+    LEGACY_GPUS_KEY,
+    SETTING_FIELDS,
+    TYPE_NAMES,
+    RunSpec,
+    Settings,
+    value_is,
+)
+
+CORE_KEYS: tuple[str, ...] = ("model", "model_config", "strategy", "precision", "gpus", "nodes", "gpus_per_node")
+"""the keys every spec holds, in the order it is written; the settings follow (harness.scenario.spec.SETTING_FIELDS)"""
+_TEXT_KEYS = ("model", "strategy", "precision")
+_COUNT_KEYS = ("gpus", "nodes", "gpus_per_node")
+
+
+class SpecError(ValueError):
+    """A spec that names no cell: `problems` are `key.path: what is wrong` lines."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def spec_to_json(spec: RunSpec) -> dict[str, Any]:
+    """The cell as a record's flat `spec`: the core keys (CORE_KEYS), then every setting in declaration order, then the
+    keys a newer harness wrote (`extra`)."""
+    out: dict[str, Any] = {
+        "model": spec.model,
+        "model_config": spec.model_config.to_dict(),
+        "strategy": spec.strategy,
+        "precision": spec.precision,
+        "gpus": spec.gpus,
+        "nodes": spec.nodes,
+        "gpus_per_node": spec.gpus_per_node,
+    }
+    settings = spec.settings
+    for name in SETTING_FIELDS:
+        value = getattr(settings, name)
+        out[name] = dict(value) if isinstance(value, dict) else value
+    out.update((key, json.loads(text)) for key, text in spec.extra)
+    return out
+
+
+def spec_from_json(doc: Any) -> RunSpec:
+    """A record's `spec` (as written by any version) as the cell; SpecError listing every problem when it names none."""
+    if isinstance(doc, RunSpec):
+        return doc
+    if not isinstance(doc, Mapping):
+        raise SpecError([f"{doc!r} is not an object"])
+    d = dict(doc)
+    if LEGACY_GPUS_KEY in d:
+        legacy = d.pop(LEGACY_GPUS_KEY)
+        d.setdefault("gpus", legacy)
+    problems: list[str] = []
+    for key in _TEXT_KEYS:
+        _check(d, key, str, problems)
+    for key in _COUNT_KEYS:
+        _check(d, key, int, problems)
+    config = _model_config(d.get("model_config"), problems)
+    settings: dict[str, Any] = {}
+    for name, f in SETTING_FIELDS.items():
+        if name in d and _setting_ok(name, d[name], f.type, problems):
+            settings[name] = d[name]
+    if problems or config is None:
+        raise SpecError(problems)
+    known = set(CORE_KEYS) | set(SETTING_FIELDS)
+    return RunSpec(
+        model=d["model"],
+        model_config=config,
+        strategy=d["strategy"],
+        precision=d["precision"],
+        gpus=d["gpus"],
+        nodes=d["nodes"],
+        gpus_per_node=d["gpus_per_node"],
+        settings=Settings(**settings),
+        extra=tuple((k, json.dumps(v, sort_keys=True)) for k, v in d.items() if k not in known),
+    )
+
+
+def _check(d: dict[str, Any], key: str, typ: type, problems: list[str]) -> None:
+    if key not in d:
+        problems.append(f"{key}: missing")
+    elif not value_is(d[key], typ):
+        problems.append(f"{key}: {d[key]!r} is not {TYPE_NAMES[typ]}")
+
+
+def _setting_ok(name: str, value: Any, typ: Any, problems: list[str]) -> bool:
+    """Whether a setting's value has its type (a record carries what the scenario validated; only the type is
+    checked here, so a record of a value this version no longer offers still reads)."""
+    if name == "inject":
+        ok = value is None or isinstance(value, Mapping)
+        expected = "an object or null"
+    elif name == "activation_checkpointing":
+        ok = isinstance(value, (str, bool))  # NOTE: true/false in records written before the policies
+        expected = "a string"
+    else:
+        py = {"int": int, "float": float, "bool": bool, "str": str}[typ] if isinstance(typ, str) else typ
+        ok = value_is(value, py)
+        expected = TYPE_NAMES[py]
+    if not ok:
+        problems.append(f"{name}: {value!r} is not {expected}")
+    return ok
+
+
+def _model_config(raw: Any, problems: list[str]) -> ModelConfig | None:
+    if raw is None:
+        problems.append("model_config: missing")
+        return None
+    if not isinstance(raw, Mapping):
+        problems.append(f"model_config: {raw!r} is not an object")
+        return None
+    before = len(problems)
+    for key, value in raw.items():
+        if key not in MODEL_KEYS:
+            problems.append(f"model_config.{key}: not a dimension this version knows (written by a newer harness?)")
+        elif key in BOOL_MODEL_KEYS and not isinstance(value, bool):
+            problems.append(f"model_config.{key}: {value!r} is not a boolean")
+        elif key not in BOOL_MODEL_KEYS and not (
+            value_is(value, int) or (value is None and key not in REQUIRED_MODEL_KEYS)
+        ):
+            problems.append(f"model_config.{key}: {value!r} is not an integer")
+    problems.extend(f"model_config.{k}: missing" for k in sorted(REQUIRED_MODEL_KEYS - set(raw)))
+    return ModelConfig(**raw) if len(problems) == before else None
+
+
+def _validate(value: Any) -> RunSpec:
+    try:
+        return spec_from_json(value)
+    except SpecError as e:
+        raise PydanticCustomError("cell_spec", "{problems}", {"problems": "; ".join(e.problems)}) from None
+
+
+SpecJSON = Annotated[RunSpec, PlainValidator(_validate), PlainSerializer(spec_to_json)]
+"""the field type of a cell inside a file model: read with spec_from_json, written with spec_to_json"""

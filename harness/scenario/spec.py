@@ -1,0 +1,369 @@
+"""The cell: `RunSpec`, one matrix cell from scenario to record, and its `Settings`.
+
+A scenario expands into RunSpecs (harness.scenario.schema); the planner keys its caches on them (frozen, hashable);
+the launcher hands one to every rank in its payload; the record carries it as `spec`. Its JSON form is written and
+read through one pair of functions, harness.results.spec (`spec_to_json`, `spec_from_json`), which also reads the
+records of earlier versions. `run_id` is a digest of `identity()`: the cell without the settings left at their
+default, so a setting added later keeps every earlier run_id.
+
+Pure: no torch import, deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from harness.core import catalogue
+from harness.core.layout import PP_SCHEDULES, Layout
+from harness.core.zoo import ModelConfig
+
+STRATEGIES: tuple[str, ...] = catalogue.STRATEGIES
+HYBRID_STRATEGIES: frozenset[str] = catalogue.HYBRID_STRATEGIES
+PRECISIONS: tuple[str, ...] = catalogue.PRECISIONS
+OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
+AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
+"""activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
+recompute the rest of each block: norms, RoPE, SiLU, products)"""
+
+LEGACY_GPUS_KEY = "world_size"
+"""what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
+
+
+class FrozenDict(dict[str, Any]):
+    """A dict that cannot change and hashes by its content: the value of a mapping setting (`inject`) inside a frozen,
+    hashable `Settings`, so a RunSpec can key the planner's caches (functools.cache). Still a dict (JSON, equality
+    with a plain dict, key order as written), so records, plans and run_ids read exactly as before."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(f"a setting's mapping is frozen: {dict(self)!r}")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        # NOTE: pickle's default for a dict subclass fills it with __setitem__, which refuses
+        return FrozenDict, (dict(self),)
+
+
+SETTING_DEFAULTS: dict[str, Any] = {}
+"""setting → its default (filled once Settings is defined)"""
+
+
+def _setting(default: Any, doc: str, *, choices: tuple | None = None, minimum: float | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "choices": choices, "minimum": minimum})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Per-cell knobs. Every field may be set under `settings:` or used as a matrix axis."""
+
+    micro_batch: int = _setting(2, "sequences per rank per micro-step", minimum=1)
+    seq_len: int = _setting(64, "tokens per sequence", minimum=2)
+    grad_accum: int = _setting(1, "micro-steps per optimizer step", minimum=1)
+    warmup_steps: int = _setting(2, "steps run before timing (>= 2: DDP rebuilds its buckets at step 2)", minimum=2)
+    measure_steps: int = _setting(5, "timed steps; every one is kept as a sample", minimum=1)
+    activation_checkpointing: str = _setting(
+        "none",
+        "none | full (recompute each block in backward) | selective (keep each block's matmul and attention "
+        "outputs, recompute the rest); true/false mean full/none",
+        choices=AC_POLICIES,
+    )
+    compile: bool = _setting(
+        False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)"
+    )
+    offload: str = _setting(
+        "none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS
+    )
+    seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
+    lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
+    time_limit_s: float = _setting(900.0, "wall-clock limit for the whole cell (s)", minimum=1.0)
+    inject: dict | None = _setting(
+        None,
+        "fault injection: {fault: oom|hang|crash|nan|exception, rank: N, step: K}, or a known slowdown "
+        "{fault: slow, factor: F, rank: N (omitted: every rank), step: K (from this step on)}",
+    )
+    tp: int = _setting(
+        1, "tensor-parallel ranks (inside a node); data-parallel degree = gpus / (tp x pp); with fsdp2.*", minimum=1
+    )
+    pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp or fsdp2.*", minimum=1)
+    pp_schedule: str = _setting(
+        "1f1b", "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (2 stages per rank)", choices=PP_SCHEDULES
+    )
+    microbatches: int = _setting(
+        0, "pipeline microbatches each rank's micro_batch is split into (pp > 1); 0 = one per pipeline rank", minimum=0
+    )
+    sequence_parallel: bool = _setting(
+        False, "tp > 1: shard the norms' activations over the sequence (all-gather / reduce-scatter for all-reduce)"
+    )
+    trace: bool = _setting(
+        False,
+        "five more steps after the timed ones under torch.profiler, between three untraced ones either side (the "
+        "profiler's cost): a Chrome trace per rank beside the record and the measured step-time breakdown "
+        "(metrics.time_s)",
+    )
+    checkpoint: bool = _setting(
+        False,
+        "after the timed steps, save the full training state (model, optimizer, step) the strategy's way, load it "
+        "into a fresh model and optimizer and train on: metrics.checkpoint (save_s, load_s, bytes, files)",
+    )
+
+    def __post_init__(self) -> None:
+        # NOTE: true/false were the only values before the policies existed; records and files keep them
+        object.__setattr__(
+            self,
+            "activation_checkpointing",
+            canonical_setting("activation_checkpointing", self.activation_checkpointing),
+        )
+        # NOTE: the pipeline and sequence-parallel knobs mean nothing without pp / tp: back to their defaults, so a
+        # `pp: [1, 2]` axis with `pp_schedule: gpipe` keeps the pp 1 cell's run_id that of the cell without them
+        if self.pp == 1:
+            object.__setattr__(self, "pp_schedule", SETTING_DEFAULTS["pp_schedule"])
+            object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
+        if self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
+        # NOTE: frozen all the way down, so that a RunSpec hashes (the planner's caches key on it)
+        if isinstance(self.inject, dict) and not isinstance(self.inject, FrozenDict):
+            object.__setattr__(self, "inject", FrozenDict(self.inject))
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether blocks run under activation checkpointing (full or selective)."""
+        return self.activation_checkpointing != "none"
+
+
+SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+SETTING_DEFAULTS.update({name: f.default for name, f in SETTING_FIELDS.items()})
+LAYOUT_SETTINGS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
+"""the settings of a cell's parallel layout (harness.core.layout)"""
+
+
+def canonical_setting(name: str, value: Any) -> Any:
+    """A setting's value as this version spells it: activation_checkpointing true/false → full/none (the
+    booleans of earlier records and files). Everything else as given."""
+    if name == "activation_checkpointing" and isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One matrix cell: everything a worker needs, serialisable, hashed into `run_id`."""
+
+    model: str
+    """model name (zoo or scenario-defined)"""
+    model_config: ModelConfig
+    """the model's dimensions (so a renamed or edited custom model changes run_id)"""
+    strategy: str
+    """parallelism family and variant, e.g. fsdp.full_shard (harness.core.catalogue)"""
+    precision: str
+    """fp32 | bf16 | fp16"""
+    gpus: int
+    """ranks = GPUs (the scenario's `gpus` axis; torch calls it the world size)"""
+    nodes: int
+    """ceil(gpus / gpus_per_node)"""
+    gpus_per_node: int
+    """ranks per node, from the cluster profile; hybrids shard inside a node and replicate across nodes"""
+    settings: Settings
+    extra: tuple[tuple[str, str], ...] = ()
+    """spec keys this version does not know (a newer harness's setting, read from its record), as (key, JSON text)
+    pairs in the file's order: kept so that the record writes back whole and stays a cell of its own; () for every
+    cell a scenario expands to"""
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two cells the same cell: the spec without settings left at their default (and with the keys a
+        newer harness wrote, `extra`).
+
+        A setting added in a later version (at its default) thus keeps every existing run_id and match.
+        The GPU count is hashed under its old key, `world_size`, so renaming it to `gpus` kept every run_id.
+        """
+        out: dict[str, Any] = {
+            "model": self.model,
+            "model_config": self.model_config.to_dict(),
+            "strategy": self.strategy,
+            "precision": self.precision,
+            LEGACY_GPUS_KEY: self.gpus,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+        }
+        # NOTE: not dataclasses.asdict (a deepcopy per field): planning 10,000 cells calls this for every run_id
+        for name, f in SETTING_FIELDS.items():
+            v = getattr(self.settings, name)
+            if v != f.default:
+                out[name] = dict(v) if isinstance(v, dict) else v
+        out.update((key, json.loads(text)) for key, text in self.extra)
+        return out
+
+    @functools.cached_property
+    def match_key(self) -> str:
+        """The cell as `harness compare` matches it and the history keys it: canonical JSON of `identity()` with the
+        GPU count under `gpus` (900 and 900.0 alike), so a renamed sweep or a re-organised results tree still lines
+        up and a setting added later (at its default) matches the records written before it."""
+        return self.key_without(())
+
+    def key_without(self, ignore: tuple[str, ...]) -> str:
+        """`match_key` with the top-level keys `ignore` left out (`harness compare --ignore-spec-key`)."""
+        d = self.identity()
+        d["gpus"] = d.pop(LEGACY_GPUS_KEY)
+        for k in ignore:
+            d.pop("gpus" if k == LEGACY_GPUS_KEY else k, None)
+        return json.dumps(canonical_json(d), sort_keys=True, separators=(",", ":"))
+
+    @functools.cached_property
+    def run_id(self) -> str:
+        """`<model>-<strategy>-<precision>-g<N>-<digest>`: readable, and stable for the same spec."""
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
+        return f"{self.model}-{self.strategy}-{self.precision}-g{self.gpus}-{digest}"
+
+    @property
+    def layout(self) -> Layout:
+        """The cell's parallel layout: data × tensor × pipeline ranks (harness.core.layout)."""
+        s = self.settings
+        return Layout(
+            gpus=self.gpus,
+            tp=s.tp,
+            pp=s.pp,
+            gpus_per_node=self.gpus_per_node,
+            hybrid=catalogue.is_hybrid(self.strategy),
+            schedule=s.pp_schedule,
+        )
+
+    @property
+    def layout_tag(self) -> str:
+        """The layout in a few characters, '' for plain data parallelism: `tp2 sp`, `pp2 (1f1b)`, `tp2 × pp2 (gpipe)`.
+        Cells that differ only in their layout share the rest of their run_id, so every line that names a cell
+        shows this beside it (issue 31)."""
+        s = self.settings
+        parts = []
+        if s.tp > 1:
+            parts.append(f"tp{s.tp}" + (" sp" if s.sequence_parallel else ""))
+        if s.pp > 1:
+            parts.append(f"pp{s.pp} ({s.pp_schedule})")
+        return " × ".join(parts)
+
+    @property
+    def cell_name(self) -> str:
+        """How a terminal line names the cell: its run_id, and its layout when it has one."""
+        return f"{self.run_id} [{self.layout_tag}]" if self.layout_tag else self.run_id
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: gpus / (tp x pp), the replicas that each train on their own rows of the batch."""
+        return self.gpus // (self.settings.tp * self.settings.pp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Global tokens per optimizer step: every data-parallel replica's (tensor- and pipeline-parallel ranks of
+        one replica train on the same rows)."""
+        s = self.settings
+        return s.micro_batch * s.seq_len * s.grad_accum * self.dp
+
+    def unsupported_reason(self, device: str | None = None) -> str | None:
+        """Why this cell cannot run as specified (it becomes a `skipped` record), or None.
+
+        `device` (cpu | cuda, from the cluster profile) adds what a backend cannot do on that device. The rules
+        for every strategy are here; what one strategy supports is its harness.core.catalogue entry.
+        """
+        s = self.settings
+        if s.inject is not None and s.inject.get("rank", 0) >= self.gpus:
+            return f"inject.rank {s.inject.get('rank', 0)} is not a rank of a world of {self.gpus}"
+        if s.inject is not None and s.inject.get("fault") == "checkpoint_truncate" and not s.checkpoint:
+            return "inject checkpoint_truncate cuts the checkpoint's files: it needs checkpoint: true"
+        entry = catalogue.CATALOGUE.get(self.strategy)
+        if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
+            return None
+        if s.tp > 1 or s.pp > 1:
+            return self._layout_refusal(entry, device)
+        if entry.mesh == catalogue.HYBRID:
+            if self.gpus % self.gpus_per_node:
+                return (
+                    f"{self.strategy} needs gpus divisible by gpus_per_node ({self.gpus} % {self.gpus_per_node} != 0)"
+                )
+            if self.nodes < 2:
+                return (
+                    f"{self.strategy} shards inside a node and replicates across nodes; world {self.gpus} "
+                    f"with {self.gpus_per_node} GPUs per node is a single node"
+                )
+        if self.precision not in entry.precisions:
+            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
+        if s.offload != "none":
+            why = entry.offload_refusal(s.offload)
+            if why is not None:
+                return why
+        if s.compile:
+            why = entry.compile_refusal(checkpointing=s.checkpointing)
+            if why is not None:
+                return why
+        return entry.device_refusal(device, self.precision)
+
+    def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
+        """Why a tensor- or pipeline-parallel cell cannot run (its layout is valid: validation checked it)."""
+        s, lay = self.settings, self.layout
+        why = entry.layout_refusal(tp=s.tp, pp=s.pp)
+        if why is not None:
+            return why
+        if s.tp > 1 and self.gpus_per_node % s.tp:
+            return (
+                f"tp {s.tp} does not fit in a node of {self.gpus_per_node} GPUs (tensor parallelism stays inside a "
+                "node: its collectives are on every block's critical path)"
+            )
+        if entry.mesh == catalogue.HYBRID:
+            if self.gpus % self.gpus_per_node:
+                return f"{self.strategy} needs whole nodes: gpus {self.gpus} % gpus_per_node {self.gpus_per_node} != 0"
+            if lay.dp_replicate < 2 or lay.dp_shard * lay.dp_replicate != lay.dp:
+                return (
+                    f"{self.strategy} shards over the {lay.dp_shard} rank(s) of a node beside tp {s.tp} and replicates "
+                    f"across nodes; dp {lay.dp} (gpus {self.gpus} / (tp {s.tp} x pp {s.pp})) leaves "
+                    f"{lay.dp_replicate} replica(s), it needs at least 2 whole ones"
+                )
+        if self.precision not in entry.precisions:
+            return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
+        if self.precision == "fp16":
+            return "fp16 loss scaling is not part of the tensor- and pipeline-parallel layouts here (run bf16 or fp32)"
+        if s.offload != "none":
+            why = entry.offload_refusal(s.offload) or f"{self.strategy}: CPU offload is not part of the tp/pp layouts"
+            return why
+        if s.compile:
+            return "torch.compile is not part of the tensor- and pipeline-parallel layouts here"
+        if s.checkpoint:
+            return "checkpoint is not part of the tensor- and pipeline-parallel layouts here"
+        return entry.device_refusal(device, self.precision)
+
+
+def value_is(value: Any, typ: type) -> bool:
+    """Whether `value` is a `typ` as a cell's fields take it: a bool is no int, an int is a float, NaN is none."""
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, typ)
+
+
+TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+"""a setting's type as an error line words it"""
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def canonical_json(obj: Any) -> Any:
+    """A spec value as keys compare it: an integral float as an int (900.0 from a dataclass default, 900 from YAML)."""
+    if type(obj) in _PLAIN:  # most spec values: as they are
+        return obj
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {str(k): canonical_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [canonical_json(v) for v in obj]
+    return obj
