@@ -14,6 +14,7 @@ import math
 from harness.plan import calibration as cal
 from harness.plan import checkpoint as ck
 from harness.plan import comm as cm
+from harness.plan import flops
 from harness.plan import memory as mb
 from harness.plan import time as tm
 from harness.plan.calibration import Rates
@@ -74,8 +75,8 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
         "cpu_memory_gib": round(mem.cpu / mb.GIB, 6),
         "device_memory_gib": cluster.device_memory_gib,
         "fits": fits,
-        "flops_per_step": mb.flops_per_step(spec),
-        "hardware_flops_per_step": mb.hardware_flops_per_step(spec),
+        "flops_per_step": flops.flops_per_step(spec),
+        "hardware_flops_per_step": flops.hardware_flops_per_step(spec),
         "comm_bytes_per_step": cm.ledger_bytes(spec),
         "reason": reason,
         "notes": dict(mem.notes),
@@ -107,7 +108,7 @@ def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | No
     )
     fields.update(
         device_memory_gib=cluster.device_memory_gib,
-        flops_per_step=mb.flops_per_step(spec),
+        flops_per_step=flops.flops_per_step(spec),
         hardware_flops_per_step=None,
         comm_bytes_per_step=None,
         reason=None,

@@ -37,9 +37,9 @@ from harness.plan import compute, layout_time, overlap
 from harness.plan.calibration import CalibrationMismatch, Rates, Unknown, rates_for
 from harness.plan.comm import Zero3Config
 from harness.plan.compute import compute_kind, micro_step_compute, optimizer_copy_bytes, optimizer_elements
+from harness.plan.flops import flops_per_step
 from harness.plan.layout_time import LAYOUT_ON_CPU, layout_parts
 from harness.plan.links import ClusterView, host_ranks
-from harness.plan.memory import flops_per_step
 from harness.plan.overlap import comm_times
 from harness.plan.prediction import PredictedTime, Prediction, TimePrediction
 from harness.scenario.cluster import Cluster, find_peak
