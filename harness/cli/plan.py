@@ -3,8 +3,8 @@ planner's predictions for every cell (with `--tokens`, the days, GPU-hours and c
 or with `--project`, every cell's step time projected at other GPU counts (and drawn with `--figure`, by
 harness.report.projection).
 
-The command only; the predictions are harness.plan.predict's and harness.plan.projection's. No torch import on this
-path.
+The command only; the predictions are harness.plan.predict's and harness.plan.projection's, the table
+harness.cli.plan_table's. No torch import on this path.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import click
 
+from harness.cli.plan_table import format_table
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
-from harness.plan.predict import format_table, plan_cells
+from harness.plan.predict import plan_cells
 from harness.plan.training import format_costs, parse_tokens, training_cost
 from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster

@@ -163,10 +163,13 @@ def test_comm_bytes_are_the_comm_models():
 
 
 def test_plan_does_not_import_torch():
+    """Nor pandas or matplotlib: the table's renderer (harness.cli.plan_table) lives outside harness/report/, whose
+    package imports both."""
     code = (
         "import sys; from harness.cli import main; "
         f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', 'json']); "
-        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
+        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
+        "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
