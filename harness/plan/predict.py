@@ -13,7 +13,7 @@ import gc
 from harness.plan import calibration as cal
 from harness.plan import checkpoint as ck
 from harness.plan import comm as cm
-from harness.plan import flops
+from harness.plan import flops, runnable
 from harness.plan import memory as mb
 from harness.plan import time as tm
 from harness.plan.calibration import Rates
@@ -42,7 +42,13 @@ def usable_memory_gib(cluster: Cluster) -> float | None:
     return cluster.device_memory_gib - mb.DEVICE_RESERVE_GIB
 
 
-def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
+def predict(
+    spec: RunSpec,
+    cluster: Cluster,
+    *,
+    rates: Rates | None = None,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
+) -> Prediction:
     """Predicted memory (GiB per rank), FLOPs per step (global) and whether the cell fits.
 
     `memory_gib` holds the five parts live at the rank's peak (they add up to `total`); `peak_at` names
@@ -53,8 +59,11 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
     `hardware_flops_per_step` adds activation checkpointing's recompute (HFU) to `flops_per_step` (MFU).
     `comm_bytes_per_step` is harness.plan.comm's (None where no collective model applies). The step-time fields
     (`step_time_s`, `tokens_per_s_per_gpu`, `mfu`, `time_s`, `calibration`, `time_null_reasons`) are
-    harness.plan.time's, at `rates` (default: the cluster's calibration or profile).
+    harness.plan.time's, at `rates` (default: the cluster's calibration or profile). Whether the cell can run is
+    asked once, here or by the caller that hands it down as `unsupported` (`plan_cells`; harness.plan.runnable), and
+    handed to the collective and step-time models.
     """
+    cannot_run = runnable.unsupported_reason(spec, unsupported)
     mem = mb.memory(spec)
     gib = mem.gib()
     usable = usable_memory_gib(cluster)
@@ -76,13 +85,13 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
         "fits": fits,
         "flops_per_step": flops.flops_per_step(spec),
         "hardware_flops_per_step": flops.hardware_flops_per_step(spec),
-        "comm_bytes_per_step": cm.ledger_bytes(spec),
+        "comm_bytes_per_step": cm.ledger_bytes(spec, unsupported=cannot_run),
         "reason": reason,
         "notes": dict(mem.notes),
     }
     if spec.settings.checkpoint:  # NOTE: only then, so every other cell's prediction reads as before
         fields.update(_checkpoint_fields(spec, cluster, rates))
-    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates, unsupported=cannot_run))
 
 
 def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> dict[str, object]:
@@ -99,9 +108,15 @@ def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> 
     return ck.checkpoint_prediction(spec, rates)
 
 
-def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
+def unsupported_prediction(
+    spec: RunSpec,
+    cluster: Cluster,
+    *,
+    rates: Rates | None = None,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
+) -> Prediction:
     """What `harness plan` shows of a cell that cannot run: its model FLOPs and its (null) step time, nothing of
-    memory or collectives."""
+    memory or collectives; `unsupported` (why it cannot run) as `predict` takes it."""
     fields = dict.fromkeys(
         ("memory_gib", "peak_at", "grads_after_backward_gib", "cpu_memory_gib", "device_memory_gib", "fits")
     )
@@ -112,7 +127,7 @@ def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | No
         comm_bytes_per_step=None,
         reason=None,
     )
-    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates, unsupported=unsupported))
 
 
 def plan_cells(
@@ -130,11 +145,11 @@ def plan_cells(
     try:
         cells = []
         for spec in specs:
-            why = spec.unsupported_reason()
+            why = spec.unsupported_reason()  # NOTE: the one time the cell is asked: the models are handed the answer
             pred = (
-                predict(spec, cluster, rates=rates)
+                predict(spec, cluster, rates=rates, unsupported=None)
                 if why is None
-                else unsupported_prediction(spec, cluster, rates=rates)
+                else unsupported_prediction(spec, cluster, rates=rates, unsupported=why)
             )
             cells.append(PlannedCell(spec, placement_refusal(spec, cluster, cap), why, pred))
         return cells
