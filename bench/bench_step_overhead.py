@@ -5,7 +5,7 @@ medians tells whether the harness's Trainer/timing adds cost a user's own loop w
 (target <= 1.02). With `--compile on|both`, each strategy also runs compiled on both sides (the harness's
 `compile: true` against the bare loop compiled in the same known-good order: the wrapped model for DDP and
 FSDP1, each block for FSDP2 (before fully_shard) and ZeRO). Printed per row: both medians, the ratio, and
-the harness's TFLOPS per GPU (model FLOPs, harness.plan.memory) and MFU against the device's dense peak
+the harness's TFLOPS per GPU (model FLOPs, harness.plan.flops) and MFU against the device's dense peak
 for the precision (harness.scenario.cluster.PEAKS; "n/a" where unknown, e.g. CPU), and on CUDA the host syncs one
 step makes on each side (CUDA's sync debug mode; the timing fence is outside the step). Prints figures;
 asserts nothing.
@@ -164,7 +164,7 @@ def measure(strategy: str, *, compiled: bool, args, topo, device: torch.device, 
     """One row: the harness's step and the bare loop of `strategy`, alternating in blocks. Everything it builds is
     local to it, so it is freed when it returns (the lambdas and closures over a trainer once kept the previous
     strategy's model alive through the next one's setup)."""
-    from harness.plan.memory import flops_per_step
+    from harness.plan.flops import flops_per_step
 
     doc = {
         "name": "bench",

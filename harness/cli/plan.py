@@ -3,8 +3,8 @@ planner's predictions for every cell (with `--tokens`, the days, GPU-hours and c
 or with `--project`, every cell's step time projected at other GPU counts (and drawn with `--figure`, by
 harness.report.projection).
 
-The command only; the predictions are harness.plan.predict's and harness.plan.projection's. No torch import on this
-path.
+The command only; the predictions are harness.plan.predict's and harness.plan.projection's, the table
+harness.cli.plan_table's. No torch import on this path.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 
 import click
 
+from harness.cli.plan_table import format_table
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
-from harness.plan.predict import format_table, plan_cells
+from harness.plan.predict import plan_cells
 from harness.plan.prediction import PlannedCell
 from harness.plan.training import format_costs, parse_tokens, training_cost
 from harness.results.spec import spec_to_json

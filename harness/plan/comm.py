@@ -60,7 +60,7 @@ from harness.core.constants import (
 )
 from harness.core.layout import group_kind
 from harness.core.zoo import ModelConfig, Param, parameters
-from harness.plan import layouts, zero3
+from harness.plan import layouts, runnable, zero3
 from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_structure
 from harness.scenario.schema import RunSpec
 
@@ -604,13 +604,15 @@ OFFLOAD_NOT_MODELLED = {
 """comm models whose CPU offload cells issue other collectives than the model counts → why"""
 
 
-def no_comm_model_reason(spec: RunSpec) -> str | None:
+def no_comm_model_reason(spec: RunSpec, *, unsupported: str | None | runnable.Unasked = runnable.UNASKED) -> str | None:
     """Why `predict_comm` returns None for this cell (no collective model applies), or None when it can model it.
 
-    Not `RunSpec.unsupported_reason`, which says why a cell cannot run at all (one of the reasons here)."""
+    Not `RunSpec.unsupported_reason`, which says why a cell cannot run at all (one of the reasons here): the caller
+    hands its answer down as `unsupported` where it has asked (harness.plan.runnable), else it is asked here, once."""
     s = spec.settings
-    if spec.unsupported_reason() is not None:
-        return f"the cell cannot run: {spec.unsupported_reason()}"
+    cannot_run = runnable.unsupported_reason(spec, unsupported)
+    if cannot_run is not None:
+        return f"the cell cannot run: {cannot_run}"
     entry = CATALOGUE.get(spec.strategy)
     if entry is None or entry.comm_model not in COMM_MODELS:
         return f"no collective model for strategy {spec.strategy!r}"
@@ -641,9 +643,10 @@ def ledger(spec: RunSpec) -> Ledger:
     return layout_ledger(spec)
 
 
-def ledger_bytes(spec: RunSpec) -> float | None:
-    """Collective bytes per step of the cell (predict_comm's `bytes_per_step`), None where no model applies."""
-    if no_comm_model_reason(spec) is not None:
+def ledger_bytes(spec: RunSpec, *, unsupported: str | None | runnable.Unasked = runnable.UNASKED) -> float | None:
+    """Collective bytes per step of the cell (predict_comm's `bytes_per_step`), None where no model applies;
+    `unsupported` as `no_comm_model_reason` takes it."""
+    if no_comm_model_reason(spec, unsupported=unsupported) is not None:
         return None
     return ledger(spec).bytes_per_step
 

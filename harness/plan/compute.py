@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from harness.core.catalogue import CATALOGUE
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan.calibration import Rates
-from harness.plan.memory import precision_mode, shard_degree_of, unit_sizes
+from harness.plan.flops import precision_mode
+from harness.plan.memory import shard_degree_of, unit_sizes
 from harness.scenario.schema import RunSpec
 
 # --------------------------------------------------------------------------------------------------

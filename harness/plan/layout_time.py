@@ -17,8 +17,8 @@ from harness.plan import comm as cm
 from harness.plan import layouts
 from harness.plan.calibration import Rates, Unknown
 from harness.plan.compute import OPS, RECOMPUTE_OPS, Compute, compute_kind, host_per_op, micro_step_compute
+from harness.plan.flops import precision_mode
 from harness.plan.links import POINT_TO_POINT, ClusterView, host_ranks, link_on
-from harness.plan.memory import precision_mode
 from harness.plan.overlap import Coll, fsdp_colls, fsdp_segments, simulate, unit_of
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec

@@ -1,4 +1,4 @@
-"""Analytic per-rank memory model and per-step FLOPs for every strategy × precision × world size × offload ×
+"""Analytic per-rank memory model for every strategy × precision × world size × offload ×
 activation checkpointing cell. Pure arithmetic: no torch import (`harness plan` must stay fast).
 
 Memory is predicted as bytes *allocated* by tensors on one rank at its peak, in five parts that add up
@@ -25,7 +25,7 @@ says what it holds in each. No allocator fragmentation or caching is modelled: t
 `DEVICE_RESERVE_GIB`.
 
 Units: bytes internally; GiB = 2**30 in every `*_gib` field; GB = 1e9 only where the users' arithmetic is
-quoted. FLOPs are per optimizer step over all ranks (global), counted as multiply-adds × 2.
+quoted. A cell's precision mode and its FLOPs are harness.plan.flops'.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from harness.core.constants import (
 )
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan import layouts
+from harness.plan.flops import precision_mode
 from harness.scenario.schema import RunSpec
 
 GIB = 2**30
@@ -134,18 +135,6 @@ WINDOW_HELP = {
 }
 
 
-PRECISION_MODES = ("fp32", "autocast", "lowp")
-"""How a cell computes: fp32 everywhere; autocast (fp32 params and residual stream, matmuls in 16 bit: DDP);
-lowp (16-bit params, so the residual stream is 16 bit too: FSDP/FSDP2 mixed precision, DeepSpeed bf16/fp16)."""
-
-
-def precision_mode(strategy: str, precision: str) -> str:
-    """fp32, or how the strategy computes in 16 bit (its catalogue entry's `mixed`)."""
-    if precision == "fp32":
-        return "fp32"
-    return CATALOGUE[strategy].mixed
-
-
 @dataclass(frozen=True)
 class ActivationModel:
     """Bytes saved for backward by harness.worker.models.Transformer, per token, traced op by op.
@@ -163,7 +152,7 @@ class ActivationModel:
     tokens and targets (16).
 
     Per block: fp32 44d + 16ffn + 4h + 8; autocast (a=2) 36d + 8ffn + 4h + 8; lowp (a=2) 26d + 8ffn + 4h + 8.
-    Checked against saved-tensor hooks and torch's MemTracker on CPU in tests/unit/test_flops.py.
+    Checked against saved-tensor hooks and torch's MemTracker on CPU in tests/unit/test_model_budget.py.
     """
 
     cfg: ModelConfig
@@ -734,6 +723,7 @@ def _zero3_sizes(cfg: ModelConfig, nshard: int) -> tuple[int, int, int]:
 
 
 MEMORY_MODELS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "zero": _zero}
+"""a catalogue entry's `memory_model` → the function predicting its per-rank memory"""
 
 
 def clear_caches() -> None:
@@ -748,37 +738,3 @@ def clear_caches() -> None:
         _zero3_sizes,
     ):
         f.cache_clear()
-
-
-"""a catalogue entry's `memory_model` → the function predicting its per-rank memory"""
-
-
-# --------------------------------------------------------------------------------------------------
-# FLOPs
-
-
-def recompute_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """FLOPs activation checkpointing adds per token: the forward of every block again (2 per matmul
-    parameter, and the attention forward, 4 · d_model · seq_len per layer), except the block's last matmul.
-
-    The MLP's down projection (w2, d_model × ffn) is not recomputed: its output is saved by nothing (the
-    residual add needs no inputs), and non-reentrant checkpointing stops recomputing as soon as every saved
-    tensor is back (`torch.utils.checkpoint` early stop, on by default). FlopCounterMode agrees exactly.
-    """
-    per_block_matmul = (cfg.n_matmul_params() - cfg.head_params()) / cfg.n_layers
-    recomputed = per_block_matmul - cfg.d_model * cfg.ffn
-    return cfg.n_layers * (2.0 * recomputed + 4.0 * cfg.d_model * seq_len)
-
-
-def flops_per_step(spec: RunSpec) -> float:
-    """Model FLOPs per optimizer step over all ranks: `ModelConfig.flops_per_token` (6 per matmul parameter
-    + 12 · n_layers · d_model · seq_len, full attention square) × global tokens per step. The MFU numerator."""
-    return spec.model_config.flops_per_token(spec.settings.seq_len) * spec.tokens_per_step
-
-
-def hardware_flops_per_step(spec: RunSpec) -> float:
-    """FLOPs the devices execute per step: model FLOPs plus the recomputed forward of every block under
-    activation checkpointing. The HFU numerator."""
-    full = spec.settings.activation_checkpointing == "full"  # selective keeps every matmul's and SDPA's output
-    extra = recompute_flops_per_token(spec.model_config, spec.settings.seq_len) if full else 0.0
-    return flops_per_step(spec) + extra * spec.tokens_per_step

@@ -1,5 +1,5 @@
 """Predicted per-rank memory, FLOPs and communication for every cell, launching nothing (`harness plan`, whose
-command is harness.cli.plan, prints `format_table(plan_cells(...))`).
+command is harness.cli.plan, prints harness.cli.plan_table's `format_table(plan_cells(...))`).
 
 `predict(spec, cluster)` is what the sweep dispatcher calls to skip cells that cannot fit (the `reason`
 sentence goes into the `skipped` record) and what every record carries under `predicted`.
@@ -9,11 +9,11 @@ No torch import on this path.
 from __future__ import annotations
 
 import gc
-import math
 
 from harness.plan import calibration as cal
 from harness.plan import checkpoint as ck
 from harness.plan import comm as cm
+from harness.plan import flops, runnable
 from harness.plan import memory as mb
 from harness.plan import time as tm
 from harness.plan.calibration import Rates
@@ -42,7 +42,13 @@ def usable_memory_gib(cluster: Cluster) -> float | None:
     return cluster.device_memory_gib - mb.DEVICE_RESERVE_GIB
 
 
-def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
+def predict(
+    spec: RunSpec,
+    cluster: Cluster,
+    *,
+    rates: Rates | None = None,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
+) -> Prediction:
     """Predicted memory (GiB per rank), FLOPs per step (global) and whether the cell fits.
 
     `memory_gib` holds the five parts live at the rank's peak (they add up to `total`); `peak_at` names
@@ -53,8 +59,11 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
     `hardware_flops_per_step` adds activation checkpointing's recompute (HFU) to `flops_per_step` (MFU).
     `comm_bytes_per_step` is harness.plan.comm's (None where no collective model applies). The step-time fields
     (`step_time_s`, `tokens_per_s_per_gpu`, `mfu`, `time_s`, `calibration`, `time_null_reasons`) are
-    harness.plan.time's, at `rates` (default: the cluster's calibration or profile).
+    harness.plan.time's, at `rates` (default: the cluster's calibration or profile). Whether the cell can run is
+    asked once, here or by the caller that hands it down as `unsupported` (`plan_cells`; harness.plan.runnable), and
+    handed to the collective and step-time models.
     """
+    cannot_run = runnable.unsupported_reason(spec, unsupported)
     mem = mb.memory(spec)
     gib = mem.gib()
     usable = usable_memory_gib(cluster)
@@ -74,15 +83,15 @@ def predict(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> P
         "cpu_memory_gib": round(mem.cpu / mb.GIB, 6),
         "device_memory_gib": cluster.device_memory_gib,
         "fits": fits,
-        "flops_per_step": mb.flops_per_step(spec),
-        "hardware_flops_per_step": mb.hardware_flops_per_step(spec),
-        "comm_bytes_per_step": cm.ledger_bytes(spec),
+        "flops_per_step": flops.flops_per_step(spec),
+        "hardware_flops_per_step": flops.hardware_flops_per_step(spec),
+        "comm_bytes_per_step": cm.ledger_bytes(spec, unsupported=cannot_run),
         "reason": reason,
         "notes": dict(mem.notes),
     }
     if spec.settings.checkpoint:  # NOTE: only then, so every other cell's prediction reads as before
         fields.update(_checkpoint_fields(spec, cluster, rates))
-    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates, unsupported=cannot_run))
 
 
 def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> dict[str, object]:
@@ -99,20 +108,26 @@ def _checkpoint_fields(spec: RunSpec, cluster: Cluster, rates: Rates | None) -> 
     return ck.checkpoint_prediction(spec, rates)
 
 
-def unsupported_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> Prediction:
+def unsupported_prediction(
+    spec: RunSpec,
+    cluster: Cluster,
+    *,
+    rates: Rates | None = None,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
+) -> Prediction:
     """What `harness plan` shows of a cell that cannot run: its model FLOPs and its (null) step time, nothing of
-    memory or collectives."""
+    memory or collectives; `unsupported` (why it cannot run) as `predict` takes it."""
     fields = dict.fromkeys(
         ("memory_gib", "peak_at", "grads_after_backward_gib", "cpu_memory_gib", "device_memory_gib", "fits")
     )
     fields.update(
         device_memory_gib=cluster.device_memory_gib,
-        flops_per_step=mb.flops_per_step(spec),
+        flops_per_step=flops.flops_per_step(spec),
         hardware_flops_per_step=None,
         comm_bytes_per_step=None,
         reason=None,
     )
-    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates))
+    return Prediction.of(fields, time_prediction(spec, cluster, rates=rates, unsupported=unsupported))
 
 
 def plan_cells(
@@ -130,156 +145,14 @@ def plan_cells(
     try:
         cells = []
         for spec in specs:
-            why = spec.unsupported_reason()
+            why = spec.unsupported_reason()  # NOTE: the one time the cell is asked: the models are handed the answer
             pred = (
-                predict(spec, cluster, rates=rates)
+                predict(spec, cluster, rates=rates, unsupported=None)
                 if why is None
-                else unsupported_prediction(spec, cluster, rates=rates)
+                else unsupported_prediction(spec, cluster, rates=rates, unsupported=why)
             )
             cells.append(PlannedCell(spec, placement_refusal(spec, cluster, cap), why, pred))
         return cells
     finally:
         if collecting:
             gc.enable()
-
-
-# --------------------------------------------------------------------------------------------------
-# table
-
-
-def _fmt(v: float | None, spec: str = "") -> str:
-    """GiB with one decimal, or three significant digits below 1 (so the tiny model's cells read)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if spec:
-        return format(v, spec)
-    return format(v, ".1f") if v >= 1 or v == 0 else format(v, ".3g")
-
-
-TIME_COLUMNS = ("ms/step", "tok/s/gpu", "MFU")
-
-
-def time_columns(pred: Prediction) -> list[str]:
-    """The table's predicted step time (ms), tokens/s per GPU and MFU of a planned cell; "-" where null."""
-    step, tps, mfu = pred.step_time_s, pred.tokens_per_s_per_gpu, pred.mfu
-    return [
-        "-" if step is None else f"{step * 1e3:.4g}",
-        "-" if tps is None else f"{tps:.4g}",
-        "-" if mfu is None else f"{mfu:.1%}",
-    ]
-
-
-def time_footer(cells: list[PlannedCell]) -> str:
-    """The table's last line: where the rates came from, and why step times are null where they are."""
-    sources = sorted({c.prediction.calibration or "" for c in cells if c.prediction.calibration})
-    null: dict[str, int] = {}
-    for c in cells:
-        if c.prediction.step_time_s is None and not c.unsupported:
-            why = (c.prediction.time_null_reasons or {}).get("step_time_s", "unknown")
-            null[why] = null.get(why, 0) + 1
-    line = "step time: " + ("; ".join(sources) or "no rates")
-    if null:
-        line += "; null for " + "; ".join(f"{n} cell(s): {why}" for why, n in sorted(null.items(), key=lambda x: -x[1]))
-    return line
-
-
-def cell_options(spec: RunSpec) -> str:
-    """The table's `opts` column: checkpointing, offload, layout, the checkpoint phase, and micro-batch × sequence."""
-    s = spec.settings
-    ac = s.activation_checkpointing
-    return ",".join(
-        o
-        for o in (
-            (f"ac={ac}" if ac != "none" else ""),
-            (f"offload={s.offload}" if s.offload != "none" else ""),
-            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
-            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
-            ("ckpt" if s.checkpoint else ""),
-            f"mb{s.micro_batch}x{s.seq_len}",
-        )
-        if o
-    )
-
-
-def table_row(cell: PlannedCell) -> list[str]:
-    """One cell's row: every column, or (name, opts, why it is not predicted) for a cell that cannot run or be
-    placed."""
-    spec, p = cell.spec, cell.prediction
-    name = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
-    opts = cell_options(spec)
-    if cell.unsupported:
-        return [name, opts, f"unsupported: {cell.unsupported}"]
-    if cell.cannot_place:
-        return [name, opts, f"CANNOT PLACE (skipped): {cell.cannot_place}"]
-    m = p.memory_gib or PredictedMemory()
-    fits = {True: "yes", False: "NO", None: "?"}[p.fits]
-    comm = p.comm_bytes_per_step
-    return [
-        name,
-        opts,
-        _fmt(m.params),
-        _fmt(m.grads),
-        _fmt(m.optimizer),
-        _fmt(m.activations),
-        _fmt(m.buffers),
-        _fmt(m.total),
-        fits,
-        p.peak_at or "",
-        _fmt(p.cpu_memory_gib) if p.cpu_memory_gib else "-",
-        _fmt((p.flops_per_step or 0.0) / 1e12, ".3g"),
-        _fmt(None if comm is None else comm / 1e9, ".3g"),
-        *time_columns(p),
-    ]
-
-
-def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
-    """`harness plan`'s table: a head line, one row per cell, the counts and where the step times came from."""
-    usable = usable_memory_gib(cluster)
-    head = (
-        f"cluster {cluster.name}: "
-        + (
-            f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable "
-            f"(reserve {mb.DEVICE_RESERVE_GIB:g} GiB)"
-            if usable is not None
-            else "device memory unknown (nothing is marked as not fitting)"
-        )
-        + "; memory in GiB per rank at its peak (grads: those allocated then), FLOPs per step over all ranks"
-    )
-    cols = [
-        "cell",
-        "opts",
-        "params",
-        "grads",
-        "optim",
-        "act",
-        "buf",
-        "total",
-        "fits",
-        "peak at",
-        "cpu",
-        "TFLOP/step",
-        "comm GB",
-        *TIME_COLUMNS,
-    ]
-    rows = [table_row(c) for c in cells]
-    full = [r for r in rows if len(r) == len(cols)]
-    widths = [
-        max([len(cols[i])] + [len(r[i]) for r in full] + [len(r[i]) for r in rows if len(r) < len(cols) and i < 2])
-        for i in range(len(cols))
-    ]
-    lines = [head, "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))]
-    for r in rows:
-        if len(r) < len(cols):
-            lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2]]))
-        else:
-            lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    n_no = sum(1 for c in cells if c.prediction.fits is False)
-    n_unsupported = sum(1 for c in cells if c.unsupported)
-    n_unplaced = sum(1 for c in cells if c.cannot_place and not c.unsupported)
-    lines.append(
-        f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
-        + (f", {n_unsupported} unsupported" if n_unsupported else "")
-        + (f", {n_unplaced} more than cluster {cluster.name} can place (the sweep skips them)" if n_unplaced else "")
-    )
-    lines.append(time_footer(cells))
-    return "\n".join(lines)

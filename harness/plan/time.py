@@ -33,13 +33,13 @@ from typing import NamedTuple
 
 from harness.core.zoo import ModelConfig
 from harness.plan import comm as cm
-from harness.plan import compute, layout_time, overlap
+from harness.plan import compute, layout_time, overlap, runnable
 from harness.plan.calibration import CalibrationMismatch, Rates, Unknown, rates_for
 from harness.plan.comm import Zero3Config
 from harness.plan.compute import compute_kind, micro_step_compute, optimizer_copy_bytes, optimizer_elements
+from harness.plan.flops import flops_per_step
 from harness.plan.layout_time import LAYOUT_ON_CPU, layout_parts
 from harness.plan.links import ClusterView, host_ranks
-from harness.plan.memory import flops_per_step
 from harness.plan.overlap import comm_times
 from harness.plan.prediction import PredictedTime, Prediction, TimePrediction
 from harness.scenario.cluster import Cluster, find_peak
@@ -52,22 +52,33 @@ SUMMED = ("compute", "recompute", "optimizer", "comm_exposed", "other")
 
 
 def predict_time(
-    spec: RunSpec, cluster: Cluster | ClusterView, rates: Rates, *, overlap: bool = True
+    spec: RunSpec,
+    cluster: Cluster | ClusterView,
+    rates: Rates,
+    *,
+    overlap: bool = True,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
 ) -> TimePrediction:
-    """The predicted step time of `spec` and its breakdown (see the module docstring); nulls carry reasons."""
+    """The predicted step time of `spec` and its breakdown (see the module docstring); nulls carry reasons.
+
+    `unsupported` is the cell's RunSpec.unsupported_reason() where the caller has asked it (harness.plan.runnable),
+    else it is asked here, once: a cell that cannot run has no step time, and only one that can reaches `cell_time`."""
+    cannot_run = runnable.unsupported_reason(spec, unsupported)
+    if cannot_run is not None:
+        return null_prediction(f"the cell cannot run: {cannot_run}", rates.source)
     return cell_time(spec, view=ClusterView.of(cluster), rates=rates, overlap=overlap, zero3=cm.ZERO3)
 
 
 @functools.cache
 def cell_time(spec: RunSpec, *, view: ClusterView, rates: Rates, overlap: bool, zero3: Zero3Config) -> TimePrediction:
-    """`predict_time` from everything it depends on: the cell, what is read of the cluster, the rates, whether
-    collectives may overlap compute, and the ZeRO-3 coordinator's knobs its collectives are modelled with
-    (harness.plan.comm.ZERO3)."""
+    """`predict_time` of a cell that can run, from everything it depends on: the cell, what is read of the cluster,
+    the rates, whether collectives may overlap compute, and the ZeRO-3 coordinator's knobs its collectives are
+    modelled with (harness.plan.comm.ZERO3)."""
     # NOTE: `zero3` is read below through harness.plan.comm.ZERO3 (CommCell.of): passed here so that the cache
     # cannot serve a prediction made with other knobs
     parts: dict[str, float | None] = dict.fromkeys(PARTS)
     reasons: dict[str, str] = {}
-    why = unmodelled_reason(spec)
+    why = unmodelled_reason(spec, unsupported=None)  # NOTE: only a cell that can run gets here (predict_time)
     if why is not None:
         reasons["step_time_s"] = why
     elif not spec.layout.is_default and rates.device == "cpu":
@@ -88,17 +99,18 @@ def cell_time(spec: RunSpec, *, view: ClusterView, rates: Rates, overlap: bool, 
     return _timed(None, None, None, rates, parts, reasons)
 
 
-def unmodelled_reason(spec: RunSpec) -> str | None:
-    """Why this cell's step time is not predicted whatever the rates, or None."""
+def unmodelled_reason(spec: RunSpec, *, unsupported: str | None | runnable.Unasked = runnable.UNASKED) -> str | None:
+    """Why this cell's step time is not predicted whatever the rates, or None; `unsupported` as `predict_time` takes
+    it."""
     s = spec.settings
-    unsupported = spec.unsupported_reason()
-    if unsupported is not None:
-        return f"the cell cannot run: {unsupported}"
+    cannot_run = runnable.unsupported_reason(spec, unsupported)
+    if cannot_run is not None:
+        return f"the cell cannot run: {cannot_run}"
     if s.compile:
         return "torch.compile is not calibrated: the model prices eager execution only"
     if s.offload != "none":
         return "CPU offload: the host optimizer and host-device traffic are not calibrated"
-    why = cm.no_comm_model_reason(spec)
+    why = cm.no_comm_model_reason(spec, unsupported=None)  # the cell can run: asked above
     if why is not None:
         return f"no collective model: {why}"
     return None
@@ -280,13 +292,19 @@ def null_prediction(reason: str, calibration: str) -> TimePrediction:
     )
 
 
-def time_prediction(spec: RunSpec, cluster: Cluster, *, rates: Rates | None = None) -> TimePrediction:
+def time_prediction(
+    spec: RunSpec,
+    cluster: Cluster,
+    *,
+    rates: Rates | None = None,
+    unsupported: str | None | runnable.Unasked = runnable.UNASKED,
+) -> TimePrediction:
     """The time fields `predict` adds to a cell's prediction: the cluster's rates (its calibration file, else its
-    profile figures) priced by `predict_time`. A calibration of another machine makes them null with the reason
-    here (the sweep goes on); `harness plan` refuses it up front (exit 2)."""
+    profile figures) priced by `predict_time` (`unsupported` as it takes it). A calibration of another machine makes
+    them null with the reason here (the sweep goes on); `harness plan` refuses it up front (exit 2)."""
     if rates is None:
         try:
             rates = rates_for(cluster)
         except CalibrationMismatch as e:
             return null_prediction(str(e.problems[0]), "refused: " + str(e.problems[0].file))
-    return predict_time(spec, cluster, rates)
+    return predict_time(spec, cluster, rates, unsupported=unsupported)

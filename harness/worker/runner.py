@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.plan.memory import flops_per_step as model_flops_per_step
-from harness.plan.memory import hardware_flops_per_step
+from harness.plan.flops import flops_per_step as model_flops_per_step
+from harness.plan.flops import hardware_flops_per_step
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload, PayloadCluster
 from harness.results.record import Fragment, Record, Status

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from harness.core.zoo import ZOO, ModelConfig
-from harness.plan import memory as mb
+from harness.plan import flops
 from harness.scenario.schema import RunSpec, Settings
 
 torch = pytest.importorskip("torch")
@@ -88,7 +88,7 @@ SIZES = [  # (name, config, micro_batch, seq_len): three zoo sizes and a grouped
 @pytest.mark.parametrize("name, cfg, mb_, seq", SIZES, ids=[s[0] for s in SIZES])
 def test_model_flops_match_flop_counter(name, cfg, mb_, seq):
     got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="meta")
-    want = mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    want = flops.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
     assert want == pytest.approx(got["total"], rel=0.02)
     assert want == got["total"]  # exact: matmuls 2/4 FLOPs per MAC forward/backward, attention 4 + 8 b·h·s²·hd
     attention = 12 * cfg.n_layers * cfg.d_model * seq * mb_ * seq
@@ -101,9 +101,9 @@ def test_checkpointing_recompute_matches_flop_counter(name, cfg, mb_, seq):
     checkpointing stops recomputing once every saved tensor is back, and nothing saves w2's output."""
     s = spec_for(cfg, micro_batch=mb_, seq_len=seq, ckpt=True)
     got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="meta", ckpt=True)
-    assert mb.hardware_flops_per_step(s) == got["total"]
-    assert mb.flops_per_step(s) == mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
-    assert mb.hardware_flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq)) == mb.flops_per_step(s)
+    assert flops.hardware_flops_per_step(s) == got["total"]
+    assert flops.flops_per_step(s) == flops.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    assert flops.hardware_flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq)) == flops.flops_per_step(s)
 
 
 @pytest.mark.parametrize("device", ["meta", "cpu"])
@@ -117,9 +117,9 @@ def test_selective_checkpointing_recomputes_no_matmul(name, cfg, mb_, seq, devic
     full = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device=device, ckpt="full")
     assert sel["by_op"] == plain["by_op"] and full["total"] > plain["total"]
     s = spec_for(cfg, micro_batch=mb_, seq_len=seq, ckpt="selective")
-    assert mb.hardware_flops_per_step(s) == mb.flops_per_step(s)
+    assert flops.hardware_flops_per_step(s) == flops.flops_per_step(s)
     if device == "meta":
-        assert mb.flops_per_step(s) == sel["total"]
+        assert flops.flops_per_step(s) == sel["total"]
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_cpu_flash_attention_counts_the_scores_recompute(cfg, mb_, seq):
     got = counted_flops(cfg, micro_batch=mb_, seq_len=seq, device="cpu")
     assert got["by_op"]["aten._scaled_dot_product_flash_attention_for_cpu"] > 0
     tokens = mb_ * seq
-    model = mb.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
+    model = flops.flops_per_step(spec_for(cfg, micro_batch=mb_, seq_len=seq))
     scores_recompute = 2 * cfg.n_layers * cfg.d_model * seq * tokens
     assert got["total"] == model + scores_recompute
     assert model == pytest.approx(got["total"], rel=0.03)
@@ -155,8 +155,8 @@ def test_cpu_flash_attention_counts_the_scores_recompute(cfg, mb_, seq):
 
 def test_flops_per_step_is_global():
     cfg = ZOO["125m"]
-    one = mb.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=1))
-    eight = mb.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=8))
+    one = flops.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=1))
+    eight = flops.flops_per_step(spec_for(cfg, micro_batch=2, seq_len=512, world=8))
     assert eight == 8 * one == 8 * cfg.flops_per_token(512) * 2 * 512
 
 
@@ -164,7 +164,7 @@ def test_recompute_formula():
     cfg = ZOO["7b"]
     per_block = cfg.block_params() - 2 * cfg.d_model  # matmul parameters of a block
     want = cfg.n_layers * (2 * (per_block - cfg.d_model * cfg.ffn) + 4 * cfg.d_model * 4096)
-    assert mb.recompute_flops_per_token(cfg, 4096) == want
+    assert flops.recompute_flops_per_token(cfg, 4096) == want
     # about a quarter on top of the model FLOPs (a forward is a third of forward+backward, minus w2)
     assert 0.2 < want / cfg.flops_per_token(4096) < 0.3
 
@@ -184,7 +184,7 @@ def test_mfu_on_an_h200_divides_by_the_dense_bf16_peak(ac):
     )
     assert peak == 989.4 and mfu == pytest.approx(550.0 / 989.4) and reasons == {}
     # full checkpointing recomputes each block's forward: HFU = MFU x (6N + recompute) / 6N-with-attention
-    ratio = mb.hardware_flops_per_step(spec) / mb.flops_per_step(spec)
+    ratio = flops.hardware_flops_per_step(spec) / flops.flops_per_step(spec)
     assert hfu == pytest.approx(mfu * ratio)
     # (full: the blocks' forward again, at most a third more, less the head's share; selective: no matmul again)
     assert (1.2 < ratio < 4 / 3) if ac == "full" else (ratio == 1.0)

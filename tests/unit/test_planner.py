@@ -16,7 +16,7 @@ from harness.core.zoo import ZOO
 from harness.plan import memory as mb
 from harness.plan import predict as planner
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import load_scenario
+from harness.scenario.schema import RunSpec, load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
@@ -163,10 +163,13 @@ def test_comm_bytes_are_the_comm_models():
 
 
 def test_plan_does_not_import_torch():
+    """Nor pandas or matplotlib: the table's renderer (harness.cli.plan_table) lives outside harness/report/, whose
+    package imports both."""
     code = (
         "import sys; from harness.cli import main; "
         f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', 'json']); "
-        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
+        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
+        "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -178,3 +181,30 @@ def test_plan_does_not_import_torch():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(json.loads(out.stdout)) == 10
+
+
+def test_a_plan_asks_each_cell_once_whether_it_can_run(monkeypatch):
+    """plan_cells asks RunSpec.unsupported_reason() once per cell and hands the answer to the collective and step-time
+    models (harness.plan.runnable), cold caches or warm; predict() on its own asks once too."""
+    specs = load_scenario(PLAN_OPTIONS).expand(gpus_per_node=8)
+    assert any(s.unsupported_reason() for s in specs) and any(s.unsupported_reason() is None for s in specs)
+    cluster = load_cluster("h100")
+    asked: list[str] = []
+    original = RunSpec.unsupported_reason
+
+    def counting(self: RunSpec, device: str | None = None) -> str | None:
+        asked.append(self.run_id)
+        return original(self, device)
+
+    monkeypatch.setattr(RunSpec, "unsupported_reason", counting)
+    planner.clear_caches()
+    cold = [c.to_dict() for c in planner.plan_cells(specs, cluster)]
+    assert sorted(asked) == sorted(s.run_id for s in specs)
+    asked.clear()
+    assert [c.to_dict() for c in planner.plan_cells(specs, cluster)] == cold
+    assert sorted(asked) == sorted(s.run_id for s in specs)
+    for spec in specs:
+        asked.clear()
+        planner.clear_caches()
+        planner.predict(spec, cluster)
+        assert asked == [spec.run_id]

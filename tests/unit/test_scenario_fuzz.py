@@ -126,8 +126,9 @@ CLUSTERS = {
 def test_plan_either_plans_placeable_cells_or_raises_input_error(doc, cluster_name):
     import json
 
+    from harness.cli.plan_table import format_table
     from harness.plan.placement import capacity
-    from harness.plan.predict import format_table, plan_cells
+    from harness.plan.predict import plan_cells
     from harness.scenario.cluster import parse_cluster
 
     cluster = parse_cluster({"name": cluster_name, **CLUSTERS[cluster_name]}, f"{cluster_name}.yaml")

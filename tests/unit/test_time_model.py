@@ -168,7 +168,7 @@ def test_mfu_on_a_known_gpu(cal_dir):
     rates = cal.rates_for(cluster)
     spec = make_spec(strategy="fsdp.full_shard", model="1.3b", gpus=8, precision="bf16", gpus_per_node=8)
     p = tm.predict_time(spec, cluster, rates).to_dict()
-    from harness.plan.memory import flops_per_step
+    from harness.plan.flops import flops_per_step
 
     assert p["mfu"] == pytest.approx(flops_per_step(spec) / 8 / p["step_time_s"] / 312e12)
 

@@ -1,0 +1,155 @@
+"""The table `harness plan` prints (harness.cli.plan): a head line, one row per planned cell (memory per rank, fit,
+FLOPs, collectives, step time), the counts and where the step times came from. Rendering only: the predictions it
+shows are harness.plan.predict's `plan_cells`.
+
+It sits beside its command rather than in harness/report/, whose package imports pandas and matplotlib (the report's
+build) and `harness plan` imports neither. Units: memory in GiB per rank (GiB = 2**30), TFLOP and GB (1e9 bytes) per
+step over all ranks, step time in ms.
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.plan.memory import DEVICE_RESERVE_GIB
+from harness.plan.predict import usable_memory_gib
+from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
+from harness.scenario.cluster import Cluster
+from harness.scenario.schema import RunSpec
+
+
+def _fmt(v: float | None, spec: str = "") -> str:
+    """GiB with one decimal, or three significant digits below 1 (so the tiny model's cells read)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if spec:
+        return format(v, spec)
+    return format(v, ".1f") if v >= 1 or v == 0 else format(v, ".3g")
+
+
+TIME_COLUMNS = ("ms/step", "tok/s/gpu", "MFU")
+
+
+def time_columns(pred: Prediction) -> list[str]:
+    """The table's predicted step time (ms), tokens/s per GPU and MFU of a planned cell; "-" where null."""
+    step, tps, mfu = pred.step_time_s, pred.tokens_per_s_per_gpu, pred.mfu
+    return [
+        "-" if step is None else f"{step * 1e3:.4g}",
+        "-" if tps is None else f"{tps:.4g}",
+        "-" if mfu is None else f"{mfu:.1%}",
+    ]
+
+
+def time_footer(cells: list[PlannedCell]) -> str:
+    """The table's last line: where the rates came from, and why step times are null where they are."""
+    sources = sorted({c.prediction.calibration or "" for c in cells if c.prediction.calibration})
+    null: dict[str, int] = {}
+    for c in cells:
+        if c.prediction.step_time_s is None and not c.unsupported:
+            why = (c.prediction.time_null_reasons or {}).get("step_time_s", "unknown")
+            null[why] = null.get(why, 0) + 1
+    line = "step time: " + ("; ".join(sources) or "no rates")
+    if null:
+        line += "; null for " + "; ".join(f"{n} cell(s): {why}" for why, n in sorted(null.items(), key=lambda x: -x[1]))
+    return line
+
+
+def cell_options(spec: RunSpec) -> str:
+    """The table's `opts` column: checkpointing, offload, layout, the checkpoint phase, and micro-batch × sequence."""
+    s = spec.settings
+    ac = s.activation_checkpointing
+    return ",".join(
+        o
+        for o in (
+            (f"ac={ac}" if ac != "none" else ""),
+            (f"offload={s.offload}" if s.offload != "none" else ""),
+            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
+            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+            ("ckpt" if s.checkpoint else ""),
+            f"mb{s.micro_batch}x{s.seq_len}",
+        )
+        if o
+    )
+
+
+def table_row(cell: PlannedCell) -> list[str]:
+    """One cell's row: every column, or (name, opts, why it is not predicted) for a cell that cannot run or be
+    placed."""
+    spec, p = cell.spec, cell.prediction
+    name = f"{spec.model} {spec.strategy} {spec.precision} g{spec.gpus}"
+    opts = cell_options(spec)
+    if cell.unsupported:
+        return [name, opts, f"unsupported: {cell.unsupported}"]
+    if cell.cannot_place:
+        return [name, opts, f"CANNOT PLACE (skipped): {cell.cannot_place}"]
+    m = p.memory_gib or PredictedMemory()
+    fits = {True: "yes", False: "NO", None: "?"}[p.fits]
+    comm = p.comm_bytes_per_step
+    return [
+        name,
+        opts,
+        _fmt(m.params),
+        _fmt(m.grads),
+        _fmt(m.optimizer),
+        _fmt(m.activations),
+        _fmt(m.buffers),
+        _fmt(m.total),
+        fits,
+        p.peak_at or "",
+        _fmt(p.cpu_memory_gib) if p.cpu_memory_gib else "-",
+        _fmt((p.flops_per_step or 0.0) / 1e12, ".3g"),
+        _fmt(None if comm is None else comm / 1e9, ".3g"),
+        *time_columns(p),
+    ]
+
+
+def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
+    """`harness plan`'s table: a head line, one row per cell, the counts and where the step times came from."""
+    usable = usable_memory_gib(cluster)
+    head = (
+        f"cluster {cluster.name}: "
+        + (
+            f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable (reserve {DEVICE_RESERVE_GIB:g} GiB)"
+            if usable is not None
+            else "device memory unknown (nothing is marked as not fitting)"
+        )
+        + "; memory in GiB per rank at its peak (grads: those allocated then), FLOPs per step over all ranks"
+    )
+    cols = [
+        "cell",
+        "opts",
+        "params",
+        "grads",
+        "optim",
+        "act",
+        "buf",
+        "total",
+        "fits",
+        "peak at",
+        "cpu",
+        "TFLOP/step",
+        "comm GB",
+        *TIME_COLUMNS,
+    ]
+    rows = [table_row(c) for c in cells]
+    full = [r for r in rows if len(r) == len(cols)]
+    widths = [
+        max([len(cols[i])] + [len(r[i]) for r in full] + [len(r[i]) for r in rows if len(r) < len(cols) and i < 2])
+        for i in range(len(cols))
+    ]
+    lines = [head, "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))]
+    for r in rows:
+        if len(r) < len(cols):
+            lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2]]))
+        else:
+            lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    n_no = sum(1 for c in cells if c.prediction.fits is False)
+    n_unsupported = sum(1 for c in cells if c.unsupported)
+    n_unplaced = sum(1 for c in cells if c.cannot_place and not c.unsupported)
+    lines.append(
+        f"{len(cells)} cells; {n_no} predicted not to fit (NO)"
+        + (f", {n_unsupported} unsupported" if n_unsupported else "")
+        + (f", {n_unplaced} more than cluster {cluster.name} can place (the sweep skips them)" if n_unplaced else "")
+    )
+    lines.append(time_footer(cells))
+    return "\n".join(lines)
