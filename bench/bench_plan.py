@@ -64,9 +64,9 @@ def inner(args: argparse.Namespace) -> None:
     gc.disable()
     atexit.register(gc.freeze)
     t0 = time.perf_counter()
-    from harness.cli.plan_table import format_table
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
+    from harness.report.plan import format_table
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import load_scenario
 
@@ -153,9 +153,9 @@ def main() -> None:
         wall = time.perf_counter() - t
         print(f"cli: `harness plan` over all 12,672 cells: {wall:.2f} s wall (exit {p.returncode})")
 
-    from harness.cli.plan_table import format_table
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
+    from harness.report.plan import format_table
     from harness.scenario.schema import load_scenario
 
     specs = load_scenario(str(scenario)).expand(gpus_per_node=cluster.gpus_per_node)[: args.cells]

@@ -4,7 +4,7 @@ or with `--project`, every cell's step time projected at other GPU counts (and d
 harness.report.projection).
 
 The command only; the predictions are harness.plan.predict's and harness.plan.projection's, the table
-harness.cli.plan_table's. No torch import on this path.
+harness.report.plan's. No torch import on this path.
 """
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ import atexit
 import gc
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
-from harness.cli.plan_table import format_table
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import plan_cells
-from harness.plan.prediction import PlannedCell
-from harness.plan.training import format_costs, parse_tokens, training_cost
-from harness.results.spec import spec_to_json
+from harness.plan.training import parse_tokens, training_cost
+from harness.report.plan import format_costs, format_projection, format_table, planned_cell_json
 from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -104,7 +101,7 @@ def plan_command(
             if fmt == "json":
                 click.echo(json.dumps(doc.to_dict(), indent=2, allow_nan=False))
             else:
-                click.echo(pj.format_projection(rows, cluster, gpus, rates))
+                click.echo(format_projection(rows, cluster, gpus, rates))
             if figure_path is not None:
                 _draw(doc, figure_path)
             return 0
@@ -141,15 +138,3 @@ def _draw(doc: pj.Projection, path: Path) -> None:
         return
     atomic_write_bytes(path, fig.png)
     click.echo(f"figure: {path}" + (f" ({fig.note})" if fig.note else ""), err=True)
-
-
-def planned_cell_json(cell: PlannedCell) -> dict[str, Any]:
-    """One cell as `harness plan --format json` prints it: run_id, spec, cannot_place, unsupported, then the
-    prediction's fields."""
-    return {
-        "run_id": cell.spec.run_id,
-        "spec": spec_to_json(cell.spec),
-        "cannot_place": cell.cannot_place,
-        "unsupported": cell.unsupported,
-        **cell.prediction.to_dict(),
-    }

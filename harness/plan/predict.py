@@ -1,5 +1,5 @@
 """Predicted per-rank memory, FLOPs and communication for every cell, launching nothing (`harness plan`, whose
-command is harness.cli.plan, prints harness.cli.plan_table's `format_table(plan_cells(...))`).
+command is harness.cli.plan, prints harness.report.plan's `format_table(plan_cells(...))`).
 
 `predict(spec, cluster)` is what the sweep dispatcher calls to skip cells that cannot fit (the `reason`
 sentence goes into the `skipped` record) and what every record carries under `predicted`.

@@ -289,36 +289,3 @@ def projection_document(rows: list[ProjectedRow], cluster: Cluster, gpus: list[i
         rates=rates.source,
         rows=tuple(rows),
     )
-
-
-def format_projection(rows: list[ProjectedRow], cluster: Cluster, gpus: list[int], rates: Rates) -> str:
-    """The projection as a text table: per row, ms/step and tokens/s per GPU at each GPU count; `-` for null (the
-    reasons are listed below, numbered), `!` after a value whose cell does not fit in the device's memory."""
-    reasons: dict[str, int] = {}
-
-    def cell(p: ProjectedPoint) -> str:
-        if p.step_time_s is None or p.tokens_per_s_per_gpu is None:
-            n = reasons.setdefault(p.reason or "unknown", len(reasons) + 1)
-            return f"-[{n}]"
-        mark = "!" if p.fits is False else ""
-        return f"{p.step_time_s * 1e3:.4g}/{p.tokens_per_s_per_gpu:.4g}{mark}"
-
-    head = ["model", "strategy", "prec", "settings", *[f"{g} GPUs" for g in gpus]]
-    body = []
-    for r in rows:
-        s = r.settings
-        opts = f"mb{s.micro_batch}x{s.seq_len}" + (f" ga{s.grad_accum}" if (s.grad_accum or 1) > 1 else "")
-        if s.activation_checkpointing not in (None, "none"):
-            opts += f" ac={s.activation_checkpointing}"
-        body.append([r.model, r.layout, r.precision, opts, *[cell(p) for p in r.points]])
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = [
-        f"cluster {cluster.name} ({cluster.gpus_per_node} GPUs per node): predicted ms/step / tokens/s per GPU at "
-        f"each GPU count (`!`: does not fit the device memory); rates: {rates.source}",
-        "  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))),
-    ]
-    for b in body:
-        lines.append("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths))))
-    for why, n in reasons.items():
-        lines.append(f"[{n}] {why}")
-    return "\n".join(lines)

@@ -67,23 +67,3 @@ def training_cost(cell: PlannedCell, *, tokens: float, price_per_gpu_hour: float
         )
         return TrainingCost(tokens, days, gpu_hours, None, reason)
     return TrainingCost(tokens, days, gpu_hours, gpu_hours * price_per_gpu_hour, None)
-
-
-def format_costs(cells: list[PlannedCell], costs: list[TrainingCost], *, tokens: float) -> str:
-    """The table `--tokens` adds below the plan: one row per cell with a step time."""
-    rows = [("cell", "days", "GPU-hours", "cost")]
-    for c, t in zip(cells, costs):
-        if t.days is None or t.gpu_hours is None:
-            continue
-        s = c.spec
-        name = f"{s.model} {s.strategy} {s.precision} g{s.gpus} mb{s.settings.micro_batch}x{s.settings.seq_len}"
-        name += "" if s.settings.activation_checkpointing == "none" else f" ac={s.settings.activation_checkpointing}"
-        cost = "-" if t.cost is None else f"{t.cost:,.0f}"
-        rows.append((name, f"{t.days:,.1f}", f"{t.gpu_hours:,.0f}", cost))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [f"training {tokens:.4g} tokens at the predicted tokens/s per GPU:"]
-    lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
-    why = next((t.reason for t in costs if t.days is not None and t.reason), None)
-    if why:
-        lines.append(f"cost: null: {why}")
-    return "\n".join(lines)

@@ -13,6 +13,19 @@ never 0. A sweep folder with a `harness tune` log (tune.json) adds its search se
 
 from __future__ import annotations
 
-from harness.report.build import build_report, output_problem
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.report.build import build_report, output_problem
 
 __all__ = ["build_report", "output_problem"]
+
+
+def __getattr__(name: str) -> Any:
+    """`build_report` and `output_problem`, imported when first asked for: the package itself stays light, so
+    `harness plan` can print through harness.report.plan without loading pandas and matplotlib."""
+    if name in __all__:
+        from harness.report import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness.cli.plan import planned_cell_json
 from harness.core.errors import InputError
 from harness.plan import calibration as cal
 from harness.plan import predict as planner
 from harness.plan import projection as pj
 from harness.plan.prediction import TIME_FIELDS, Prediction, TimePrediction
+from harness.report.plan import planned_cell_json
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
 

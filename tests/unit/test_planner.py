@@ -15,6 +15,7 @@ from harness.cli import main
 from harness.core.zoo import ZOO
 from harness.plan import memory as mb
 from harness.plan import predict as planner
+from harness.report.plan import planned_cell_json
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import RunSpec, load_scenario
 
@@ -162,12 +163,13 @@ def test_comm_bytes_are_the_comm_models():
     assert planner.predict(offload, cluster).to_dict()["comm_bytes_per_step"] is None
 
 
-def test_plan_does_not_import_torch():
-    """Nor pandas or matplotlib: the table's renderer (harness.cli.plan_table) lives outside harness/report/, whose
-    package imports both."""
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_plan_does_not_import_torch(fmt):
+    """Nor pandas or matplotlib: the plan's renderer (harness.report.plan) is in a package that imports its build
+    (which loads both) only when asked for it."""
     code = (
         "import sys; from harness.cli import main; "
-        f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', 'json']); "
+        f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', {fmt!r}]); "
         "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
         "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
     )
@@ -180,6 +182,9 @@ def test_plan_does_not_import_torch():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    if fmt == "table":
+        assert "\n10 cells; 6 predicted not to fit (NO)\n" in out.stdout
+        return
     assert len(json.loads(out.stdout)) == 10
 
 
@@ -198,10 +203,10 @@ def test_a_plan_asks_each_cell_once_whether_it_can_run(monkeypatch):
 
     monkeypatch.setattr(RunSpec, "unsupported_reason", counting)
     planner.clear_caches()
-    cold = [c.to_dict() for c in planner.plan_cells(specs, cluster)]
+    cold = [planned_cell_json(c) for c in planner.plan_cells(specs, cluster)]
     assert sorted(asked) == sorted(s.run_id for s in specs)
     asked.clear()
-    assert [c.to_dict() for c in planner.plan_cells(specs, cluster)] == cold
+    assert [planned_cell_json(c) for c in planner.plan_cells(specs, cluster)] == cold
     assert sorted(asked) == sorted(s.run_id for s in specs)
     for spec in specs:
         asked.clear()

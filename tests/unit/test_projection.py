@@ -15,6 +15,7 @@ from harness.plan import comm as cm
 from harness.plan import overlap as ov
 from harness.plan import projection as pj
 from harness.plan import time as tm
+from harness.report.plan import format_projection
 from harness.scenario.cluster import load_cluster
 from harness.scenario.performance import LinkFigures, Performance
 from tests.conftest import make_spec
@@ -96,7 +97,7 @@ def test_without_inter_node_figures_the_points_beyond_a_node_say_so():
     four, eight, sixteen = row.points
     assert four.step_time_s and eight.step_time_s
     assert sixteen.step_time_s is None and "inter_node.busbw_gbps" in (sixteen.reason or "")
-    text = pj.format_projection([row], cluster, [4, 8, 16], rates)
+    text = format_projection([row], cluster, [4, 8, 16], rates)
     assert "-[1]" in text and "[1] uncalibrated: the h100 profile has no inter_node.busbw_gbps" in text
 
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.cli.plan import planned_cell_json
 from harness.core.errors import InputError
+from harness.report.plan import planned_cell_json
 from harness.scenario.schema import CORE_AXES, PRECISIONS, SETTING_FIELDS, STRATEGIES, TOP_LEVEL_KEYS, parse_scenario
 
 KEYS = (
@@ -126,9 +126,9 @@ CLUSTERS = {
 def test_plan_either_plans_placeable_cells_or_raises_input_error(doc, cluster_name):
     import json
 
-    from harness.cli.plan_table import format_table
     from harness.plan.placement import capacity
     from harness.plan.predict import plan_cells
+    from harness.report.plan import format_table
     from harness.scenario.cluster import parse_cluster
 
     cluster = parse_cluster({"name": cluster_name, **CLUSTERS[cluster_name]}, f"{cluster_name}.yaml")

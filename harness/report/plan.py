@@ -1,21 +1,26 @@
-"""The table `harness plan` prints (harness.cli.plan): a head line, one row per planned cell (memory per rank, fit,
-FLOPs, collectives, step time), the counts and where the step times came from. Rendering only: the predictions it
-shows are harness.plan.predict's `plan_cells`.
+"""What `harness plan` prints (harness.cli.plan), rendering only: the table of planned cells (a head line, one row
+per cell: memory per rank, fit, FLOPs, collectives, step time; the counts and where the step times came from), each
+cell as `--format json` prints it, the training costs `--tokens` adds, and the projection table of `--project`. The
+numbers are the planner's (harness.plan.predict, .training, .projection).
 
-It sits beside its command rather than in harness/report/, whose package imports pandas and matplotlib (the report's
-build) and `harness plan` imports neither. Units: memory in GiB per rank (GiB = 2**30), TFLOP and GB (1e9 bytes) per
-step over all ranks, step time in ms.
+Units: memory in GiB per rank (GiB = 2**30), TFLOP and GB (1e9 bytes) per step over all ranks, step time in ms.
+It imports nothing of the report's build (pandas, matplotlib): `harness plan` stays light.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from harness.plan.calibration import Rates
 from harness.plan.memory import DEVICE_RESERVE_GIB
 from harness.plan.predict import usable_memory_gib
 from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
+from harness.plan.projection import ProjectedPoint, ProjectedRow
+from harness.plan.training import TrainingCost
+from harness.results.spec import spec_to_json
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 def _fmt(v: float | None, spec: str = "") -> str:
@@ -152,4 +157,69 @@ def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
         + (f", {n_unplaced} more than cluster {cluster.name} can place (the sweep skips them)" if n_unplaced else "")
     )
     lines.append(time_footer(cells))
+    return "\n".join(lines)
+
+
+def planned_cell_json(cell: PlannedCell) -> dict[str, Any]:
+    """One cell as `harness plan --format json` prints it: run_id, spec, cannot_place, unsupported, then the
+    prediction's fields."""
+    return {
+        "run_id": cell.spec.run_id,
+        "spec": spec_to_json(cell.spec),
+        "cannot_place": cell.cannot_place,
+        "unsupported": cell.unsupported,
+        **cell.prediction.to_dict(),
+    }
+
+
+def format_costs(cells: list[PlannedCell], costs: list[TrainingCost], *, tokens: float) -> str:
+    """The table `--tokens` adds below the plan: one row per cell with a step time."""
+    rows = [("cell", "days", "GPU-hours", "cost")]
+    for c, t in zip(cells, costs):
+        if t.days is None or t.gpu_hours is None:
+            continue
+        s = c.spec
+        name = f"{s.model} {s.strategy} {s.precision} g{s.gpus} mb{s.settings.micro_batch}x{s.settings.seq_len}"
+        name += "" if s.settings.activation_checkpointing == "none" else f" ac={s.settings.activation_checkpointing}"
+        cost = "-" if t.cost is None else f"{t.cost:,.0f}"
+        rows.append((name, f"{t.days:,.1f}", f"{t.gpu_hours:,.0f}", cost))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"training {tokens:.4g} tokens at the predicted tokens/s per GPU:"]
+    lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+    why = next((t.reason for t in costs if t.days is not None and t.reason), None)
+    if why:
+        lines.append(f"cost: null: {why}")
+    return "\n".join(lines)
+
+
+def format_projection(rows: list[ProjectedRow], cluster: Cluster, gpus: list[int], rates: Rates) -> str:
+    """The projection as a text table: per row, ms/step and tokens/s per GPU at each GPU count; `-` for null (the
+    reasons are listed below, numbered), `!` after a value whose cell does not fit in the device's memory."""
+    reasons: dict[str, int] = {}
+
+    def cell(p: ProjectedPoint) -> str:
+        if p.step_time_s is None or p.tokens_per_s_per_gpu is None:
+            n = reasons.setdefault(p.reason or "unknown", len(reasons) + 1)
+            return f"-[{n}]"
+        mark = "!" if p.fits is False else ""
+        return f"{p.step_time_s * 1e3:.4g}/{p.tokens_per_s_per_gpu:.4g}{mark}"
+
+    head = ["model", "strategy", "prec", "settings", *[f"{g} GPUs" for g in gpus]]
+    body = []
+    for r in rows:
+        s = r.settings
+        opts = f"mb{s.micro_batch}x{s.seq_len}" + (f" ga{s.grad_accum}" if (s.grad_accum or 1) > 1 else "")
+        if s.activation_checkpointing not in (None, "none"):
+            opts += f" ac={s.activation_checkpointing}"
+        body.append([r.model, r.layout, r.precision, opts, *[cell(p) for p in r.points]])
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = [
+        f"cluster {cluster.name} ({cluster.gpus_per_node} GPUs per node): predicted ms/step / tokens/s per GPU at "
+        f"each GPU count (`!`: does not fit the device memory); rates: {rates.source}",
+        "  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))),
+    ]
+    for b in body:
+        lines.append("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths))))
+    for why, n in reasons.items():
+        lines.append(f"[{n}] {why}")
     return "\n".join(lines)
