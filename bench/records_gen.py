@@ -23,8 +23,10 @@ def synthetic_record(
     i: int, night: int, model: str, strategy: str, precision: str, gpus: int, mb: int, rng: random.Random
 ) -> dict:
     n_params = ZOO[model].n_params()
+    # NOTE: the whole spec, as the harness writes it (harness.results.spec: core keys, then every setting)
     spec = {
         "model": model,
+        "model_config": ZOO[model].to_dict(),
         "strategy": strategy,
         "precision": precision,
         "gpus": gpus,
@@ -36,7 +38,19 @@ def synthetic_record(
         "warmup_steps": 5,
         "measure_steps": 20,
         "activation_checkpointing": "none",
+        "compile": False,
         "offload": "none",
+        "seed": 0,
+        "lr": 0.001,
+        "time_limit_s": 900.0,
+        "inject": None,
+        "tp": 1,
+        "pp": 1,
+        "pp_schedule": "1f1b",
+        "microbatches": 0,
+        "sequence_parallel": False,
+        "trace": False,
+        "checkpoint": False,
     }
     mem = n_params * 16 / 2**30 / (gpus if strategy in ("zero3", "fsdp.full_shard", "fsdp2.full_shard") else 1)
     mem += 0.4 * mb * n_params**0.5 / 1e4
