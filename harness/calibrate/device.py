@@ -31,7 +31,6 @@ GEMM_DIMS = (64, 256, 1024, 4096)
 GEMM_DIMS_QUICK = (64, 512, 4096)
 LAYOUTS = ("nt", "nn", "tn")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """a measured dtype → the precision a scenario names it by (the `framework` keys' second half, the in-step probes')"""
 GEMM_SKINNY = (16384, 32768)
 """vocabulary-sized dims, measured with the two others small (64, 256): the head's GEMMs, which on some CPUs run at

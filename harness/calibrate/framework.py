@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from harness.calibrate.device import PRECISION_OF, compute_dtypes, progress
+from harness.calibrate.device import compute_dtypes, progress
+from harness.core.precisions import of_dtype
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import FRAMEWORK_STRATEGIES, Calibration, FrameworkCost
 from harness.scenario.cluster import Cluster
@@ -78,7 +79,7 @@ def measure_framework(
     from harness.worker.meters.timing import time_steps
     from harness.worker.runner import build_trainer
 
-    precisions = [PRECISION_OF[d] for d in compute_dtypes(device)]
+    precisions = [of_dtype(d) for d in compute_dtypes(device)]
     zero = {f"{s}/{p}": FrameworkCost(fixed_s=0.0, per_block_s=0.0) for s in FRAMEWORK_STRATEGIES for p in precisions}
     unpriced = part.model_copy(update={"compute": part.compute.model_copy(update={"framework": zero})})
     rates = CalibratedRates(Found(Path("(this calibration)"), unpriced, None))

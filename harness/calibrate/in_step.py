@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.calibrate.device import PRECISION_OF, compute_dtypes, progress
+from harness.calibrate.device import compute_dtypes, progress
+from harness.core.precisions import of_dtype
 from harness.core.zoo import ModelConfig
 from harness.plan.calibration.file import InStep, StepProbe
 
@@ -115,7 +116,7 @@ def measure_in_step(rates: Rates, device: torch.device) -> dict[str, InStep]:
         return {}
     out: dict[str, InStep] = {}
     for name in compute_dtypes(device):
-        precision = PRECISION_OF[name]
+        precision = of_dtype(name)
         steps = {p: probe_step(cfg, b, s, getattr(torch, name), device) for p, (cfg, b, s) in PROBES.items()}
         measured = time_probes(steps)
         steps.clear()

@@ -10,15 +10,18 @@ docs/strategies.md has the recipe for adding one.
 Rules that hold for every strategy (an injected fault's rank must exist, a hybrid needs whole nodes) stay code
 in `harness.scenario.schema.RunSpec.unsupported_reason`; what differs per strategy is data here.
 
-Floor 0: no torch, no import from the rest of the harness.
+Floor 0: no torch, no import from the rest of the harness but the precisions (harness.core.precisions: every
+strategy runs every precision unless its entry says otherwise).
 """
 
 from __future__ import annotations
 
 import colorsys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+from harness.core.precisions import PRECISIONS
+
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 """CPU offload modes: none; the optimizer state (and master weights); the optimizer state and the parameters"""
 
@@ -42,6 +45,7 @@ STRATEGY_MODULE_PREFIX = "harness.worker.strategies"
 
 _NO_TP = "{strategy} does not compose with tensor parallelism here (tp > 1 runs with fsdp2.*)"
 _NO_PP = "{strategy} does not compose with pipeline parallelism here (pp > 1 runs with ddp or fsdp2.*)"
+_NO_DIM = "{strategy} does not compose with {dim} > 1 here"
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,9 @@ class Strategy:
     """why compile together with activation checkpointing cannot run, or None when it can"""
     device_refusals: dict[tuple[str, str], str] = field(default_factory=dict, hash=False)
     """(device, precision) → why the backend cannot run that precision on that device (cpu | cuda)"""
-    tp_refusal: str | None = _NO_TP
-    """why it cannot run with tensor parallelism (tp > 1, harness.worker.strategies.layouts), or None when it can"""
-    pp_refusal: str | None = _NO_PP
-    """why it cannot run as the data parallelism of a pipeline (pp > 1), or None when it can"""
+    dim_refusals: Mapping[str, str | None] = field(default_factory=lambda: {"tp": _NO_TP, "pp": _NO_PP}, hash=False)
+    """parallel dimension (harness.core.layout.MESH_DIMS) → why it cannot run with that dimension's degree > 1
+    (harness.worker.strategies.layouts), or None when it composes; a dimension not named here is refused (_NO_DIM)"""
 
     @property
     def module(self) -> str:
@@ -110,10 +113,13 @@ class Strategy:
             return self.compile_with_checkpointing_refusal.format(strategy=self.name)
         return None
 
-    def layout_refusal(self, *, tp: int, pp: int) -> str | None:
-        """Why this strategy cannot run with `tp` tensor- and `pp` pipeline-parallel ranks, or None."""
-        reason = (self.tp_refusal if tp > 1 else None) or (self.pp_refusal if pp > 1 else None)
-        return None if reason is None else reason.format(strategy=self.name)
+    def layout_refusal(self, dims: Iterable[str]) -> str | None:
+        """Why this strategy cannot run with the parallel dimensions `dims` (those of degree > 1), or None."""
+        for dim in dims:
+            reason = self.dim_refusals.get(dim, _NO_DIM)
+            if reason is not None:
+                return reason.format(strategy=self.name, dim=dim)
+        return None
 
     def device_refusal(self, device: str | None, precision: str) -> str | None:
         """Why the backend cannot run `precision` on `device`, or None (also when the device is unknown)."""
@@ -164,8 +170,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         shards=False,
         mixed="autocast",
         offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD},
-        tp_refusal=_DDP_TP,
-        pp_refusal=None,
+        dim_refusals={"tp": _DDP_TP, "pp": None},
     ),
     Strategy(
         "fsdp.full_shard",
@@ -175,8 +180,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         overlap="fsdp_prefetch",
         framework_cost="fsdp.full_shard",
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
-        tp_refusal=_FSDP1_TP,
-        pp_refusal=_FSDP1_PP,
+        dim_refusals={"tp": _FSDP1_TP, "pp": _FSDP1_PP},
     ),
     Strategy(
         "fsdp.shard_grad_op",
@@ -187,8 +191,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="fsdp.full_shard",
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
-        tp_refusal=_FSDP1_TP,
-        pp_refusal=_FSDP1_PP,
+        dim_refusals={"tp": _FSDP1_TP, "pp": _FSDP1_PP},
     ),
     Strategy(
         "fsdp.no_shard",
@@ -199,8 +202,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="fsdp.full_shard",
         shards=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
-        tp_refusal=_FSDP1_TP,
-        pp_refusal=_FSDP1_PP,
+        dim_refusals={"tp": _FSDP1_TP, "pp": _FSDP1_PP},
     ),
     Strategy(
         "fsdp.hybrid_shard",
@@ -211,8 +213,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="fsdp.full_shard",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
-        tp_refusal=_FSDP1_TP,
-        pp_refusal=_FSDP1_PP,
+        dim_refusals={"tp": _FSDP1_TP, "pp": _FSDP1_PP},
     ),
     Strategy(
         "fsdp.hybrid_shard_zero2",
@@ -224,8 +225,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         mesh=HYBRID,
         reshard_after_forward=False,
         offload_refusals={"optimizer": _FSDP_OFFLOAD},
-        tp_refusal=_FSDP1_TP,
-        pp_refusal=_FSDP1_PP,
+        dim_refusals={"tp": _FSDP1_TP, "pp": _FSDP1_PP},
     ),
     Strategy(
         "fsdp2.full_shard",
@@ -235,8 +235,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         overlap="fsdp_prefetch",
         framework_cost="fsdp2.full_shard",
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
-        tp_refusal=None,
-        pp_refusal=None,
+        dim_refusals={"tp": None, "pp": None},
     ),
     Strategy(
         "fsdp2.hybrid_shard",
@@ -247,8 +246,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="fsdp2.full_shard",
         mesh=HYBRID,
         offload_refusals={"optimizer": _FSDP2_OFFLOAD, "optimizer+params": _FSDP2_OFFLOAD},
-        tp_refusal=None,
-        pp_refusal=None,
+        dim_refusals={"tp": None, "pp": None},
     ),
     Strategy(
         "zero1",
@@ -259,8 +257,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="zero1",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
-        tp_refusal=_ZERO_LAYOUT,
-        pp_refusal=_ZERO_LAYOUT,
+        dim_refusals={"tp": _ZERO_LAYOUT, "pp": _ZERO_LAYOUT},
     ),
     Strategy(
         "zero2",
@@ -271,8 +268,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="zero2",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
-        tp_refusal=_ZERO_LAYOUT,
-        pp_refusal=_ZERO_LAYOUT,
+        dim_refusals={"tp": _ZERO_LAYOUT, "pp": _ZERO_LAYOUT},
     ),
     Strategy(
         "zero3",
@@ -283,8 +279,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="zero3",
         compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC,
         device_refusals=_DS_CPU_FP16,
-        tp_refusal=_ZERO_LAYOUT,
-        pp_refusal=_ZERO_LAYOUT,
+        dim_refusals={"tp": _ZERO_LAYOUT, "pp": _ZERO_LAYOUT},
     ),
 )
 

@@ -17,6 +17,7 @@ Floor 0: no torch, no import from the rest of the harness but the zoo. The scena
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from harness.core.zoo import ModelConfig
@@ -33,15 +34,41 @@ def divisors(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class MeshDim:
+    """One parallel dimension beside data parallelism: its name is also the setting that gives its degree
+    (harness.scenario.spec.Settings) and the mesh dimension the worker builds."""
+
+    name: str
+    """the setting, the mesh dimension and the record's `layout.mesh` key"""
+    before_dp: bool
+    """it sits outside data parallelism in the mesh (outermost: pipeline stages across nodes); else inside it"""
+    inside_node: bool
+    """its groups must lie inside one node (its collectives are on every block's critical path)"""
+    noun: str
+    """what a sentence calls it: `tensor parallelism`"""
+    doc: str
+
+
+MESH_DIMS: tuple[MeshDim, ...] = (
+    MeshDim("pp", True, False, "pipeline parallelism", "ranks that each hold consecutive blocks (across nodes)"),
+    MeshDim("tp", False, True, "tensor parallelism", "ranks that split every block's matmuls (inside a node)"),
+)
+"""the parallel dimensions besides data parallelism, outermost first; data parallelism (dp, or dp_replicate ×
+dp_shard for a hybrid) takes the ranks they leave, between the `before_dp` ones and the rest. Adding one (context
+or expert parallelism) is an entry here, its setting, its `apply_*` step in the worker and its planner functions
+(docs/extending.md, "A parallel dimension")."""
+MESH_DIM_NAMES: tuple[str, ...] = tuple(d.name for d in MESH_DIMS)
+
+
+@dataclass(frozen=True)
 class Layout:
-    """A cell's parallel layout: the rank mesh and the pipeline's stages (sizes are ranks)."""
+    """A cell's parallel layout: the rank mesh and the pipeline's stages (sizes are ranks). The one object that
+    multiplies the degrees: everything else asks it (`dp`, `mesh_dims`, `group`, …)."""
 
     gpus: int
     """ranks in the cell (the world)"""
-    tp: int = 1
-    """tensor-parallel degree: ranks that split every block's matmuls (inside a node)"""
-    pp: int = 1
-    """pipeline-parallel degree: ranks that each hold consecutive blocks (across nodes)"""
+    degrees: tuple[tuple[str, int], ...] = ()
+    """(name, degree) of every MESH_DIMS dimension the cell uses (a dimension left out has degree 1)"""
     gpus_per_node: int = 1
     """ranks per node (the cluster profile)"""
     hybrid: bool = False
@@ -49,17 +76,51 @@ class Layout:
     schedule: str = "1f1b"
     """the pipeline schedule (one of PP_SCHEDULES; only with pp > 1)"""
 
+    def degree(self, name: str) -> int:
+        """The degree of the MESH_DIMS dimension `name` (1 when the cell does not use it)."""
+        return dict(self.degrees).get(name, 1)
+
+    @property
+    def tp(self) -> int:
+        """tensor-parallel degree: ranks that split every block's matmuls (inside a node)"""
+        return self.degree("tp")
+
+    @property
+    def pp(self) -> int:
+        """pipeline-parallel degree: ranks that each hold consecutive blocks (across nodes)"""
+        return self.degree("pp")
+
+    @property
+    def used(self) -> tuple[MeshDim, ...]:
+        """The MESH_DIMS dimensions of degree > 1, innermost first (how sentences and tags name them: `tp2 × pp2`)."""
+        return tuple(d for d in reversed(MESH_DIMS) if self.degree(d.name) > 1)
+
+    def named(self, dims: tuple[MeshDim, ...]) -> str:
+        """`tp 2 x pp 2`: the dimensions with their degrees."""
+        return " x ".join(f"{d.name} {self.degree(d.name)}" for d in dims)
+
+    @property
+    def model_parallel(self) -> int:
+        """The product of every MESH_DIMS degree: the ranks one data-parallel replica spans."""
+        return math.prod(self.degree(d.name) for d in MESH_DIMS)
+
+    @property
+    def inside_node(self) -> int:
+        """The product of the degrees whose groups stay inside a node (MeshDim.inside_node)."""
+        return math.prod(self.degree(d.name) for d in MESH_DIMS if d.inside_node)
+
     @property
     def dp(self) -> int:
-        """Data-parallel degree: gpus / (tp × pp)."""
-        return self.gpus // (self.tp * self.pp)
+        """Data-parallel degree: gpus / the product of every other dimension's degree."""
+        return self.gpus // self.model_parallel
 
     @property
     def dp_shard(self) -> int:
-        """Ranks a data-parallel strategy shards over: all of dp (flat), or the rest of a node beside TP (hybrid)."""
+        """Ranks a data-parallel strategy shards over: all of dp (flat), or the rest of a node beside the inside-node
+        dimensions (hybrid)."""
         if not self.hybrid:
             return self.dp
-        return max(1, min(self.dp, self.gpus_per_node // self.tp))
+        return max(1, min(self.dp, self.gpus_per_node // self.inside_node))
 
     @property
     def dp_replicate(self) -> int:
@@ -68,15 +129,16 @@ class Layout:
 
     @property
     def is_default(self) -> bool:
-        """No tensor or pipeline parallelism: the layout every strategy ran before layouts existed."""
-        return self.tp == 1 and self.pp == 1
+        """Data parallelism only: the layout every strategy ran before layouts existed."""
+        return self.model_parallel == 1
 
     @property
     def mesh_dims(self) -> tuple[tuple[str, int], ...]:
         """(name, size) of each mesh dimension, outermost first."""
-        if self.hybrid:
-            return (("pp", self.pp), ("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("tp", self.tp))
-        return (("pp", self.pp), ("dp", self.dp), ("tp", self.tp))
+        dp = (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard)) if self.hybrid else (("dp", self.dp),)
+        outer = tuple((d.name, self.degree(d.name)) for d in MESH_DIMS if d.before_dp)
+        inner = tuple((d.name, self.degree(d.name)) for d in MESH_DIMS if not d.before_dp)
+        return outer + dp + inner
 
     @property
     def dp_dims(self) -> tuple[str, ...]:
@@ -134,8 +196,7 @@ class Layout:
 
     def to_dict(self) -> dict:
         return {
-            "tp": self.tp,
-            "pp": self.pp,
+            **{d.name: self.degree(d.name) for d in MESH_DIMS},
             "dp": self.dp,
             "dp_shard": self.dp_shard,
             "dp_replicate": self.dp_replicate,
@@ -174,8 +235,7 @@ def effective_microbatches(microbatches: int, pp: int) -> int:
 def layout_problems(
     *,
     gpus: int,
-    tp: int,
-    pp: int,
+    degrees: Mapping[str, int],
     cfg: ModelConfig,
     schedule: str,
     microbatches: int,
@@ -184,19 +244,24 @@ def layout_problems(
     seq_len: int | None = None,
     sequence_parallel: bool = False,
 ) -> list[tuple[str, str]]:
-    """What is wrong with a cell's layout, as (setting it is about, sentence) pairs; [] when it can be built.
+    """What is wrong with a cell's layout (`degrees`: the MESH_DIMS dimensions' degrees), as (setting it is about,
+    sentence) pairs; [] when it can be built.
 
     These are input errors (exit 2), not `skipped` cells: no cluster or strategy can run them."""
     out: list[tuple[str, str]] = []
+    tp, pp = degrees.get("tp", 1), degrees.get("pp", 1)
     if tp > 1:
         out += _tensor_parallel_problems(tp=tp, cfg=cfg, seq_len=seq_len, sequence_parallel=sequence_parallel)
-    if gpus % (tp * pp):
+    used = [(d.name, degrees.get(d.name, 1)) for d in reversed(MESH_DIMS)]  # NOTE: innermost first: `tp 2 x pp 2`
+    product = math.prod(n for _, n in used)
+    if gpus % product:
         ok = [f"{d}" for d in divisors(gpus)]
+        names = " x ".join(name for name, _ in used)
         out.append(
             (
-                "tp" if tp > 1 else "pp",
-                f"tp {tp} x pp {pp} = {tp * pp} does not divide gpus {gpus} (data-parallel degree = gpus / (tp x pp)); "
-                f"allowed tp x pp: {', '.join(ok)}",
+                next((name for name, n in used if n > 1), MESH_DIMS[-1].name),
+                f"{' x '.join(f'{name} {n}' for name, n in used)} = {product} does not divide gpus {gpus} "
+                f"(data-parallel degree = gpus / ({names})); allowed {names}: {', '.join(ok)}",
             )
         )
     if tp > 1 and (cfg.n_heads % tp or cfg.kv_heads % tp):

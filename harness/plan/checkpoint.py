@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import functools
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.plan.calibration import Rates, Unknown
-from harness.plan.memory import BYTES
 from harness.scenario.schema import RunSpec
 
 FP32_STATE_BYTES = 4 + 8
@@ -35,7 +35,9 @@ def checkpoint_bytes(spec: RunSpec) -> int:
     n = spec.model_config.n_params()
     total = FP32_STATE_BYTES * n
     if CATALOGUE[spec.strategy].family == "zero" and spec.strategy != "zero3":
-        total += BYTES[spec.precision] * n  # dp rank 0's module state dict, in the module's precision
+        total += (
+            precisions.get(spec.precision).element_bytes * n
+        )  # dp rank 0's module state dict, in the module's precision
     return total
 
 
@@ -50,7 +52,7 @@ def node_bytes(spec: RunSpec) -> int:
         return total
     n = spec.model_config.n_params()
     if family == "zero" and spec.strategy != "zero3":
-        module = BYTES[spec.precision] * n
+        module = precisions.get(spec.precision).element_bytes * n
         return module + (total - module) // nodes
     return -(-total // nodes)
 

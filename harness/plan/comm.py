@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.constants import (
     DDP_BUCKET_CAP_MB,
@@ -59,13 +60,11 @@ from harness.core.constants import (
     DS_REDUCE_BUCKET_ELEMS,
 )
 from harness.core.layout import group_kind
+from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan import layouts, runnable, zero3
 from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_structure
 from harness.scenario.schema import RunSpec
-
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
-PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 # DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp); the defaults and the DeepSpeed
 # ones (DS_*) live in harness.core.constants with their source
@@ -355,7 +354,7 @@ def _fsdp1(
     s = strategy.split(".", 1)[1]  # the ShardingStrategy's name, for the notes
     sharded = entry.shards
     prec = precision
-    pdt = PRECISION_DTYPE[prec]  # MixedPrecision(param_dtype=compute dtype) for bf16/fp16; none for fp32
+    pdt = precisions.get(prec).dtype  # MixedPrecision(param_dtype=compute dtype) for bf16/fp16; none for fp32
     pbytes = DTYPE_BYTES[pdt]
     accum = grad_accum
     if g.shard_size == 1 and g.replicate is None and sharded:
@@ -397,7 +396,7 @@ def _fsdp1(
                 )
         else:
             led.add(f"all_reduce gradient {label}, fp32", "all_reduce", "float32", flat * 4, 1, group=g.world)
-    if prec == "fp16":
+    if precisions.get(prec).loss_scaling:
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
     if offload != "none":
         led.notes.append(
@@ -433,7 +432,7 @@ def _fsdp2_units(cfg: ModelConfig, shard_size: int) -> tuple[tuple[str, int, int
 
 def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Groups, led: LedgerBuilder) -> None:
     prec = precision
-    pdt = PRECISION_DTYPE[prec]  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
+    pdt = precisions.get(prec).dtype  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
     pbytes = DTYPE_BYTES[pdt]
     accum = grad_accum
     if g.shard_size == 1 and g.replicate is None:
@@ -454,7 +453,7 @@ def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Gro
                 1,
                 group=g.replicate,
             )
-    if prec == "fp16":
+    if precisions.get(prec).loss_scaling:
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
     led.notes.append(
         f"FSDP2: dim 0 of every parameter padded to a multiple of {g.shard_size}; gathered in {pdt} "
@@ -487,7 +486,7 @@ def _zero12(
 ) -> None:
     stage = int(strategy[-1])
     prec = precision
-    dt = PRECISION_DTYPE[prec]  # the model dtype: parameters, gradients and communication
+    dt = precisions.get(prec).dtype  # the model dtype: parameters, gradients and communication
     eb = DTYPE_BYTES[dt]
     w = gpus
     accum = grad_accum
@@ -505,7 +504,7 @@ def _zero12(
             per_step,
             group=g.world,
         )
-    if prec in ("bf16", "fp16"):  # check_grad_overflow: bf16 config default True, fp16 always
+    if precisions.get(prec).mixed:  # check_grad_overflow: bf16 config default True, fp16 always
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
     led.add("gradient norm (one per parameter group)", "all_reduce", "float32", 4, 1, group=g.world)
     if w > 1:
@@ -536,7 +535,7 @@ def _zero3(
     led: LedgerBuilder,
 ) -> None:
     prec = precision
-    dt = PRECISION_DTYPE[prec]
+    dt = precisions.get(prec).dtype
     eb = DTYPE_BYTES[dt]
     w = gpus
     accum = grad_accum
@@ -568,7 +567,7 @@ def _zero3(
             accum,
             group=g.world,
         )
-    if prec == "fp16":
+    if precisions.get(prec).loss_scaling:
         led.add("overflow flag", "all_reduce", "uint8", 1, 1, group=g.world)
     led.add(
         f"gradient norm (fp64, one per optimizer sub-group: {st.sub_groups})",

@@ -19,6 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan.calibration import Rates
@@ -71,7 +72,6 @@ ROOT_BYTES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "autocast": ((38, 18, 6, 4, 40), (106, 26, 10, 8, 52)),
     "lowp": ((38, 18, 0, 2, 40), (98, 26, 2, 4, 52)),
 }
-COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 IN_STEP_OPERAND_BYTES = math.inf
 """the operand size every elementwise byte of a step is priced at (`Rates.elementwise_s`'s op_bytes): beyond the
 caches — the largest operand the calibration measured (its curve is clamped at the ends: 64 MiB in fp32, 32 MiB in
@@ -84,7 +84,7 @@ shapes, d_model 64-512, seq 128-512, vocab 1k-32k, within -5 … +7 %; docs/time
 
 def compute_kind(precision: str) -> str:
     """The sharing figure a cell's compute is stretched by on a shared CPU host (Rates.share): its matmuls' dtype's"""
-    dtype = COMPUTE_DTYPE[precision]
+    dtype = precisions.get(precision).dtype
     return "compute" if dtype == "float32" else f"compute_{dtype}"
 
 
@@ -234,7 +234,7 @@ def compute_of(
     within one precision mode, or in world size, share it): the model, its precision mode (fp32, autocast, lowp),
     the precision, sequences and tokens per sequence, the checkpointing policy, this rank's tensor-parallel degree
     and whether the norms are sequence-parallel."""
-    dt = COMPUTE_DTYPE[precision]
+    dt = precisions.get(precision).dtype
     ew_dt = "float32" if mode == "fp32" else dt
     tokens, seq = batch * seq_len, seq_len
     d, ffn, hd = cfg.d_model, cfg.ffn, cfg.head_dim
@@ -320,7 +320,7 @@ def host_per_op(rates: Rates, precision: str) -> tuple[float, float]:
     """(forward op, backward op) host overhead inside a step of `precision` (s): the isolated per-op cost times the
     calibration's in-step host factor (raises Unknown without a per-op cost)."""
     fwd, bwd = rates.dispatch_s()
-    k = rates.in_step(COMPUTE_DTYPE[precision])[2]
+    k = rates.in_step(precisions.get(precision).dtype)[2]
     return k * fwd, k * bwd
 
 

@@ -7,6 +7,7 @@ Units: FLOPs per optimizer step over all ranks (global), counted as multiply-add
 
 from __future__ import annotations
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.core.zoo import ModelConfig
 from harness.scenario.schema import RunSpec
@@ -18,7 +19,7 @@ lowp (16-bit params, so the residual stream is 16 bit too: FSDP/FSDP2 mixed prec
 
 def precision_mode(strategy: str, precision: str) -> str:
     """fp32, or how the strategy computes in 16 bit (its catalogue entry's `mixed`)."""
-    if precision == "fp32":
+    if not precisions.get(precision).mixed:
         return "fp32"
     return CATALOGUE[strategy].mixed
 

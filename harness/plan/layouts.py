@@ -44,13 +44,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.core.layout import Layout, effective_microbatches, group_kind, stage_blocks
+from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.scenario.schema import RunSpec
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
 """projections sharded over their output features (dim 0 of the weight)"""
@@ -115,7 +114,7 @@ def activation_dtype(spec: RunSpec) -> str:
     autocast (DDP: the embedding and the residual adds stay fp32)."""
     if spec.precision == "fp32" or CATALOGUE[spec.strategy].mixed == "autocast":
         return "float32"
-    return PRECISION_DTYPE[spec.precision]
+    return precisions.get(spec.precision).dtype
 
 
 AddItem = Callable[[str, str, str, int, float, str, int, str], None]
@@ -196,7 +195,7 @@ def _tensor_parallel(
             "tp",
         )
         norms = 2 * nb + (1 if last else 0)
-        pdt = PRECISION_DTYPE[spec.precision]
+        pdt = precisions.get(spec.precision).dtype
         add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt, cfg.d_model * DTYPE_BYTES[pdt],
             norms, group, lay.tp, "tp_step")  # fmt: skip
     else:
@@ -264,7 +263,7 @@ def _data_parallel(
             add(f"stage {stage}: DDP gradient bucket {i} (fp32)", "all_reduce", "float32", b, 1, dp_g, lay.dp, "dp")
         return
     # FSDP2 over the data-parallel mesh
-    pdt = PRECISION_DTYPE[spec.precision]
+    pdt = precisions.get(spec.precision).dtype
     pb = DTYPE_BYTES[pdt]
     shard, rep = lay.dp_shard, lay.dp_replicate
     shard_g = group_kind(lay.group(rank, ("dp_shard",) if lay.hybrid else ("dp",)), gpn)
@@ -417,7 +416,7 @@ def layout_memory(spec: RunSpec) -> dict:
     complete, fp32 unsharded gradients beside the reduced shards)."""
     lay, cfg, s = spec.layout, spec.model_config, spec.settings
     fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
-    pb = DTYPE_BYTES[PRECISION_DTYPE[spec.precision]]
+    pb = DTYPE_BYTES[precisions.get(spec.precision).dtype]
     ab = DTYPE_BYTES[activation_dtype(spec)]
     m = effective_microbatches(s.microbatches, lay.pp) if lay.pp > 1 else 1
     tokens = (s.micro_batch // m if lay.pp > 1 else s.micro_batch) * s.seq_len

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from harness.core import precisions
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.constants import (
     DS_MAX_LIVE_PARAMETERS,
@@ -58,9 +59,6 @@ DEVICE_RESERVE_GIB = 1.0
 NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, a few hundred MiB for an 8-GPU
 communicator). Both live outside torch's caching allocator, so they never show in `max_memory_allocated`
 but do come out of `total_memory`. A cell fits when its predicted total <= device memory - this reserve."""
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""bytes per element of each precision's dtype"""
 
 # NOTE: the DeepSpeed ZeRO defaults (DS_*) live in harness.core.constants with their source; the collective
 # model (harness.plan.comm) uses the same ones
@@ -430,7 +428,7 @@ def _ddp(spec: RunSpec) -> Memory:
         # NOTE: autocast caches the 16-bit copy of every weight until the autocast region (forward + loss)
         # exits, and autograd keeps each copy until its weight's backward. Under checkpointing, only the
         # head's copy outlives the forward, and a recomputed block re-creates its own (bar w2, not recomputed).
-        b, what = BYTES[spec.precision], f"autocast's {spec.precision} weight copies"
+        b, what = precisions.get(spec.precision).element_bytes, f"autocast's {spec.precision} weight copies"
         everything = b * cfg.n_matmul_params()
         if spec.settings.checkpointing:  # full or selective: both recompute the casts
             per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.d_model * cfg.ffn
@@ -476,7 +474,7 @@ def _fsdp_memory(
     `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input."""
     nshard = shard_degree(spec)
     block, root = unit_summary(spec.model_config)
-    p = BYTES[spec.precision]  # bytes of gathered parameters and of their unsharded gradients
+    p = precisions.get(spec.precision).element_bytes  # bytes of gathered parameters and of their unsharded gradients
     replicated_fp32 = nshard == 1 and spec.precision == "fp32" and not reduce_copy
     # NO_SHARD in fp32 (FSDP1): the flat params and grads are the full ones, nothing is gathered or copied
     root_params = ("gathered root unit", 0 if replicated_fp32 else p * root)
@@ -541,7 +539,7 @@ def _fsdp1(spec: RunSpec) -> Memory:
     shard degree; the sharded flat params are fp32; MixedPrecision gathers them in 16 bit."""
     nshard = shard_degree(spec)
     block, root = unit_summary(spec.model_config)
-    p = BYTES[spec.precision]
+    p = precisions.get(spec.precision).element_bytes
     mixed = spec.precision != "fp32"
     keeps_gathered = not CATALOGUE[spec.strategy].reshard_after_forward  # SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2
     if nshard == 1 or not CATALOGUE[spec.strategy].shards:
@@ -580,7 +578,10 @@ def _fsdp2(spec: RunSpec) -> Memory:
         spec,
         sharded=_fsdp2_sharded(cfg, nshard),
         root_gathered_in_loss=True,
-        gathered=(f"{FSDP_UNITS_IN_FLIGHT} block units gathered", BYTES[spec.precision] * FSDP_UNITS_IN_FLIGHT * block),
+        gathered=(
+            f"{FSDP_UNITS_IN_FLIGHT} block units gathered",
+            precisions.get(spec.precision).element_bytes * FSDP_UNITS_IN_FLIGHT * block,
+        ),
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
         offload_name="CPUOffloadPolicy",
         no_sync_bytes=4,
@@ -600,7 +601,7 @@ def _zero(spec: RunSpec) -> Memory:
         return _zero3(spec)
     cfg, s = spec.model_config, spec.settings
     nshard = spec.gpus
-    b = BYTES[spec.precision]
+    b = precisions.get(spec.precision).element_bytes
     off_opt = s.offload in ("optimizer", "optimizer+params")
     bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
     notes: dict[str, str] = {}
@@ -654,7 +655,7 @@ def _zero3(spec: RunSpec) -> Memory:
     persistence threshold also stay gathered on every rank."""
     cfg, s = spec.model_config, spec.settings
     nshard = spec.gpus
-    b = BYTES[spec.precision]
+    b = precisions.get(spec.precision).element_bytes
     off_opt = s.offload in ("optimizer", "optimizer+params")
     off_par = s.offload == "optimizer+params"
     bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)

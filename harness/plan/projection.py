@@ -212,8 +212,7 @@ def point(spec: RunSpec, gpus: int, cluster: Cluster, rates: Rates) -> Projected
     nodes = math.ceil(gpus / cluster.gpus_per_node)
     problems = layout_problems(
         gpus=gpus,
-        tp=s.tp,
-        pp=s.pp,
+        degrees=dict(s.degrees),
         cfg=spec.model_config,
         schedule=s.pp_schedule,
         microbatches=s.microbatches,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from harness.core import precisions
 from harness.core.zoo import ModelConfig
 from harness.plan import comm as cm
 from harness.plan import compute, layout_time, overlap, runnable
@@ -257,9 +258,10 @@ def mfu_peak(device: str, description: str, device_name: str | None, precision: 
         return None, "no dense peak FLOPS for a CPU device (harness/scenario/cluster.py PEAKS)"
     name = device_name or description
     peak = find_peak(name)
-    if peak is None or precision not in peak.tflops:
+    key = precisions.get(precision).peak
+    if peak is None or key not in peak.tflops:
         return None, f"no dense peak FLOPS known for {name!r} ({precision}); see harness/scenario/cluster.py"
-    return peak.tflops[precision], None
+    return peak.tflops[key], None
 
 
 def clear_caches() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from harness.core.errors import InputError, Problem, one_of, unknown
-from harness.core.layout import layout_problems
+from harness.core.layout import MESH_DIMS, layout_problems
 from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.spec import (
@@ -515,13 +515,13 @@ def _check_layouts(
     seen: set[tuple[str, str]] = set()
     for cell in cells:
         merged = {**SETTING_DEFAULTS, **settings, **{k: v for k, v in cell.items() if k in SETTING_FIELDS}}
-        if merged["tp"] == 1 and merged["pp"] == 1:
+        degrees = {d.name: merged[d.name] for d in MESH_DIMS}
+        if all(n == 1 for n in degrees.values()):
             continue
         cfg = models.get(cell["model"]) or ZOO[cell["model"]]
         found = layout_problems(
             gpus=int(cell["gpus"]),
-            tp=merged["tp"],
-            pp=merged["pp"],
+            degrees=degrees,
             cfg=cfg,
             schedule=merged["pp_schedule"],
             microbatches=merged["microbatches"],

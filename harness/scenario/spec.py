@@ -19,13 +19,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from harness.core import catalogue
-from harness.core.layout import PP_SCHEDULES, Layout
+from harness.core import catalogue, precisions
+from harness.core.layout import MESH_DIMS, PP_SCHEDULES, Layout
 from harness.core.zoo import ModelConfig
 
 STRATEGIES: tuple[str, ...] = catalogue.STRATEGIES
 HYBRID_STRATEGIES: frozenset[str] = catalogue.HYBRID_STRATEGIES
-PRECISIONS: tuple[str, ...] = catalogue.PRECISIONS
+PRECISIONS: tuple[str, ...] = precisions.PRECISIONS
 OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
 AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
 """activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
@@ -134,6 +134,11 @@ class Settings:
             object.__setattr__(self, "inject", FrozenDict(self.inject))
 
     @property
+    def degrees(self) -> tuple[tuple[str, int], ...]:
+        """(name, degree) of every parallel dimension (harness.core.layout.MESH_DIMS: each is a setting)."""
+        return tuple((d.name, getattr(self, d.name)) for d in MESH_DIMS)
+
+    @property
     def checkpointing(self) -> bool:
         """Whether blocks run under activation checkpointing (full or selective)."""
         return self.activation_checkpointing != "none"
@@ -229,8 +234,7 @@ class RunSpec:
         s = self.settings
         return Layout(
             gpus=self.gpus,
-            tp=s.tp,
-            pp=s.pp,
+            degrees=s.degrees,
             gpus_per_node=self.gpus_per_node,
             hybrid=catalogue.is_hybrid(self.strategy),
             schedule=s.pp_schedule,
@@ -241,13 +245,8 @@ class RunSpec:
         """The layout in a few characters, '' for plain data parallelism: `tp2 sp`, `pp2 (1f1b)`, `tp2 × pp2 (gpipe)`.
         Cells that differ only in their layout share the rest of their run_id, so every line that names a cell
         shows this beside it (issue 31)."""
-        s = self.settings
-        parts = []
-        if s.tp > 1:
-            parts.append(f"tp{s.tp}" + (" sp" if s.sequence_parallel else ""))
-        if s.pp > 1:
-            parts.append(f"pp{s.pp} ({s.pp_schedule})")
-        return " × ".join(parts)
+        s, lay = self.settings, self.layout
+        return " × ".join(f"{d.name}{lay.degree(d.name)}{_TAG_DETAILS.get(d.name, _none)(s)}" for d in lay.used)
 
     @property
     def cell_name(self) -> str:
@@ -256,8 +255,8 @@ class RunSpec:
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: gpus / (tp x pp), the replicas that each train on their own rows of the batch."""
-        return self.gpus // (self.settings.tp * self.settings.pp)
+        """Data-parallel degree (the layout's): the replicas that each train on their own rows of the batch."""
+        return self.layout.dp
 
     @property
     def tokens_per_step(self) -> int:
@@ -280,7 +279,7 @@ class RunSpec:
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
-        if s.tp > 1 or s.pp > 1:
+        if not self.layout.is_default:
             return self._layout_refusal(entry, device)
         if entry.mesh == catalogue.HYBRID:
             if self.gpus % self.gpus_per_node:
@@ -307,27 +306,33 @@ class RunSpec:
     def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
         """Why a tensor- or pipeline-parallel cell cannot run (its layout is valid: validation checked it)."""
         s, lay = self.settings, self.layout
-        why = entry.layout_refusal(tp=s.tp, pp=s.pp)
+        why = entry.layout_refusal(d.name for d in lay.used)
         if why is not None:
             return why
-        if s.tp > 1 and self.gpus_per_node % s.tp:
+        inside = tuple(d for d in lay.used if d.inside_node)
+        if self.gpus_per_node % lay.inside_node:
             return (
-                f"tp {s.tp} does not fit in a node of {self.gpus_per_node} GPUs (tensor parallelism stays inside a "
-                "node: its collectives are on every block's critical path)"
+                f"{lay.named(inside)} does not fit in a node of {self.gpus_per_node} GPUs "
+                f"({' and '.join(d.noun for d in inside)} stay{'s' if len(inside) == 1 else ''} inside a node: "
+                f"{'its' if len(inside) == 1 else 'their'} collectives are on every block's critical path)"
             )
         if entry.mesh == catalogue.HYBRID:
             if self.gpus % self.gpus_per_node:
                 return f"{self.strategy} needs whole nodes: gpus {self.gpus} % gpus_per_node {self.gpus_per_node} != 0"
             if lay.dp_replicate < 2 or lay.dp_shard * lay.dp_replicate != lay.dp:
                 return (
-                    f"{self.strategy} shards over the {lay.dp_shard} rank(s) of a node beside tp {s.tp} and replicates "
-                    f"across nodes; dp {lay.dp} (gpus {self.gpus} / (tp {s.tp} x pp {s.pp})) leaves "
-                    f"{lay.dp_replicate} replica(s), it needs at least 2 whole ones"
+                    f"{self.strategy} shards over the {lay.dp_shard} rank(s) of a node beside "
+                    f"{lay.named(inside) or 'tp 1'} and replicates across nodes; dp {lay.dp} (gpus {self.gpus} / "
+                    f"({lay.named(tuple(reversed(MESH_DIMS)))})) leaves {lay.dp_replicate} replica(s), it needs at "
+                    "least 2 whole ones"
                 )
         if self.precision not in entry.precisions:
             return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
-        if self.precision == "fp16":
-            return "fp16 loss scaling is not part of the tensor- and pipeline-parallel layouts here (run bf16 or fp32)"
+        if precisions.get(self.precision).loss_scaling:
+            return (
+                f"{self.precision} loss scaling is not part of the tensor- and pipeline-parallel layouts here "
+                "(run bf16 or fp32)"
+            )
         if s.offload != "none":
             why = entry.offload_refusal(s.offload) or f"{self.strategy}: CPU offload is not part of the tp/pp layouts"
             return why
@@ -336,6 +341,18 @@ class RunSpec:
         if s.checkpoint:
             return "checkpoint is not part of the tensor- and pipeline-parallel layouts here"
         return entry.device_refusal(device, self.precision)
+
+
+
+def _none(settings: Settings) -> str:
+    return ""
+
+
+_TAG_DETAILS: dict[str, Any] = {
+    "tp": lambda s: " sp" if s.sequence_parallel else "",
+    "pp": lambda s: f" ({s.pp_schedule})",
+}
+"""what a layout tag adds after a dimension's degree (`tp2 sp`, `pp2 (1f1b)`): its settings that shape it"""
 
 
 def value_is(value: Any, typ: type) -> bool:

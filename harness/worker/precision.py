@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.core import precisions
+
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
@@ -40,12 +42,7 @@ class PrecisionPolicy:
         return torch.autocast(device_type=device_type, dtype=self.compute_dtype)
 
 
-POLICIES = {
-    "fp32": PrecisionPolicy("fp32", torch.float32, loss_scaling=False),
-    "bf16": PrecisionPolicy("bf16", torch.bfloat16, loss_scaling=False),
-    "fp16": PrecisionPolicy("fp16", torch.float16, loss_scaling=True),
-}
-
-
 def policy(name: str) -> PrecisionPolicy:
-    return POLICIES[name]
+    """The policy of a precision of harness.core.precisions: its dtype as torch's, its loss scaling."""
+    entry = precisions.get(name)
+    return PrecisionPolicy(name, getattr(torch, entry.dtype), loss_scaling=entry.loss_scaling)

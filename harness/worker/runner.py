@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core import precisions
 from harness.plan.flops import flops_per_step as model_flops_per_step
 from harness.plan.flops import hardware_flops_per_step
 from harness.plan.prediction import Prediction
@@ -83,7 +84,8 @@ def utilisation(
     None) with the reason added to null_reasons where the device's peak for the precision is unknown (CPU, a
     device not in harness.scenario.cluster.PEAKS). fp32 matmuls count against the TF32 peak when TF32 is allowed."""
     peak = find_peak(device_name) if device_type == "cuda" else None
-    key = spec.precision if spec.precision != "fp32" else ("tf32" if allow_tf32 else "fp32")
+    key = precisions.get(spec.precision).peak
+    key = "tf32" if key == "fp32" and allow_tf32 else key
     if peak is None or key not in peak.tflops:
         null_reasons["mfu"] = (
             f"no dense peak FLOPS known for device {device_name!r} ({spec.precision}); "

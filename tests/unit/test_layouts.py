@@ -165,13 +165,13 @@ def test_tokens_per_step_count_each_data_parallel_replica_once():
 
 
 def test_tp_is_innermost_inside_a_node_and_pp_outermost():
-    lay = Layout(gpus=8, tp=2, pp=2, gpus_per_node=2)
+    lay = Layout(gpus=8, degrees=(("pp", 2), ("tp", 2)), gpus_per_node=2)
     assert lay.mesh_dims == (("pp", 2), ("dp", 2), ("tp", 2))
     assert lay.group(0, ("tp",)) == [0, 1]  # one node
     assert lay.group(0, ("dp",)) == [0, 2]  # across nodes
     assert lay.group(0, ("pp",)) == [0, 4]
     assert [lay.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
-    hsdp = Layout(gpus=8, pp=2, gpus_per_node=2, hybrid=True)
+    hsdp = Layout(gpus=8, degrees=(("pp", 2),), gpus_per_node=2, hybrid=True)
     assert hsdp.mesh_dims == (("pp", 2), ("dp_replicate", 2), ("dp_shard", 2), ("tp", 1))
     assert hsdp.group(0, ("dp_shard",)) == [0, 1] and hsdp.group(0, ("dp_replicate",)) == [0, 2]
     assert [hsdp.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]

@@ -81,8 +81,7 @@ def buildable(spec: RunSpec) -> bool:
         return False
     problems = layout_problems(
         gpus=spec.gpus,
-        tp=s.tp,
-        pp=s.pp,
+        degrees=dict(s.degrees),
         cfg=cfg,
         schedule=s.pp_schedule,
         microbatches=s.microbatches,

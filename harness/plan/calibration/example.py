@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 from harness.core.catalogue import CATALOGUE
+from harness.core.precisions import PRECISIONS
 from harness.plan.calibration.bus import BUS_FACTORS, bus_factor
 from harness.plan.calibration.file import FORMAT
 from harness.plan.calibration.find import host_fingerprint
@@ -60,7 +61,7 @@ def example_calibration(
             "framework": {
                 f"{k}/{p}": {"fixed_s": 1e-3, "per_block_s": 1e-3, "per_element_s": 0.0}
                 for k in keys
-                for p in ("fp32", "bf16", "fp16")
+                for p in PRECISIONS
             },
         },
         "comm": comm,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.catalogue import CATALOGUE
+from harness.core.precisions import of_dtype
 from harness.plan.calibration import gpu_model
 from harness.plan.calibration.bus import bus_factor
 from harness.plan.calibration.file import (
@@ -480,9 +481,6 @@ def _calibrated_collective_s(
     return rates.interpolated_collective_s(collective, link, ranks, nbytes, dtype)
 
 
-PROFILE_DTYPE_KEY = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
 class ProfileRates(Rates):
     """Rates from the profile's `performance:` block: one matmul rate per precision, one memory bandwidth, the
     links' NCCL figures, and (with `efficiency:`) the kernel-efficiency curves of harness.plan.calibration.gpu_model.
@@ -521,7 +519,7 @@ class ProfileRates(Rates):
         return value
 
     def _tflops(self, dtype: str) -> float:
-        key = PROFILE_DTYPE_KEY.get(dtype, dtype)
+        key = of_dtype(dtype)
         return self._need(self.perf.matmul_tflops.get(key), f"achievable {key} matmul rate")
 
     def gemm_s(self, dtype: str, m: int, n: int, k: int, layout: str) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from harness.core import precisions
 from harness.scenario.schema import RunSpec
 from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
 from harness.worker.strategies.base import Batch, Topology, adamw
@@ -49,9 +50,10 @@ def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
     overrides = os.environ.get(ZERO_OVERRIDES_ENV)
     if overrides:  # diagnostics only (tests/dist/test_comm.py); the record's env.deepspeed_config shows it
         zero.update(json.loads(overrides))
-    if spec.precision == "bf16":
+    dtype = precisions.get(spec.precision).dtype
+    if dtype == "bfloat16":
         cfg["bf16"] = {"enabled": True}
-    elif spec.precision == "fp16":
+    elif dtype == "float16":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return cfg
 
