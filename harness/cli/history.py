@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from harness.cli.compare import direction_option, format_option
+from harness.cli.options import direction_option, format_option
 from harness.compare.load import iter_side
 from harness.compare.metrics import DEFAULT_THRESHOLD, THRESHOLD_METRICS, parse_thresholds
 from harness.core.errors import InputError, Problem
