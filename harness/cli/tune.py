@@ -74,7 +74,7 @@ def tune_command(
     measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
     trial is an ordinary record in RESULTS/<scenario name>-tune/; the winners are written as a scenario file
     (tuned.yaml there, or --out) that `harness sweep` runs. A re-run goes on where the last one stopped."""
-    from harness.cli.history import stdout_to_stderr
+    from harness.launch.stdout import stdout_to_stderr
     from harness.results.store import check_writable_dir, sweep_dir
     from harness.tune.run import run_tune, tune_sweep_name
     from harness.tune.summary import format_tune
