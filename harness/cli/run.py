@@ -7,13 +7,13 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from harness.cli import interrupt_on_sigterm
 from harness.core.errors import InputError, Problem, one_of
 from harness.core.zoo import ZOO, ZOO_SOURCES, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
@@ -103,11 +103,7 @@ def sweep(
     from harness.results.store import check_writable_dir, sweep_dir
 
     repeat = check_repeat(repeat)
-
-    def _interrupt(signum, frame):  # SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     sc = load_scenario(scenario)
     if trace:
         sc = sc.with_setting("trace", True)

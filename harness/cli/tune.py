@@ -13,11 +13,11 @@ import contextlib
 import json
 import math
 import shlex
-import signal
 from pathlib import Path
 
 import click
 
+from harness.cli import interrupt_on_sigterm
 from harness.cli.run import cluster_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
@@ -88,11 +88,7 @@ def tune_command(
         problems.append(Problem("--budget-cells", "", "give one budget: --budget-cells or --budget-minutes"))
     if problems:
         raise InputError(problems)
-
-    def _interrupt(signum, frame):  # SIGTERM stops the search like Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
     if pack and cluster.executor != "slurm":
