@@ -17,7 +17,7 @@ from harness.core.errors import InputError
 
 # name → "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
-    "sweep": "harness.cli.run:sweep",
+    "sweep": "harness.cli.sweep:sweep",
     "run": "harness.cli.run:run",
     "list": "harness.cli.run:list_",
     "plan": "harness.cli.plan:plan_command",

@@ -11,6 +11,17 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def cluster_option(f: F) -> F:
+    """`--cluster NAME`, as every command that runs or plans cells on a cluster profile takes it."""
+    return click.option(
+        "--cluster",
+        "cluster_name",
+        default="local",
+        show_default=True,
+        help="cluster profile: a name (`harness list clusters`) or a path",
+    )(f)
+
+
 def format_option(f: F) -> F:
     """`--format`, as `harness compare` and `harness history check` take it."""
     return click.option(

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from harness.cli import interrupt_on_sigterm
-from harness.cli.run import cluster_option
+from harness.cli.options import cluster_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
