@@ -2,7 +2,7 @@
 never import torch, pandas or matplotlib.
 
 Exit codes: 0 success; 1 a sweep with failed cells, or a regression (compare); 2 bad input (a results or output
-folder that cannot be written too); 130 interrupted (Ctrl-C, SIGTERM to a sweep).
+folder that cannot be written too); 130 interrupted (Ctrl-C, SIGTERM to a sweep or a tune: `interrupt_on_sigterm`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from harness.core.errors import InputError
 
 # name → "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
-    "sweep": "harness.cli.run:sweep",
+    "sweep": "harness.cli.sweep:sweep",
     "run": "harness.cli.run:run",
     "list": "harness.cli.run:list_",
     "plan": "harness.cli.plan:plan_command",
@@ -84,6 +84,18 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """Benchmark distributed PyTorch training strategies (DDP, FSDP, FSDP2, DeepSpeed ZeRO) across
     precisions and GPU counts, locally on CPU/gloo or on SLURM GPU clusters."""
+
+
+def interrupt_on_sigterm() -> None:
+    """The policy of a long command (a sweep, a tune): SIGTERM — a scheduler's, `kill`'s — stops it as Ctrl-C does,
+    by raising KeyboardInterrupt wherever it is. Its `finally` blocks and the sweep's own handling run, the manifest
+    and the records stay consistent, and `main` turns it into exit 130 with its message. (SIGINT is Python's own
+    KeyboardInterrupt already.) Installed once the command starts, for the rest of the process."""
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

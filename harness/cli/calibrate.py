@@ -12,18 +12,13 @@ from pathlib import Path
 
 import click
 
+from harness.cli.options import cluster_option
 from harness.plan.calibration import describe_fingerprint, read_calibration, write_calibration, write_path
 from harness.scenario.cluster import Cluster, load_cluster
 
 
 @click.command("calibrate")
-@click.option(
-    "--cluster",
-    "cluster_name",
-    default="local",
-    show_default=True,
-    help="cluster profile: a name (`harness list clusters`) or a path",
-)
+@cluster_option
 @click.option("--quick", is_flag=True, help="a smaller grid and fewer message sizes (seconds, for tests)")
 @click.option(
     "--out",

@@ -94,9 +94,8 @@ def report_command(
     projection = read_projection(projection_file) if projection_file is not None else None
     trends = noise = None
     if history_db is not None:
-        from harness.cli.history import database_errors
         from harness.history.noise import cell_noise
-        from harness.history.store import open_store
+        from harness.history.store import database_errors, open_store
         from harness.history.trends import trend_series
 
         with database_errors(history_db):

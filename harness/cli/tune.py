@@ -13,12 +13,12 @@ import contextlib
 import json
 import math
 import shlex
-import signal
 from pathlib import Path
 
 import click
 
-from harness.cli.run import cluster_option
+from harness.cli import interrupt_on_sigterm
+from harness.cli.options import cluster_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -74,7 +74,7 @@ def tune_command(
     measure in rounds of successive halving, confirm the leader against the runner-up beyond noise. Every
     trial is an ordinary record in RESULTS/<scenario name>-tune/; the winners are written as a scenario file
     (tuned.yaml there, or --out) that `harness sweep` runs. A re-run goes on where the last one stopped."""
-    from harness.cli.history import stdout_to_stderr
+    from harness.launch.stdout import stdout_to_stderr
     from harness.results.store import check_writable_dir, sweep_dir
     from harness.tune.run import run_tune, tune_sweep_name
     from harness.tune.summary import format_tune
@@ -88,11 +88,7 @@ def tune_command(
         problems.append(Problem("--budget-cells", "", "give one budget: --budget-cells or --budget-minutes"))
     if problems:
         raise InputError(problems)
-
-    def _interrupt(signum, frame):  # SIGTERM stops the search like Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     sc = load_scenario(scenario)
     cluster = load_cluster(cluster_name)
     if pack and cluster.executor != "slurm":

@@ -2,7 +2,9 @@
 one swap, so a crash or a full disk leaves either the old baseline or the new one, never a mix.
 
 Every file is fsynced before the swap (renameat2 RENAME_EXCHANGE where the filesystem has it, else two renames),
-and a `.promoted.json` beside the records says where they came from.
+and a `.promoted.json` beside the records says where they came from. `check_promote_baseline` refuses a baseline
+that cannot be replaced before anything is loaded; `promote_candidate` decides, after the comparison, what is
+promoted (every ok run of each candidate cell) and says so on stderr.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.compare.match import RunFile, spec_key
+from harness.compare.match import RunFile, SideIndex, spec_key
 from harness.core.errors import InputError, Problem
 from harness.results.record import Record
 from harness.results.store import atomic_write_json, record_files, record_name, record_or_none, utc_now
+
+if TYPE_CHECKING:
+    from harness.compare.comparison import Comparison
+    from harness.compare.outputs import Echo
 
 PROMOTED_FILE = ".promoted.json"
 """provenance written into a promoted baseline (hidden, so record loading skips it)"""
@@ -88,6 +94,56 @@ def check_promote_target(baseline_dir: str | Path, *, sources: Sequence[str | Pa
         s = Path(src).resolve()
         if s == b or b in s.parents or s in b.parents:
             raise InputError([Problem(str(baseline_dir), "", f"promote: baseline and candidate {src} overlap")])
+
+
+def check_promote_baseline(baseline: Path, *, sources: Sequence[Path], force: bool) -> None:
+    """InputError (exit 2) before anything is loaded when --promote cannot replace `baseline`: absent without
+    --force, or not a folder promote may write (`check_promote_target`)."""
+    if not force and not baseline.exists():
+        raise InputError(
+            [
+                Problem(
+                    str(baseline),
+                    "",
+                    "baseline: no such directory; to make CANDIDATE the first baseline: --promote --force",
+                )
+            ]
+        )
+    check_promote_target(baseline, sources=sources)
+
+
+def promote_candidate(
+    cmp: Comparison,
+    cand: SideIndex,
+    baseline: Path,
+    *,
+    cand_paths: Sequence[Path],
+    code: int,
+    force: bool,
+    echo: Echo,
+) -> None:
+    """--promote: the candidate's records become the baseline when the comparison passed (`code` 0) or --force;
+    otherwise the baseline stays and stderr says why."""
+    if code != 0 and not force:
+        echo(
+            f"not promoted: the comparison failed (exit {code}); baseline {baseline} is "
+            "unchanged (--force promotes anyway)",
+            err=True,
+        )
+        return
+    # NOTE: every ok run of a cell (its repeats), so the baseline keeps what timing is judged on
+    chosen: list[RunFile | Record] = []
+    for c in cmp.cells:
+        if c.candidate is None:
+            continue
+        runs = cand.run_files.get(c.key) if c.candidate.ok else None
+        chosen += runs if runs else [c.candidate]
+    dest = promote_baseline(chosen, baseline, sources=[str(p) for p in cand_paths])
+    echo(
+        f"promoted {len(chosen)} candidate record(s) of {sum(c.candidate is not None for c in cmp.cells)} "
+        f"cell(s) to baseline {dest}" + (" (forced)" if code else ""),
+        err=True,
+    )
 
 
 def promote_baseline(

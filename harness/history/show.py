@@ -1,5 +1,5 @@
 """`history show`: the stored series of the cells a filter picks, one series per cell and machine, with the change
-points E-Divisive finds in each metric."""
+points E-Divisive finds in each metric; `show_history` is the command's output."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from harness.compare.metrics import WATCHED
 from harness.history import keys
 from harness.history.changepoint import e_divisive
 from harness.history.keys import is_exact, iso
+from harness.history.render import render_show_json, render_show_table
 from harness.history.rows import Cell, Machine, Run
-from harness.history.store import HistoryStore
+from harness.history.store import HistoryStore, database_errors, open_store
 from harness.history.verdicts import Rules
 
 
@@ -99,3 +100,12 @@ def show_series(
                 }
             )
     return out
+
+
+def show_history(db: str, *, cell_filter: str | None, last: int, fmt: str) -> str:
+    """`harness history show`'s output: the series `show_series` gives of the history `db` (the last `last` runs of
+    each cell; 0: every run) as a table or, with `fmt` "json", one JSON document."""
+    with database_errors(db):
+        with open_store(db) as store:
+            series = show_series(store, cell_filter=cell_filter, last=last or None)
+    return render_show_json(series) if fmt == "json" else render_show_table(series)

@@ -527,6 +527,24 @@ class HistoryStore:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
+@contextlib.contextmanager
+def database_errors(db: str) -> Iterator[None]:
+    """A database failing mid-command (read-only file, locked past the timeout, a dropped connection) is one
+    line naming the database, exit 2; never a traceback."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "readonly" in text:
+            text += " (a read-only file or directory?)"
+        raise InputError([Problem(db, "", text)]) from None
+    except Exception as e:
+        if type(e).__module__.split(".")[0] != "psycopg":
+            raise
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError([Problem(db, "", text)]) from None
+
+
 def open_store(db: str, *, create: bool = False) -> HistoryStore:
     """Open the history `db` (a SQLite path, `sqlite:///path`, or a `postgresql://` URL). `create`: make the
     file and schema when absent (`history add`); otherwise a missing history is an InputError."""

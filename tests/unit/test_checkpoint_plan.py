@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from harness.calibrate.storage import measure_storage
-from harness.cli.run import with_checkpoint
 from harness.core.errors import InputError
 from harness.launch.core.payload import make_payload
+from harness.launch.run import with_checkpoint
 from harness.plan import checkpoint as ck
 from harness.plan.calibration import Found, ProfileRates, RatesSource
 from harness.plan.calibration.example import example_calibration

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import signal
+from pathlib import Path
 
+import click
 import pytest
 
 from harness import cli
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_command_in_the_table_imports():
@@ -75,3 +80,58 @@ def test_list_models_with_a_scenario_includes_its_custom_models(tmp_path, capsys
     assert "tiny" in lines
     assert f" {expected:,} params" in lines["my-7.5b"], lines["my-7.5b"]
     assert "custom.yaml" in lines["my-7.5b"] and "custom.yaml" not in lines["tiny"]
+
+
+@pytest.fixture
+def sigterm_restored():
+    """SIGTERM's handler as it was before the test (the policy is installed for the rest of a process); while the
+    test runs, a SIGTERM that reaches the old handler fails it instead of ending pytest."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def not_stopped(signum, frame):
+        raise RuntimeError("SIGTERM reached the handler before the command's policy")
+
+    signal.signal(signal.SIGTERM, not_stopped)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@click.command("long")
+def long_command() -> int:
+    """A long command as `sweep` and `tune` are: the policy, then a SIGTERM from outside."""
+    cli.interrupt_on_sigterm()
+    signal.raise_signal(signal.SIGTERM)
+    return 0
+
+
+def test_sigterm_stops_a_long_command_as_ctrl_c_does(monkeypatch, capsys, sigterm_restored):
+    """SIGTERM (a scheduler, `kill`) after `interrupt_on_sigterm` is KeyboardInterrupt: exit 130 and the message
+    that the manifest and records are consistent, as for Ctrl-C (after the newline click writes on an interrupt)."""
+    monkeypatch.setitem(cli.COMMANDS, "long", "tests.unit.test_cli:long_command")
+    assert cli.main(["long"]) == 130
+    err = capsys.readouterr().err
+    assert err == "\ninterrupted: the manifest and records are consistent; re-run the same command to resume\n"
+
+
+@pytest.mark.parametrize(
+    "argv, target",
+    [
+        (["sweep", "{scenario}", "--results", "{results}"], "harness.launch.sweep.run_sweep"),
+        (["tune", "{scenario}", "--results", "{results}", "--no-calibrate"], "harness.tune.run.run_tune"),
+    ],
+    ids=["sweep", "tune"],
+)
+def test_sweep_and_tune_take_the_one_sigterm_policy(tmp_path, monkeypatch, capsys, sigterm_restored, argv, target):
+    """`harness sweep` and `harness tune` install the shared policy before their work starts: a SIGTERM while it
+    runs (here, as the sweep or search begins) ends the command with exit 130, never with the signal's death."""
+    scenario = REPO / "scenarios" / ("smoke.yaml" if argv[0] == "sweep" else "tune-bench.yaml")
+
+    def stopped(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(target, stopped)
+    argv = [a.format(scenario=scenario, results=tmp_path / "results") for a in argv]
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.endswith("re-run the same command to resume\n")
+    assert signal.getsignal(signal.SIGTERM) is cli._raise_keyboard_interrupt

@@ -1049,9 +1049,11 @@ def test_side_index_keeps_the_chosen_record_whole_and_every_runs_values():
 
 
 def test_forked_loading_and_writing_give_the_same_files(tmp_path, monkeypatch, capsys):
-    """Big compares read the candidate and write the JSON files in forked children (harness.cli.compare); the
-    files, stdout, stderr and exit code are those of the one-process path. Forced on a small regressing pair."""
-    import harness.cli.compare as cli_compare
+    """Big compares read the candidate and write the JSON files in forked children (harness.compare.sides,
+    harness.compare.outputs); the files, stdout, stderr and exit code are those of the one-process path. Forced on
+    a small regressing pair."""
+    from harness.compare import outputs as compare_outputs
+    from harness.compare import sides
 
     base = write_set(tmp_path / "base", cells().values())
     slower = cells()
@@ -1060,8 +1062,8 @@ def test_forked_loading_and_writing_give_the_same_files(tmp_path, monkeypatch, c
     cand = write_set(tmp_path / "cand", slower.values())
     outputs = {}
     for mode, floor in (("forked", 1), ("here", 10**9)):
-        monkeypatch.setattr(cli_compare, "PARALLEL_LOAD_MIN_FILES", floor)
-        monkeypatch.setattr(cli_compare, "PARALLEL_WRITE_MIN_CELLS", floor)
+        monkeypatch.setattr(sides, "PARALLEL_LOAD_MIN_FILES", floor)
+        monkeypatch.setattr(compare_outputs, "PARALLEL_WRITE_MIN_CELLS", floor)
         code = run_cli(base, cand, "--output-dir", tmp_path / mode)
         out, err = capsys.readouterr()
         files = {p.name: p.read_text() for p in sorted((tmp_path / mode).iterdir())}

@@ -66,7 +66,7 @@ def no_work(monkeypatch):
     monkeypatch.setattr("harness.launch.sweep.Manifest.open", work)
     monkeypatch.setattr("harness.launch.local.launchers.launch_foreground", work)
     monkeypatch.setattr("harness.report.load.record_files", work)
-    monkeypatch.setattr("harness.cli.compare.iter_side", work)
+    monkeypatch.setattr("harness.compare.sides.iter_side", work)
     monkeypatch.setenv("HARNESS_NO_PREFORK", "1")
 
 
