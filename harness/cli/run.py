@@ -1,14 +1,14 @@
 """`harness run`, `harness list`, `harness status`: their options, and one call each into the launch stage
-(harness.launch.run.run_cell, harness.launch.listing, harness.launch.status)."""
+(harness.launch.run.run_cell, harness.scenario.listing, harness.launch.status)."""
 
 from __future__ import annotations
 
 import click
 
 from harness.cli.options import cluster_option
-from harness.launch.listing import list_lines
 from harness.launch.run import run_cell
 from harness.launch.status import status_lines
+from harness.scenario.listing import list_lines
 
 
 @click.command()

@@ -9,5 +9,5 @@ that nothing imports the sweep and that core imports no backend):
   slurm/              the SLURM backend: jobs.py (submit, follow, re-attach, cancel), pack.py (a packed job's tasks)
   sweep.py            a scenario's cells through one backend: skip, lock, launch, record
 Beside sweep.py, importing what is above it but never the sweep: run.py (`harness sweep`'s start and summary,
-`harness run`'s one cell), status.py (`harness status`), listing.py (`harness list`), stdout.py.
+`harness run`'s one cell), status.py (`harness status`), stdout.py.
 """

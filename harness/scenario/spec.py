@@ -343,7 +343,6 @@ class RunSpec:
         return entry.device_refusal(device, self.precision)
 
 
-
 def _none(settings: Settings) -> str:
     return ""
 
