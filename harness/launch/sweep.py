@@ -111,12 +111,12 @@ class Sweep:
             done = self.folder.ok_run(spec.run_id, self.repeat)
             if done is not None:
                 self.echo(f"{tag}  ok (already recorded; --force reruns)")
-                self.manifest.set(spec.run_id, state="done", status="ok")
+                self.manifest.ended(spec.run_id, done)
                 return done, None
         predicted = predict(spec, self.cluster)
         reason = self._refusal(spec, predicted.fits if predicted is not None else None, predicted)
         if reason is not None:
-            self.manifest.set(spec.run_id, state="skipped", status="skipped")
+            self.manifest.skipped(spec.run_id)
             if self.repeat > 1:
                 self.echo(f"{tag}  skipped (as its first run)")
                 return None, None
@@ -178,14 +178,14 @@ class Sweep:
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         c0 = time.time()
         try:
-            self.manifest.set(spec.run_id, state="running", status=None, attempt=payload.attempt)
+            self.manifest.running(spec.run_id, attempt=payload.attempt)
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # NOTE: a stop meanwhile is raised here, in the try
             ended = launch_submitit(
                 payload,
                 cluster=self.cluster,
                 folder=self.jobs,
                 time_limit_s=spec.settings.time_limit_s,
-                on_submit=lambda job: self.manifest.set(spec.run_id, job_id=str(job.job_id)),
+                on_submit=lambda job: self.manifest.job(spec.run_id, job_id=str(job.job_id)),
             )
         except KeyboardInterrupt as stop:
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a second Ctrl-C must not cut the filing short
@@ -210,8 +210,7 @@ class Sweep:
     def _file(self, spec: RunSpec, ended: Record, *, tag: str, note: str) -> Record:
         """The cell's record into the sweep folder, its state into the manifest, its line on the console: one truth."""
         rec = self.folder.file(ended, repeat=self.repeat)
-        state = "done" if rec.ok else "cancelled" if rec.status == "cancelled" else "failed"
-        self.manifest.set(spec.run_id, state=state, status=rec.status)
+        self.manifest.ended(spec.run_id, rec)
         self.echo(f"{tag}  {describe(rec)}  ({note})")
         return rec
 
