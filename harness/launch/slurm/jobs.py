@@ -10,7 +10,8 @@ cell states and record statuses, cancel. The submitit behaviour this relies on i
 tests/slurm and listed in docs/slurm.md.
 
 Why a module of its own: everything here is SLURM's (sbatch, sacct, job arrays, requeues); what a cell's end means
-for its record is launch/core's, shared with the local launchers, and the sweep only hands cells over.
+for its record is launch/core's, shared with the local launchers, and the sweep's round (backend.py) only hands
+cells over.
 """
 
 from __future__ import annotations
@@ -408,7 +409,7 @@ class InFlight:
 
 
 class SlurmSweep:
-    """The cells of one sweep on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
+    """One round of a sweep's cells on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
     into its record as its job ends. The manifest follows every step, so a re-run can re-attach."""
 
     def __init__(self, cluster: Cluster, *, folder: Path, manifest: Manifest, echo: Callable[[str], None]):
