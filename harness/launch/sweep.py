@@ -9,27 +9,30 @@ node, clocks, thermal state), which is what `harness compare` then judges on. Ea
 (harness.launch.core.folder: where runs are staged and filed). On SLURM the rounds are submitted in order, each
 once the previous one has ended. Re-running a sweep runs only the runs without an ok record.
 
-Why a module of its own: this is the only place that knows about every backend; the backends share launch/core
-and know nothing of each other or of the sweep.
+Why a module of its own: this is the only place that knows about every backend. It picks one per sweep from the
+profile's executor (harness.launch.local.backend, harness.launch.slurm.backend) and runs every round through it;
+what the backends share comes from here as launch/core's `SweepRound`, so they know nothing of each other or of
+the sweep.
 """
 
 from __future__ import annotations
 
-import signal
 import time
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.core.errors import InputError, Problem
+from harness.launch.core.backend import Backend, Round, RoundEnd
 from harness.launch.core.folder import SweepFolder
 from harness.launch.core.manifest import Manifest, file_lock
-from harness.launch.core.outcome import FAILED, Interrupted, cancel_cell, describe, skipped_record
+from harness.launch.core.outcome import FAILED, describe, skipped_record
 from harness.launch.core.payload import make_payload, predict
-from harness.launch.local import prefork
-from harness.launch.local.launchers import launch_submitit, local_gpus
-from harness.launch.slurm.jobs import SlurmSweep, preflight
+from harness.launch.local.backend import STOP_SIGNALS, LocalBackend
+from harness.launch.local.launchers import local_gpus
+from harness.launch.slurm.backend import SlurmBackend
+from harness.launch.slurm.jobs import preflight
 from harness.plan.placement import Capacity, capacity, placement_refusal
 from harness.results.payload import Payload
 from harness.results.record import Record
@@ -37,6 +40,8 @@ from harness.results.store import check_writable_dir
 from harness.scenario.cluster import Cluster
 from harness.scenario.schema import RunSpec, Scenario
 from harness.worker.env import git_sha
+
+__all__ = ["MAX_REPEAT", "STOP_SIGNALS", "Sweep", "SweepResult", "check_repeat", "run_sweep"]
 
 
 @dataclass
@@ -56,10 +61,6 @@ MAX_REPEAT = 100
 """the most runs per cell `--repeat` takes (a typo such as 10**9 is refused, not started)"""
 
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-"""what stops a sweep (the cli turns SIGTERM into KeyboardInterrupt as Ctrl-C is)"""
-
-
 def check_repeat(repeat: object, *, option: str = "--repeat") -> int:
     """`repeat` as a run count in 1..MAX_REPEAT; InputError (exit 2) naming the option otherwise."""
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
@@ -71,7 +72,8 @@ def check_repeat(repeat: object, *, option: str = "--repeat") -> int:
 
 @dataclass(frozen=True)
 class Sweep:
-    """One sweep's settings and state, shared by every cell of it (what each step of a cell needs)."""
+    """One sweep's settings and state, shared by every cell of it whatever its backend: the folder, the locks, the
+    skip decisions and the filing of records (a harness.launch.core.backend.SweepRound to the backends)."""
 
     scenario: Scenario
     cluster: Cluster
@@ -99,7 +101,7 @@ class Sweep:
     def round(self, repeat: int) -> Sweep:
         return replace(self, repeat=repeat, manifest=self.manifest.for_repeat(repeat))
 
-    def lock(self, spec: RunSpec, *, blocking: bool = False):
+    def lock(self, spec: RunSpec, *, blocking: bool = False) -> AbstractContextManager[bool]:
         """The cell's lock (held while this sweep is responsible for the cell)."""
         return file_lock(self.locks / f"{spec.run_id}.lock", blocking=blocking)
 
@@ -111,12 +113,12 @@ class Sweep:
             done = self.folder.ok_run(spec.run_id, self.repeat)
             if done is not None:
                 self.echo(f"{tag}  ok (already recorded; --force reruns)")
-                self.manifest.set(spec.run_id, state="done", status="ok")
+                self.manifest.ended(spec.run_id, done)
                 return done, None
         predicted = predict(spec, self.cluster)
         reason = self._refusal(spec, predicted.fits if predicted is not None else None, predicted)
         if reason is not None:
-            self.manifest.set(spec.run_id, state="skipped", status="skipped")
+            self.manifest.skipped(spec.run_id)
             if self.repeat > 1:
                 self.echo(f"{tag}  skipped (as its first run)")
                 return None, None
@@ -156,124 +158,9 @@ class Sweep:
             self.echo(f"{tag}  {describe(rec)}  (recorded by the other sweep)")
         return rec
 
-    # ---- local cells, one after another
-
-    def run_local(self, spec: RunSpec, *, tag: str) -> Record | None:
-        """One run of one local cell, under its lock: its record (None: a skipped cell's run k >= 2, which has
-        none)."""
-        with self.lock(spec) as mine:
-            if not mine:
-                rec = self.record_of_other_sweep(spec, tag=tag)
-                if rec is not None:
-                    return rec
-            done, payload = self.prepare(spec, tag=tag)
-            if done is not None or payload is None:
-                return done
-            return self._launch_local(spec, payload, tag=tag)
-
-    def _launch_local(self, spec: RunSpec, payload: Payload, *, tag: str) -> Record:
-        """Run the cell and file its record, with the manifest and the console saying what the record says, also
-        when the sweep is interrupted (Ctrl-C, SIGTERM): the signals wait while the manifest changes, so a stop
-        lands either before the cell's job started (recorded cancelled) or while it runs (cancel_cell decides)."""
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        c0 = time.time()
-        try:
-            self.manifest.set(spec.run_id, state="running", status=None, attempt=payload.attempt)
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # NOTE: a stop meanwhile is raised here, in the try
-            ended = launch_submitit(
-                payload,
-                cluster=self.cluster,
-                folder=self.jobs,
-                time_limit_s=spec.settings.time_limit_s,
-                on_submit=lambda job: self.manifest.set(spec.run_id, job_id=str(job.job_id)),
-            )
-        except KeyboardInterrupt as stop:
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a second Ctrl-C must not cut the filing short
-            try:
-                if isinstance(stop, Interrupted):
-                    ended = stop.record
-                else:  # before the cell's job existed: nothing ran
-                    limit = spec.settings.time_limit_s
-                    ended = cancel_cell(payload, kill=lambda: None, elapsed_s=time.time() - c0, time_limit_s=limit)
-                self._file(
-                    spec, ended, tag=tag, note="interrupted" + ("" if ended.ok else "; re-run the sweep to resume")
-                )
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            raise
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            return self._file(spec, ended, tag=tag, note=f"{time.time() - c0:.1f} s")
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-    def _file(self, spec: RunSpec, ended: Record, *, tag: str, note: str) -> Record:
-        """The cell's record into the sweep folder, its state into the manifest, its line on the console: one truth."""
-        rec = self.folder.file(ended, repeat=self.repeat)
-        state = "done" if rec.ok else "cancelled" if rec.status == "cancelled" else "failed"
-        self.manifest.set(spec.run_id, state=state, status=rec.status)
-        self.echo(f"{tag}  {describe(rec)}  ({note})")
-        return rec
-
-    # ---- SLURM cells, all at once
-
-    def run_on_slurm(self, specs: list[RunSpec], *, no_wait: bool, pack: bool) -> tuple[list[Record], int]:
-        """(records, cells left in flight) of this run of every cell, through slurm_round; a cell another sweep
-        was handling is taken from its record, or, when that sweep let go without one (it detached), in a second
-        round."""
-        tags = {s.run_id: f"[{i}/{len(specs)}] {s.cell_name}" for i, s in enumerate(specs, 1)}
-        records: dict[str, Record] = {}
-        in_flight = 0
-        todo = specs
-        for _ in range(2):
-            busy, left = self.slurm_round(todo, tags=tags, records=records, no_wait=no_wait, pack=pack)
-            in_flight += left
-            todo = []
-            for spec in busy:
-                rec = self.record_of_other_sweep(spec, tag=tags[spec.run_id])
-                if rec is None:
-                    todo.append(spec)
-                else:
-                    records[spec.run_id] = rec
-            if not todo:
-                break
-        for spec in todo:
-            self.echo(f"{tags[spec.run_id]}  left to another sweep (no record yet); re-run to collect it")
-        return [records[s.run_id] for s in specs if s.run_id in records], in_flight
-
-    def slurm_round(
-        self, specs: list[RunSpec], *, tags: dict[str, str], records: dict[str, Record], no_wait: bool, pack: bool
-    ) -> tuple[list[RunSpec], int]:
-        """Re-attach to the jobs an earlier sweep left queued or running, submit every other cell that needs a run
-        (job arrays; with `pack`, one job per pack of same-shaped cells), then finalize each as it ends — unless
-        `no_wait`. Fills `records`; returns the cells another sweep holds and how many cells were left in flight."""
-        busy: list[RunSpec] = []
-        with ExitStack() as held:  # each cell's lock, for as long as this sweep is responsible for the cell
-            flight = SlurmSweep(self.cluster, folder=self.jobs, manifest=self.manifest, echo=self.echo)
-            to_submit = []
-            for spec in specs:
-                tag = tags[spec.run_id]
-                if not held.enter_context(self.lock(spec)):
-                    busy.append(spec)
-                    continue
-                if flight.reattach(spec.run_id, tag=tag):
-                    continue
-                rec, payload = self.prepare(spec, tag=tag)
-                if rec is not None:
-                    records[spec.run_id] = rec
-                elif payload is not None:
-                    to_submit.append((payload, tag))
-            try:
-                ended = flight.submit(to_submit, pack=pack)
-                if not no_wait:
-                    ended.update(flight.wait())
-                records.update({k: self.folder.file(r, repeat=self.repeat) for k, r in ended.items()})
-            except KeyboardInterrupt:
-                # NOTE: an interrupted sweep cancels its jobs and records them cancelled, as the local path does (a
-                # re-run resubmits them); detaching is what --no-wait is for
-                flight.cancel_all(reason="the sweep was interrupted")
-                raise
-            return busy, flight.detach() if no_wait else 0
+    def file(self, rec: Record) -> Record:
+        """The run's record filed where this round's runs go (SweepFolder.file: as it is for run 1)."""
+        return self.folder.file(rec, repeat=self.repeat)
 
 
 def run_sweep(
@@ -310,12 +197,7 @@ def run_sweep(
     # traceback from the manifest's lock
     check_writable_dir(folder.path, option="--results")
     cap = capacity(cluster, gpus=local_gpus)
-    if cluster.executor == "slurm":
-        preflight(cluster)  # NOTE: before the manifest: a cluster that cannot take jobs leaves nothing behind
-    elif no_wait or pack:
-        raise ValueError(
-            f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of the sweep"
-        )
+    backend = _backend(cluster, no_wait=no_wait, pack=pack)  # NOTE: before the manifest (SLURM's preflight)
     manifest = Manifest.open(
         folder.results,
         scenario.name,
@@ -339,47 +221,37 @@ def run_sweep(
         force=force,
         no_skip=no_skip,
     )
-    repeated = len(rounds) > 1 or rounds[0] > 1
+    end = _run_rounds(sweep, specs, rounds, backend=backend)
+    return SweepResult(records=end.records, results_dir=folder.path, wall_s=time.time() - t0, in_flight=end.in_flight)
+
+
+def _backend(cluster: Cluster, *, no_wait: bool, pack: bool) -> Backend:
+    """The profile's backend, checked before anything is written: a SLURM cluster that cannot take jobs leaves
+    nothing behind (preflight); `no_wait` and `pack` are SLURM's."""
     if cluster.executor == "slurm":
-        records, in_flight = _slurm_rounds(sweep, specs, rounds, repeated=repeated, no_wait=no_wait, pack=pack)
-        return SweepResult(records=records, results_dir=folder.path, wall_s=time.time() - t0, in_flight=in_flight)
-    return SweepResult(
-        records=_local_rounds(sweep, specs, rounds, repeated=repeated), results_dir=folder.path, wall_s=time.time() - t0
-    )
+        preflight(cluster)
+        return SlurmBackend(no_wait=no_wait, pack=pack)
+    if no_wait or pack:
+        raise ValueError(
+            f"{'no_wait' if no_wait else 'pack'} needs a SLURM profile: local cells run as children of the sweep"
+        )
+    return LocalBackend()
 
 
-def _slurm_rounds(
-    sweep: Sweep, specs: list[RunSpec], rounds: list[int], *, repeated: bool, no_wait: bool, pack: bool
-) -> tuple[list[Record], int]:
-    """Every round on SLURM, each submitted once the previous one has ended (with `no_wait`: the first one left
-    running ends the sweep; a re-run goes on)."""
+def _run_rounds(sweep: Sweep, specs: Sequence[RunSpec], rounds: list[int], *, backend: Backend) -> RoundEnd:
+    """Every round through the backend, in order, within its session (the local warm zygote); a round that left
+    cells in flight (--no-wait) ends the sweep, and a re-run goes on from there."""
     records: list[Record] = []
-    in_flight = 0
-    for k in rounds:
-        if repeated:
-            sweep.echo(f"run {k} of each cell ({len(specs)} cells)")
-        got, in_flight = sweep.round(k).run_on_slurm(specs, no_wait=no_wait, pack=pack)
-        records += got
-        if in_flight:
-            if k != rounds[-1]:
-                sweep.echo(f"runs {k + 1}..{rounds[-1]} are submitted once run {k} has ended: re-run the sweep then")
-            break
-    return records, in_flight
-
-
-def _local_rounds(sweep: Sweep, specs: list[RunSpec], rounds: list[int], *, repeated: bool) -> list[Record]:
-    """Every round locally, cell after cell; the ranks of local CPU cells fork from one warm interpreter instead
-    of importing torch each (harness.launch.local.prefork)."""
-    records: list[Record] = []
-    warm = sweep.cluster.device == "cpu"
-    log = sweep.jobs / "prefork.log"  # NOTE: third-party chatter at import (DeepSpeed's) stays out of the console
-    with prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path), log=log) if warm else nullcontext():
-        total = len(specs) * len(rounds)
-        for r, k in enumerate(rounds):
-            this = sweep.round(k)
-            for i, spec in enumerate(specs, 1):
-                tag = f"[{r * len(specs) + i}/{total}] {spec.cell_name}" + (f" run {k}" if repeated else "")
-                rec = this.run_local(spec, tag=tag)
-                if rec is not None:
-                    records.append(rec)
-    return records
+    repeated = len(rounds) > 1 or rounds[0] > 1
+    with backend.session(sweep):
+        for index, k in enumerate(rounds):
+            at = Round(k=k, index=index, count=len(rounds), repeated=repeated)
+            end = backend.run_round(sweep.round(k), specs, at=at)
+            records += end.records
+            if end.in_flight:
+                if k != rounds[-1]:
+                    sweep.echo(
+                        f"runs {k + 1}..{rounds[-1]} are submitted once run {k} has ended: re-run the sweep then"
+                    )
+                return RoundEnd(records, end.in_flight)
+    return RoundEnd(records)

@@ -1,6 +1,6 @@
 """harness.launch.core.manifest: `manifest.json` has one type (SweepManifest) and one reader; the sweep writes it
-through that type, `harness status` and the SLURM backend read it through it, and a file that is not a manifest
-is one line per problem (exit 2), never a traceback."""
+through that type (by named operations, whose states test_manifest_states.py walks), `harness status` and the SLURM
+backend read it through it, and a file that is not a manifest is one line per problem (exit 2), never a traceback."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from harness.launch.core.manifest import (
     manifest_of,
     read_manifest,
 )
+from harness.results.record import Record
+from harness.results.store import new_record
 
 
 def opened(results: Path, *, repeats: tuple[int, ...] = (1,), **kw) -> Manifest:
@@ -36,20 +38,20 @@ def opened(results: Path, *, repeats: tuple[int, ...] = (1,), **kw) -> Manifest:
     )
 
 
+def record(status: str, run_id: str = "a") -> Record:
+    return new_record(spec={}, run_id=run_id, sweep="s", cluster="local", status=status, reason="why")
+
+
 def test_what_the_sweep_writes_reads_back_typed(tmp_path):
     m = opened(tmp_path, repeats=(1, 2))
-    m.set("a", state="running", status=None, attempt="x1")
-    m.set("a", state="done", status="ok", job_id="17")
-    m.for_repeat(2).set("a", state="done", status="oom", attempt="x2", job_id="18")
-    m.set(
-        "b",
-        state="submitted",
-        status=None,
-        job_id="9_1",
-        slurm_state="PENDING",
-        nodes="",
-        pack={"position": 2, "of": 3},
-    )
+    m.running("a", attempt="x1")
+    m.job("a", job_id="17")
+    m.ended("a", record("ok"))
+    second_run = m.for_repeat(2)
+    second_run.running("a", attempt="x2")
+    second_run.job("a", job_id="18")
+    second_run.ended("a", record("oom"))
+    m.submitted("b", attempt=None, job_id="9_1", pack=PackPlace(position=2, of=3))
     data = m.data
     assert data.header == SweepHeader(sweep="s", scenario="s.yaml", cluster="local", scenario_file="/abs/s.yaml")
     assert data.repeat == 2 and list(data.cells) == ["a", "b"]
@@ -71,7 +73,7 @@ def test_what_the_sweep_writes_reads_back_typed(tmp_path):
 
 def test_a_later_sweep_keeps_what_the_earlier_wrote(tmp_path):
     first = opened(tmp_path, repeats=(1, 2, 3))
-    first.set("a", state="done", status="ok")
+    first.ended("a", record("ok"))
     again = Manifest.open(tmp_path, "s", scenario="s.yaml", cluster="local", run_ids=["a", "c"])
     data = again.data
     assert data.repeat == 3  # a sweep without --repeat does not make the repeats look missing
@@ -83,7 +85,7 @@ def test_a_later_sweep_keeps_what_the_earlier_wrote(tmp_path):
 def test_the_slurm_backend_reads_cells_and_header_typed(tmp_path):
     """launch.slurm.jobs re-attaches from `manifest.data.cells[run_id]` and names jobs by `manifest.header.sweep`."""
     m = opened(tmp_path)
-    m.set("a", state="submitted", attempt="z", job_id="5_0", slurm_state="PENDING", nodes="")
+    m.submitted("a", attempt="z", job_id="5_0")
     cell = m.data.cells["a"]
     assert (cell.state, cell.attempt, cell.job_id, cell.slurm_state, cell.nodes) == (
         "submitted",
@@ -103,12 +105,12 @@ def test_the_slurm_backend_reads_cells_and_header_typed(tmp_path):
     assert m.header.sweep == "s" and m.header.cluster_file is None
 
 
-def test_set_refuses_fields_a_run_does_not_have(tmp_path):
+def test_the_writers_operations_refuse_fields_a_run_does_not_have(tmp_path):
     m = opened(tmp_path)
     with pytest.raises(TypeError, match="statsu"):
-        m.set("a", statsu="ok")
+        m.ended("a", record("ok"), statsu="ok")
     with pytest.raises(InputError, match=r"cells\.a\.state: 'finished' is not one of pending, submitted"):
-        m.set("a", state="finished")
+        m.polled("a", slurm_state="RUNNING", nodes="", state="finished")
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def no_launch(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("a cell the cluster cannot place was launched")
 
-    monkeypatch.setattr("harness.launch.sweep.launch_submitit", launched)
+    monkeypatch.setattr("harness.launch.local.backend.launch_submitit", launched)
     monkeypatch.setattr("harness.launch.local.launchers.launch_foreground", launched)
     monkeypatch.setenv("HARNESS_NO_PREFORK", "1")
 

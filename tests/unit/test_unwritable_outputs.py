@@ -62,7 +62,7 @@ def no_work(monkeypatch):
     def work(*args, **kwargs):
         raise AssertionError("work started before the output folder was checked")
 
-    monkeypatch.setattr("harness.launch.sweep.launch_submitit", work)
+    monkeypatch.setattr("harness.launch.local.backend.launch_submitit", work)
     monkeypatch.setattr("harness.launch.sweep.Manifest.open", work)
     monkeypatch.setattr("harness.launch.local.launchers.launch_foreground", work)
     monkeypatch.setattr("harness.report.load.record_files", work)

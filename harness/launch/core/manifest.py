@@ -4,7 +4,8 @@ and states; per-cell file locks keep two sweeps into the same folder from runnin
 Why a module of its own: the sweep writes the manifest as it goes, the SLURM backend follows and re-attaches to
 jobs through it, and `harness status` and `harness history check --confirm` read it; all of them need one
 definition of its states and one lock. The file has one type, `SweepManifest` (its header, cells, each cell's
-runs and their states); `read_manifest` is its one reader, and `Manifest` writes it only through that type.
+runs and their states); `read_manifest` is its one reader, and `Manifest` writes it only through that type, by
+named operations that the state machine (TRANSITIONS) checks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,40 @@ from harness.results.store import atomic_write_json, sweep_dir, utc_now
 
 STATES = ("pending", "submitted", "running", "done", "failed", "skipped", "cancelled")
 """a run's states: pending (not run yet), submitted (queued on SLURM), running, and how it ended"""
+
+IN_FLIGHT = frozenset({"submitted", "running"})
+"""the states of a run whose launch is under way (this sweep's, or a stale one left by a sweep that died or
+detached)"""
+
+_FROM_ANY = frozenset({"submitted", "running", "done", "failed", "skipped"})
+
+TRANSITIONS: Mapping[str | None, frozenset[str]] = {
+    "pending": _FROM_ANY,
+    "done": _FROM_ANY,
+    "failed": _FROM_ANY,
+    "skipped": _FROM_ANY,
+    "cancelled": _FROM_ANY,
+    "submitted": _FROM_ANY | {"cancelled"},
+    "running": _FROM_ANY | {"cancelled"},
+    None: _FROM_ANY | {"cancelled"},
+}
+"""The state machine of a run: the states it may be written to, by the state the file holds. A sweep finds each
+run as an earlier sweep left it (re-runs), and the moves are those the writers make (Manifest's operations):
+
+  from any state   → done       `ended`: its ok record is there (`Sweep.prepare`; the record is the truth, also
+                                over a `cancelled` whose rank wrote it after all), or its launch ended ok
+                   → skipped    `skipped`: not launched (unsupported, cannot be placed, will not fit)
+                   → running    `running`: launched locally (a re-run; `--force` re-runs a done run)
+                   → submitted  `submitted`: submitted to SLURM (likewise)
+                   → failed     `ended`: its launch failed, or sbatch refused its job (then nothing came first)
+  in flight only   → cancelled  `ended`: a stop (Ctrl-C, SIGTERM) ended the launch under way
+  to pending       never        `Manifest.open` creates a run pending when it has no entry, and nothing else writes it
+
+In flight, a poll of SLURM (`polled`) moves a run between submitted and running both ways (a job requeued; a
+packed cell is submitted until its turn in its running job) and writes the same state again (PENDING → REQUEUED,
+RUNNING → COMPLETING). None: a run the file holds no state for (it was unreadable and started afresh, without the
+entry): nothing to contradict but pending.
+"""
 
 
 @dataclass(frozen=True)
@@ -249,7 +284,7 @@ def _cell_of(raw: Any, *, where: str, path: str, problems: list[Problem]) -> Cel
 
 
 @contextmanager
-def file_lock(path: Path, *, blocking: bool = True):
+def file_lock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
     """An exclusive flock on `path` (created if missing); yields False when non-blocking and already held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -274,9 +309,13 @@ class Manifest:
     update re-reads the file under a lock, so concurrent sweeps into the same dir interleave their updates
     instead of overwriting each other's.
 
+    The writers say what happened to a run through its operations (`submitted`, `running`, `job`, `polled`,
+    `ended`, `skipped`), never with free-form fields; each state they write must be one TRANSITIONS allows after
+    the file's, or it raises (check_transition).
+
     Repeats (`harness sweep --repeat K`): a cell's first run is the cell's own entry, as without repeats; its
     k-th run (k >= 2) is `cells[run_id].repeats[k]`, with the same fields. `for_repeat(k)` is a view whose
-    `set` and `data` address the k-th runs by run_id, so a backend that knows nothing of repeats (SLURM's) follows
+    operations and `data` address the k-th runs by run_id, so a backend that knows nothing of repeats (SLURM's) follows
     one round of them unchanged."""
 
     path: Path
@@ -350,12 +389,53 @@ class Manifest:
             yield update
             atomic_write_json(self.path, update.manifest.as_dict())
 
-    def set(self, run_id: str, **changes: Any) -> None:
+    # ---- what happens to a run: the writers' operations (the states they may write: TRANSITIONS)
+
+    def submitted(self, run_id: str, *, attempt: str | None, job_id: str, pack: PackPlace | None = None) -> None:
+        """Queued on SLURM as `job_id` (<array>_<index> for an array task) under `attempt`, not yet seen running;
+        `pack`: its place in a packed job (None leaves the field as it was)."""
+        place = {} if pack is None else {"pack": {"position": pack.position, "of": pack.of}}
+        self._write(
+            run_id,
+            state="submitted",
+            status=None,
+            attempt=attempt,
+            job_id=job_id,
+            slurm_state="PENDING",
+            nodes="",
+            **place,
+        )
+
+    def running(self, run_id: str, *, attempt: str | None = None) -> None:
+        """Its ranks run: a local cell launched under `attempt`, or a packed cell whose turn came (attempt None: as
+        submitted)."""
+        self._write(run_id, state="running", status=None, **({} if attempt is None else {"attempt": attempt}))
+
+    def job(self, run_id: str, *, job_id: str) -> None:
+        """A local run's job id, once its job exists (its state stays running)."""
+        self._write(run_id, job_id=job_id)
+
+    def polled(self, run_id: str, *, slurm_state: str, nodes: str, state: str | None) -> None:
+        """What a poll of SLURM saw of the run's job (sacct's state, its node list); `state`: the run's state in flight
+        (submitted or running), None once the job ended (its state comes with its record: `ended`)."""
+        self._write(run_id, slurm_state=slurm_state, nodes=nodes, **({} if state is None else {"state": state}))
+
+    def ended(self, run_id: str, rec: Record, *, attempt: str | None = None) -> None:
+        """The run has its record, just made or found already there: the state `cell_state` gives it, and its status;
+        `attempt`: the launch the record is of (None: unchanged)."""
+        extra = {} if attempt is None else {"attempt": attempt}
+        self._write(run_id, state=cell_state(rec), status=rec.status, **extra)
+
+    def skipped(self, run_id: str) -> None:
+        """Not launched (unsupported, more than the cluster can place, predicted not to fit): `Sweep.prepare`."""
+        self._write(run_id, state="skipped", status="skipped")
+
+    def _write(self, run_id: str, **changes: Any) -> None:
         """Record what is now known of a cell's run (this view's run): RunEntry fields by name (`pack` as
-        {position, of}), and the time of the change."""
+        {position, of}), and the time of the change. A `state` is checked against the file's (check_transition)."""
         unknown = sorted(set(changes) - (set(RUN_FIELDS) - {"updated_at"}))
         if unknown:
-            raise TypeError(f"Manifest.set: not a field it sets: {', '.join(unknown)}")
+            raise TypeError(f"Manifest: not a field a run has: {', '.join(unknown)}")
         with self._locked() as update:
             cells = dict(update.manifest.cells)
             cell = cells.get(run_id, CellEntry())
@@ -368,6 +448,8 @@ class Manifest:
             )
             if problems:
                 raise InputError(problems)
+            if "state" in changes:
+                check_transition(run.state, merged.state, where=f"{self.path}: {path}")
             if self.repeat > 1:
                 cells[run_id] = replace(cell, repeats={**cell.repeats, self.repeat: merged})
             else:
@@ -397,6 +479,16 @@ class _Update:
     manifest: SweepManifest
 
 
+def check_transition(before: str | None, after: str | None, *, where: str) -> None:
+    """Refuse a state TRANSITIONS does not allow after `before`: a writer's bug, not the user's input, so a
+    RuntimeError naming both states and the run (`where`)."""
+    if after not in TRANSITIONS[before]:
+        allowed = ", ".join(s for s in STATES if s in TRANSITIONS[before])
+        raise RuntimeError(
+            f"{where}: a run cannot go from {before or 'no state'} to {after} (from {before or 'no state'}: {allowed})"
+        )
+
+
 def cell_state(rec: Record) -> str:
-    """The manifest state of a cell that has its record."""
+    """The manifest state of a cell that has its record (the one mapping from a record's status to a state)."""
     return {"ok": "done", "skipped": "skipped", "cancelled": "cancelled"}.get(rec.status, "failed")

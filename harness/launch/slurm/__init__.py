@@ -1,1 +1,2 @@
-"""The SLURM backend: cells as SLURM jobs through submitit (jobs.py), or packed several to a job (pack.py)."""
+"""The SLURM backend: a round's cells (backend.py) as SLURM jobs through submitit (jobs.py), or packed several to a
+job (pack.py)."""

@@ -10,7 +10,8 @@ cell states and record statuses, cancel. The submitit behaviour this relies on i
 tests/slurm and listed in docs/slurm.md.
 
 Why a module of its own: everything here is SLURM's (sbatch, sacct, job arrays, requeues); what a cell's end means
-for its record is launch/core's, shared with the local launchers, and the sweep only hands cells over.
+for its record is launch/core's, shared with the local launchers, and the sweep's round (backend.py) only hands
+cells over.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_lo
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
-from harness.launch.core.manifest import Manifest, RunEntry, cell_state
+from harness.launch.core.manifest import IN_FLIGHT, Manifest, RunEntry
+from harness.launch.core.manifest import PackPlace as ManifestPlace
 from harness.launch.core.outcome import (
     SHARED_FS_STALE_S,
     beats_of,
@@ -407,7 +409,7 @@ class InFlight:
 
 
 class SlurmSweep:
-    """The cells of one sweep on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
+    """One round of a sweep's cells on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
     into its record as its job ends. The manifest follows every step, so a re-run can re-attach."""
 
     def __init__(self, cluster: Cluster, *, folder: Path, manifest: Manifest, echo: Callable[[str], None]):
@@ -426,7 +428,7 @@ class SlurmSweep:
         """Follow the job an earlier sweep submitted for this cell, when the manifest says it is still queued or
         running; False when there is none (then the cell is prepared and submitted as usual)."""
         cell = self._earlier.get(run_id)
-        if cell is None or cell.state not in ("submitted", "running") or not cell.job_id:
+        if cell is None or cell.state not in IN_FLIGHT or not cell.job_id:
             return False
         try:
             payload = Payload.model_validate_json(self.payload_path(run_id).read_bytes())
@@ -468,20 +470,7 @@ class SlurmSweep:
                     )
                 continue
             for (payload, tag), job in zip(members, jobs):
-                payload = payload.model_copy(update={"job_id": job.job_id})
-                # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
-                self.manifest.set(
-                    payload.run_id,
-                    state="submitted",
-                    status=None,
-                    attempt=payload.attempt,
-                    job_id=job.job_id,
-                    slurm_state="PENDING",
-                    nodes="",
-                )
-                self._follow(payload, job, tag)
-                self.echo(f"{tag}  submitted: SLURM job {job.job_id} ({shape})")
+                self._submitted(payload, job, tag, line=f"submitted: SLURM job {job.job_id} ({shape})")
         return refused
 
     def submit_packs(self, items: list[tuple[Payload, str]]) -> dict[str, Record]:
@@ -513,26 +502,21 @@ class SlurmSweep:
                         )
                     continue
                 for payload, tag in members:
-                    payload = payload.model_copy(update={"job_id": job.job_id})
                     place = _pack_of(payload)
-                    # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-                    atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
-                    self.manifest.set(
-                        payload.run_id,
-                        state="submitted",
-                        status=None,
-                        attempt=payload.attempt,
-                        job_id=job.job_id,
-                        slurm_state="PENDING",
-                        nodes="",
-                        pack={"position": place.position, "of": place.of},
-                    )
-                    self._follow(payload, job, tag)
-                    self.echo(
-                        f"{tag}  submitted: SLURM job {job.job_id}, cell {place.position} of "
-                        f"{len(members)} in one pack ({shape})"
-                    )
+                    line = f"submitted: SLURM job {job.job_id}, cell {place.position} of {len(members)} in one pack"
+                    self._submitted(payload, job, tag, line=f"{line} ({shape})")
         return refused
+
+    def _submitted(self, payload: Payload, job: Any, tag: str, *, line: str) -> None:
+        """A cell sbatch took: its payload (with the job id) for re-attaching, its manifest entry, followed from now
+        on; `line` is what the console says after its tag."""
+        payload = payload.model_copy(update={"job_id": job.job_id})
+        # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
+        atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
+        place = None if payload.pack is None else ManifestPlace(position=payload.pack.position, of=payload.pack.of)
+        self.manifest.submitted(payload.run_id, attempt=payload.attempt, job_id=job.job_id, pack=place)
+        self._follow(payload, job, tag)
+        self.echo(f"{tag}  {line}")
 
     def _executor_for(self, *, nodes: int, tasks_per_node: int, timeout_min: int) -> Any:
         if self._executor is None:
@@ -602,10 +586,9 @@ class SlurmSweep:
             if state != cell.state:
                 cell.state, cell.state_since, cell.nodes = state, now, _nodes(info.get("NodeList"))
                 self._last_change = now
-                fields = {"slurm_state": state, "nodes": cell.nodes}
-                if flight_state(state) != "ended":  # an ended cell's state comes with its record
-                    fields["state"] = self._cell_state(cell)
-                self.manifest.set(cell.run_id, **fields)
+                # NOTE: an ended cell's state comes with its record
+                in_flight = self._cell_state(cell) if flight_state(state) != "ended" else None
+                self.manifest.polled(cell.run_id, slurm_state=state, nodes=cell.nodes, state=in_flight)
 
     @staticmethod
     def _cell_state(cell: InFlight) -> str:
@@ -623,7 +606,7 @@ class SlurmSweep:
             return None
         if not cell.started and cell_started(cell.payload):
             cell.started = True
-            self.manifest.set(cell.run_id, state="running")
+            self.manifest.running(cell.run_id)
         if cell_recorded(cell.payload) is None:
             return None
         cell.started = True
@@ -737,7 +720,7 @@ class SlurmSweep:
         if payload.pack is not None and payload.job_id and rec.env.slurm_pack is None:
             rec = rec.in_pack(job_id=payload.job_id, position=payload.pack.position, of=payload.pack.of)
             write_record(payload.results, rec)
-        self.manifest.set(payload.run_id, state=cell_state(rec), status=rec.status, attempt=payload.attempt)
+        self.manifest.ended(payload.run_id, rec, attempt=payload.attempt)
         place = f", cell {payload.pack.position}/{payload.pack.of}" if payload.pack is not None else ""
         took = (
             f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None else ""
