@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from harness.core.zoo import ZOO
-from harness.scenario.schema import PRECISIONS, STRATEGIES
+from harness.scenario.spec import PRECISIONS, STRATEGIES
 
 MODELS = ("125m", "350m", "1.3b", "2.7b", "7b", "13b", "30b", "70b")
 GPUS = (2, 4, 8, 16, 32)

@@ -9,7 +9,8 @@ import pytest
 
 from harness.results.record import Record
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import RunSpec, parse_scenario
+from harness.scenario.schema import parse_scenario
+from harness.scenario.spec import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

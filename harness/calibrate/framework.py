@@ -75,7 +75,7 @@ def measure_framework(
     from harness.plan.calibration.find import Found
     from harness.plan.calibration.rates import CalibratedRates
     from harness.plan.time import predict_time
-    from harness.scenario.schema import RunSpec, Settings
+    from harness.scenario.spec import RunSpec, Settings
     from harness.worker.meters.timing import time_steps
     from harness.worker.runner import build_trainer
 

@@ -8,7 +8,7 @@ step-time model's overlap rule and framework-cost entry, and, from its position,
 docs/strategies.md has the recipe for adding one.
 
 Rules that hold for every strategy (an injected fault's rank must exist, a hybrid needs whole nodes) stay code
-in `harness.scenario.schema.RunSpec.unsupported_reason`; what differs per strategy is data here.
+in `harness.scenario.spec.RunSpec.unsupported_reason`; what differs per strategy is data here.
 
 Floor 0: no torch, no import from the rest of the harness but the precisions (harness.core.precisions: every
 strategy runs every precision unless its entry says otherwise).

@@ -38,7 +38,8 @@ from harness.results.payload import Payload
 from harness.results.record import Record
 from harness.results.store import check_writable_dir
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec, Scenario
+from harness.scenario.schema import Scenario
+from harness.scenario.spec import RunSpec
 from harness.worker.env import git_sha
 
 __all__ = ["MAX_REPEAT", "STOP_SIGNALS", "Sweep", "SweepResult", "check_repeat", "run_sweep"]

@@ -23,7 +23,7 @@ import functools
 from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.plan.calibration import Rates, Unknown
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 FP32_STATE_BYTES = 4 + 8
 """bytes per parameter of fp32 parameters (or DeepSpeed's fp32 master copy) and AdamW's two fp32 moments"""

@@ -64,7 +64,7 @@ from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan import layouts, runnable, zero3
 from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_structure
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 # DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp); the defaults and the DeepSpeed
 # ones (DS_*) live in harness.core.constants with their source

@@ -25,7 +25,7 @@ from harness.core.zoo import ModelConfig, parameters
 from harness.plan.calibration import Rates
 from harness.plan.flops import precision_mode
 from harness.plan.memory import shard_degree_of, unit_sizes
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 # --------------------------------------------------------------------------------------------------
 # traced per-op inventory of harness.worker.models.Transformer (TorchDispatchMode over forward + backward of a

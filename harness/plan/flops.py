@@ -10,7 +10,7 @@ from __future__ import annotations
 from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
 from harness.core.zoo import ModelConfig
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 PRECISION_MODES = ("fp32", "autocast", "lowp")
 """How a cell computes: fp32 everywhere; autocast (fp32 params and residual stream, matmuls in 16 bit: DDP);

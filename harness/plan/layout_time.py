@@ -21,7 +21,7 @@ from harness.plan.flops import precision_mode
 from harness.plan.links import POINT_TO_POINT, ClusterView, host_ranks, link_on
 from harness.plan.overlap import Coll, fsdp_colls, fsdp_segments, simulate, unit_of
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 LAYOUT_ON_CPU = (
     "tensor and pipeline parallelism on a CPU host: the host work of DTensor's dispatch and of the pipeline schedule, "

@@ -49,7 +49,7 @@ from harness.core.catalogue import CATALOGUE
 from harness.core.layout import Layout, effective_microbatches, group_kind, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
 """projections sharded over their output features (dim 0 of the weight)"""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 POINT_TO_POINT = ("send", "recv")
 """a pipeline's transfers between neighbouring stages (harness.plan.layouts), priced by `Rates.p2p_s`"""

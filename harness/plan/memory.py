@@ -48,7 +48,7 @@ from harness.core.constants import (
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan import layouts
 from harness.plan.flops import precision_mode
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 GIB = 2**30
 GB = 1e9

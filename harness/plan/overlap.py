@@ -26,7 +26,7 @@ from harness.plan.comm import CommCell
 from harness.plan.compute import Compute
 from harness.plan.links import POINT_TO_POINT, ClusterView, host_ranks, link_on
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 class Coll(NamedTuple):

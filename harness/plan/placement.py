@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 RANKS_PER_CORE = 4
 """local CPU ranks one core may host: gloo ranks spend much of a step waiting on each other's collectives"""

@@ -21,7 +21,7 @@ from harness.plan.placement import Capacity, capacity, placement_refusal
 from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
 from harness.plan.time import time_prediction
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ConfigDict
 
 from harness.core.typed import Typed
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 Number = int | float
 """a JSON number as it was written or computed: an int stays an int, a float a float"""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 class Unasked(enum.Enum):

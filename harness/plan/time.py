@@ -44,7 +44,7 @@ from harness.plan.links import ClusterView, host_ranks
 from harness.plan.overlap import comm_times
 from harness.plan.prediction import PredictedTime, Prediction, TimePrediction
 from harness.scenario.cluster import Cluster, find_peak
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 PARTS = ("compute", "recompute", "optimizer", "comm_exposed", "comm_total", "other")
 """the breakdown `time_s.*`; every part but comm_total adds up to the step time"""

@@ -29,7 +29,7 @@ from harness.core.zoo import ModelConfig
 from harness.plan.calibration import rates_for
 from harness.plan.time import predict_time
 from harness.scenario.cluster import Cluster, load_cluster
-from harness.scenario.schema import RunSpec, Settings
+from harness.scenario.spec import RunSpec, Settings
 
 FIT_TABLES = ("A100 80GB", "A100 40GB")
 """the tables the kernel-efficiency curves were chosen and fitted on (in-sample); every other one is held out"""

@@ -23,7 +23,7 @@ from harness.core.catalogue import CATALOGUE
 from harness.results.metrics import METRICS, PREDICTED_PARTS, Metric, finite_number
 from harness.results.record import Record
 from harness.results.store import iter_records
-from harness.scenario.schema import PRECISIONS, STRATEGIES
+from harness.scenario.spec import PRECISIONS, STRATEGIES
 
 # Spec fields besides (model, strategy, precision, gpus) that make two records different cells when they
 # vary within a report (e.g. two micro-batch sizes); label → short form in row labels.
@@ -38,7 +38,7 @@ VARIANT_FIELDS: dict[str, str] = {
 LAYOUT_SEP = " × "
 """between a strategy and its layout in the label the report shows: `fsdp2.full_shard × tp2 × pp2 (1f1b)`"""
 LAYOUT_COLUMNS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
-"""the record's spec fields of a cell's tensor/pipeline layout (harness.scenario.schema.LAYOUT_SETTINGS); a
+"""the record's spec fields of a cell's tensor/pipeline layout (harness.scenario.spec.LAYOUT_SETTINGS); a
 record without them (written before layouts existed) ran tp 1, pp 1"""
 CELL_KEYS = ("model", "strategy", "precision", "variant", "gpus")
 """`strategy` is the label with the layout (strategy_label), so two layouts of one strategy are two cells"""
@@ -179,7 +179,7 @@ def layout_label(
 ) -> str:
     """'' for no tensor or pipeline parallelism, else 'tp2', 'tp2+sp' (sequence parallel), 'pp2 (1f1b)',
     'pp4 (gpipe, 8 microbatches)' or both joined by LAYOUT_SEP: 'tp2 × pp2 (1f1b)'. The pipeline knobs count
-    only with pp > 1 and sequence parallelism only with tp > 1, as harness.scenario.schema.RunSpec resets them."""
+    only with pp > 1 and sequence parallelism only with tp > 1, as harness.scenario.spec.RunSpec resets them."""
     parts = []
     if tp is not None and tp > 1:
         parts.append(f"tp{tp:g}" + ("+sp" if sequence_parallel else ""))
@@ -399,7 +399,7 @@ def model_order(df: pd.DataFrame) -> list[str]:
 
 
 def sort_cells(df: pd.DataFrame) -> pd.DataFrame:
-    """Report order: model by size, strategy as harness.scenario.schema.STRATEGIES (then its layouts), precision,
+    """Report order: model by size, strategy as harness.scenario.spec.STRATEGIES (then its layouts), precision,
     variant, GPU count."""
     models = {m: i for i, m in enumerate(model_order(df))}
     keyed = df.assign(

@@ -12,7 +12,8 @@ from pathlib import Path
 from harness.core.errors import InputError, Problem
 from harness.core.zoo import ZOO, ZOO_SOURCES, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
-from harness.scenario.schema import STRATEGIES, load_scenario
+from harness.scenario.schema import load_scenario
+from harness.scenario.spec import STRATEGIES
 
 
 def list_lines(what: str, *, scenario: str | None, cluster_name: str) -> Iterator[str]:

@@ -21,47 +21,15 @@ from harness.core.layout import MESH_DIMS, layout_problems
 from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.spec import (
-    AC_POLICIES as AC_POLICIES,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    HYBRID_STRATEGIES as HYBRID_STRATEGIES,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    LAYOUT_SETTINGS as LAYOUT_SETTINGS,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    LEGACY_GPUS_KEY as LEGACY_GPUS_KEY,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    OFFLOADS as OFFLOADS,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    PRECISIONS as PRECISIONS,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    SETTING_DEFAULTS as SETTING_DEFAULTS,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    SETTING_FIELDS as SETTING_FIELDS,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    STRATEGIES as STRATEGIES,  # TEMP re-export
-)
-from harness.scenario.spec import (
+    PRECISIONS,
+    SETTING_DEFAULTS,
+    SETTING_FIELDS,
+    STRATEGIES,
     TYPE_NAMES,
+    RunSpec,
+    Settings,
+    canonical_setting,
     value_is,
-)
-from harness.scenario.spec import (
-    FrozenDict as FrozenDict,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    RunSpec as RunSpec,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    Settings as Settings,  # TEMP re-export
-)
-from harness.scenario.spec import (
-    canonical_setting as canonical_setting,  # TEMP re-export
 )
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
 

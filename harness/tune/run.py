@@ -31,7 +31,8 @@ from harness.results.store import (
     utc_now,
 )
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec, Scenario
+from harness.scenario.schema import Scenario
+from harness.scenario.spec import SETTING_DEFAULTS, SETTING_FIELDS, RunSpec
 from harness.scenario.tune import TuneSpec
 from harness.tune.log import TUNE_VERSION, Budget, LeftOut, TuneCalibration, TuneLog, TuneSettings
 from harness.tune.search import METRIC, Candidate, Group, Trial, rank_candidates, search_cost

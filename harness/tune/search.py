@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.plan.prediction import Prediction, TimePrediction
-from harness.scenario.schema import SETTING_FIELDS, RunSpec
+from harness.scenario.spec import SETTING_FIELDS, RunSpec
 from harness.scenario.tune import TuneSpec
 from harness.tune.log import CandidateLog, GroupLog, TrialLog
 

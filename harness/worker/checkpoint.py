@@ -38,7 +38,7 @@ from typing import Any
 from harness.results.payload import Payload
 from harness.results.record import Checkpoint, Record
 from harness.results.store import sanitize, sweep_dir, unwritable_reason
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 CHECKPOINTS_DIR = ".checkpoints"
 """the default checkpoint folder's name under the sweep's results folder (hidden: the record walk skips it)"""

@@ -25,7 +25,7 @@ from harness.results.payload import Payload, PayloadCluster
 from harness.results.record import Fragment, Record, Status
 from harness.results.store import claim_end, new_record, sanitize, write_fragment, write_record
 from harness.scenario.cluster import find_peak
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.devices import cuda_placement, node_major_problem
 from harness.worker.heartbeat import Heartbeat
 from harness.worker.meters import dynamo as dynamo_meter

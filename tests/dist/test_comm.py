@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from harness.plan.comm import predict_comm
-from harness.scenario.schema import HYBRID_STRATEGIES, STRATEGIES, RunSpec
+from harness.scenario.spec import HYBRID_STRATEGIES, STRATEGIES, RunSpec
 from harness.results.spec import spec_from_json
 
 pytestmark = pytest.mark.dist

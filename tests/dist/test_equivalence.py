@@ -16,7 +16,7 @@ import torch
 from harness.launch.local import prefork
 from harness.plan.comm import predict_comm
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import STRATEGIES, RunSpec
+from harness.scenario.spec import STRATEGIES, RunSpec
 from harness.worker.models import build_model, loss_fn, synthetic_batch
 from harness.results.spec import spec_from_json
 from tests.conftest import make_spec, run_cell

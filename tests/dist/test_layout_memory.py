@@ -27,7 +27,7 @@ def _measure(rank: int, spec_dict: dict, port: int, out: str) -> None:
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.tensor import DTensor
 
-    from harness.scenario.schema import RunSpec
+    from harness.scenario.spec import RunSpec
     from harness.worker import models
     from harness.worker.models import synthetic_batch
     from harness.worker.strategies import family

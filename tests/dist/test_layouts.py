@@ -13,7 +13,8 @@ import pytest
 from harness.launch.local import prefork
 from harness.plan.comm import predict_comm
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import RunSpec, parse_scenario
+from harness.scenario.schema import parse_scenario
+from harness.scenario.spec import RunSpec
 from tests.conftest import run_cell
 from tests.dist.test_equivalence import reference_losses
 

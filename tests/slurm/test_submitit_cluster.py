@@ -217,7 +217,7 @@ def submitit_parameters(cluster, *, nodes: int) -> dict:
     """A cluster profile's `slurm:` block as AutoExecutor parameters: the translation the dispatch owns
     (harness.launch.slurm.jobs.executor_parameters), for a cell of `nodes` full nodes and the default time limit."""
     from harness.launch.slurm.jobs import executor_parameters, job_minutes
-    from harness.scenario.schema import Settings
+    from harness.scenario.spec import Settings
 
     return executor_parameters(
         cluster,

@@ -31,7 +31,8 @@ from harness.core.errors import InputError
 from harness.core.zoo import ZOO
 from harness.results.spec import spec_to_json
 from harness.results.store import as_record, load_records, write_record
-from harness.scenario.schema import RunSpec, Settings, load_scenario
+from harness.scenario.schema import load_scenario
+from harness.scenario.spec import RunSpec, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TIGHT = [0.1000, 0.1010, 0.0990, 0.1005, 0.0995, 0.1002, 0.0998]  # 7 samples, ~1% spread

@@ -14,7 +14,7 @@ import pytest
 
 from harness.core.zoo import ZOO, ModelConfig
 from harness.plan import flops
-from harness.scenario.schema import RunSpec, Settings
+from harness.scenario.spec import RunSpec, Settings
 
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import (  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 
 from harness.core.zoo import ZOO, ModelConfig, parameters
 from harness.plan import memory as mb
-from harness.scenario.schema import RunSpec, Settings
+from harness.scenario.spec import RunSpec, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 CFG7 = ZOO["7b"]

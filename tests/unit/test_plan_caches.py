@@ -32,7 +32,7 @@ from harness.plan import predict as planner
 from harness.plan.placement import Capacity
 from harness.scenario.cluster import load_cluster
 from harness.scenario.performance import LinkFigures
-from harness.scenario.schema import RunSpec, Settings
+from harness.scenario.spec import RunSpec, Settings
 
 NO_LIMIT = Capacity(None, "not checked here")
 

@@ -17,7 +17,8 @@ from harness.plan import memory as mb
 from harness.plan import predict as planner
 from harness.report.plan import planned_cell_json
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import RunSpec, load_scenario
+from harness.scenario.schema import load_scenario
+from harness.scenario.spec import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"

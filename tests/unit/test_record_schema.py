@@ -22,7 +22,7 @@ from harness.results.record import STATUSES, Record
 from harness.results.spec import CORE_KEYS, spec_from_json, spec_to_json
 from harness.results.store import load_records, parse_record, read_record, record_files, write_record
 from harness.scenario.cluster import load_cluster
-from harness.scenario.schema import SETTING_FIELDS, RunSpec
+from harness.scenario.spec import SETTING_FIELDS, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "record-example.json"

@@ -17,7 +17,7 @@ import pytest
 from harness.cli import main
 from harness.report import build_report
 from harness.report.figures import STRATEGY_STYLE
-from harness.scenario.schema import STRATEGIES
+from harness.scenario.spec import STRATEGIES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 FIGURES = ("scaling", "mfu_heatmap", "memory", "comm", "step_time")

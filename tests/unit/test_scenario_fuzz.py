@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from harness.cli import main
 from harness.core.errors import InputError
 from harness.report.plan import planned_cell_json
-from harness.scenario.schema import CORE_AXES, PRECISIONS, SETTING_FIELDS, STRATEGIES, TOP_LEVEL_KEYS, parse_scenario
+from harness.scenario.schema import CORE_AXES, TOP_LEVEL_KEYS, parse_scenario
+from harness.scenario.spec import PRECISIONS, SETTING_FIELDS, STRATEGIES
 
 KEYS = (
     list(TOP_LEVEL_KEYS)

@@ -19,7 +19,7 @@ from harness.launch.core.manifest import Manifest
 from harness.results.payload import Payload
 from harness.results.record import Record
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from harness.results.store import (
     write_record,
 )
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 FAILED = ("oom", "timeout", "error", "nan", "crashed", "cancelled")
 """the statuses of a cell that ran and failed (not ok, not skipped)"""

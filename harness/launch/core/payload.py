@@ -18,7 +18,7 @@ from harness.plan.predict import predict as plan_predict
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 def predict(spec: RunSpec, cluster: Cluster) -> Prediction | None:

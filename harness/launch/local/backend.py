@@ -23,7 +23,7 @@ from harness.launch.local.launchers import launch_submitit
 from harness.results.payload import Payload
 from harness.results.record import Record
 from harness.scenario.cluster import Cluster
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 """what stops a sweep (the cli turns SIGTERM into KeyboardInterrupt as Ctrl-C is)"""

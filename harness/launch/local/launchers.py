@@ -46,7 +46,7 @@ def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = T
 
     All ranks share a new process group, killed as a whole on timeout or Ctrl-C: no rank outlives its cell.
     """
-    world = int(payload.spec.gpus or 1)
+    world = payload.spec.gpus
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         ppath = Path(tmp) / "payload.json"
         atomic_write_json(ppath, payload.to_dict())
@@ -59,7 +59,7 @@ def launch_foreground(payload: Payload, *, time_limit_s: float, stream: bool = T
             WORLD_SIZE=str(world),
             PYTHONUNBUFFERED="1",
         )
-        gpn = int(payload.spec.gpus_per_node or 1)
+        gpn = payload.spec.gpus_per_node
         # ranks' output is logs: to our stderr (stdout stays for results, e.g. `harness run --json`)
         out = sys.stderr if stream else subprocess.DEVNULL
         t0 = time.time()
@@ -210,7 +210,7 @@ def launch_submitit(
 
     from harness.launch.entry import submitit_entry
 
-    world = int(payload.spec.gpus or 1)
+    world = payload.spec.gpus
     if cluster.executor != "local":
         raise ValueError(f"launch_submitit runs local cells; {cluster.name!r} is a {cluster.executor} profile")
     executor = submitit.LocalExecutor(folder=folder)

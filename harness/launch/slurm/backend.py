@@ -15,7 +15,7 @@ from harness.launch.core.backend import Round, RoundEnd, SweepRound
 from harness.launch.slurm.jobs import SlurmSweep
 from harness.results.payload import Payload
 from harness.results.record import Record
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 
 
 class SlurmBackend:

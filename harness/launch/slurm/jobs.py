@@ -201,7 +201,7 @@ def split_packs(minutes: list[int], cap: int | None) -> list[list[int]]:
 
 def _shape(payload: Payload) -> tuple[int, int]:
     """(nodes, tasks per node) the cell's job asks for."""
-    return int(payload.spec.nodes or 1), int(payload.spec.gpus_per_node or 1)
+    return payload.spec.nodes, payload.spec.gpus_per_node
 
 
 def _time_limit(payload: Payload) -> float:
@@ -401,7 +401,7 @@ class InFlight:
 
     @property
     def world(self) -> int:
-        return int(self.payload.spec.gpus or 1)
+        return self.payload.spec.gpus
 
     @property
     def results_written(self) -> bool:
@@ -436,7 +436,7 @@ class SlurmSweep:
             return False
         if payload.attempt != cell.attempt or payload.job_id is None or payload.job_id != cell.job_id:
             return False
-        world = int(payload.spec.gpus or 1)
+        world = payload.spec.gpus
         job: Any = submitit.SlurmJob(folder=self.folder, job_id=payload.job_id, tasks=list(range(world)))
         self._follow(payload, job, tag)
         place = f", cell {payload.pack.position} of its pack" if payload.pack is not None else ""
@@ -706,7 +706,7 @@ class SlurmSweep:
         `log_tail`: the output to keep in a composed record (default: the job's task logs)."""
         minutes = job_minutes(_time_limit(payload), self.cluster.slurm)
         if log_tail is None:
-            log_tail = job_log_tail(job, int(payload.spec.gpus or 1)) if job is not None else ""
+            log_tail = job_log_tail(job, payload.spec.gpus) if job is not None else ""
         # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
         # wall-clock rule (for local cells) out of it
         rec = finalize(

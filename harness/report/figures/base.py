@@ -25,7 +25,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from harness.core.catalogue import STRATEGY_COLOURS, UNKNOWN_COLOUR
 from harness.report.frame import LAYOUT_SEP, base_strategy, model_order
-from harness.scenario.schema import STRATEGIES
+from harness.scenario.spec import STRATEGIES
 
 if TYPE_CHECKING:
     from matplotlib.typing import FillStyleType, LineStyleType  # matplotlib >= 3.8; annotations only

@@ -21,7 +21,7 @@ from harness.report.figures.base import (
 )
 from harness.report.figures.layout import PAD_IN, TITLE_Y, layout_scaling, log2_gpus_axis, panel_legend
 from harness.report.figures.registry import register
-from harness.scenario.schema import PRECISIONS
+from harness.scenario.spec import PRECISIONS
 
 
 @register("scaling", order=10, cost=0.85)

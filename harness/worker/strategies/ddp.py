@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.core.constants import DDP_BUCKET_CAP_MB
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.models import Transformer, apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw

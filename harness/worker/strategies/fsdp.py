@@ -17,7 +17,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from harness.core.catalogue import is_hybrid
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.models import Block, apply_activation_checkpointing, build_model, init_module_
 from harness.worker.precision import policy
 from harness.worker.strategies import dcp

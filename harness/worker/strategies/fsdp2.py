@@ -15,7 +15,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.models import (
     KeyedEmbedding,
     KeyedLinear,

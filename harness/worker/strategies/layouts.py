@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from harness.core.layout import Layout, effective_microbatches, stage_blocks, stage_params
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.models import Attention, Transformer, build_model, init_module_, loss_fn
 from harness.worker.strategies.base import Batch
 

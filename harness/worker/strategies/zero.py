@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from harness.core import precisions
-from harness.scenario.schema import RunSpec
+from harness.scenario.spec import RunSpec
 from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
 from harness.worker.strategies.base import Batch, Topology, adamw
 
