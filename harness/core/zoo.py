@@ -32,6 +32,9 @@ class ModelConfig:
     qkv_bias: bool = False
     """biases on the q, k and v projections (Qwen2's attention; n_heads·head_dim + 2·kv_heads·head_dim parameters
     per block); False (Llama, Mistral) is left out of `to_dict`, so every earlier cell keeps its run_id"""
+    family: str = "decoder"
+    """the model family (harness.core.families): which shapes and which torch module; the decoder, the default, is
+    left out of `to_dict`"""
 
     @property
     def kv_heads(self) -> int:
@@ -56,9 +59,9 @@ class ModelConfig:
         """The dimensions as a record's `spec.model_config` (and the run_id's digest) holds them: a field added
         later (`OPTIONAL_FIELDS`) only where it differs from its default."""
         return {
-            name: getattr(self, name)
-            for name in _CONFIG_FIELDS
-            if name not in OPTIONAL_FIELDS or getattr(self, name) != OPTIONAL_FIELDS[name]
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in OPTIONAL_FIELDS or getattr(self, f.name) != OPTIONAL_FIELDS[f.name]
         }
 
     # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
@@ -90,6 +93,28 @@ class ModelConfig:
         per_block = 2 * d * d + 2 * d * (self.kv_heads * hd) + 3 * d * self.ffn
         return self.n_layers * per_block + self.head_params()
 
+    def parameter_inventory(self) -> tuple[Param, ...]:
+        """Every parameter of the family's torch module (harness.worker.models.Transformer for the decoder) in
+        `named_parameters()` order, with its shape (nn.Linear weights are (out_features, in_features); no buffers) and
+        wrapping unit: what the collective and memory models shard and gather. `sum(numel) == n_params()`."""
+        d, hd = self.d_model, self.head_dim
+        ps = [Param("tok_emb.weight", (self.vocab, d), "root")]
+        for i in range(self.n_layers):
+            u = f"blocks.{i}"
+            ps += [
+                Param(f"{u}.attn_norm.weight", (d,), u),
+                *_projection(f"{u}.attn.wq", (self.n_heads * hd, d), unit=u, bias=self.qkv_bias),
+                *_projection(f"{u}.attn.wk", (self.kv_heads * hd, d), unit=u, bias=self.qkv_bias),
+                *_projection(f"{u}.attn.wv", (self.kv_heads * hd, d), unit=u, bias=self.qkv_bias),
+                Param(f"{u}.attn.wo.weight", (d, self.n_heads * hd), u),
+                Param(f"{u}.mlp_norm.weight", (d,), u),
+                Param(f"{u}.mlp.w1.weight", (self.ffn, d), u),
+                Param(f"{u}.mlp.w3.weight", (self.ffn, d), u),
+                Param(f"{u}.mlp.w2.weight", (d, self.ffn), u),
+            ]
+        ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (self.vocab, d), "root")]
+        return tuple(ps)
+
     def flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token (forward + backward, no recompute).
 
@@ -100,8 +125,7 @@ class ModelConfig:
         return 6.0 * self.n_matmul_params() + 12.0 * self.n_layers * self.d_model * seq_len
 
 
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
-OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False}
+OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False, "family": "decoder"}
 """fields added after the first records, with the default `to_dict` leaves out"""
 
 
@@ -128,23 +152,7 @@ def parameters(cfg: ModelConfig) -> list[Param]:
 @functools.lru_cache(maxsize=256)
 def _parameters(cfg: ModelConfig) -> tuple[Param, ...]:
     # NOTE: cached per model: the planner asks for every cell (a 70B model has 723 parameters)
-    d, hd = cfg.d_model, cfg.head_dim
-    ps = [Param("tok_emb.weight", (cfg.vocab, d), "root")]
-    for i in range(cfg.n_layers):
-        u = f"blocks.{i}"
-        ps += [
-            Param(f"{u}.attn_norm.weight", (d,), u),
-            *_projection(f"{u}.attn.wq", (cfg.n_heads * hd, d), unit=u, bias=cfg.qkv_bias),
-            *_projection(f"{u}.attn.wk", (cfg.kv_heads * hd, d), unit=u, bias=cfg.qkv_bias),
-            *_projection(f"{u}.attn.wv", (cfg.kv_heads * hd, d), unit=u, bias=cfg.qkv_bias),
-            Param(f"{u}.attn.wo.weight", (d, cfg.n_heads * hd), u),
-            Param(f"{u}.mlp_norm.weight", (d,), u),
-            Param(f"{u}.mlp.w1.weight", (cfg.ffn, d), u),
-            Param(f"{u}.mlp.w3.weight", (cfg.ffn, d), u),
-            Param(f"{u}.mlp.w2.weight", (d, cfg.ffn), u),
-        ]
-    ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (cfg.vocab, d), "root")]
-    return tuple(ps)
+    return cfg.parameter_inventory()
 
 
 def _projection(name: str, shape: tuple[int, int], *, unit: str, bias: bool) -> list[Param]:
@@ -194,8 +202,3 @@ ZOO_SOURCES: dict[str, str] = {
     "qwen2.5-72b": "Qwen/Qwen2.5-72B config.json; published 72.7B (model card)",
 }
 """Where each zoo shape comes from: the config.json it was read from and the count its model card publishes"""
-
-MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
-REQUIRED_MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn", "vocab"}
-BOOL_MODEL_KEYS = {"qkv_bias"}
-"""the model keys that take true/false (every other is a positive integer)"""

@@ -22,7 +22,8 @@ from typing import Annotated, Any
 from pydantic import PlainSerializer, PlainValidator
 from pydantic_core import PydanticCustomError
 
-from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ModelConfig
+from harness.core.families import dimension_problems, shapes_of
+from harness.core.zoo import ModelConfig
 from harness.scenario.spec import (
     LEGACY_GPUS_KEY,
     SETTING_FIELDS,
@@ -134,18 +135,12 @@ def _model_config(raw: Any, problems: list[str]) -> ModelConfig | None:
     if not isinstance(raw, Mapping):
         problems.append(f"model_config: {raw!r} is not an object")
         return None
-    before = len(problems)
-    for key, value in raw.items():
-        if key not in MODEL_KEYS:
-            problems.append(f"model_config.{key}: not a dimension this version knows (written by a newer harness?)")
-        elif key in BOOL_MODEL_KEYS and not isinstance(value, bool):
-            problems.append(f"model_config.{key}: {value!r} is not a boolean")
-        elif key not in BOOL_MODEL_KEYS and not (
-            value_is(value, int) or (value is None and key not in REQUIRED_MODEL_KEYS)
-        ):
-            problems.append(f"model_config.{key}: {value!r} is not an integer")
-    problems.extend(f"model_config.{k}: missing" for k in sorted(REQUIRED_MODEL_KEYS - set(raw)))
-    return ModelConfig(**raw) if len(problems) == before else None
+    found = dimension_problems(raw)
+    for key, why in found:
+        problems.append(
+            f"model_config.{key}: {why or 'not a dimension this version knows (a newer harness wrote it?)'}"
+        )
+    return None if found else shapes_of(raw)
 
 
 def _validate(value: Any) -> RunSpec:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.core.errors import InputError, Problem
+from harness.core.families import DEFAULT_FAMILY
 from harness.core.zoo import ZOO, ZOO_SOURCES, ModelConfig
 from harness.scenario.cluster import PEAKS, PROJECT_DIR, SHIPPED_DIR, available_clusters, load_cluster
 from harness.scenario.schema import load_scenario
@@ -53,10 +54,11 @@ def model_lines(scenario: str | None) -> list[str]:
         n = cfg.n_params()
         rounded = f"({rounded_count(n)})"
         bias = " qkv_bias" if cfg.qkv_bias else ""
+        family = "" if cfg.family == DEFAULT_FAMILY else f" family {cfg.family}"
         lines.append(
             f"{name:{name_w}s} {n:>{count_w},} params {rounded:10s}  d_model {cfg.d_model:5d}  layers "
             f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  kv_heads {cfg.kv_heads:3d}  ffn {cfg.ffn:6d}  "
-            f"vocab {cfg.vocab:6d}{bias}  source: {origin}"
+            f"vocab {cfg.vocab:6d}{bias}{family}  source: {origin}"
         )
     return lines
 

@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from harness.core.errors import InputError, Problem, one_of, unknown
+from harness.core.families import dimension_problems, family_of, model_keys, shapes_of
 from harness.core.layout import MESH_DIMS, layout_problems
-from harness.core.zoo import BOOL_MODEL_KEYS, MODEL_KEYS, REQUIRED_MODEL_KEYS, ZOO, ModelConfig
+from harness.core.zoo import ZOO, ModelConfig
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.spec import (
     PRECISIONS,
@@ -209,23 +210,16 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
             if from_file is not None:
                 models[name] = from_file
             continue
-        ok = True
-        for k in dims:
-            if k not in MODEL_KEYS:
-                problems.append(unknown(file, f"{where}.{k}", k, sorted(MODEL_KEYS | {HF_CONFIG_KEY})))
-                ok = False
-        for k in sorted(REQUIRED_MODEL_KEYS - set(dims)):
-            problems.append(Problem(file, f"{where}.{k}", "missing (required)"))
-            ok = False
-        for k, v in dims.items():
-            if k in BOOL_MODEL_KEYS and not isinstance(v, bool):
-                problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not true or false"))
-                ok = False
-            elif k in MODEL_KEYS - BOOL_MODEL_KEYS and v is not None and (not value_is(v, int) or v < 1):
-                problems.append(Problem(file, f"{where}.{k}", f"{v!r} is not a positive integer"))
-                ok = False
-        if ok:
-            cfg = ModelConfig(**dims)
+        found = dimension_problems(dims)
+        family = family_of(dims)
+        known = sorted({*(model_keys(family) if family is not None else ()), HF_CONFIG_KEY})
+        for k, why in found:
+            if why:
+                problems.append(Problem(file, f"{where}.{k}", why))
+            else:
+                problems.append(unknown(file, f"{where}.{k}", k, known))
+        if not found:
+            cfg = shapes_of(dims)
             bad = cfg.shape_problem()
             if bad is None:
                 models[name] = cfg

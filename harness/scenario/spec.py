@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness.core import catalogue, precisions
+from harness.core.families import FAMILIES
 from harness.core.layout import MESH_DIMS, PP_SCHEDULES, Layout
 from harness.core.zoo import ModelConfig
 
@@ -309,6 +310,9 @@ class RunSpec:
         why = entry.layout_refusal(d.name for d in lay.used)
         if why is not None:
             return why
+        family = FAMILIES[self.model_config.family].layout_refusal
+        if family is not None:
+            return family.format(family=self.model_config.family)
         inside = tuple(d for d in lay.used if d.inside_node)
         if self.gpus_per_node % lay.inside_node:
             return (

@@ -9,12 +9,15 @@ order the strategy initialises modules in. On a given device type, every strateg
 
 from __future__ import annotations
 
+import importlib
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.core.families import FAMILIES
 from harness.core.zoo import ModelConfig
 
 INIT_STD = 0.02
@@ -187,10 +190,27 @@ def init_module_(module: nn.Module) -> None:
         module.reset_parameters()
 
 
-def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str) -> Transformer:
+def new_model(cfg: ModelConfig, *, seed: int) -> nn.Module:
+    """The torch module of `cfg`'s family (harness.core.families: its builder), on the current default device."""
+    family = FAMILIES[cfg.family]
+    module, _, attr = family.builder.partition(":")
+    return getattr(importlib.import_module(module), attr)(cfg, seed=seed)
+
+
+def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str) -> nn.Module:
     """Build with weights on `device` (use "meta" to build without memory and materialise later)."""
     with torch.device(device):
-        return Transformer(cfg, seed=seed)
+        return new_model(cfg, seed=seed)
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """A model's blocks (`model.blocks`, every family's): its FSDP units, checkpointed units and pipeline cuts."""
+    return cast(nn.ModuleList, model.blocks)
+
+
+def block_types(model: nn.Module) -> set[type[nn.Module]]:
+    """The classes of a model's blocks: its FSDP1 wrap units, whatever its family."""
+    return {type(b) for b in blocks_of(model)}
 
 
 SELECTIVE_SAVE_OPS = (
@@ -217,7 +237,7 @@ def _selective_policy():
     return policy
 
 
-def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> None:
+def apply_activation_checkpointing(model: nn.Module, policy: str = "full") -> None:
     """Wrap every Block in a non-reentrant checkpoint: `full` recomputes the block in backward; `selective`
     keeps the outputs of its matmuls and attention (`SELECTIVE_SAVE_OPS`) and recomputes only the rest.
 
@@ -233,8 +253,9 @@ def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> 
     extra = {}
     if policy == "selective":
         extra["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _selective_policy())
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
+    blocks = blocks_of(model)
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
 
 
 def synthetic_batch(

@@ -24,6 +24,7 @@ from harness.history.judge import judge_cell
 from harness.history.keys import Entry
 from harness.history.rows import Machine, Run, Software
 from harness.history.verdicts import REGRESSION, Rules
+from tests.conftest import make_spec
 
 pytestmark = pytest.mark.slow  # about 30 s: tens of thousands of judged nights
 
@@ -66,7 +67,7 @@ def judge_night(values: np.ndarray, night: int):
         run_id="r",
         cell="c",
         label="c",
-        spec={},
+        spec=make_spec(strategy="ddp"),
         machine={},
         software={},
         time=night,

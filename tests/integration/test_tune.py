@@ -121,7 +121,7 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     assert tuned == results / "tn-tune" / "tuned.yaml"
     (spec,) = load_scenario(tuned).expand(gpus_per_node=2)
     assert spec.run_id == win.run_id and win.spec is not None
-    assert yaml.safe_load(tuned.read_text())["matrix"]["include"][0]["grad_accum"] == win.spec.grad_accum
+    assert yaml.safe_load(tuned.read_text())["matrix"]["include"][0]["grad_accum"] == win.spec.settings.grad_accum
     tie = f" with {runner.label}" if g.verdict == "tied" else ""
     assert f"{win.label} ({g.verdict}{tie}, p = {g.p_value:.3g})" in tuned.read_text()
     assert main(["sweep", str(tuned), "--cluster", str(prof), "--results", str(tmp_path / "swept")]) == 0

@@ -209,7 +209,7 @@ def test_a_cancelled_pack_records_every_cell_left_cancelled(slurm_cluster, tmp_p
     payloads = {
         r: Payload.model_validate_json((results / "split" / ".payloads" / f"{r}.json").read_bytes()) for r in cells
     }
-    key = {r: (p.spec.strategy, (p.spec.inject or {}).get("fault")) for r, p in payloads.items()}
+    key = {r: (p.spec.strategy, (p.spec.settings.inject or {}).get("fault")) for r, p in payloads.items()}
     run_id = {k: r for r, k in key.items()}
     hang, waiting, alone = run_id[("ddp", "hang")], run_id[("ddp", None)], run_id[("fsdp.full_shard", None)]
     assert cells[hang]["job_id"] == cells[waiting]["job_id"] != cells[alone]["job_id"]

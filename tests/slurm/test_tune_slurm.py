@@ -48,11 +48,11 @@ def test_tune_on_slurm_packs_each_batch_and_finds_a_winner(slurm_cluster, tmp_pa
     records, warnings = load_records(results / "tslurm-tune")
     assert not warnings and len(records) == 7 and {r.status for r in records} == {"ok"}
     # round 0's three trials share one job (a pack), in positions 1..3
-    first = [r for r in records if r.spec.measure_steps == 2]
+    first = [r for r in records if r.spec.settings.measure_steps == 2]
     (job,) = {r.env.slurm_job_id for r in first}
     assert sorted(r.env.slurm_pack.position for r in first if r.env.slurm_pack) == [1, 2, 3]
     # the final runs ran as SLURM jobs too, each finalist's run 2 after its run 1
-    final = [r for r in records if r.spec.measure_steps == 3]
+    final = [r for r in records if r.spec.settings.measure_steps == 3]
     assert len(final) == 4 and all(r.env.slurm_job_id not in (None, job) for r in final)
     (spec,) = load_scenario(log.field("tuned_file")).expand(gpus_per_node=2)
     assert spec.run_id == g.winner

@@ -34,6 +34,7 @@ from harness.plan import comm as cm
 from harness.plan import memory as mb
 from harness.plan import overlap as ov
 from harness.scenario import schema
+from harness.scenario import spec as cell
 from tests.conftest import make_spec
 
 TODAY = (
@@ -133,13 +134,13 @@ def test_todays_overlap_rules_and_framework_families():
 
 def test_names_match_scenario_validation():
     assert STRATEGIES == TODAY  # order matters: report rows and colours follow it
-    assert schema.STRATEGIES == STRATEGIES
+    assert cell.STRATEGIES == STRATEGIES
     assert (
-        schema.HYBRID_STRATEGIES
+        cell.HYBRID_STRATEGIES
         == {n for n, e in CATALOGUE.items() if e.mesh == catalogue.HYBRID}
         == {"fsdp.hybrid_shard", "fsdp.hybrid_shard_zero2", "fsdp2.hybrid_shard"}
     )
-    assert schema.PRECISIONS == PRECISIONS and schema.OFFLOADS == OFFLOADS
+    assert cell.PRECISIONS == PRECISIONS and cell.OFFLOADS == OFFLOADS
     doc = {"name": "t", "matrix": {"model": ["tiny"], "strategy": list(STRATEGIES), "precision": ["fp32"], "gpus": [2]}}
     assert [c["strategy"] for c in schema.parse_scenario(doc, "s.yaml").cells] == list(STRATEGIES)
     with pytest.raises(InputError) as ei:

@@ -23,6 +23,7 @@ from harness.launch.core.manifest import (
 )
 from harness.results.record import Record
 from harness.results.store import new_record
+from tests.conftest import make_spec
 
 
 def opened(results: Path, *, repeats: tuple[int, ...] = (1,), **kw) -> Manifest:
@@ -39,7 +40,9 @@ def opened(results: Path, *, repeats: tuple[int, ...] = (1,), **kw) -> Manifest:
 
 
 def record(status: str, run_id: str = "a") -> Record:
-    return new_record(spec={}, run_id=run_id, sweep="s", cluster="local", status=status, reason="why")
+    return new_record(
+        spec=make_spec(strategy="ddp"), run_id=run_id, sweep="s", cluster="local", status=status, reason="why"
+    )
 
 
 def test_what_the_sweep_writes_reads_back_typed(tmp_path):

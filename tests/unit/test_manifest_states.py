@@ -32,6 +32,7 @@ from harness.launch.core.manifest import (
 )
 from harness.results.record import Record
 from harness.results.store import atomic_write_json, new_record
+from tests.conftest import make_spec
 
 TABLE = """
 from \\ to   pending  submitted  running  done  failed  skipped  cancelled
@@ -63,7 +64,9 @@ FROM = [*STATES, None]
 
 
 def record(status: str) -> Record:
-    return new_record(spec={}, run_id="a", sweep="s", cluster="local", status=status, reason="why")
+    return new_record(
+        spec=make_spec(strategy="ddp"), run_id="a", sweep="s", cluster="local", status=status, reason="why"
+    )
 
 
 # the operation that writes each state (pending has none: `polled` is the only one taking a state as given)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.core import precisions
 from harness.core.zoo import ZOO, ModelConfig, parameters
 from harness.plan import memory as mb
 from harness.scenario.spec import RunSpec, Settings
@@ -531,7 +532,7 @@ def test_fsdp2_step_peak_matches_fsdp_memtracker_on_a_fake_process_group(world, 
     assert got["OPT"] == pytest.approx(mem.optimizer, abs=1024)
     # gathered: the root and one block as parameters, the prefetched block still as the all-gather output
     units = mb.unit_numels(SMALL)
-    p = mb.BYTES[precision]
+    p = precisions.get(precision).element_bytes
     if ckpt == "none":
         assert got["UNSHARDED_PARAM"] + got["ALL_GATHER"] == p * (units["root"] + 2 * units["blocks.0"])
     # checkpointed cells overestimate by a few %: the model puts the last block's peak at its MLP backward

@@ -163,7 +163,7 @@ def test_status_and_spec_types_match_their_definitions():
     spec_fields = {f.name for f in dataclasses.fields(RunSpec)} - {"settings", "extra"} | set(SETTING_FIELDS)
     written = spec_to_json(spec_from_json(json.loads(EXAMPLE.read_text())["spec"]))
     assert list(written)[: len(CORE_KEYS)] == list(CORE_KEYS) and set(written) == spec_fields
-    assert set(written["model_config"]) | {"qkv_bias"} == {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(written["model_config"]) | {"qkv_bias", "family"} == {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 # ---- records as written and as stored

@@ -18,7 +18,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from harness.core.catalogue import is_hybrid
 from harness.scenario.spec import RunSpec
-from harness.worker.models import Block, apply_activation_checkpointing, build_model, init_module_
+from harness.worker.models import apply_activation_checkpointing, block_types, build_model, init_module_
 from harness.worker.precision import policy
 from harness.worker.strategies import dcp
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
@@ -44,6 +44,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     offload = spec.settings.offload
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
+    units = block_types(model)  # NOTE: before checkpointing wraps them: the policy wraps the inner blocks
     if spec.settings.checkpointing:
         # NOTE: checkpoint wrappers go on before FSDP wrapping; the policy then wraps the inner Blocks
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
@@ -59,7 +60,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         kwargs["device_mesh"] = topo.mesh_for(spec.strategy)
     fsdp = FSDP(
         model,
-        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        auto_wrap_policy=ModuleWrapPolicy(units),
         sharding_strategy=SHARDING[spec.strategy],
         mixed_precision=mixed_precision(spec.precision),
         cpu_offload=CPUOffload(offload_params=offload == "optimizer+params"),

@@ -22,6 +22,7 @@ from harness.worker.models import (
     RMSNorm,
     Transformer,
     apply_activation_checkpointing,
+    blocks_of,
     build_model,
 )
 from harness.worker.precision import policy
@@ -53,9 +54,9 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     if spec.settings.compile:
         # NOTE: per-block compile before fully_shard (torchtitan's order): each block is one graph and
         # FSDP2's all-gather/reduce-scatter hooks stay outside it
-        for block in model.blocks:
+        for block in blocks_of(model):
             block.compile()
-    for block in model.blocks:
+    for block in blocks_of(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     model.to_empty(device=topo.device)

@@ -18,7 +18,7 @@ import torch
 
 from harness.core import precisions
 from harness.scenario.spec import RunSpec
-from harness.worker.models import Transformer, apply_activation_checkpointing, build_model, loss_fn
+from harness.worker.models import apply_activation_checkpointing, blocks_of, build_model, loss_fn, new_model
 from harness.worker.strategies.base import Batch, Topology, adamw
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
@@ -106,13 +106,13 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
         # devices without fp16 support (deepspeed 0.19's `dtype or fp16 if fp16_supported else bf16`
         # precedence), which silently built fp32 cells in bf16 on CPU.
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model: Transformer = Transformer(cfg, seed=spec.settings.seed)
+            model = new_model(cfg, seed=spec.settings.seed)
     else:
         model = build_model(cfg, seed=spec.settings.seed, device=topo.device)
     if spec.settings.checkpointing:
         apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
     if spec.settings.compile:
-        for block in model.blocks:  # per block, so DeepSpeed's ZeRO-3 gather hooks stay outside the graphs
+        for block in blocks_of(model):  # per block, so DeepSpeed's ZeRO-3 gather hooks stay outside the graphs
             block.compile()
     if spec.settings.offload != "none":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
