@@ -10,38 +10,46 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+from typing import NamedTuple
 
 import click
 
 from harness.core.errors import InputError
 
-# name → "module:attribute" of a click command
-COMMANDS: dict[str, str] = {
-    "sweep": "harness.cli.sweep:sweep",
-    "run": "harness.cli.run:run",
-    "list": "harness.cli.run:list_",
-    "plan": "harness.cli.plan:plan_command",
-    "status": "harness.cli.run:status",
-    "report": "harness.cli.report:report_command",
-    "compare": "harness.cli.compare:compare_command",
-    "calibrate": "harness.cli.calibrate:calibrate_command",
-    "history": "harness.cli.history:history_group",
-    "tune": "harness.cli.tune:tune_command",
-}
+
+class Command(NamedTuple):
+    """A command of the table: where its click command is, and its one line in `harness --help`."""
+
+    target: str
+    """`module:attribute` of the click command, imported when the command is run (or its own --help asked for)"""
+    short_help: str
+    """its line in `harness --help`, written here so the group's help imports no command module"""
 
 
-SHORT_HELP: dict[str, str] = {
-    "sweep": "Run every cell of a scenario; one JSON record per cell.",
-    "run": "Run one cell in the foreground.",
-    "list": "List models, strategies, clusters, or a scenario's cells.",
-    "plan": "Predict memory, FLOPs and traffic per cell; launches nothing.",
-    "status": "Per-cell state of the sweeps in a results dir.",
-    "report": "Tables and figures (HTML, Markdown, CSV) from result dirs.",
-    "compare": "Regressions between a baseline and a candidate (exit 1).",
-    "calibrate": "Measure this machine's rates for the step-time model.",
-    "history": "A results history: add sweeps, show series, check a new sweep (exit 1).",
-    "tune": "The fastest cell that fits per model and GPU count, measuring a fraction of the matrix.",
+COMMANDS: dict[str, Command] = {
+    "sweep": Command("harness.cli.sweep:sweep", "Run every cell of a scenario; one JSON record per cell."),
+    "run": Command("harness.cli.run:run", "Run one cell in the foreground."),
+    "list": Command("harness.cli.run:list_", "List models, strategies, clusters, or a scenario's cells."),
+    "plan": Command("harness.cli.plan:plan_command", "Predict memory, FLOPs and traffic per cell; launches nothing."),
+    "status": Command("harness.cli.run:status", "Per-cell state of the sweeps in a results dir."),
+    "report": Command(
+        "harness.cli.report:report_command", "Tables and figures (HTML, Markdown, CSV) from result dirs."
+    ),
+    "compare": Command(
+        "harness.cli.compare:compare_command", "Regressions between a baseline and a candidate (exit 1)."
+    ),
+    "calibrate": Command(
+        "harness.cli.calibrate:calibrate_command", "Measure this machine's rates for the step-time model."
+    ),
+    "history": Command(
+        "harness.cli.history:history_group", "A results history: add sweeps, show series, check a new sweep (exit 1)."
+    ),
+    "tune": Command(
+        "harness.cli.tune:tune_command",
+        "The fastest cell that fits per model and GPU count, measuring a fraction of the matrix.",
+    ),
 }
+"""every command: adding one is a module under harness/cli/ and one line here"""
 
 
 def unavailable_command(name: str, error: BaseException) -> click.Command:
@@ -66,13 +74,13 @@ class LazyGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # static one-liners: `harness --help` must not import torch, pandas or matplotlib
         with formatter.section("Commands"):
-            formatter.write_dl([(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, COMMANDS[name].short_help) for name in self.list_commands(ctx)])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = COMMANDS.get(name)
-        if target is None:
+        command = COMMANDS.get(name)
+        if command is None:
             return None
-        module, attr = target.split(":")
+        module, attr = command.target.split(":")
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:

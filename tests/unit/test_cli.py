@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_command_in_the_table_imports():
     """Each entry names a real click command (a broken import of our own module fails here, never skips)."""
-    for name, target in cli.COMMANDS.items():
+    for name, (target, short_help) in cli.COMMANDS.items():
+        assert short_help.endswith(".") and len(short_help) < 100, name
         module, attr = target.split(":")
         command = getattr(importlib.import_module(module), attr)
         assert command.name is not None, name
@@ -28,7 +29,7 @@ def test_an_unimportable_command_says_why(monkeypatch, capsys):
     Before the fix, the stand-in's body read the `except ... as e` name after Python had deleted it, so the user
     got a NameError traceback instead of the reason.
     """
-    monkeypatch.setitem(cli.COMMANDS, "ghost", "harness.no_such_module:command")
+    monkeypatch.setitem(cli.COMMANDS, "ghost", cli.Command("harness.no_such_module:command", "A ghost."))
     rc = cli.main(["ghost"])
     err = capsys.readouterr().err
     assert rc == 1
@@ -37,7 +38,7 @@ def test_an_unimportable_command_says_why(monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv", [["--help"], ["ghost", "--help"]])
 def test_help_lists_the_unavailable_command(monkeypatch, capsys, argv):
-    monkeypatch.setitem(cli.COMMANDS, "ghost", "harness.no_such_module:command")
+    monkeypatch.setitem(cli.COMMANDS, "ghost", cli.Command("harness.no_such_module:command", "A ghost."))
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "ghost" in out or "unavailable: No module named 'harness.no_such_module'" in out
@@ -107,7 +108,7 @@ def long_command() -> int:
 def test_sigterm_stops_a_long_command_as_ctrl_c_does(monkeypatch, capsys, sigterm_restored):
     """SIGTERM (a scheduler, `kill`) after `interrupt_on_sigterm` is KeyboardInterrupt: exit 130 and the message
     that the manifest and records are consistent, as for Ctrl-C (after the newline click writes on an interrupt)."""
-    monkeypatch.setitem(cli.COMMANDS, "long", "tests.unit.test_cli:long_command")
+    monkeypatch.setitem(cli.COMMANDS, "long", cli.Command("tests.unit.test_cli:long_command", "Long."))
     assert cli.main(["long"]) == 130
     err = capsys.readouterr().err
     assert err == "\ninterrupted: the manifest and records are consistent; re-run the same command to resume\n"
