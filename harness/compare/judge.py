@@ -71,6 +71,7 @@ from harness.compare.metrics import (
 )
 from harness.compare.stats import DEFAULT_ALPHA, DEFAULT_MIN_RUNS, run_level_p
 from harness.core.errors import InputError, Problem
+from harness.results.metrics import MetricReader
 from harness.results.record import Record
 from harness.results.store import as_record
 
@@ -241,8 +242,13 @@ def _holm(cells: Sequence[CellComparison], *, alpha: float) -> None:
                 _timing_verdict(row, worse=worse, alpha=alpha, raw=p, cells=m)
 
 
+_READER = MetricReader(_ALL)
+
+
 def _values(rec: Record) -> RunValues:
-    return {m.name: v for m in _ALL if (v := metric_value(rec, m)) is not None} if rec.ok else {}
+    global _READER
+    _READER = _READER.of(_ALL)
+    return {m.name: v for m, v in zip(_ALL, _READER.values(rec)) if v is not None} if rec.ok else {}
 
 
 # --------------------------------------------------------------------------------------------------

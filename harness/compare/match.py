@@ -11,10 +11,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.compare.metrics import METRICS, metric_value
+from harness.compare.metrics import METRICS
+from harness.results.metrics import MetricReader
 from harness.results.record import Record
 from harness.results.spec import spec_to_json
 from harness.scenario.spec import RunSpec, canonical_json
+
+_READER = MetricReader(METRICS)
+
+
+def run_values(rec: Record) -> RunValues:
+    """compare's metrics of one ok run (those it has), read as it is indexed (NOTE: a module's reader, not the
+    index's: the index is pickled from a forked child, a reader's path functions are not)."""
+    global _READER
+    _READER = _READER.of(METRICS)
+    return {m.name: v for m, v in zip(METRICS, _READER.values(rec)) if v is not None}
 
 
 def spec_key(spec: RunSpec, *, ignore: Iterable[str] = ()) -> str:
@@ -81,9 +92,7 @@ class SideIndex:
                 return
             self._attempts.add(ident)
         if rec.status == "ok":
-            self.runs.setdefault(key, []).append(
-                {m.name: v for m in METRICS if (v := metric_value(rec, m)) is not None}
-            )
+            self.runs.setdefault(key, []).append(run_values(rec))
             self.run_files.setdefault(key, []).append(RunFile.of(rec))
         elif rec.status != "skipped":
             self.failed_runs.setdefault(key, []).append(str(rec.status))

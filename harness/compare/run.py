@@ -8,9 +8,7 @@ Exit codes: 0 no regression, 1 regression (or a missing cell with --fail-on-miss
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.compare.comparison import Comparison
@@ -20,26 +18,12 @@ from harness.compare.metrics import check_watch_deviation, parse_thresholds
 from harness.compare.outputs import Echo, check_outputs, write_outputs
 from harness.compare.promote import check_promote_baseline, promote_candidate
 from harness.compare.sides import load_sides
+from harness.core.collector import gc_paused
 from harness.core.errors import InputError, Problem
 
 
 class OptionConflict(ValueError):
     """Options that do not go together; the command shows it as a usage error (its usage lines, exit 2)."""
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a while (back on after, if it was on).
-
-    Comparing builds tens of thousands of containers that live until the end and hold no cycles: each automatic
-    collection would only rescan them (a quarter of the run over 10,000 records)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 @gc_paused()

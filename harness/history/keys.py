@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.results.metrics import EXACT, STORED, Metric
+from harness.results.metrics import EXACT, STORED, Metric, MetricReader
 from harness.results.record import Record
 from harness.results.store import as_record
 from harness.scenario.spec import LEGACY_GPUS_KEY, RunSpec, canonical_json
@@ -32,6 +32,7 @@ HISTORY_METRICS: tuple[Metric, ...] = STORED
 """what each run stores: the registry's judged metrics (harness.results.metrics: compare's, and TFLOPS per GPU),
 same names, units and directions"""
 HISTORY_METRICS_BY_NAME = {m.name: m for m in HISTORY_METRICS}
+_READER = MetricReader(HISTORY_METRICS)
 MACHINE_FIELDS = ("cluster", "device_type", "device_name", "device_count", "driver")
 SOFTWARE_FIELDS = ("python", "torch", "cuda", "nccl", "deepspeed", "harness_sha")
 
@@ -128,12 +129,9 @@ def run_values(rec: Record | Mapping[str, Any]) -> dict[str, float]:
     rec = as_record(rec)
     if not rec.ok:
         return {}
-    out = {}
-    for m in HISTORY_METRICS:
-        v = m.value(rec)
-        if v is not None:
-            out[m.name] = v
-    return out
+    global _READER
+    _READER = _READER.of(HISTORY_METRICS)
+    return {m.name: v for m, v in zip(HISTORY_METRICS, _READER.values(rec)) if v is not None}
 
 
 @dataclass

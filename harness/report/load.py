@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.core.collector import gc_paused
 from harness.report.frame import FlatRecords, flatten_records, frame_from_flat
 from harness.report.processes import close_pool, usable_cpus
 from harness.report.repredict import repredicted
@@ -50,7 +51,8 @@ def read_share(files: list[str], repredict: bool = False) -> tuple[FlatRecords, 
     records = records_of(files, unreadable, wrong)
     if repredict:
         records = (repredicted(r) for r in records)
-    return flatten_records(records, wrong), unreadable, wrong
+    with gc_paused():  # NOTE: each record is freed by its reference count as soon as it is flattened
+        return flatten_records(records, wrong), unreadable, wrong
 
 
 def _share_read(

@@ -71,6 +71,7 @@ def path_getter(path: Sequence[str]) -> Callable[[Any], Any]:
                 return value_at(node, keys[i:])
         return node
 
+    get.path_keys = keys  # type: ignore[attr-defined]  # NOTE: MetricReader walks the paths it finds
     return get
 
 
@@ -314,6 +315,56 @@ def register(metric: Metric) -> None:
     METRICS_BY_NAME = {m.name: m for m in METRICS}
     STORED = tuple(m for m in METRICS if m.judged)
     COMPARED = tuple(m for m in STORED if m.compared)
+
+
+class MetricReader:
+    """Many metrics read from each of many records (a report's every column, compare's every judged metric): the
+    paths walked as one tree, so a shared prefix (`metrics.step_time_s.` of five quantities) is reached once per
+    record, and a missing part (no `metrics.time_s` in an untraced record) skips every metric under it. The values
+    are each metric's `value(rec)`, in the order given (tests/unit/test_metric_registry.py holds them equal)."""
+
+    def __init__(self, metrics: tuple[Metric, ...]) -> None:
+        self.metrics = metrics
+        self._tree: dict[str, tuple[dict, list[int]]] = {}
+        self._derived: list[tuple[int, Callable[[Any], Any]]] = []
+        for i, m in enumerate(self.metrics):
+            keys = getattr(m.get, "path_keys", None)
+            if not keys:
+                assert m.get is not None  # NOTE: set in Metric.__post_init__
+                self._derived.append((i, m.get))
+                continue
+            node = self._tree
+            for k in keys[:-1]:
+                node = node.setdefault(k, ({}, []))[0]
+            node.setdefault(keys[-1], ({}, []))[1].append(i)
+
+    def of(self, metrics: tuple[Metric, ...]) -> MetricReader:
+        """This reader when it reads `metrics` (the very tuple), else a new one for them: a read side keeps one
+        reader of its view of the registry and asks it this before each use, so a metric registered (a test's, a
+        site's) after the reader was made is read too."""
+        return self if metrics is self.metrics else MetricReader(metrics)
+
+    def values(self, rec: Record) -> list[float | None]:
+        """Every metric's value of `rec` (a finite number or None), in the reader's order."""
+        out: list[float | None] = [None] * len(self.metrics)
+        _walk(rec, self._tree, out)
+        for i, get in self._derived:
+            out[i] = finite_number(get(rec))
+        return out
+
+
+def _walk(node: Any, tree: dict[str, tuple[dict, list[int]]], out: list[float | None]) -> None:
+    for key, (sub, leaves) in tree.items():
+        try:
+            child = node.__dict__[key]
+        except (KeyError, AttributeError):  # NOTE: a mapping, or a kept unknown field: value_at's general route
+            child = value_at(node, (key,))
+        if child is None:
+            continue
+        for i in leaves:
+            out[i] = finite_number(child)
+        if sub:
+            _walk(child, sub, out)
 
 
 def step_samples(rec: Record) -> list[float]:

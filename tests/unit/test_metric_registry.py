@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.metrics import COMPARED, METRICS, STORED, Metric, register
+from harness.results.metrics import COMPARED, METRICS, STORED, Metric, MetricReader, register
 from harness.results.store import load_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,3 +94,20 @@ def test_register_refuses_a_name_or_column_already_taken():
         register(Metric("other", ("metrics", "hfu"), "fraction", False, "sampled", column="mfu"))
     assert [m.name for m in STORED] == [m.name for m in METRICS if m.judged]
     assert [m.name for m in COMPARED] == [m.name for m in STORED if m.compared]
+
+
+def test_the_batched_reader_gives_every_metric_its_own_value():
+    """MetricReader walks the registry's paths as one tree; on every stored record (the smoke baseline, the legacy
+    smoke sweep, the report's fixtures with their nulls, traces and checkpoints) its values are each metric's own."""
+    root = Path(__file__).resolve().parents[2]
+    records, _ = load_records(
+        root / "baselines" / "smoke-local", root / "tests" / "fixtures" / "smoke-legacy", root / "tests" / "fixtures"
+    )
+    assert len(records) >= 48
+    reader = MetricReader(METRICS)
+    seen = 0
+    for rec in records:
+        values = reader.values(rec)
+        assert values == [m.value(rec) for m in METRICS], rec.origin
+        seen += sum(v is not None for v in values)
+    assert seen > 10 * len(records)  # many metrics are present: the test reads numbers, not only nulls

@@ -201,9 +201,12 @@ def test_every_figure_is_a_png_file_and_inline_in_the_html(report):
 
 
 def _has_colour(path: Path, hex_colour: str) -> bool:
+    """At least 30 pixels of the colour (±3 per channel): the fixture's smallest box, fsdp2's in step_time, has 49
+    under matplotlib 3.10 and 86 under 3.11 (the two draw a box's anti-aliased edge differently); no other strategy's
+    colour is within 3 of it."""
     rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
     img = np.round(mpimg.imread(path)[..., :3] * 255).astype(int)
-    return bool((np.abs(img - rgb).sum(axis=-1) <= 3).sum() > 50)
+    return bool((np.abs(img - rgb).sum(axis=-1) <= 3).sum() >= 30)
 
 
 def test_one_colour_per_strategy_in_every_figure(report):

@@ -9,8 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.compare.match import spec_key
+from harness.results import spec as spec_mod
 from harness.results.record import Record
 from harness.results.spec import CORE_KEYS, SpecError, spec_from_json, spec_to_json
 from harness.results.store import parse_record, read_record, record_files
@@ -96,3 +99,33 @@ def test_the_record_and_the_payload_carry_the_cell_itself():
     rec = read_record(ROOT / "docs" / "record-example.json")
     assert isinstance(rec.spec, RunSpec) and rec.spec.settings.micro_batch == 2
     assert rec.to_dict()["spec"] == spec_to_json(rec.spec)
+
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 3), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3),
+    st.just({"fault": "slow", "factor": 2}), st.just([1]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base=st.sampled_from(SMOKE),
+    changes=st.dictionaries(st.sampled_from([*CORE_KEYS, *SETTING_FIELDS, "world_size", "cp"]), _VALUES, max_size=3),
+    dims=st.dictionaries(st.sampled_from(["d_model", "n_kv_heads", "qkv_bias", "family", "head_dim"]), _VALUES,
+                         max_size=2),
+)  # fmt: skip
+def test_the_fast_reading_is_the_checked_one_or_leaves_it_the_decision(base, changes, dims):
+    """spec_from_json reads the common case without its problem list (_fast); wherever the fast way answers, the
+    checked way gives the same cell, and wherever the checked way refuses, the fast way does not answer."""
+    doc = {**spec_to_json(base), **changes}
+    if not isinstance(doc.get("model_config"), dict):
+        doc["model_config"] = spec_to_json(base)["model_config"]
+    doc["model_config"] = {**doc["model_config"], **dims}
+    doc.pop("world_size", None)
+    fast = spec_mod._fast(dict(doc))
+    try:
+        checked = spec_mod._checked(dict(doc))
+    except SpecError:
+        assert fast is None
+        return
+    assert fast is None or (fast == checked and spec_to_json(fast) == spec_to_json(checked))
