@@ -10,7 +10,7 @@ import datetime as _dt
 import gc
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,20 @@ def _write_tables(df: pd.DataFrame, out: Path, warnings: list[str]) -> dict[str,
     paths["parquet"] = out / "table.parquet"
     df.to_parquet(paths["parquet"], index=False)
     return paths
+
+
+def _page_text(data: ReportData) -> tuple[Callable[[list[Figure]], str], Callable[[list[Figure]], str]]:
+    """The page's Markdown and HTML text but the figures (each a function of the drawn figures, which the page
+    takes last)."""
+    # NOTE: the page is some 100,000 small objects, which set off full garbage collections; frozen, what exists
+    # already (the imported modules and the frames: at 10,000 records some 120,000 objects and 270,000 values in
+    # object columns) is left out of them (bench_report's records: 0.64 → 0.42 s of CPU for the page)
+    gc.freeze()
+    try:
+        page = build_page(data)
+        return prepare_markdown(page), prepare_html(page)
+    finally:
+        gc.unfreeze()
 
 
 def _write_figures(figures: list[Figure], out: Path) -> dict[str, Path]:
@@ -204,15 +218,7 @@ def build_report(
         generated_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         out=out_path,
     )
-    # NOTE: the page is some 100,000 small objects, which set off full garbage collections; frozen, what exists
-    # already (the imported modules and the frames: at 10,000 records some 120,000 objects and 270,000 values in
-    # object columns) is left out of them (bench_report's records: 0.64 → 0.42 s of CPU for the page)
-    gc.freeze()
-    try:
-        page = build_page(data)
-        finish_markdown, finish_html = prepare_markdown(page), prepare_html(page)
-    finally:
-        gc.unfreeze()
+    finish_markdown, finish_html = _page_text(data)
     timings["render"] = time.perf_counter() - t1
     figures = collect_figures() + _more_figures(fc, tune, trends=trends, projection=projection)
     timings["figures"] = time.perf_counter() - t2

@@ -530,66 +530,83 @@ def best_per_model_gpus(
 
     out, contests, contested = [], [], []
     for (model, gpus), rows in groups.items():
-        ok = [i for i in rows if col["status"][i] == "ok" and not pd.isna(tps[i])]
-        row: dict[str, Any] = {
-            "model": model,
-            "gpus": gpus,
-            "n_ok": len(ok),
-            "n_cells": len(rows),
-            "statuses": dict(Counter(col["status"][i] for i in rows)),
-        }
-        if ok:
-            ok.sort(key=lambda i: -tps[i])
-            best = ok[0]
-            others = [i for i in ok if col["strategy"][i] != col["strategy"][best]]
-            row.update(
-                strategy=col["strategy"][best],
-                precision=col["precision"][best],
-                variant=col["variant"][best],
-                tokens_per_s_per_gpu=tps[best],
-                mfu=col["mfu"][best],
+        row, best, ru = _group_row(model, gpus, rows, col)
+        if best is not None and ru is not None:
+            contests.append(
+                Contest(
+                    leader_runs=cell_runs(best),
+                    runner_runs=cell_runs(ru),
+                    leader_noise=cell_noise(best),
+                    runner_noise=cell_noise(ru),
+                )
             )
-            if others:
-                ru = others[0]
-                row.update(
-                    runner_up=col["strategy"][ru],
-                    runner_up_precision=col["precision"][ru],
-                    runner_up_tokens_per_s_per_gpu=tps[ru],
-                    margin=tps[best] / tps[ru] - 1.0,
-                )
-                contests.append(
-                    Contest(
-                        leader_runs=cell_runs(best),
-                        runner_runs=cell_runs(ru),
-                        leader_noise=cell_noise(best),
-                        runner_noise=cell_noise(ru),
-                    )
-                )
-                contested.append(row)
+            contested.append(row)
         out.append(row)
     for row, v in zip(contested, leader_verdicts(contests)):
         row.update(distinguishable=v.distinguishable, p_value=v.p, basis=v.basis, verdict=v.text())
-    cols = [
-        "model",
-        "gpus",
-        "strategy",
-        "precision",
-        "variant",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "runner_up",
-        "runner_up_precision",
-        "runner_up_tokens_per_s_per_gpu",
-        "margin",
-        "distinguishable",
-        "p_value",
-        "basis",
-        "verdict",
-        "n_ok",
-        "n_cells",
-        "statuses",
-    ]
-    return pd.DataFrame(out, columns=cols)
+    return pd.DataFrame(out, columns=BEST_COLUMNS)
+
+
+BEST_COLUMNS: tuple[str, ...] = (
+    "model",
+    "gpus",
+    "strategy",
+    "precision",
+    "variant",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "runner_up",
+    "runner_up_precision",
+    "runner_up_tokens_per_s_per_gpu",
+    "margin",
+    "distinguishable",
+    "p_value",
+    "basis",
+    "verdict",
+    "n_ok",
+    "n_cells",
+    "statuses",
+)
+"""best_per_model_gpus' columns, in order"""
+
+
+def _group_row(
+    model: Any, gpus: Any, rows: list[int], col: dict[str, list[Any]]
+) -> tuple[dict[str, Any], int | None, int | None]:
+    """(the best-strategy row of one (model, GPU count) of the cells `rows` (indices into `col`'s lists), its
+    leader, its runner-up: the fastest ok cell of another strategy); leader and runner-up None where there is
+    none."""
+    tps = col["tokens_per_s_per_gpu"]
+    ok = [i for i in rows if col["status"][i] == "ok" and not pd.isna(tps[i])]
+    row: dict[str, Any] = {
+        "model": model,
+        "gpus": gpus,
+        "n_ok": len(ok),
+        "n_cells": len(rows),
+        "statuses": dict(Counter(col["status"][i] for i in rows)),
+    }
+    if not ok:
+        return row, None, None
+    ok.sort(key=lambda i: -tps[i])
+    best = ok[0]
+    row.update(
+        strategy=col["strategy"][best],
+        precision=col["precision"][best],
+        variant=col["variant"][best],
+        tokens_per_s_per_gpu=tps[best],
+        mfu=col["mfu"][best],
+    )
+    others = [i for i in ok if col["strategy"][i] != col["strategy"][best]]
+    if not others:
+        return row, best, None
+    ru = others[0]
+    row.update(
+        runner_up=col["strategy"][ru],
+        runner_up_precision=col["precision"][ru],
+        runner_up_tokens_per_s_per_gpu=tps[ru],
+        margin=tps[best] / tps[ru] - 1.0,
+    )
+    return row, best, ru
 
 
 def figure_cells(cells: pd.DataFrame) -> pd.DataFrame:
