@@ -66,7 +66,7 @@ def inner(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
-    from harness.report.plan import format_table
+    from harness.report.plan import format_table, planned_cell_json
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import load_scenario
 
@@ -78,7 +78,7 @@ def inner(args: argparse.Namespace) -> None:
     cells = plan_cells(specs, cluster, rates=rates)
     t3 = time.perf_counter()
     text = (
-        json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False)
+        json.dumps([planned_cell_json(c) for c in cells], indent=2, allow_nan=False)
         if args.json
         else format_table(cells, cluster)
     )
@@ -155,7 +155,7 @@ def main() -> None:
 
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
-    from harness.report.plan import format_table
+    from harness.report.plan import format_table, planned_cell_json
     from harness.scenario.schema import load_scenario
 
     specs = load_scenario(str(scenario)).expand(gpus_per_node=cluster.gpus_per_node)[: args.cells]
@@ -164,7 +164,7 @@ def main() -> None:
         t = time.perf_counter()
         cells = plan_cells(specs, cluster, rates=rates_for(cluster))
         text = (
-            json.dumps([c.to_dict() for c in cells], indent=2, allow_nan=False)
+            json.dumps([planned_cell_json(c) for c in cells], indent=2, allow_nan=False)
             if args.json
             else format_table(cells, cluster)
         )

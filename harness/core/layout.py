@@ -16,6 +16,7 @@ Floor 0: no torch, no import from the rest of the harness but the zoo. The scena
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,9 +77,13 @@ class Layout:
     schedule: str = "1f1b"
     """the pipeline schedule (one of PP_SCHEDULES; only with pp > 1)"""
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, int]:
+        return dict(self.degrees)
+
     def degree(self, name: str) -> int:
         """The degree of the MESH_DIMS dimension `name` (1 when the cell does not use it)."""
-        return dict(self.degrees).get(name, 1)
+        return self._by_name.get(name, 1)
 
     @property
     def tp(self) -> int:
@@ -99,12 +104,12 @@ class Layout:
         """`tp 2 x pp 2`: the dimensions with their degrees."""
         return " x ".join(f"{d.name} {self.degree(d.name)}" for d in dims)
 
-    @property
+    @functools.cached_property
     def model_parallel(self) -> int:
         """The product of every MESH_DIMS degree: the ranks one data-parallel replica spans."""
         return math.prod(self.degree(d.name) for d in MESH_DIMS)
 
-    @property
+    @functools.cached_property
     def inside_node(self) -> int:
         """The product of the degrees whose groups stay inside a node (MeshDim.inside_node)."""
         return math.prod(self.degree(d.name) for d in MESH_DIMS if d.inside_node)

@@ -59,9 +59,9 @@ class ModelConfig:
         """The dimensions as a record's `spec.model_config` (and the run_id's digest) holds them: a field added
         later (`OPTIONAL_FIELDS`) only where it differs from its default."""
         return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in OPTIONAL_FIELDS or getattr(self, f.name) != OPTIONAL_FIELDS[f.name]
+            name: getattr(self, name)
+            for name in _field_names(type(self))
+            if name not in OPTIONAL_FIELDS or getattr(self, name) != OPTIONAL_FIELDS[name]
         }
 
     # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
@@ -126,6 +126,17 @@ class ModelConfig:
 
 
 OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False, "family": "decoder"}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A shapes class's field names, in order (asked for every run_id: dataclasses.fields is slow)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 """fields added after the first records, with the default `to_dict` leaves out"""
 
 

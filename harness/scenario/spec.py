@@ -229,7 +229,7 @@ class RunSpec:
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:10]
         return f"{self.model}-{self.strategy}-{self.precision}-g{self.gpus}-{digest}"
 
-    @property
+    @functools.cached_property
     def layout(self) -> Layout:
         """The cell's parallel layout: data × tensor × pipeline ranks (harness.core.layout)."""
         s = self.settings
