@@ -126,8 +126,7 @@ class ModelConfig:
 
 
 OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False, "family": "decoder"}
-
-
+"""fields added after the first records, with the default `to_dict` leaves out"""
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -137,7 +136,6 @@ def _field_names(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
-"""fields added after the first records, with the default `to_dict` leaves out"""
 
 
 @dataclass(frozen=True)

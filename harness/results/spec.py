@@ -164,18 +164,7 @@ def _fast(d: dict[str, Any]) -> RunSpec | None:
         if type(value) not in allowed or (type(value) is float and value - value != 0):  # NOTE: NaN, inf
             return None
         settings[name] = value
-    extra = d.keys() - _KNOWN
-    return RunSpec(
-        model=d["model"],
-        model_config=shapes,
-        strategy=d["strategy"],
-        precision=d["precision"],
-        gpus=d["gpus"],
-        nodes=d["nodes"],
-        gpus_per_node=d["gpus_per_node"],
-        settings=Settings(**settings),
-        extra=tuple((k, json.dumps(v, sort_keys=True)) for k, v in d.items() if k in extra) if extra else (),
-    )
+    return _cell(d, shapes, settings)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -200,16 +189,23 @@ def _checked(d: dict[str, Any]) -> RunSpec:
             settings[name] = d[name]
     if problems or config is None:
         raise SpecError(problems)
+    return _cell(d, config, settings)
+
+
+def _cell(d: dict[str, Any], shapes: ModelConfig, settings: dict[str, Any]) -> RunSpec:
+    """The cell of a checked spec document: its core keys, its shapes, its settings, and the keys this version
+    does not know (kept as JSON text, in the file's order)."""
+    unknown = d.keys() - _KNOWN
     return RunSpec(
         model=d["model"],
-        model_config=config,
+        model_config=shapes,
         strategy=d["strategy"],
         precision=d["precision"],
         gpus=d["gpus"],
         nodes=d["nodes"],
         gpus_per_node=d["gpus_per_node"],
         settings=Settings(**settings),
-        extra=tuple((k, json.dumps(v, sort_keys=True)) for k, v in d.items() if k not in _KNOWN),
+        extra=tuple((k, json.dumps(v, sort_keys=True)) for k, v in d.items() if k in unknown) if unknown else (),
     )
 
 
