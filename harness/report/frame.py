@@ -358,8 +358,6 @@ def frame_from_flat(parts: list[FlatRecords], warnings: list[str]) -> tuple[pd.D
         {c: _floats(columns.pop(c)) if c in numeric else pd.Series(columns.pop(c), dtype=object) for c in names},
         columns=names,
     )
-    for col in set(SCALAR_COLUMNS) - numeric - {"variant"}:
-        df[col] = df[col].astype(object).where(df[col].notna(), None)
     df["variant"] = _variant_labels(df) if len(df) else pd.Series(dtype=object)
     colls = sorted({k for d in comm for k in d}, key=collective_sort_key)
     if colls:
