@@ -59,10 +59,10 @@ from harness.core.constants import (
     DS_NCCL_START_ALIGNMENT,
     DS_REDUCE_BUCKET_ELEMS,
 )
-from harness.core.layout import group_kind
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan import layouts, runnable, zero3
+from harness.plan.links import box_kind
 from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_structure
 from harness.scenario.spec import RunSpec
 
@@ -132,14 +132,16 @@ def groups_for(cell: RunSpec | CommCell) -> Groups:
 
 @functools.cache
 def _groups(strategy: str, gpus: int, gpus_per_node: int) -> Groups:
+    # NOTE: the kinds from the groups' arithmetic (harness.plan.links.box_kind), never from their ranks listed: a
+    # 1,048,576-rank world is one box of stride 1, a hybrid's replicate group one of stride gpus_per_node
     w, gpn = gpus, gpus_per_node
-    world = group_kind(list(range(w)), gpn)
+    world = box_kind([(1, w)], gpus_per_node=gpn)
     if CATALOGUE[strategy].mesh == HYBRID:
         nodes = w // gpn
         return Groups(
             world=world,
-            shard=group_kind(list(range(gpn)), gpn),
-            replicate=group_kind([n * gpn for n in range(nodes)], gpn),
+            shard=box_kind([(1, gpn)], gpus_per_node=gpn),
+            replicate=box_kind([(gpn, nodes)], gpus_per_node=gpn),
             shard_size=gpn,
             replicate_size=nodes,
         )

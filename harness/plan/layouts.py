@@ -46,9 +46,10 @@ from dataclasses import dataclass
 
 from harness.core import precisions
 from harness.core.catalogue import CATALOGUE
-from harness.core.layout import Layout, effective_microbatches, group_kind, stage_blocks
+from harness.core.layout import Layout, effective_microbatches, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
+from harness.plan.links import mesh_group_kind
 from harness.scenario.spec import RunSpec
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
@@ -129,7 +130,6 @@ def layout_collectives(
     rank of a stage issues the same). `ddp_buckets` is harness.plan.comm's DDP bucket assignment (bytes per bucket
     from gradient bytes)."""
     lay, s = spec.layout, spec.settings
-    gpn = spec.gpus_per_node
     items: list[Item] = []
     notes: list[str] = []
     rank = lay.rank_of({name: pp_rank if name == "pp" else 0 for name, _ in lay.mesh_dims})
@@ -138,8 +138,8 @@ def layout_collectives(
         if calls:
             items.append(Item(what, coll, dtype, int(nbytes), float(calls), group, ranks, role))
 
-    tp_g = group_kind(lay.group(rank, ("tp",)), gpn)
-    pp_g = group_kind(lay.group(rank, ("pp",)), gpn)
+    tp_g = mesh_group_kind(lay, rank=rank, dims=("tp",))
+    pp_g = mesh_group_kind(lay, rank=rank, dims=("pp",))
     if lay.pp > 1:
         m = effective_microbatches(s.microbatches, lay.pp)
         forwards, tokens = m, s.micro_batch // m * s.seq_len
@@ -249,7 +249,6 @@ def _data_parallel(
     ddp_buckets: Callable[[list[int]], list[int]],
 ) -> None:
     lay, cfg = spec.layout, spec.model_config
-    gpn = spec.gpus_per_node
     entry = CATALOGUE[spec.strategy]
     units = stage_units(cfg, lay, stage)
     if entry.family == "ddp":
@@ -258,7 +257,7 @@ def _data_parallel(
         params += [p for u, ps in units.items() if u != "root" for p in ps]
         params += [p for p in units["root"] if not p.name.startswith("tok_emb")]
         sizes = [4 * math.prod(local_shape(p, tp=lay.tp)) for p in params]
-        dp_g = group_kind(lay.group(rank, ("dp",)), gpn)
+        dp_g = mesh_group_kind(lay, rank=rank, dims=("dp",))
         for i, b in enumerate(ddp_buckets(sizes)):
             add(f"stage {stage}: DDP gradient bucket {i} (fp32)", "all_reduce", "float32", b, 1, dp_g, lay.dp, "dp")
         return
@@ -266,8 +265,8 @@ def _data_parallel(
     pdt = precisions.get(spec.precision).dtype
     pb = DTYPE_BYTES[pdt]
     shard, rep = lay.dp_shard, lay.dp_replicate
-    shard_g = group_kind(lay.group(rank, ("dp_shard",) if lay.hybrid else ("dp",)), gpn)
-    rep_g = group_kind(lay.group(rank, ("dp_replicate",)), gpn) if lay.hybrid else None
+    shard_g = mesh_group_kind(lay, rank=rank, dims=("dp_shard",) if lay.hybrid else ("dp",))
+    rep_g = mesh_group_kind(lay, rank=rank, dims=("dp_replicate",)) if lay.hybrid else None
     per_micro = lay.pp == 1
     gathers = 2 * spec.settings.grad_accum if per_micro else 1
     for name, unit in units.items():

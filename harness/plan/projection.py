@@ -29,10 +29,9 @@ from harness.core.typed import Typed
 from harness.plan.calibration import Rates
 from harness.plan.predict import predict
 from harness.scenario.cluster import Cluster
+from harness.scenario.schema import MAX_GPUS
 from harness.scenario.spec import RunSpec
 
-MAX_GPUS = 1 << 20
-"""the largest GPU count a projection accepts"""
 _RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 
 

@@ -38,6 +38,9 @@ FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow", "
 INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step", "factor")
 SLOW_FACTOR_MAX = 100.0
 """the largest `slow` factor accepted (a step 100 times its own duration)"""
+MAX_GPUS = 1 << 20
+"""the largest GPU count a cell may have (1,048,576): a scenario's `gpus` and `harness plan --project`'s counts
+(harness.plan.projection) alike; nothing is measured near it, and the planner prices it in bounded memory"""
 CORE_AXES: tuple[str, ...] = ("model", "strategy", "precision", "gpus")
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "description", "models", "matrix", "settings", "tune")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -243,6 +246,9 @@ def _check_axis_value(
     elif axis == "gpus":
         if not value_is(value, int) or value < 1:
             problems.append(Problem(file, where, f"{value!r} is not a positive integer"))
+        elif value > MAX_GPUS:
+            limit = f"is above the limit of {MAX_GPUS} GPUs; allowed: an integer 1..{MAX_GPUS}"
+            problems.append(Problem(file, where, f"{value} {limit}"))
     else:
         _check_setting(axis, value, where, file, problems)
 
