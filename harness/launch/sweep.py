@@ -33,7 +33,7 @@ from harness.launch.local.backend import STOP_SIGNALS, LocalBackend
 from harness.launch.local.launchers import local_gpus
 from harness.launch.slurm.backend import SlurmBackend
 from harness.launch.slurm.jobs import preflight
-from harness.plan.placement import Capacity, capacity, placement_refusal
+from harness.plan.placement import Capacity, capacity, host_memory_refusal, placement_refusal
 from harness.results.payload import Payload
 from harness.results.record import Record
 from harness.results.store import check_writable_dir
@@ -108,8 +108,9 @@ class Sweep:
 
     def prepare(self, spec: RunSpec, *, tag: str) -> tuple[Record | None, Payload | None]:
         """(record, None) for a run that needs no launch (an ok record exists, or the cell is skipped: unsupported,
-        more than the cluster can place, predicted not to fit), else (None, payload). A skipped cell has one record,
-        its first run's: its runs k >= 2 are (None, None)."""
+        more than the cluster can place, predicted not to fit its devices or, on a local CPU profile, this host's
+        memory), else (None, payload). A skipped cell has one record, its first run's: its runs k >= 2 are
+        (None, None)."""
         if not self.force:
             done = self.folder.ok_run(spec.run_id, self.repeat)
             if done is not None:
@@ -146,6 +147,11 @@ class Sweep:
             reason = placement_refusal(spec, self.cluster, self.capacity)
         if reason is None and fits is False and not self.no_skip:
             reason = f"predicted not to fit: {predicted.reason} (--no-skip runs it)"
+        if reason is None and not self.no_skip:
+            # NOTE: a local CPU cell's ranks share this machine's memory: beyond it, the host swaps or the kernel
+            # kills whatever it picks (harness.plan.placement)
+            host = host_memory_refusal(spec, predicted=predicted, cap=self.capacity)
+            reason = None if host is None else f"predicted not to fit this host: {host} (--no-skip runs it)"
         return reason
 
     def record_of_other_sweep(self, spec: RunSpec, *, tag: str) -> Record | None:

@@ -7,6 +7,11 @@ cell is one job of `nodes` nodes with the same number of tasks on each, at most 
 profile says. A cell beyond its cluster is `skipped` by the sweep with the reason and marked by `harness plan`:
 launched, a 100000-rank cell started a process per rank until the machine gave out.
 
+A local CPU cell's ranks also keep their tensors in this machine's memory: the planner's memory per rank times the
+ranks is compared with what the host can spare (MemAvailable, read once), and a cell beyond it is skipped too
+(`host_memory_refusal`; `--no-skip` runs it, as it runs a cell predicted not to fit its devices). Launched, a 1.3B
+DDP cell of two ranks asked a 23 GiB host for 41 GiB: the host swaps, or the kernel kills some other process.
+
 Why a module of its own: the sweep (harness.launch) and `harness plan` must refuse the same cells, and `plan`
 imports no torch. Pure apart from reading this machine's cores, /proc/meminfo and CUDA_VISIBLE_DEVICES.
 """
@@ -15,11 +20,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.scenario.cluster import Cluster
 from harness.scenario.spec import RunSpec
+
+if TYPE_CHECKING:
+    from harness.plan.prediction import Prediction
 
 RANKS_PER_CORE = 4
 """local CPU ranks one core may host: gloo ranks spend much of a step waiting on each other's collectives"""
@@ -40,6 +49,9 @@ class Capacity:
     """where the limit comes from and how to change it: the end of a refusal's sentence"""
     unit: str = "rank"
     """what a cell needs, as said in a refusal: rank (local CPU), GPU (local GPU), node (SLURM)"""
+    host_memory_gib: float | None = None
+    """memory a local CPU cell's ranks may take between them (GiB = 2**30): this machine's MemAvailable when read;
+    None: not checked (a GPU's memory is the profile's device_memory_gib, a SLURM node is not this machine)"""
 
 
 def host_cores() -> int:
@@ -114,10 +126,16 @@ def capacity(
         shown = "CUDA_VISIBLE_DEVICES unset" if env is None else f"CUDA_VISIBLE_DEVICES={env!r}"
         if listed is not None and (override is None or len(listed) <= override):
             return Capacity(len(listed), f"{len(listed)} visible ({shown})", "GPU")
-    if override is None:  # NOTE: also GPUs that cannot be counted: every rank is still a process on this machine
-        return local_cpu_ranks(cores=cores(), mem_gib=mem_gib())
-    unit = "GPU" if cluster.device == "cuda" else "rank"
-    return Capacity(override, f"the profile allows at most {override} (max_local_ranks in {cluster.path})", unit)
+        if override is None:  # NOTE: GPUs that cannot be counted: every rank is still a process on this machine
+            return local_cpu_ranks(cores=cores(), mem_gib=mem_gib())
+        return Capacity(override, f"the profile allows at most {override} (max_local_ranks in {cluster.path})", "GPU")
+    # NOTE: a CPU profile's ranks keep their tensors in host memory: read once, for the ranks' limit and for
+    # host_memory_refusal alike
+    host = mem_gib()
+    if override is None:
+        return replace(local_cpu_ranks(cores=cores(), mem_gib=host), host_memory_gib=host)
+    source = f"the profile allows at most {override} (max_local_ranks in {cluster.path})"
+    return Capacity(override, source, "rank", host_memory_gib=host)
 
 
 def placement_refusal(spec: RunSpec, cluster: Cluster, cap: Capacity) -> str | None:
@@ -134,3 +152,29 @@ def placement_refusal(spec: RunSpec, cluster: Cluster, cap: Capacity) -> str | N
     if cap.ranks is None or spec.gpus <= cap.ranks:
         return None
     return f"needs {spec.gpus} {cap.unit}{'s' * (spec.gpus != 1)} on this machine; {cap.source}"
+
+
+def host_gib_per_rank(predicted: Prediction) -> float | None:
+    """Host memory one local CPU rank takes (GiB): its predicted peak (device and offloaded parts: both are this
+    machine's memory on a CPU profile) plus RANK_RSS_GIB for the interpreter and torch; None where the planner
+    predicts no memory (a cell that cannot run)."""
+    mem = predicted.memory_gib
+    if mem is None or mem.total is None:
+        return None
+    return float(mem.total) + float(predicted.cpu_memory_gib or 0.0) + RANK_RSS_GIB
+
+
+def host_memory_refusal(spec: RunSpec, *, predicted: Prediction | None, cap: Capacity) -> str | None:
+    """Why this machine cannot hold the cell's ranks (every one of a local CPU cell is a process here), or None:
+    the planner's memory per rank (`host_gib_per_rank`) times the ranks, against `cap.host_memory_gib`. The sweep
+    skips such a cell unless --no-skip; `harness plan` marks it."""
+    avail = cap.host_memory_gib
+    per_rank = None if predicted is None else host_gib_per_rank(predicted)
+    if avail is None or per_rank is None or spec.gpus * per_rank <= avail:
+        return None
+    ranks = spec.gpus
+    return (
+        f"{ranks} rank{'s' * (ranks != 1)} x {per_rank:.1f} GiB = {ranks * per_rank:.1f} GiB of host memory "
+        f"({per_rank - RANK_RSS_GIB:.1f} GiB predicted per rank + {RANK_RSS_GIB:g} GiB for the interpreter and torch) "
+        f"> {avail:.1f} GiB available (MemAvailable)"
+    )

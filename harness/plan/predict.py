@@ -17,7 +17,7 @@ from harness.plan import flops, runnable
 from harness.plan import memory as mb
 from harness.plan import time as tm
 from harness.plan.calibration import Rates
-from harness.plan.placement import Capacity, capacity, placement_refusal
+from harness.plan.placement import Capacity, capacity, host_memory_refusal, placement_refusal
 from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
 from harness.plan.time import time_prediction
 from harness.scenario.cluster import Cluster
@@ -135,7 +135,8 @@ def plan_cells(
 ) -> list[PlannedCell]:
     """One planned cell per spec, in order. Unsupported cells carry `unsupported` (the reason) and no memory or
     collective prediction; the others predict()'s fields. `cannot_place` is why the cluster cannot place the cell
-    (the sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None."""
+    (the sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None;
+    `host_memory` why this machine cannot hold a local CPU cell's ranks (the sweep skips it unless --no-skip)."""
     cap = capacity(cluster) if cap is None else cap
     # NOTE: planning allocates about a hundred objects per cell that live to the end (the cells, the caches); the
     # cyclic collector's passes over them took a quarter of a 10,000-cell plan, and none of them is in a cycle
@@ -151,7 +152,9 @@ def plan_cells(
                 if why is None
                 else unsupported_prediction(spec, cluster, rates=rates, unsupported=why)
             )
-            cells.append(PlannedCell(spec, placement_refusal(spec, cluster, cap), why, pred))
+            placed = placement_refusal(spec, cluster, cap)
+            host = host_memory_refusal(spec, predicted=pred, cap=cap) if why is None and placed is None else None
+            cells.append(PlannedCell(spec, placed, why, pred, host))
         return cells
     finally:
         if collecting:

@@ -173,3 +173,12 @@ class PlannedCell:
     unsupported: str | None
     """why the cell cannot run (RunSpec.unsupported_reason); its prediction then has FLOPs and time fields only"""
     prediction: Prediction
+    host_memory: str | None = None
+    """why this machine's memory cannot hold the ranks of a local CPU cell (the sweep skips it unless --no-skip:
+    harness.plan.placement.host_memory_refusal), else None"""
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the cell fits where it would run: False when its ranks are predicted beyond their device's memory
+        or this host's (`host_memory`), None when neither is known."""
+        return False if self.host_memory else self.prediction.fits

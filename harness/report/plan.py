@@ -33,6 +33,8 @@ def _fmt(v: float | None, spec: str = "") -> str:
 
 
 TIME_COLUMNS = ("ms/step", "tok/s/gpu", "MFU")
+FITS = {True: "yes", False: "NO", None: "?"}
+"""the `fits` column: fits, predicted not to fit (the device's memory or this host's), unknown"""
 
 
 def time_columns(pred: Prediction) -> list[str]:
@@ -88,7 +90,7 @@ def table_row(cell: PlannedCell) -> list[str]:
     if cell.cannot_place:
         return [name, opts, f"CANNOT PLACE (skipped): {cell.cannot_place}"]
     m = p.memory_gib or PredictedMemory()
-    fits = {True: "yes", False: "NO", None: "?"}[p.fits]
+    fits = FITS[cell.fits]
     comm = p.comm_bytes_per_step
     return [
         name,
@@ -111,13 +113,16 @@ def table_row(cell: PlannedCell) -> list[str]:
 def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
     """`harness plan`'s table: a head line, one row per cell, the counts and where the step times came from."""
     usable = usable_memory_gib(cluster)
+    if usable is not None:
+        reserve = f"reserve {DEVICE_RESERVE_GIB:g} GiB"
+        memory = f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable ({reserve})"
+    elif cluster.executor == "local" and cluster.device == "cpu":
+        memory = "the ranks share this host's memory (a cell whose ranks need more than it has available is NO)"
+    else:
+        memory = "device memory unknown (nothing is marked as not fitting)"
     head = (
         f"cluster {cluster.name}: "
-        + (
-            f"{cluster.device_memory_gib:g} GiB per device, {usable:g} GiB usable (reserve {DEVICE_RESERVE_GIB:g} GiB)"
-            if usable is not None
-            else "device memory unknown (nothing is marked as not fitting)"
-        )
+        + memory
         + "; memory in GiB per rank at its peak (grads: those allocated then), FLOPs per step over all ranks"
     )
     cols = [
@@ -148,7 +153,7 @@ def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
             lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2]]))
         else:
             lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    n_no = sum(1 for c in cells if c.prediction.fits is False)
+    n_no = sum(1 for c in cells if c.fits is False)
     n_unsupported = sum(1 for c in cells if c.unsupported)
     n_unplaced = sum(1 for c in cells if c.cannot_place and not c.unsupported)
     lines.append(
@@ -156,6 +161,12 @@ def format_table(cells: list[PlannedCell], cluster: Cluster) -> str:
         + (f", {n_unsupported} unsupported" if n_unsupported else "")
         + (f", {n_unplaced} more than cluster {cluster.name} can place (the sweep skips them)" if n_unplaced else "")
     )
+    host = [c.host_memory for c in cells if c.host_memory]
+    if host:
+        lines.append(
+            f"host memory: {len(host)} cell(s) need more than this host has (the sweep skips them; --no-skip runs "
+            f"them), e.g. {host[0]}"
+        )
     lines.append(time_footer(cells))
     return "\n".join(lines)
 
@@ -168,24 +179,35 @@ def planned_cell_json(cell: PlannedCell) -> dict[str, Any]:
         "spec": spec_to_json(cell.spec),
         "cannot_place": cell.cannot_place,
         "unsupported": cell.unsupported,
+        # NOTE: only when set, so every other cell's document reads as before
+        **({"host_memory": cell.host_memory} if cell.host_memory else {}),
         **cell.prediction.to_dict(),
     }
 
 
 def format_costs(cells: list[PlannedCell], costs: list[TrainingCost], *, tokens: float) -> str:
-    """The table `--tokens` adds below the plan: one row per cell with a step time."""
-    rows = [("cell", "days", "GPU-hours", "cost")]
+    """The table `--tokens` adds below the plan: one row per cell with a step time, its `fits` column as the plan's.
+    A cell predicted not to fit is marked NO and said so below: its days are those of a run that cannot start."""
+    rows = [("cell", "fits", "days", "GPU-hours", "cost")]
+    unfit = 0
     for c, t in zip(cells, costs):
         if t.days is None or t.gpu_hours is None:
             continue
         s = c.spec
         name = f"{s.model} {s.strategy} {s.precision} g{s.gpus} mb{s.settings.micro_batch}x{s.settings.seq_len}"
         name += "" if s.settings.activation_checkpointing == "none" else f" ac={s.settings.activation_checkpointing}"
+        name += f" {c.spec.layout_tag}" if c.spec.layout_tag else ""
         cost = "-" if t.cost is None else f"{t.cost:,.0f}"
-        rows.append((name, f"{t.days:,.1f}", f"{t.gpu_hours:,.0f}", cost))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        unfit += c.fits is False
+        rows.append((name, FITS[c.fits], f"{t.days:,.1f}", f"{t.gpu_hours:,.0f}", cost))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"training {tokens:.4g} tokens at the predicted tokens/s per GPU:"]
     lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+    if unfit:
+        lines.append(
+            f"NO: {unfit} cell(s) predicted not to fit in memory (the plan's fits column): none can run as planned, "
+            "so their days and GPU-hours are no option (more GPUs, more sharding or activation checkpointing may fit)"
+        )
     why = next((t.reason for t in costs if t.days is not None and t.reason), None)
     if why:
         lines.append(f"cost: null: {why}")

@@ -89,7 +89,7 @@ def test_a_profile_sets_the_local_limit(tmp_path):
     profile = write(tmp_path / "tight.yaml", "name: tight\nexecutor: local\ndevice: cpu\nmax_local_ranks: 2\n")
     cluster = load_cluster(str(profile))
     cap = capacity(cluster, cores=lambda: 1000, mem_gib=lambda: 1000.0)
-    assert cap == Capacity(2, f"the profile allows at most 2 (max_local_ranks in {profile})", "rank")
+    assert cap == Capacity(2, f"the profile allows at most 2 (max_local_ranks in {profile})", "rank", 1000.0)
     assert placement_refusal(make_spec(strategy="ddp", gpus=2), cluster, cap) is None
     assert placement_refusal(make_spec(strategy="ddp", gpus=3), cluster, cap) == (
         f"needs 3 ranks on this machine; the profile allows at most 2 (max_local_ranks in {profile})"
