@@ -1,0 +1,55 @@
+"""Issue 48, item 10: the smaller things. A Hugging Face model's folder as `hf_config`; one error for a refused
+`hf_config` model, not a second that blames the matrix; `--cluster ./path/NAME` without its .yaml; no bus bandwidth
+printed for a one-rank group; the sweep's last lines runnable as printed, with no `|` between two commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.core.errors import InputError
+from harness.core.zoo import ZOO
+from harness.scenario.schema import load_scenario
+from tests.conftest import REPO
+
+HF = REPO / "tests" / "fixtures" / "hf"
+
+
+def _scenario(tmp_path: Path, models: dict, *, model: str) -> Path:
+    path = tmp_path / "s.yaml"
+    matrix = {"model": [model], "strategy": ["ddp"], "precision": ["bf16"], "gpus": [2]}
+    path.write_text(json.dumps({"name": "s", "models": models, "matrix": matrix}))
+    return path
+
+
+def test_hf_config_naming_a_model_folder_reads_the_config_json_in_it(tmp_path, capsys):
+    """A Hugging Face snapshot is a folder (config.json, the weights, the tokenizer): naming it reads its
+    config.json."""
+    folder = tmp_path / "models" / "Llama-3.1-8B"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((HF / "llama3.1-8b.json").read_text())
+    scenario = load_scenario(_scenario(tmp_path, {"my-8b": {"hf_config": "models/Llama-3.1-8B"}}, model="my-8b"))
+    assert scenario.models["my-8b"] == ZOO["llama3.1-8b"]
+    assert main(["list", "models", str(tmp_path / "s.yaml")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("my-8b"))
+    assert line.endswith(f"source: hf_config {folder / 'config.json'}")
+    # a folder without one: the file it looked for, and why
+    (folder / "config.json").unlink()
+    with pytest.raises(InputError) as e:
+        load_scenario(tmp_path / "s.yaml")
+    assert str(e.value) == f"{folder / 'config.json'}: cannot read the Hugging Face config: No such file or directory"
+
+
+def test_a_refused_hf_config_model_is_one_error_not_a_second_about_the_matrix(tmp_path, capsys):
+    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "pythia-1b.json")}}, model="m")
+    assert main(["plan", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert f"{HF / 'pythia-1b.json'}: hidden_act: cannot build: 'gelu'" in err
+    assert "matrix.model" not in err and "is not one of" not in err, err
+    # a name the file does not declare is still the matrix's problem
+    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "pythia-1b.json")}}, model="n")
+    assert main(["plan", str(scenario)]) == 2
+    assert f"{scenario}: matrix.model[0]: 'n' is not one of" in capsys.readouterr().err
