@@ -12,6 +12,7 @@ import pytest
 from harness.cli import main
 from harness.core.errors import InputError
 from harness.core.zoo import ZOO
+from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
 from tests.conftest import REPO
 
@@ -53,3 +54,20 @@ def test_a_refused_hf_config_model_is_one_error_not_a_second_about_the_matrix(tm
     scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "pythia-1b.json")}}, model="n")
     assert main(["plan", str(scenario)]) == 2
     assert f"{scenario}: matrix.model[0]: 'n' is not one of" in capsys.readouterr().err
+
+
+def test_a_cluster_path_without_its_yaml_is_a_path(tmp_path, monkeypatch):
+    """`--cluster ./site/h100x` is the file ./site/h100x.yaml, as `--cluster ./site/h100x.yaml` is: a name has no
+    folder in it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    text = (REPO / "harness" / "scenario" / "clusters" / "h100.yaml").read_text()
+    (site / "h100x.yaml").write_text(text.replace("name: h100\n", "name: h100x\n"))
+    monkeypatch.chdir(tmp_path)
+    for given in ("./site/h100x", "site/h100x", str(site / "h100x"), "./site/h100x.yaml"):
+        cluster = load_cluster(given)
+        assert (cluster.name, Path(cluster.path).resolve()) == ("h100x", site / "h100x.yaml"), given
+    with pytest.raises(InputError) as e:
+        load_cluster("./site/h200x")
+    assert str(e.value) == "--cluster: ./site/h200x: no such profile file (site/h200x, site/h200x.yaml, site/h200x.yml)"
+    assert load_cluster("h100").name == "h100"  # a name is still a name
