@@ -5,6 +5,9 @@ printed for a one-rank group; the sweep's last lines runnable as printed, with n
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,35 @@ def test_a_cluster_path_without_its_yaml_is_a_path(tmp_path, monkeypatch):
         load_cluster("./site/h200x")
     assert str(e.value) == "--cluster: ./site/h200x: no such profile file (site/h200x, site/h200x.yaml, site/h200x.yml)"
     assert load_cluster("h100").name == "h100"  # a name is still a name
+
+
+ONE_RANK = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    from harness.calibrate.group import measure_collectives
+    from harness.worker import teardown
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    measure_collectives(link="self", device=torch.device("cpu"), quick=True)
+    teardown.end_process_group()
+    """
+)
+
+
+def test_calibrate_prints_no_bus_bandwidth_for_a_one_rank_group(tmp_path):
+    """A one-rank group moves nothing over a link: its curve's slope (often flat, then 1e+06 "GB/s") is no bus
+    bandwidth. Real gloo, one rank, the quick sizes."""
+    run = subprocess.run(
+        [sys.executable, "-c", ONE_RANK, str(tmp_path / "store")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = [x for x in run.stdout.splitlines() if x.startswith("calibrate: ")]
+    assert len(lines) == 6, run.stdout  # all_reduce, all_gather, reduce_scatter, broadcast; two in bfloat16
+    for line in lines:
+        assert "busbw" not in line and "GB/s" not in line, line
+        assert line.endswith("no bus bandwidth (one rank: nothing crosses a link)"), line
+        assert " on 1 rank(s) (self): latency " in line
