@@ -5,9 +5,11 @@ printed for a one-rank group; the sweep's last lines runnable as printed, with n
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from harness.cli import main
 from harness.core.errors import InputError
 from harness.core.zoo import ZOO
+from harness.launch.run import summary_lines, this_command
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
 from tests.conftest import REPO
@@ -106,3 +109,23 @@ def test_calibrate_prints_no_bus_bandwidth_for_a_one_rank_group(tmp_path):
         assert "busbw" not in line and "GB/s" not in line, line
         assert line.endswith("no bus bandwidth (one rank: nothing crosses a link)"), line
         assert " on 1 rank(s) (self): latency " in line
+
+
+@dataclass(frozen=True)
+class _Finished:
+    records: tuple = ()
+    results_dir: Path = Path("results/smoke")
+    wall_s: float = 12.0
+    in_flight: int = 0
+
+
+def test_the_sweeps_last_lines_are_each_one_command_with_no_pipe(tmp_path):
+    """`(harness report results | harness status results/smoke)` read as a shell pipe: each command is now a line
+    of its own, runnable as printed."""
+    folder = tmp_path / "my results" / "smoke"
+    lines = summary_lines(_Finished(results_dir=folder), results=str(tmp_path / "my results"))  # type: ignore[arg-type]
+    assert not any("|" in line for line in lines), lines
+    assert lines[-3] == f"records: {folder}/  (read them with:)"
+    me = shlex.split(this_command())
+    assert shlex.split(lines[-2]) == [*me, "report", str(tmp_path / "my results")]
+    assert shlex.split(lines[-1]) == [*me, "status", str(folder)]
