@@ -636,7 +636,11 @@ class LoggedRates(ProfileRates):
     An inter-node log measured whole nodes (e.g. 2 × 8 ranks, which NCCL runs hierarchically over NVLink and every
     NIC): it prices only groups of whole nodes like it (a multiple of its ranks per host, at least its rank count),
     never a group of one rank per node (a hybrid's replicate group), whose per-GPU figure is another one
-    (docs/time-model.md: profile figures)."""
+    (docs/time-model.md: profile figures).
+
+    A log prices only the message sizes it measured (CollectiveCurve.covers): below its smallest size only with a
+    latency, above its largest only with a bus bandwidth, and another group size only with a latency to scale;
+    the rest is the profile's."""
 
     def __init__(self, cluster: ClusterProfile, found: Found) -> None:
         self._profile(cluster)
