@@ -119,9 +119,8 @@ def test_a_calibration_from_logs_records_which_file_each_figure_came_from():
         ),
         (lambda t: t.replace("     float     sum", "      int8     sum"), 18, "type 'int8' is not one of float, "),
         (lambda t: re.sub(r"(?m)^(\s+8\s+2\s+float.*)\s+0$", r"\1", t), 18, "12 columns where the header names 13"),
-        (lambda t: t.replace("all_reduce_perf", "alltoall_perf"), 2, "alltoall_perf measures all-to-all, which is "
-         "not priced (yet): the time model prices all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-         "broadcast_perf"),
+        (lambda t: t.replace("all_reduce_perf", "alltoall_perf"), 2, "alltoall_perf: all-to-all is not priced (yet): "
+         "the time model prices all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf"),
         (lambda t: re.sub(r"(?m)^#  Rank.*\n", "", t), 3, "no `#  Rank N … Pid P on HOST device D` lines"),
         (lambda t: "Hello from the launcher\nall done\n", 1, "not a log the harness reads"),
         (lambda t: t + t, 56, "a second nccl-tests run starts here (`# nThread …`): give each run in a file of its "
@@ -215,9 +214,10 @@ def _old_columns(text: str) -> str:
                                        1)),  # a 0-byte row
         (ONE_NODE, _cut_row),  # NCCL INFO lines inside the table
         (ALL_GATHER, _old_columns),  # no redop, no root
+        (ONE_NODE, lambda t: t.replace("starting: all_reduce_perf", "starting: all_reduce_perf_mpi")),  # NAME_SUFFIX
     ],
     ids=["nccl-banner", "srun-l", "openmpi", "rank-without-group", "error-column", "zero-bytes", "info-in-table",
-         "no-redop-root"],
+         "no-redop-root", "name-suffix"],
 )  # fmt: skip
 def test_each_difference_of_a_real_log_alone_reads_to_the_same_curve(tmp_path, base, edit):
     """One difference at a time from a log that reads: the edited log gives exactly the same curve."""
@@ -233,7 +233,7 @@ def test_each_difference_of_a_real_log_alone_reads_to_the_same_curve(tmp_path, b
 @pytest.mark.parametrize(
     ("path", "line", "why"),
     [
-        (ALLTOALL, 2, "alltoall_perf measures all-to-all, which is not priced (yet)"),
+        (ALLTOALL, 2, "alltoall_perf: all-to-all is not priced (yet)"),
         (ALLTOALL_2_13, 16, "the in-place results are N/A where the out-of-place ones are checked, in every row: "
          "nccl-tests does that for alltoall_perf (and sendrecv_perf), whose all-to-all is not priced (yet)"),
         (ALLTOALL_2_11, 16, "the redop column is empty, as nccl-tests before 2.13 printed it for alltoall_perf "

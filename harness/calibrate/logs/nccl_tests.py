@@ -277,8 +277,8 @@ def _check_program(n: int, name: str, *, file: str) -> None:
         return
     allowed = ", ".join(PROGRAMS)
     what = UNPRICED.get(base)
-    why = f"{name} measures {what}, which is not priced (yet)" if what else f"{name} is not a collective test priced"
-    raise InputError([Problem(file, f"line {n}", f"{why}: the time model prices {allowed}")])
+    why = f"{what} is not priced (yet)" if what else "not a collective test the time model knows"
+    raise InputError([Problem(file, f"line {n}", f"{name}: {why}: the time model prices {allowed}")])
 
 
 def _check_columns(columns: list[str], *, file: str, n: int) -> None:
