@@ -271,11 +271,21 @@ def measure_collectives(*, link: str, device: torch.device, quick: bool) -> list
             )
         )
         if dist.get_rank() == 0:
-            progress(
-                f"{coll} {dtype} on {n} rank(s) ({link}): latency {lat * 1e6:.0f} us, "
-                f"busbw {out[-1].busbw_gbps:.3g} GB/s at large messages"
-            )
+            progress(curve_line(out[-1]))
     return out
+
+
+def curve_line(curve: CommCurve) -> str:
+    """`harness calibrate`'s progress line of one measured curve: its latency, and its bus bandwidth where there is
+    one (a one-rank group has none: nothing crosses a link, and its curve's slope is no bus's bandwidth)."""
+    latency = f"latency {curve.latency_s * 1e6:.0f} us" if curve.latency_s is not None else "no latency"
+    if curve.ranks <= 1:
+        bus = "no bus bandwidth (one rank: nothing crosses a link)"
+    elif curve.busbw_gbps is None:
+        bus = "no bus bandwidth"
+    else:
+        bus = f"busbw {curve.busbw_gbps:.3g} GB/s at large messages"
+    return f"{curve.collective} {curve.dtype} on {curve.ranks} rank(s) ({curve.link}): {latency}, {bus}"
 
 
 def _trimmed_mean(samples: list[float]) -> float:

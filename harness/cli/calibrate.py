@@ -65,18 +65,15 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None, from_log
 def _from_logs(cluster: Cluster, paths: list[Path], *, out: Path | None) -> int:
     """`--from`: the calibration built from the logs, written (only when every log reads) where `harness plan`
     finds it; one line per figure and the file it came from."""
-    from harness.calibrate.logs import calibration_from_logs
+    from harness.calibrate.logs import calibration_from_logs, summary_lines
 
-    calibration = calibration_from_logs(paths, cluster=cluster.name, device=cluster.device)
+    calibration = calibration_from_logs(
+        paths, cluster=cluster.name, device=cluster.device, description=cluster.description
+    )
     path = write_calibration(out or write_path(cluster), calibration)
     click.echo(
         f"wrote {path} for cluster {cluster.name} from {len(paths)} log(s); the profile's figures price the rest"
     )
-    for c in calibration.comm:
-        click.echo(
-            f"  {c.collective:14s} {c.dtype:8s} {c.link:5s} {c.ranks:4d} ranks  busbw {c.busbw_gbps:g} GB/s at "
-            f"{c.sizes[-1]:,} B, latency {c.latency_s * 1e6:g} us  <- {c.source}"
-        )
-    for r in calibration.compute.matmul:
-        click.echo(f"  matmul         {r.dtype:8s} {r.tflops:g} TFLOPS at {r.m}x{r.n}x{r.k}  <- {r.source}")
+    for line in summary_lines(calibration):
+        click.echo(line)
     return 0

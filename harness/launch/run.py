@@ -99,7 +99,7 @@ def start_sweep(
 
 def summary_lines(res: FinishedSweep, *, results: str) -> list[str]:
     """What `harness sweep` prints after its cells: the runs by status (and those still on SLURM), the wall time
-    (s), where the records are and the commands that read them, runnable as printed."""
+    (s), where the records are, and the commands that read them, each on its own line, runnable as printed."""
     counts: dict[str, int] = {}
     for r in res.records:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -107,9 +107,12 @@ def summary_lines(res: FinishedSweep, *, results: str) -> list[str]:
     if res.in_flight:
         summary = ", ".join(filter(None, [summary, f"{res.in_flight} still on SLURM"]))
     me, folder = this_command(), shlex.quote(str(res.results_dir))
+    # NOTE: each command on a line of its own, nothing else on it: a `|` between two read as a shell pipe
     return [
         f"done in {res.wall_s:.1f} s: {summary}",
-        f"records: {res.results_dir}/  ({me} report {shlex.quote(results)} | {me} status {folder})",
+        f"records: {res.results_dir}/  (read them with:)",
+        f"  {me} report {shlex.quote(results)}",
+        f"  {me} status {folder}",
     ]
 
 

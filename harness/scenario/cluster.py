@@ -11,6 +11,7 @@ Pure: no torch import.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -425,11 +426,26 @@ def profile_path(name: str) -> Path | None:
 
 
 def load_cluster(name_or_path: str) -> Cluster:
-    """A profile by name (the project's scenarios/clusters/NAME.yaml, else the shipped one) or by path."""
-    p = Path(name_or_path)
-    if p.suffix not in (".yaml", ".yml"):
-        found = profile_path(name_or_path)
+    """A profile by name (the project's scenarios/clusters/NAME.yaml, else the shipped one) or by path: a value
+    ending in .yaml or .yml, or with a folder in it (`./site/h100`, `~/h100`: a name has none), whose file may leave
+    out its .yaml."""
+    p = Path(name_or_path).expanduser()
+    if p.suffix in (".yaml", ".yml"):
+        return parse_cluster(load_yaml(p), str(p))
+    if is_path(name_or_path):
+        tried = [p, *(p.with_name(p.name + suffix) for suffix in (".yaml", ".yml"))]
+        found = next((t for t in tried if t.is_file()), None)
         if found is None:
-            raise InputError([Problem("--cluster", "", one_of(name_or_path, available_clusters()))])
-        p = found
-    return parse_cluster(load_yaml(p), str(p))
+            raise InputError(
+                [Problem("--cluster", "", f"{name_or_path}: no such profile file ({', '.join(map(str, tried))})")]
+            )
+        return parse_cluster(load_yaml(found), str(found))
+    named = profile_path(name_or_path)
+    if named is None:
+        raise InputError([Problem("--cluster", "", one_of(name_or_path, available_clusters()))])
+    return parse_cluster(load_yaml(named), str(named))
+
+
+def is_path(name_or_path: str) -> bool:
+    """Whether a `--cluster` value is a path rather than a profile's name: a name (NAME_RE) has no folder in it."""
+    return "/" in name_or_path or os.sep in name_or_path or name_or_path.startswith("~")

@@ -175,13 +175,15 @@ def load_hf_model(path: Path) -> ModelConfig:
 
 HF_CONFIG_KEY = "hf_config"
 """`models: {NAME: {hf_config: path/to/config.json}}`: the model's dimensions from a Hugging Face config file (a
-path relative to the scenario file)"""
+path relative to the scenario file; a model's folder reads the config.json in it)"""
 
 
 def hf_config_path(raw: str, *, scenario_file: str) -> Path:
-    """An `hf_config` path as written in a scenario: relative to the scenario file's folder (or absolute)."""
+    """An `hf_config` path as written in a scenario: relative to the scenario file's folder (or absolute); a model's
+    folder (a Hugging Face snapshot: `models/Llama-3.1-8B`) stands for the config.json inside it."""
     path = Path(raw).expanduser()
-    return path if path.is_absolute() else Path(scenario_file).parent / path
+    path = path if path.is_absolute() else Path(scenario_file).parent / path
+    return path / "config.json" if path.is_dir() else path
 
 
 def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: list[Problem]) -> ModelConfig | None:

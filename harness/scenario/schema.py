@@ -302,7 +302,11 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
 
     models = _check_models(doc.get("models"), file, problems)
     settings = _check_settings(doc.get("settings") or {}, file, problems)
-    axes, include, exclude = _check_matrix(doc.get("matrix"), file, list(ZOO) + list(models), problems)
+    # NOTE: every model the file declares, refused or not: a refused one has its own problem, and a second one
+    # ("'m' is not one of …") would blame the matrix for it
+    raw_models = doc.get("models")
+    declared = [n for n in raw_models if isinstance(n, str)] if isinstance(raw_models, dict) else []
+    axes, include, exclude = _check_matrix(doc.get("matrix"), file, list(dict.fromkeys([*ZOO, *declared])), problems)
     tune = parse_tune(doc.get("tune"), file, problems)
     if tune is not None and tune.global_batch is not None:
         _check_one_grad_accum(

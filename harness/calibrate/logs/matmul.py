@@ -1,5 +1,6 @@
 """A matmul benchmark's log as an achievable matmul rate per dtype: stas00's mamf-finder
-(ml-engineering, compute/accelerator/benchmarks/mamf-finder.py), whose output file reads
+(ml-engineering, compute/accelerator/benchmarks/mamf-finder.py), whose output file (benchmark version 2, since
+2025-01) reads
 
     ** Dtype: torch.bfloat16
     ...
@@ -10,9 +11,13 @@
     median: 727.8 TFLOPS @ 11264x4096x4096 (MxNxK)
     max:    755.6 TFLOPS @ 9472x4096x4096 (MxNxK)
 
+(until 2025-10 `Tried  2240 shapes`, two spaces; until 2025-01 the `max:` line first and `mean:` last).
+
 The rate is the best shape's `mean` (the figure ml-engineering's MAMF table reports, and the one the shipped
-profiles cite): TFLOPS = 1e12 FLOP/s. A log without the `Tried N shapes` summary (the run did not finish) or
-without its dtype is refused with the file and the line. Pure: no torch.
+profiles cite): TFLOPS = 1e12 FLOP/s. Version 1 (2024) printed one line, `The best outcome was 755.6TFLOPS @ … (tried
+80 shapes)` (later `…(max)/…(median) TFLOPS`): the fastest iteration's rate, not a mean; it is refused with that
+reason. A log without the summary (the run did not finish) or without its dtype is refused with the file and the
+line. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from harness.core.errors import InputError, Problem
 
 DTYPE_RE = re.compile(r"^\*\* Dtype:\s*(?:torch\.)?(\S+)")
 DEVICE_RE = re.compile(r"name='([^']+)'")
-TRIED_RE = re.compile(r"Tried (\d+) shapes => the best outcomes were:")
+TRIED_RE = re.compile(r"Tried\s+(\d+)\s+shapes => the best outcomes were:")
+V1_RE = re.compile(r"The best outcome was (\S+?) ?TFLOPS @ .*\(tried (\d+) shapes\)")
+"""version 1's summary: the fastest iteration's rate of the best shape (later also the median)"""
 BEST_RE = re.compile(r"^mean:\s+([0-9.]+) TFLOPS @ (\d+)x(\d+)x(\d+)")
 
 
@@ -48,25 +55,38 @@ class MatmulLog:
     """the device's name as torch reported it"""
     line: int
     """the line of the `mean:` result"""
+    device_line: int = 0
+    """the line that names the device (0: none does)"""
 
 
 def looks_like_mamf(text: str) -> bool:
     """Whether `text` is mamf-finder's output (its dtype line, or its summary)."""
-    return any(DTYPE_RE.match(line) or TRIED_RE.search(line) for line in text.split("\n"))
+    return any(DTYPE_RE.match(line) or TRIED_RE.search(line) or V1_RE.search(line) for line in text.split("\n"))
 
 
 def parse_mamf(path: Path, text: str) -> MatmulLog:
     """The mamf-finder log at `path` (its `text`); InputError naming the file and the line when it is not one or
     did not finish."""
     file = str(path)
-    lines = text.removesuffix("\n").split(
-        "\n"
-    )  # NOTE: not splitlines: the progress line's carriage returns are not lines to a reader
+    lines = text.removesuffix("\n").split("\n")  # NOTE: not splitlines: the progress line's \r are not lines
     dtype = next(((i, m.group(1)) for i, line in enumerate(lines, 1) if (m := DTYPE_RE.match(line))), None)
     if dtype is None:
         raise InputError([Problem(file, "line 1", "not a mamf-finder log: no `** Dtype: …` line")])
-    device = next((m.group(1) for line in lines if (m := DEVICE_RE.search(line))), None)
+    device = next(((i, m.group(1)) for i, line in enumerate(lines, 1) if (m := DEVICE_RE.search(line))), None)
     tried = next(((i, int(m.group(1))) for i, line in enumerate(lines, 1) if (m := TRIED_RE.search(line))), None)
+    old = next(((i, m.group(1)) for i, line in enumerate(lines, 1) if (m := V1_RE.search(line))), None)
+    if tried is None and old is not None:
+        raise InputError(
+            [
+                Problem(
+                    file,
+                    f"line {old[0]}",
+                    f"mamf-finder version 1's summary ({old[1]} TFLOPS) gives the best shape's fastest iteration, "
+                    "not the mean rate the harness plans with; run mamf-finder version 2 (`Tried N shapes => the "
+                    "best outcomes were:`, ml-engineering since 2025-01)",
+                )
+            ]
+        )
     if tried is None:
         raise InputError(
             [Problem(file, f"line {len(lines)}", "truncated: no `Tried N shapes => the best outcomes were:` summary")]
@@ -90,6 +110,7 @@ def parse_mamf(path: Path, text: str) -> MatmulLog:
         n=int(m.group(3)),
         k=int(m.group(4)),
         shapes=tried[1],
-        device=device,
+        device=device[1] if device else None,
         line=n,
+        device_line=device[0] if device else 0,
     )

@@ -257,16 +257,21 @@ class CommCurve(Typed):
     """message sizes (bytes, nccl-tests' convention)"""
     times: list[Num]
     """seconds per call at each size: the maximum over ranks of their medians"""
-    latency_s: Num
-    """the smallest message's time (s)"""
-    busbw_gbps: Num
-    """bus bandwidth between the two largest sizes (GB/s)"""
+    latency_s: Num | None
+    """the smallest message's time (s); null when it was not a latency (a log of large messages only:
+    `null_reasons` says why), and then messages below the smallest size are not priced by this curve"""
+    busbw_gbps: Num | None
+    """bus bandwidth between the two largest sizes (GB/s); null when the largest size had not reached it (a log of
+    small messages only: `null_reasons` says why), and then messages above the largest size are not priced by this
+    curve"""
     busbw_at_sizes_gbps: Annotated[list[Num] | None, SOMETIMES] = None
     """bus bandwidth at each size (GB/s)"""
     source: Annotated[str | None, SOMETIMES] = None
     """the log it was read from and its table's lines (`harness calibrate --from`); absent when measured"""
     hosts: Annotated[int | None, SOMETIMES] = None
     """hosts the log's group spanned (`harness calibrate --from`); absent when measured"""
+    null_reasons: Annotated[dict[str, str] | None, SOMETIMES] = None
+    """why `latency_s` or `busbw_gbps` is null (`harness calibrate --from`), by field; absent when neither is"""
 
 
 SHARING_PROBES: tuple[str, ...] = ("gemm", "gemm_bfloat16", "elementwise", "optimizer")

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from harness.core.errors import InputError, Problem
 from harness.plan.calibration.file import Calibration, Fingerprint, parse_calibration, read_calibration
+from harness.scenario.cluster import find_peak
 from harness.scenario.performance import Performance
 
 CALIBRATION_DIR_ENV = "HARNESS_CALIBRATION_DIR"
@@ -139,7 +140,8 @@ def mismatch_reason(calibration: Calibration, cluster: ClusterProfile) -> str | 
     if calibration.cluster != cluster.name:
         return f"it calibrates cluster {calibration.cluster!r}, not {cluster.name!r}"
     if calibration.from_logs:
-        return None  # NOTE: the logs describe the cluster's nodes, not the host that read them
+        # NOTE: the logs describe the cluster's nodes, not the host that read them: only their GPU is checked
+        return logged_gpu_mismatch(calibration.fingerprint.device_name, getattr(cluster, "description", ""))
     fp = calibration.fingerprint
     measured_with = fp.cpu_allocator  # NOTE: a file from before the key was measured with glibc's defaults
     if cluster.device == "cpu" and measured_with != cluster.cpu_allocator:
@@ -157,6 +159,23 @@ def mismatch_reason(calibration: Calibration, cluster: ClusterProfile) -> str | 
             f"({', '.join(differs)} differ)"
         )
     return None
+
+
+def logged_gpu_mismatch(device_name: str | None, description: str) -> str | None:
+    """Why logs of the GPU `device_name` do not describe a profile whose `description` names another (the peak
+    FLOPS table's entries, harness.scenario.cluster.PEAKS), or None: their rates, and MFU's peak, would be that
+    GPU's. A description that names no GPU the table knows, or logs that name none, are not compared."""
+    profile_gpu = find_peak(description)
+    if device_name is None or profile_gpu is None:
+        return None
+    logged_gpu = find_peak(device_name)
+    if logged_gpu is profile_gpu:
+        return None
+    seen = f" ({logged_gpu.name})" if logged_gpu is not None else ""
+    return (
+        f"the logs ran on {device_name!r}{seen} and the profile describes {profile_gpu.name} ({description!r}): its "
+        "rates and MFU's peak would be another GPU's"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ class RatesSource:
     cpu_allocator: str
     performance: Performance
     gpus_per_node: int = 1
+    description: str = ""
+    """the profile's description, which names its GPU (a log calibration of another GPU is refused: find)"""
 
     @classmethod
     def of(cls, cluster: ClusterProfile) -> RatesSource:
@@ -66,6 +68,7 @@ class RatesSource:
             cpu_allocator=cluster.cpu_allocator,
             performance=cluster.performance,
             gpus_per_node=getattr(cluster, "gpus_per_node", 1),
+            description=getattr(cluster, "description", ""),
         )
 
 
@@ -125,19 +128,30 @@ def _grid_rate(pts: list[tuple[float, float, float, float]], lm: float, ln: floa
 
 @dataclass(frozen=True)
 class CollectiveCurve:
-    """One collective on one link at one group size: measured (bytes, seconds) points, and the fitted latency and
-    bus bandwidth used beyond the largest measured message."""
+    """One collective on one link at one group size: measured (bytes, seconds) points, the latency that prices
+    messages below the smallest (its time: the latency-bound end of the curve is flat) and the bus bandwidth that
+    prices those beyond the largest. A log of large messages only has no latency, one of small messages only no bus
+    bandwidth (None): the curve does not price those sizes (`covers`)."""
 
     ranks: int
     sizes: tuple[float, ...]
     times: tuple[float, ...]
-    latency_s: float
-    busbw_gbps: float
+    latency_s: float | None
+    busbw_gbps: float | None
+
+    def covers(self, nbytes: float) -> bool:
+        """Whether the curve prices a message of `nbytes`: inside its sizes, below them with a latency, above them
+        with a bus bandwidth."""
+        if nbytes < self.sizes[0]:
+            return self.latency_s is not None
+        return nbytes <= self.sizes[-1] or self.busbw_gbps is not None
 
     def seconds(self, collective: str, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
-        if nbytes <= self.sizes[-1]:
+        if not self.covers(nbytes):
+            raise Unknown(f"{collective} of {nbytes:,.0f} B is outside the measured sizes")
+        if nbytes <= self.sizes[-1] or self.busbw_gbps is None:
             return _interp_loglog(self.sizes, self.times, max(nbytes, self.sizes[0]))
         factor = bus_factor(collective, self.ranks) or 1.0
         return self.times[-1] + (nbytes - self.sizes[-1]) * factor / (self.busbw_gbps * 1e9)
@@ -446,17 +460,26 @@ class CalibratedRates(Rates):
         return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
 
 
-def curves_s(curves: list[CollectiveCurve], collective: str, *, ranks: int, nbytes: float, where: str) -> float:
-    """One call's seconds from a collective's measured curves: the curve of `ranks` ranks, or the nearest group
-    size's; Unknown (naming `where`) when only one-rank curves exist."""
+def nearest_curve(curves: list[CollectiveCurve], ranks: int) -> CollectiveCurve:
+    """The curve that prices a group of `ranks`: its own, else the nearest measured group size below (else
+    above)."""
     exact = [c for c in curves if c.ranks == ranks]
     if exact:
-        return exact[0].seconds(collective, nbytes)
-    # another group size: the nearest measured one below (else above); busbw carries over (nccl-tests' point
-    # of busbw), the latency part scales with the ring's n - 1 steps
-    below = [c for c in curves if c.ranks <= ranks] or curves
-    c = max(below, key=lambda c: c.ranks) if below is not curves else min(curves, key=lambda c: c.ranks)
-    if c.ranks <= 1 or ranks <= 1:
+        return exact[0]
+    below = [c for c in curves if c.ranks <= ranks]
+    return max(below, key=lambda c: c.ranks) if below else min(curves, key=lambda c: c.ranks)
+
+
+def curves_s(curves: list[CollectiveCurve], collective: str, *, ranks: int, nbytes: float, where: str) -> float:
+    """One call's seconds from a collective's measured curves: the curve of `ranks` ranks, or the nearest group
+    size's; Unknown (naming `where`) when only one-rank curves exist, or another group size's curve has no
+    latency."""
+    c = nearest_curve(curves, ranks)
+    if c.ranks == ranks:
+        return c.seconds(collective, nbytes)
+    # another group size: busbw carries over (nccl-tests' point of busbw), the latency part scales with the ring's
+    # n - 1 steps
+    if c.ranks <= 1 or ranks <= 1 or c.latency_s is None:
         raise Unknown(f"no {collective} measured on {where} for {ranks} ranks")
     steps = (ranks - 1) / (c.ranks - 1)
     factor_ratio = (bus_factor(collective, ranks) or 1.0) / (bus_factor(collective, c.ranks) or 1.0)
@@ -613,7 +636,11 @@ class LoggedRates(ProfileRates):
     An inter-node log measured whole nodes (e.g. 2 × 8 ranks, which NCCL runs hierarchically over NVLink and every
     NIC): it prices only groups of whole nodes like it (a multiple of its ranks per host, at least its rank count),
     never a group of one rank per node (a hybrid's replicate group), whose per-GPU figure is another one
-    (docs/time-model.md: profile figures)."""
+    (docs/time-model.md: profile figures).
+
+    A log prices only the message sizes it measured (CollectiveCurve.covers): below its smallest size only with a
+    latency, above its largest only with a bus bandwidth, and another group size only with a latency to scale;
+    the rest is the profile's."""
 
     def __init__(self, cluster: ClusterProfile, found: Found) -> None:
         self._profile(cluster)
@@ -653,9 +680,13 @@ class LoggedRates(ProfileRates):
         curves = [
             c for c in self._logged_curves(collective, link=logged, dtype=dtype) if self._prices(c, logged, ranks)
         ]
-        if not curves:
+        # NOTE: sizes the log did not measure are the profile's: below its smallest size without a latency (a log
+        # of large messages: `-b 512M`), above its largest without a bus bandwidth (one of small messages), and other
+        # group sizes without a latency to scale (harness.calibrate.logs says which, in the file's null_reasons)
+        chosen = nearest_curve(curves, ranks) if curves else None
+        if chosen is None or not chosen.covers(nbytes) or (chosen.ranks != ranks and chosen.latency_s is None):
             return super().collective_s(collective, link=link, ranks=ranks, nbytes=nbytes, dtype=dtype)
-        return curves_s(curves, collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
+        return curves_s([chosen], collective, ranks=ranks, nbytes=nbytes, where=f"the {link} link in {self.path.name}")
 
     def _prices(self, curve: CollectiveCurve, link: str, ranks: int) -> bool:
         """Whether a logged curve may price a group of `ranks` on `link`: any size inside a node; across nodes,
