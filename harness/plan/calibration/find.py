@@ -216,7 +216,7 @@ def find_calibration(cluster: ClusterProfile, *, force: bool = False) -> Found |
                         str(path),
                         "",
                         f"this calibration does not apply here: {why}; run `harness calibrate --cluster "
-                        f"{cluster.name}` on this machine, or pass --force to use it anyway",
+                        f"{cluster.name}` on this machine (`harness plan --force-calibration` uses it anyway)",
                     )
                 ]
             )
