@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
+from harness.cli import NO_ROOM
 from harness.compare.metrics import DEVIATION
 from harness.history.keys import HISTORY_METRICS
 from harness.plan.projection import read_projection
 from harness.report import build_report, output_problem
-from harness.results.store import check_writable_dir
+from harness.results.store import WriteFailed, check_writable_dir
 
 TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
 """every stored metric but the time model's deviation (a signed number: `history show` lists it)"""
@@ -102,7 +103,13 @@ def report_command(
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
                 noise = cell_noise(store)
-    result = build_report(dirs, out, trends=trends, projection=projection, noise=noise, repredict=repredict)
+    try:
+        result = build_report(dirs, out, trends=trends, projection=projection, noise=noise, repredict=repredict)
+    except OSError as e:
+        if e.filename is not None or e.errno not in NO_ROOM:
+            raise
+        # NOTE: a table or figure writer that does not say which file (pandas): the output folder is named
+        raise WriteFailed(e.errno, e.strerror, str(target)) from e
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:
