@@ -1,9 +1,11 @@
 """`harness` command line. Subcommands load their modules lazily so `harness --help` and `harness plan`
 never import torch, pandas or matplotlib.
 
-Exit codes: 0 success; 1 a sweep with failed cells, a regression (compare), or a write the environment refused
-mid-way (a full disk: `error: PATH: cannot write: …`, never a traceback); 2 bad input (a results or output folder
-that cannot be written too); 130 interrupted (Ctrl-C, SIGTERM to a sweep or a tune: `interrupt_on_sigterm`).
+Exit codes (docs/exit-codes.md has every command's table): 0 success; 1 the work ran and failed (a failed cell, a
+sweep that ran nothing, a regression, a group without a winner, a measurement) or the environment stopped it
+mid-way (a disk with no room: `error: PATH: cannot write: …`, never a traceback; SLURM unreachable); 2 bad input,
+refused before any work (a results or output folder that cannot be written too; unreadable records); 130
+interrupted (Ctrl-C, SIGTERM to a sweep or a tune: `interrupt_on_sigterm`).
 """
 
 from __future__ import annotations

@@ -113,8 +113,14 @@ def report_command(
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:
-        click.echo(f"error: no records could be loaded from {', '.join(map(str, dirs))}", err=True)
-        return 1
+        # NOTE: bad input, as `compare` says of an empty side: nothing to report on, and nothing was written
+        unreadable = f"; {len(result['warnings'])} warning(s) above" if result["warnings"] else ""
+        click.echo(
+            f"error: {', '.join(map(str, dirs))}: no readable records (an empty results folder, or no file in it is a "
+            f"record this harness reads{unreadable}); nothing was written",
+            err=True,
+        )
+        return 2
     p = result["paths"]
     for key in ("html", "markdown", "csv", "parquet"):
         if key in p:
