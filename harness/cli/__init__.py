@@ -1,12 +1,16 @@
 """`harness` command line. Subcommands load their modules lazily so `harness --help` and `harness plan`
 never import torch, pandas or matplotlib.
 
-Exit codes: 0 success; 1 a sweep with failed cells, or a regression (compare); 2 bad input (a results or output
-folder that cannot be written too); 130 interrupted (Ctrl-C, SIGTERM to a sweep or a tune: `interrupt_on_sigterm`).
+Exit codes (docs/exit-codes.md has every command's table): 0 success; 1 the work ran and failed (a failed cell, a
+sweep that ran nothing, a regression, a group without a winner, a measurement) or the environment stopped it
+mid-way (a disk with no room: `error: PATH: cannot write: …`, never a traceback; SLURM unreachable); 2 bad input,
+refused before any work (a results or output folder that cannot be written too; unreadable records); 130
+interrupted (Ctrl-C, SIGTERM to a sweep or a tune: `interrupt_on_sigterm`).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import signal
 import sys
@@ -120,7 +124,29 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return 2 if isinstance(e, click.UsageError) else e.exit_code
+    except OSError as e:
+        line = write_error_line(e)
+        if line is None:
+            raise  # NOTE: not the environment's doing: a bug, whose traceback says where
+        click.echo(f"error: {line}", err=True)
+        return 1
     return rv if isinstance(rv, int) else 0
+
+
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+"""what a file system says when it takes no more: full, over quota, a file too big, remounted read-only"""
+
+
+def write_error_line(e: OSError) -> str | None:
+    """The line for a write the environment refused mid-way (harness.results.store.WriteFailed, or any OSError of
+    NO_ROOM): the file, why, and that re-running goes on (records and manifests are written whole or not at all,
+    harness.results.store's atomic writes, so what was written before stands); None for any other OSError."""
+    from harness.results.store import WriteFailed
+
+    if not isinstance(e, WriteFailed) and e.errno not in NO_ROOM:
+        return None
+    where = f"{e.filename}: cannot write: " if e.filename else "cannot write: "
+    return f"{where}{e.strerror or e}; free space (or quota) and re-run the same command to go on from there"
 
 
 def entry() -> None:

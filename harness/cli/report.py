@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
+from harness.cli import NO_ROOM
 from harness.compare.metrics import DEVIATION
 from harness.history.keys import HISTORY_METRICS
 from harness.plan.projection import read_projection
 from harness.report import build_report, output_problem
-from harness.results.store import check_writable_dir
+from harness.results.store import WriteFailed, check_writable_dir
 
 TREND_METRICS = [m.name for m in HISTORY_METRICS if m.name != DEVIATION]
 """every stored metric but the time model's deviation (a signed number: `history show` lists it)"""
@@ -102,12 +103,24 @@ def report_command(
             with open_store(history_db) as store:
                 trends = trend_series(store, cell_filter=history_cell, last=history_last or None, metric=history_metric)
                 noise = cell_noise(store)
-    result = build_report(dirs, out, trends=trends, projection=projection, noise=noise, repredict=repredict)
+    try:
+        result = build_report(dirs, out, trends=trends, projection=projection, noise=noise, repredict=repredict)
+    except OSError as e:
+        if e.filename is not None or e.errno not in NO_ROOM:
+            raise
+        # NOTE: a table or figure writer that does not say which file (pandas): the output folder is named
+        raise WriteFailed(e.errno, e.strerror, str(target)) from e
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     if result["out"] is None:
-        click.echo(f"error: no records could be loaded from {', '.join(map(str, dirs))}", err=True)
-        return 1
+        # NOTE: bad input, as `compare` says of an empty side: nothing to report on, and nothing was written
+        unreadable = f"; {len(result['warnings'])} warning(s) above" if result["warnings"] else ""
+        click.echo(
+            f"error: {', '.join(map(str, dirs))}: no readable records (an empty results folder, or no file in it is a "
+            f"record this harness reads{unreadable}); nothing was written",
+            err=True,
+        )
+        return 2
     p = result["paths"]
     for key in ("html", "markdown", "csv", "parquet"):
         if key in p:

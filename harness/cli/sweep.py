@@ -12,7 +12,7 @@ import click
 
 from harness.cli import interrupt_on_sigterm
 from harness.cli.options import cluster_option
-from harness.launch.run import start_sweep, summary_lines
+from harness.launch.run import ran_nothing, start_sweep, summary_lines
 
 
 @click.command()
@@ -73,7 +73,7 @@ def sweep(
     checkpoint: bool,
 ) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record (with --repeat K, K records). Exit 1 if any
-    run failed.
+    run failed, or if nothing ran because every cell was skipped.
 
     On a SLURM profile every cell is one job (job arrays of cells asking for the same resources), or with --pack
     one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
@@ -112,4 +112,12 @@ def sweep(
         raise click.ClickException(f"{e} (nothing was submitted or written)") from None
     for line in summary_lines(res, results=results):
         click.echo(line)
-    return 1 if res.failed else 0
+    if res.failed:
+        return 1
+    if ran_nothing(res):
+        click.echo(
+            "error: nothing ran: every cell was skipped (why: the lines above, and each record's reason)",
+            err=True,
+        )
+        return 1
+    return 0

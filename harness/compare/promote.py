@@ -15,7 +15,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from harness.compare.match import RunFile, SideIndex, spec_key
 from harness.core.errors import InputError, Problem
 from harness.results.record import Record
-from harness.results.store import atomic_write_json, record_files, record_name, record_or_none, utc_now
+from harness.results.store import atomic_write_json, create_new_dir, record_files, record_name, record_or_none, utc_now
 
 if TYPE_CHECKING:
     from harness.compare.comparison import Comparison
@@ -158,7 +157,8 @@ def promote_baseline(
     baseline_dir = Path(baseline_dir).absolute()
     check_promote_target(baseline_dir, sources=sources)
     baseline_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{baseline_dir.name}.promote-", dir=baseline_dir.parent))
+    # NOTE: not tempfile.mkdtemp, whose 0700 folder would become the baseline, closed to the rest of a team
+    staging = create_new_dir(baseline_dir.parent, prefix=f".{baseline_dir.name}.promote-")
     try:
         if baseline_dir.exists():
             for p in _keep_files(baseline_dir):

@@ -3,7 +3,8 @@ is loaded (options that do not go together, outputs that cannot be written, a ba
 load both sides (harness.compare.sides), judge them (harness.compare.judge), write the renderings
 (harness.compare.outputs), promote (harness.compare.promote).
 
-Exit codes: 0 no regression, 1 regression (or a missing cell with --fail-on-missing), 2 bad input.
+Exit codes: 0 no regression, 1 regression (or a missing cell with --fail-on-missing), 2 bad input (a record file
+that cannot be read, on either side, too: harness.compare.load).
 """
 
 from __future__ import annotations

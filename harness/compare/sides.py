@@ -43,7 +43,7 @@ def load_side(paths: Sequence[Path], *, side: str, ignore: Sequence[str]) -> Loa
     index = SideIndex(side=side, ignore=ignore)
     problems: list[Problem] = []
     notes: list[str] = []
-    index.add_all(iter_side(paths, side=side, problems=problems, notes=notes))
+    index.add_all(iter_side(paths, side=side, problems=problems, notes=notes, refuse_unreadable=True))
     return LoadedSide(index, problems, notes)
 
 

@@ -116,6 +116,12 @@ def summary_lines(res: FinishedSweep, *, results: str) -> list[str]:
     ]
 
 
+def ran_nothing(res: FinishedSweep) -> bool:
+    """Every run the sweep ended was skipped (none ok, none failed, none left on SLURM): it measured nothing, and
+    `harness sweep` exits 1 (docs/exit-codes.md). A re-run whose cells all had ok records is not this."""
+    return bool(res.records) and not res.in_flight and all(r.status == "skipped" for r in res.records)
+
+
 def with_checkpoint(sc: Scenario) -> Scenario:
     """`--checkpoint`: the scenario with `checkpoint: true` among its settings (cells that set it keep theirs)."""
     return dataclasses.replace(sc, settings={**sc.settings, "checkpoint": True})
@@ -152,7 +158,8 @@ def run_cell(
 ) -> int:
     """Run the cell of the scenario whose run_id is `cell` (or starts with it) in the foreground, its ranks children
     of this process (the options are `harness run`'s); its record as one line, or as JSON with `as_json`. Returns 0
-    when the record is ok or skipped, else 1."""
+    when the record is ok, else 1: a failed cell, or a skipped one, which ran nothing (as a sweep whose every cell was
+    skipped; docs/exit-codes.md)."""
     from harness.launch.core.outcome import describe, skipped_record
     from harness.launch.core.payload import make_payload, predict
     from harness.launch.local.launchers import launch_foreground, local_gpus
@@ -183,4 +190,4 @@ def run_cell(
         )
         rec = launch_foreground(payload, time_limit_s=spec.settings.time_limit_s)
     echo(json.dumps(rec.to_dict(), indent=2) if as_json else f"{spec.cell_name}  {describe(rec)}")
-    return 0 if rec.status in ("ok", "skipped") else 1
+    return 0 if rec.ok else 1

@@ -31,7 +31,8 @@ def status_lines(results_dir: str) -> Iterator[str]:
 
 
 def sweep_status_lines(mpath: Path, manifest: SweepManifest) -> Iterator[str]:
-    """One sweep's lines of `harness status`: a header, a line per run, the counts."""
+    """One sweep's lines of `harness status`: a header, a line per run (a failed or cancelled run's reason after it,
+    as the manifest keeps it), the counts."""
     live, unavailable = _live_slurm_states(manifest)
     counts: dict[str, int] = {}
     runs = {run_id: c.runs() for run_id, c in manifest.cells.items()}
@@ -53,7 +54,8 @@ def sweep_status_lines(mpath: Path, manifest: SweepManifest) -> Iterator[str]:
             which = f" run {k}" if repeated else ""
             job = "-" if c.job_id is None else c.job_id
             name = f"{run_id} [{manifest.cells[run_id].layout}]" if manifest.cells[run_id].layout else run_id
-            yield f"  {state:9s} {c.status or '-':9s} {name}{which}  job {job}{pack}{note}"
+            why = f"  ({c.reason})" if c.reason and c.state in ("failed", "cancelled") else ""
+            yield f"  {state:9s} {c.status or '-':9s} {name}{which}  job {job}{pack}{note}{why}"
     yield "  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
 
 

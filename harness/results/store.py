@@ -14,9 +14,11 @@ parses each file once; records are yielded one at a time, so a caller that keeps
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import locale
 import os
+import secrets
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -82,6 +84,45 @@ def check_writable_dir(folder: str | Path, *, option: str) -> None:
         raise InputError([Problem(str(folder), option, why)])
 
 
+class WriteFailed(OSError):
+    """A file the harness writes could not be written (a full disk, a quota, a file system remounted read-only, a
+    folder that went away): the file is as it was, never half-written. `str()` is one line, `PATH: cannot write:
+    WHY`; errno, strerror and filename are the OSError's."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: cannot write: {self.strerror}"
+
+
+def create_new_file(folder: str | Path, *, prefix: str, suffix: str = "") -> tuple[int, Path]:
+    """(fd, path) of a new, empty file in `folder` with a name no other file has, opened for writing.
+
+    Made with mode 0o666, which the umask then narrows (a folder with a default ACL applies that instead), as
+    `open(path, "w")` does: tempfile.mkstemp makes 0600 files, and a record or manifest renamed from one was
+    readable by its owner only, whatever the umask of a team sharing a results file system."""
+    folder = Path(folder)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = folder / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(folder))
+
+
+def create_new_dir(parent: str | Path, *, prefix: str) -> Path:
+    """A new, empty folder in `parent` with a name no other entry has, made with mode 0o777 narrowed by the umask
+    (tempfile.mkdtemp makes 0700 ones: a folder swapped in from one is closed to everyone else)."""
+    for _ in range(100):
+        path = Path(parent) / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir(0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused folder name", str(parent))
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write_bytes` of `text` in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
@@ -89,26 +130,32 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write a file so readers see the old one or the whole new one, never a torn one (temp + fsync + rename,
-    then fsync of the directory so the rename survives a crash)."""
+    then fsync of the directory so the rename survives a crash). The file gets the permissions the umask leaves
+    of 0o666, as any file a program creates (create_new_file).
+
+    WriteFailed when it cannot be written (a full disk: ENOSPC, a quota, a read-only file system, …): the file at
+    `path` is then as it was, and the temp file is gone. An interrupt (KeyboardInterrupt) leaves it the same way."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp: Path | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = create_new_file(path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, WriteFailed):
+            raise WriteFailed(e.errno, e.strerror or str(e), str(path)) from e
         raise
 
 
@@ -400,7 +447,7 @@ def claim_end(results: str | Path, sweep: str, run_id: str, *, attempt: str | No
     folder.mkdir(parents=True, exist_ok=True)
     mine = f"{END_CLAIM}{attempt}"
     try:
-        os.close(os.open(folder / mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        os.close(os.open(folder / mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     except FileExistsError:
         return False
     for old in folder.glob(f"{END_CLAIM}*"):

@@ -454,12 +454,22 @@ def test_dir_with_only_corrupt_json_exits_2_naming_the_file(tmp_path, capsys):
     assert f"{bad / 'torn.json'}" in err and "not valid JSON" in err
 
 
-def test_one_corrupt_file_beside_good_ones_is_a_warning(tmp_path, capsys):
-    write_set(tmp_path / "cand", cells().values())
-    (tmp_path / "cand" / "nightly" / "torn.json").write_text("{")
-    write_set(tmp_path / "base", cells().values())
-    assert run_cli(tmp_path / "base", tmp_path / "cand") == 0
-    assert "warning: candidate: skipped" in capsys.readouterr().err
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_a_record_that_cannot_be_read_on_either_side_is_bad_input_not_a_missing_cell(tmp_path, capsys, side):
+    """Issue 48, item 5: a torn candidate record made its cell `1 missing` and compare exited 0 (unless
+    --fail-on-missing); a record that cannot be read, on either side, is bad input (exit 2) naming the file, and no
+    output is written."""
+    base = write_set(tmp_path / "base", cells().values())
+    cand = write_set(tmp_path / "cand", cells().values())
+    torn = sorted((base if side == "baseline" else cand).rglob("*.json"))[0]
+    torn.write_text(torn.read_text()[:100])  # the first 100 bytes of a readable record: its cell unknown
+    out = tmp_path / "compare.md"
+    assert run_cli(base, cand, "--format", "md", "-o", out) == 2
+    captured = capsys.readouterr()
+    (line,) = [x for x in captured.err.splitlines() if str(torn) in x]
+    assert line.startswith(f"error: {torn}: {side}: not valid JSON (truncated or corrupt?)")
+    assert "could hide a regression" in line and "missing" not in captured.out
+    assert not out.exists() and "Traceback" not in captured.err
 
 
 def test_nonexistent_dir_exits_2_naming_it(tmp_path, capsys):
@@ -910,22 +920,22 @@ PINNED_RUNS = {
     "exact": ("--metric", "exact"),
     "missing": ("--fail-on-missing", "--threshold", "0.2", "--threshold", "mfu=0.01"),
 }
-PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20, 16, 29, 33 and 34 (below)
-    "table": "f00a45ad105ae2bb",
-    "md": "e1da94b5957fac3e",
-    "json": "bdc7707b738c3ab9",
-    "all": "fece3ac8706436cf",
-    "all-md": "f1e7c8e0d979dabf",
-    "smaller": "574a02aac23ef494",
-    "bigger": "ded8d9f27bfea8bd",
-    "exact": "9868b0eef267e39e",
-    "missing": "27648c9fa82c25b4",
-    "od": "f00a45ad105ae2bb",
+PINNED = {  # see pinned_outputs; re-pinned by issues 15, 20, 16, 29, 33, 34 and 48 (below)
+    "table": "97887a83ea9cfbda",
+    "md": "f2f91cafba1f3e63",
+    "json": "5df58576dd1bc20b",
+    "all": "0a830cf71a41ad96",
+    "all-md": "098831ebffe8f85a",
+    "smaller": "7ca6c9e4d9f1cff1",
+    "bigger": "edfbaaf1f140be0c",
+    "exact": "e8f6e1cf7e2a899c",
+    "missing": "f4975b206228b9e9",
+    "od": "97887a83ea9cfbda",
     "od/benchmark-bigger.json": "18eb57bfb78288a9",
     "od/benchmark-smaller.json": "fba622aae56737f8",
-    "od/compare.json": "da2a66ba9d88fba1",
-    "od/compare.md": "8cde2afd5f24ccb1",
-    "od/compare.txt": "bd0564c0e538be83",
+    "od/compare.json": "48f074d96933bb89",
+    "od/compare.md": "1835ff2baf1fb90a",
+    "od/compare.txt": "d412762612178330",
 }
 """First computed by the code before issue 21's work. Issue 15 changed the outputs on purpose: counts per cell
 ("5 cells regressed (10 metrics, 1 newly failing)"), each cell's metrics grouped under it, per-cell counts in
@@ -950,7 +960,11 @@ of the JSON before and after shows nothing else), and the "missing" run no longe
 is byte-identical). Issues 33 and 34 re-pinned the two JSON digests: the records' spec lists the new `trace`
 and `checkpoint` settings (false); a diff of the JSON before and after shows only those lines per spec. The
 traced step's parts (metrics `time_s.*`) and the checkpoint metrics are compared only where a side ran their
-phase (`Metric.phase`), so these records gained no row."""
+phase (`Metric.phase`), so these records gained no row. Issue 48 made a record file that cannot be read bad input
+(exit 2): the candidate's torn file, whose warning every output carried, became a readable record with a
+wrong-typed field (`env.hostnames: 3`, read as null), whose warning every output carries instead; a diff of every
+output before and after shows only that warning's line changed, so every digest but the github-benchmark files'
+was re-pinned."""
 
 
 def pinned_outputs(root: Path) -> dict[str, str]:
@@ -967,7 +981,11 @@ def pinned_outputs(root: Path) -> dict[str, str]:
     base, cand = pinned_sets()
     write_set(root / "base", base)
     write_set(root / "cand", cand)
-    (root / "cand" / "nightly" / "torn.json").write_text('{"schema_version": 1, "run_id": "x", "sta')
+    # NOTE: one warning in every output (a wrong-typed field, read as null); a torn record is bad input (issue 48)
+    first = sorted((root / "cand").rglob("*.json"))[0]
+    doc = json.loads(first.read_text())
+    doc["env"]["hostnames"] = 3
+    first.write_text(json.dumps(doc))
     cwd = os.getcwd()
     os.chdir(root)
     try:

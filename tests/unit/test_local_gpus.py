@@ -39,7 +39,7 @@ def test_cells_needing_more_gpus_than_visible_are_skipped_unlaunched(tmp_path, m
         )
     )
     results = tmp_path / "results"
-    assert main(["sweep", str(scenario), "--cluster", "local-gpu", "--results", str(results)]) == 0
+    assert main(["sweep", str(scenario), "--cluster", "local-gpu", "--results", str(results)]) == 1  # nothing ran
     records = [json.loads(p.read_text()) for p in (results / "g").glob("tiny-*.json")]
     assert sorted((r["spec"]["gpus"], r["status"]) for r in records) == [(2, "skipped"), (4, "skipped")]
     for r in records:

@@ -178,7 +178,7 @@ def test_plan_marks_the_cells_it_cannot_place(tmp_path, capsys):
 
 def test_a_local_sweep_skips_a_cell_the_machine_cannot_host_without_launching(tmp_path, no_launch, capsys):
     results = tmp_path / "results"
-    assert main(["sweep", str(scenario(tmp_path, [100000])), "--results", str(results)]) == 0
+    assert main(["sweep", str(scenario(tmp_path, [100000])), "--results", str(results)]) == 1  # nothing ran
     out = capsys.readouterr().out
     (rec,) = [json.loads(p.read_text()) for p in (results / "big").glob("tiny-*.json")]
     assert rec["status"] == "skipped" and rec["spec"]["gpus"] == 100000
@@ -193,7 +193,7 @@ def test_a_profiles_max_local_ranks_skips_bigger_cells(tmp_path, no_launch):
     profile = write(tmp_path / "tight.yaml", "name: tight\nexecutor: local\ndevice: cpu\nmax_local_ranks: 2\n")
     results = tmp_path / "results"
     code = main(["sweep", str(scenario(tmp_path, [3])), "--cluster", str(profile), "--results", str(results)])
-    assert code == 0
+    assert code == 1  # every cell skipped: nothing ran
     (rec,) = [json.loads(p.read_text()) for p in (results / "big").glob("tiny-*.json")]
     assert (rec["status"], rec["reason"]) == (
         "skipped",
@@ -204,7 +204,7 @@ def test_a_profiles_max_local_ranks_skips_bigger_cells(tmp_path, no_launch):
 def test_run_cell_refuses_a_cell_the_machine_cannot_host(tmp_path, no_launch, capsys):
     path = scenario(tmp_path, [2, 100000])
     code = main(["run", str(path), "--cell", "tiny-ddp-fp32-g100000", "--results", str(tmp_path / "results")])
-    assert code == 0  # as for an unsupported cell: a skipped record, nothing launched
+    assert code == 1  # as for an unsupported cell: a skipped record, nothing launched (nothing ran: exit 1)
     out = capsys.readouterr().out
     assert "skipped: needs 100000 ranks on this machine" in out
 
@@ -222,7 +222,7 @@ def test_a_slurm_sweep_skips_a_cell_beyond_max_nodes_without_sbatch(tmp_path, mo
     profile = slurm_profile(tmp_path, max_nodes=2)
     results = tmp_path / "results"
     path = scenario(tmp_path, [24, 100000])
-    assert main(["sweep", str(path), "--cluster", str(profile), "--results", str(results)]) == 0
+    assert main(["sweep", str(path), "--cluster", str(profile), "--results", str(results)]) == 1  # nothing ran
     records = sorted(
         (json.loads(p.read_text()) for p in (results / "big").glob("tiny-*.json")), key=lambda r: r["spec"]["gpus"]
     )

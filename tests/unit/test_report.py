@@ -258,7 +258,7 @@ def test_cli_writes_the_report_and_prints_paths_and_warnings(tmp_path, capsys):
     assert "warning:" in captured.err and "future-schema.json" in captured.err
 
 
-def test_cli_bad_input_is_exit_2_and_no_records_is_exit_1(tmp_path, capsys):
+def test_cli_bad_input_is_exit_2_and_so_is_no_records(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing"), str(tmp_path / "also-missing")]) == 2
     err = capsys.readouterr().err
     assert "missing: no such file or directory" in err and "also-missing: no such file or directory" in err
@@ -266,9 +266,9 @@ def test_cli_bad_input_is_exit_2_and_no_records_is_exit_1(tmp_path, capsys):
     only_broken = tmp_path / "broken"
     only_broken.mkdir()
     shutil.copy(FIXTURES / "fixture-h100" / "broken-truncated.json", only_broken)
-    assert main(["report", str(only_broken), "-o", str(tmp_path / "r")]) == 1
+    assert main(["report", str(only_broken), "-o", str(tmp_path / "r")]) == 2  # nothing to report on (issue 48)
     err = capsys.readouterr().err
-    assert "broken-truncated.json" in err and "no records could be loaded" in err
+    assert "broken-truncated.json" in err and f"error: {only_broken}: no readable records" in err
     assert not (tmp_path / "r").exists()
     a_file = tmp_path / "file"
     a_file.write_text("x")

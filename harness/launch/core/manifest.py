@@ -6,10 +6,16 @@ jobs through it, and `harness status` and `harness history check --confirm` read
 definition of its states and one lock. The file has one type, `SweepManifest` (its header, cells, each cell's
 runs and their states); `read_manifest` is its one reader, and `Manifest` writes it only through that type, by
 named operations that the state machine (TRANSITIONS) checks.
+
+A disk that fills mid-sweep must not leave a run `running` for ever: beside the manifest lies a reserve of spare
+space (RESERVE, made when a sweep opens the manifest), which a manifest write the disk has no room for frees and
+takes, so that the run the sweep stopped at is written `failed`, with what could not be written as its reason
+(harness.launch.core.outcome.stopped_run).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -21,7 +27,7 @@ from typing import Any
 
 from harness.core.errors import InputError, Problem, one_of
 from harness.results.record import Record
-from harness.results.store import atomic_write_json, sweep_dir, utc_now
+from harness.results.store import WriteFailed, atomic_write_json, sweep_dir, utc_now
 
 STATES = ("pending", "submitted", "running", "done", "failed", "skipped", "cancelled")
 """a run's states: pending (not run yet), submitted (queued on SLURM), running, and how it ended"""
@@ -82,6 +88,9 @@ class RunEntry:
     """ISO-8601 UTC: the last change"""
     status: str | None = None
     """its record's status once it has one (ok, oom, error, …)"""
+    reason: str | None = None
+    """why it failed or was cancelled: its record's reason, first line (what could not be written, and why, when the
+    sweep stopped on a full disk before the record was)"""
     attempt: str | None = None
     """the launch's attempt id: a record of another attempt does not stand for this one"""
     job_id: str | None = None
@@ -287,7 +296,7 @@ def _cell_of(raw: Any, *, where: str, path: str, problems: list[Problem]) -> Cel
 def file_lock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
     """An exclusive flock on `path` (created if missing); yields False when non-blocking and already held."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # NOTE: the umask decides who else may lock it
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -363,6 +372,7 @@ class Manifest:
             # NOTE: the most runs per cell any sweep into this dir asked for (a later sweep without --repeat does
             # not make the earlier repeats look missing)
             update.manifest = replace(update.manifest, cells=cells, repeat=max(update.manifest.repeat, *repeats))
+        keep_reserve(m.path.parent, reserve_bytes(m.path))
         return m
 
     def for_repeat(self, repeat: int) -> Manifest:
@@ -372,7 +382,8 @@ class Manifest:
     @contextmanager
     def _locked(self) -> Iterator[_Update]:
         """The manifest under the lock, this handle's header in it, for one update; written back (atomically) when
-        the block ends. An unreadable or torn file starts afresh, as a new manifest."""
+        the block ends. An unreadable or torn file starts afresh, as a new manifest. A write the disk has no room for
+        is made again in the space of the folder's reserve (RESERVE), once; WriteFailed when it fails still."""
         with file_lock(self.path.with_name(".manifest.lock")):
             current = SweepManifest(header=self.header)
             if self.path.exists():
@@ -387,7 +398,14 @@ class Manifest:
             )
             update = _Update(replace(current, header=header))
             yield update
-            atomic_write_json(self.path, update.manifest.as_dict())
+            doc = update.manifest.as_dict()
+            try:
+                atomic_write_json(self.path, doc)
+            except WriteFailed as e:
+                # NOTE: a full disk: the reserve's space takes this write (a run's end, the sweep's last word on it)
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not release_reserve(self.path.parent):
+                    raise
+                atomic_write_json(self.path, doc)
 
     # ---- what happens to a run: the writers' operations (the states they may write: TRANSITIONS)
 
@@ -399,6 +417,7 @@ class Manifest:
             run_id,
             state="submitted",
             status=None,
+            reason=None,
             attempt=attempt,
             job_id=job_id,
             slurm_state="PENDING",
@@ -409,7 +428,8 @@ class Manifest:
     def running(self, run_id: str, *, attempt: str | None = None) -> None:
         """Its ranks run: a local cell launched under `attempt`, or a packed cell whose turn came (attempt None: as
         submitted)."""
-        self._write(run_id, state="running", status=None, **({} if attempt is None else {"attempt": attempt}))
+        extra = {} if attempt is None else {"attempt": attempt}
+        self._write(run_id, state="running", status=None, reason=None, **extra)
 
     def job(self, run_id: str, *, job_id: str) -> None:
         """A local run's job id, once its job exists (its state stays running)."""
@@ -421,14 +441,17 @@ class Manifest:
         self._write(run_id, slurm_state=slurm_state, nodes=nodes, **({} if state is None else {"state": state}))
 
     def ended(self, run_id: str, rec: Record, *, attempt: str | None = None) -> None:
-        """The run has its record, just made or found already there: the state `cell_state` gives it, and its status;
-        `attempt`: the launch the record is of (None: unchanged)."""
+        """The run has its record, just made or found already there (or, when the sweep stopped on a write that
+        failed, the record it could not write): the state `cell_state` gives it, its status and, unless it is done or
+        skipped, its reason's first line; `attempt`: the launch the record is of (None: unchanged)."""
         extra = {} if attempt is None else {"attempt": attempt}
-        self._write(run_id, state=cell_state(rec), status=rec.status, **extra)
+        state = cell_state(rec)
+        reason = reason_line(rec.reason) if state in ("failed", "cancelled") else None
+        self._write(run_id, state=state, status=rec.status, reason=reason, **extra)
 
     def skipped(self, run_id: str) -> None:
         """Not launched (unsupported, more than the cluster can place, predicted not to fit): `Sweep.prepare`."""
-        self._write(run_id, state="skipped", status="skipped")
+        self._write(run_id, state="skipped", status="skipped", reason=None)
 
     def _write(self, run_id: str, **changes: Any) -> None:
         """Record what is now known of a cell's run (this view's run): RunEntry fields by name (`pack` as
@@ -487,6 +510,69 @@ def check_transition(before: str | None, after: str | None, *, where: str) -> No
         raise RuntimeError(
             f"{where}: a run cannot go from {before or 'no state'} to {after} (from {before or 'no state'}: {allowed})"
         )
+
+
+REASON_CHARS = 300
+"""the most of a record's reason a manifest keeps (its first line; the record has all of it)"""
+
+
+def reason_line(reason: str | None) -> str | None:
+    """The first line of a reason, at most REASON_CHARS long, as the manifest keeps it."""
+    if not reason or not reason.strip():
+        return None
+    line = reason.strip().splitlines()[0]
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
+
+
+RESERVE = ".manifest.reserve"
+"""a file of spare space beside the manifest (hidden from every reader): when the disk fills mid-sweep, removing it
+lets the manifest say how the run it was at ended, instead of leaving the run `running`"""
+RESERVE_MIN_BYTES = 64 * 2**10
+"""the smallest reserve (B); it is at least twice the manifest, whose rewrite it has to hold"""
+
+
+def reserve_bytes(manifest: Path) -> int:
+    """The reserve's size for this manifest (B)."""
+    try:
+        size = manifest.stat().st_size
+    except OSError:
+        size = 0
+    return max(RESERVE_MIN_BYTES, 2 * size)
+
+
+def keep_reserve(folder: Path, size: int) -> None:
+    """Make the reserve in `folder` at least `size` bytes, allocated on the disk (posix_fallocate: a sparse file
+    would free nothing); where there is no room for it, there is none (the next sweep into the folder tries again)."""
+    path = folder / RESERVE
+    try:
+        if path.stat().st_size >= size:
+            return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+    except OSError:
+        return
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:  # NOTE: macOS has no posix_fallocate: the bytes are written
+            os.pwrite(fd, b"\0" * size, 0)
+    except OSError:
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def release_reserve(folder: Path) -> bool:
+    """Remove the reserve in `folder`, freeing its space; False when there was none."""
+    try:
+        (folder / RESERVE).unlink()
+    except OSError:
+        return False
+    return True
 
 
 def cell_state(rec: Record) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.launch.core.manifest import Manifest
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload
 from harness.results.record import Beat, Fragment, Record
@@ -283,6 +284,53 @@ def finalize(
     )
     write_record(payload.results, rec)
     return rec
+
+
+def stop_reason(error: BaseException) -> str:
+    """Why the sweep stopped at a run, in one line: the file that could not be written and why (a full disk), or
+    the exception."""
+    if isinstance(error, OSError):
+        what = f"could not write {error.filename}: {error.strerror or error}" if error.filename else f"{error}"
+        return f"{what} (the sweep stopped here; re-run it to resume)"
+    return f"the sweep stopped here on {type(error).__name__}: {error}"
+
+
+def stopped_run(payload: Payload, error: BaseException, *, manifest: Manifest) -> tuple[Record, bool]:
+    """The run the sweep stopped at, on `error` (a full disk: harness.results.store.WriteFailed), while it ran or was
+    being filed, so that it never stays `running`: its own record when this attempt's was written, else a record of
+    status `error` whose reason says what could not be written and why. The manifest gets the run's end (the
+    manifest's reserve holds it when the disk is full); the error record is written where it can be and where the
+    run has no readable record (an earlier attempt's stays as it is: --force re-ran an ok cell). Returns (the
+    record, whether the manifest took it); never raises an OSError (the sweep goes on to raise `error`)."""
+    path = record_path(payload.results, payload.sweep, payload.run_id)
+    on_file = record_or_none(path)
+    if on_file is not None and on_file.attempt == payload.attempt:
+        rec = on_file
+    else:
+        fields: dict[str, Any] = {"attempt": payload.attempt}
+        if payload.predicted is not None:
+            fields["predicted"] = payload.predicted
+        rec = new_record(
+            spec=payload.spec,
+            run_id=payload.run_id,
+            sweep=payload.sweep,
+            cluster=payload.cluster.name,
+            status="error",
+            reason=stop_reason(error),
+            **fields,
+            env={"harness_git_sha": payload.git_sha, "slurm_job_id": payload.job_id},
+        )
+    try:
+        manifest.ended(payload.run_id, rec, attempt=payload.attempt)
+        noted = True
+    except OSError:
+        noted = False
+    if on_file is None:
+        try:
+            write_record(payload.results, rec)
+        except OSError:
+            pass
+    return rec, noted
 
 
 def skipped_record(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.launch.core.backend import Round, RoundEnd, SweepRound
 from harness.launch.core.manifest import Manifest
-from harness.launch.core.outcome import Interrupted, cancel_cell, describe
+from harness.launch.core.outcome import Interrupted, cancel_cell, describe, stopped_run
 from harness.launch.local import prefork
 from harness.launch.local.launchers import launch_submitit
 from harness.results.payload import Payload
@@ -85,8 +85,26 @@ class LocalSweep:
     def run(self, spec: RunSpec, payload: Payload, *, tag: str) -> Record:
         """Run the cell and file its record, with the manifest and the console saying what the record says, also
         when the sweep is interrupted (Ctrl-C, SIGTERM): the signals wait while the manifest changes, so a stop
-        lands either before the cell's job started (recorded cancelled) or while it runs (cancel_cell decides)."""
+        lands either before the cell's job started (recorded cancelled) or while it runs (cancel_cell decides).
+
+        When anything else stops the sweep at this cell — a write the disk has no room for (its record, the
+        manifest: harness.results.store.WriteFailed), or a bug — the cell is recorded failed with what stopped it
+        (outcome.stopped_run: never left `running`), and the error goes on up: a re-run resumes at this cell."""
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return self._run(spec, payload, tag=tag, blocked=blocked)
+        except Exception as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # NOTE: the cell's end is filed whole
+            try:
+                rec, noted = stopped_run(payload, e, manifest=self.manifest)
+                also = "" if noted else "; the manifest could not be updated either"
+                self.echo(f"{tag}  {describe(rec)}{also}")
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            raise
+
+    def _run(self, spec: RunSpec, payload: Payload, *, tag: str, blocked: set[int | signal.Signals]) -> Record:
+        """`run` with the stop signals blocked on entry (`blocked`: the mask to go back to)."""
         c0 = time.time()
         try:
             self.manifest.running(spec.run_id, attempt=payload.attempt)

@@ -86,4 +86,9 @@ class SlurmBackend:
                 # re-run resubmits them); detaching is what --no-wait is for
                 flight.cancel_all(reason="the sweep was interrupted")
                 raise
+            except Exception:
+                # NOTE: the sweep stops at a cell it could not file (a full disk: the cell is recorded failed, see
+                # SlurmSweep._stopped); the other jobs run on, and a re-run after space is freed re-attaches to them
+                flight.detach()
+                raise
             return busy, flight.detach() if self.no_wait else 0

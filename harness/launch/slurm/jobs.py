@@ -43,6 +43,7 @@ from harness.launch.core.outcome import (
     is_secondary,
     job_log_tail,
     stopped_ranks,
+    stopped_run,
 )
 from harness.launch.slurm.resources import SINFO_TIMEOUT_S, cpus_per_rank, node_cpus_for
 from harness.results.payload import PackPlace, Payload
@@ -469,8 +470,13 @@ class SlurmSweep:
                         payload, tag, ended=("error", f"sbatch refused the job ({shape}): {str(e).strip()[-2000:]}")
                     )
                 continue
-            for (payload, tag), job in zip(members, jobs):
-                self._submitted(payload, job, tag, line=f"submitted: SLURM job {job.job_id} ({shape})")
+            for i, ((payload, tag), job) in enumerate(zip(members, jobs)):
+                try:
+                    self._submitted(payload, job, tag, line=f"submitted: SLURM job {job.job_id} ({shape})")
+                except Exception:
+                    for later in jobs[i + 1 :]:  # NOTE: not followed, not in the manifest: a re-run submits them anew
+                        later.cancel(check=False)
+                    raise
         return refused
 
     def submit_packs(self, items: list[tuple[Payload, str]]) -> dict[str, Record]:
@@ -511,10 +517,16 @@ class SlurmSweep:
         """A cell sbatch took: its payload (with the job id) for re-attaching, its manifest entry, followed from now
         on; `line` is what the console says after its tag."""
         payload = payload.model_copy(update={"job_id": job.job_id})
-        # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
-        atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
-        place = None if payload.pack is None else ManifestPlace(position=payload.pack.position, of=payload.pack.of)
-        self.manifest.submitted(payload.run_id, attempt=payload.attempt, job_id=job.job_id, pack=place)
+        try:
+            # NOTE: the payload file before the manifest entry: a re-run re-attaches only with both
+            atomic_write_json(self.payload_path(payload.run_id), payload.to_dict())
+            place = None if payload.pack is None else ManifestPlace(position=payload.pack.position, of=payload.pack.of)
+            self.manifest.submitted(payload.run_id, attempt=payload.attempt, job_id=job.job_id, pack=place)
+        except Exception as e:
+            # a job no re-run could re-attach to (a full disk): cancelled, and the cell recorded failed (stopped_run)
+            job.cancel(check=False)
+            self._stopped(payload, tag, e)
+            raise
         self._follow(payload, job, tag)
         self.echo(f"{tag}  {line}")
 
@@ -707,20 +719,24 @@ class SlurmSweep:
         minutes = job_minutes(_time_limit(payload), self.cluster.slurm)
         if log_tail is None:
             log_tail = job_log_tail(job, payload.spec.gpus) if job is not None else ""
-        # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
-        # wall-clock rule (for local cells) out of it
-        rec = finalize(
-            payload,
-            elapsed_s=0.0,
-            time_limit_s=minutes * 60.0,
-            ended=ended,
-            job_errors=errors or None,
-            log_tail=log_tail,
-        )
-        if payload.pack is not None and payload.job_id and rec.env.slurm_pack is None:
-            rec = rec.in_pack(job_id=payload.job_id, position=payload.pack.position, of=payload.pack.of)
-            write_record(payload.results, rec)
-        self.manifest.ended(payload.run_id, rec, attempt=payload.attempt)
+        try:
+            # NOTE: SLURM enforces the time limit and its verdict comes as `ended`: elapsed 0 keeps classify's own
+            # wall-clock rule (for local cells) out of it
+            rec = finalize(
+                payload,
+                elapsed_s=0.0,
+                time_limit_s=minutes * 60.0,
+                ended=ended,
+                job_errors=errors or None,
+                log_tail=log_tail,
+            )
+            if payload.pack is not None and payload.job_id and rec.env.slurm_pack is None:
+                rec = rec.in_pack(job_id=payload.job_id, position=payload.pack.position, of=payload.pack.of)
+                write_record(payload.results, rec)
+            self.manifest.ended(payload.run_id, rec, attempt=payload.attempt)
+        except Exception as e:
+            self._stopped(payload, tag, e)
+            raise
         place = f", cell {payload.pack.position}/{payload.pack.of}" if payload.pack is not None else ""
         took = (
             f"  (job {job.job_id}{place}, {time.time() - since:.1f} s)" if job is not None and since is not None else ""
@@ -728,6 +744,13 @@ class SlurmSweep:
         self.echo(f"{tag}  {describe(rec)}{took}")
         self.cells.pop(payload.run_id, None)
         return rec
+
+    def _stopped(self, payload: Payload, tag: str, error: Exception) -> None:
+        """The sweep stops at this cell on `error` (a write the disk has no room for): the cell recorded failed
+        (outcome.stopped_run), no longer followed; the backend detaches from the others (a re-run re-attaches)."""
+        rec, noted = stopped_run(payload, error, manifest=self.manifest)
+        self.echo(f"{tag}  {describe(rec)}" + ("" if noted else "; the manifest could not be updated either"))
+        self.cells.pop(payload.run_id, None)
 
     # ---- letting go
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
@@ -472,15 +472,35 @@ def read_collectives_part(path: Path) -> CollectivesPart:
 
 
 def write_calibration(path: Path, doc: Calibration | CollectivesPart) -> Path:
-    """Write the file (or a part) atomically: a temp file beside it, then a rename; returns `path`. Python's json
-    writes the numbers (pydantic's JSON formats floats differently), one space of indent, as it always was."""
+    """Write the file (or a part) atomically: a temp file beside it, fsynced, then a rename; returns `path`. Python's
+    json writes the numbers (pydantic's JSON formats floats differently), one space of indent, as it always was.
+
+    The file gets what the umask leaves of 0o666, as any file a program creates (tempfile.mkstemp's 0600 left a
+    cluster's calibration, which the whole team's `harness plan` reads, to its writer alone). The text is made
+    before the temp file, so a document that cannot be written as JSON leaves nothing; a write that fails (a full
+    disk) leaves the old file as it was and no temp file (the planner floor has its own writer: harness.results,
+    where the others' is, sits a floor above)."""
+    text = json.dumps(doc.to_dict(), indent=1, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(doc.to_dict(), f, indent=1, allow_nan=False)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _new_temp(path: Path) -> tuple[int, Path]:
+    """(fd, path) of a new temp file beside `path`, made with mode 0o666 for the umask to narrow."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
