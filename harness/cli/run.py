@@ -17,9 +17,18 @@ from harness.scenario.listing import list_lines
 @cluster_option
 @click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
-def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool) -> int:
+@click.option("--no-skip", is_flag=True, help="run the cell even when it is predicted not to fit this host")
+def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool, no_skip: bool) -> int:
     """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
-    return run_cell(scenario, cell=cell, cluster_name=cluster_name, results=results, as_json=as_json, echo=click.echo)
+    return run_cell(
+        scenario,
+        cell=cell,
+        cluster_name=cluster_name,
+        results=results,
+        as_json=as_json,
+        no_skip=no_skip,
+        echo=click.echo,
+    )
 
 
 @click.command(name="list")

@@ -154,7 +154,14 @@ def _shown_path(path: str | Path, name: str) -> str:
 
 
 def run_cell(
-    scenario_file: str, *, cell: str, cluster_name: str, results: str, as_json: bool, echo: Callable[[str], None]
+    scenario_file: str,
+    *,
+    cell: str,
+    cluster_name: str,
+    results: str,
+    as_json: bool,
+    echo: Callable[[str], None],
+    no_skip: bool = False,
 ) -> int:
     """Run the cell of the scenario whose run_id is `cell` (or starts with it) in the foreground, its ranks children
     of this process (the options are `harness run`'s); its record as one line, or as JSON with `as_json`. Returns 0
@@ -163,7 +170,7 @@ def run_cell(
     from harness.launch.core.outcome import describe, skipped_record
     from harness.launch.core.payload import make_payload, predict
     from harness.launch.local.launchers import launch_foreground, local_gpus
-    from harness.plan.placement import capacity, placement_refusal
+    from harness.plan.placement import capacity, host_memory_refusal, placement_refusal
     from harness.results.store import check_writable_dir, sweep_dir
     from harness.worker.env import git_sha
 
@@ -181,7 +188,10 @@ def run_cell(
     # NOTE: a cell this machine cannot host is refused before any rank starts (harness.plan.placement); the ranks
     # are children of this process whatever the profile's executor, so the limit is always the local one
     here = dataclasses.replace(cluster, executor="local")
-    reason = spec.unsupported_reason(cluster.device) or placement_refusal(spec, here, capacity(here, gpus=local_gpus))
+    cap = capacity(here, gpus=local_gpus)
+    reason = spec.unsupported_reason(cluster.device) or placement_refusal(spec, here, cap)
+    if reason is None and not no_skip and (host := host_memory_refusal(spec, predicted=predicted, cap=cap)):
+        reason = f"predicted not to fit this host: {host} (--no-skip runs it)"
     if reason:
         rec = skipped_record(spec, sweep=sc.name, cluster=cluster, results=results, reason=reason, predicted=predicted)
     else:

@@ -243,7 +243,7 @@ def test_a_local_sweep_skips_a_cell_beyond_the_hosts_memory_and_no_skip_runs_it(
     tmp_path, no_launch, host_of_16_gib, capsys
 ):
     path, results = write(tmp_path / "b13.yaml", B13), tmp_path / "results"
-    assert main(["sweep", str(path), "--results", str(results)]) == 0
+    assert main(["sweep", str(path), "--results", str(results)]) == 1  # nothing ran: every cell skipped
     (rec,) = [json.loads(p.read_text()) for p in (results / "b13").glob("1.3b-*.json")]
     reason = f"predicted not to fit this host: {B13_REASON} (--no-skip runs it)"
     assert (rec["status"], rec["reason"]) == ("skipped", reason)
@@ -319,3 +319,25 @@ def test_the_tokens_table_says_nothing_of_fitting_when_every_cell_fits():
     costs = [training_cost(c, tokens=1e12, price_per_gpu_hour=2.0, profile="h100") for c in cells]
     lines = format_costs(cells, costs, tokens=1e12).splitlines()
     assert len(lines) == 3 and lines[2].split()[5] == "yes"
+
+
+def test_harness_run_refuses_a_cell_beyond_the_hosts_memory_and_no_skip_runs_it(
+    tmp_path, no_launch, monkeypatch, capsys
+):
+    """`harness run --cell` starts its ranks on this machine whatever the profile: the same host check, the same
+    override."""
+    real = placement.capacity
+    monkeypatch.setattr(
+        placement,
+        "capacity",
+        lambda cluster, **kw: real(cluster, **{**kw, "mem_gib": lambda: 16.0, "cores": lambda: 2}),
+    )
+    path, results = write(tmp_path / "b13.yaml", B13), tmp_path / "results"
+    assert main(["run", str(path), "--cell", "1.3b", "--results", str(results)]) == 1  # ran nothing
+    (rec,) = [json.loads(p.read_text()) for p in (results / "b13").glob("1.3b-*.json")]
+    assert (rec["status"], rec["reason"]) == (
+        "skipped",
+        f"predicted not to fit this host: {B13_REASON} (--no-skip runs it)",
+    )
+    with pytest.raises(Launched, match="1.3b-ddp-fp32-g2"):
+        main(["run", str(path), "--cell", "1.3b", "--results", str(tmp_path / "again"), "--no-skip"])
