@@ -35,7 +35,10 @@ VARIANT_FIELDS: dict[str, str] = {
     "grad_accum": "ga",
     "activation_checkpointing": "ac",
     "offload": "offload",
+    "measure_steps": "steps",
 }
+"""NOTE: measure_steps makes two cells too: runs of 2 and of 5 timed steps are not runs of one cell (`harness tune`'s
+rounds measure a candidate with fewer steps than its final round: each round's trials are cells of their own)"""
 LAYOUT_SEP = " × "
 """between a strategy and its layout in the label the report shows: `fsdp2.full_shard × tp2 × pp2 (1f1b)`"""
 LAYOUT_COLUMNS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
@@ -148,6 +151,7 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "micro_batch",
     "seq_len",
     "grad_accum",
+    "measure_steps",
     *(c for c in SCALAR_COLUMNS if c in METRIC_COLUMNS),
 )
 FRACTIONAL_COLUMNS = frozenset(c for c, m in METRIC_COLUMNS.items() if m.fractional)
@@ -241,6 +245,7 @@ def _flatten(rec: Record) -> tuple[dict[str, Any], dict[str, float]]:
         "grad_accum": _num(s.grad_accum),
         "activation_checkpointing": s.activation_checkpointing,
         "offload": s.offload,
+        "measure_steps": _num(s.measure_steps),
         **dict(zip(METRIC_COLUMNS, _METRIC_READER.values(rec))),
         "mfu_null_reason": rec.metrics.null_reason("mfu"),
         "memory_measure": _memory_measure(rec),
@@ -500,18 +505,27 @@ def best_per_model_gpus(
     the layout (`fsdp2.full_shard × tp2` and `fsdp2.full_shard` are two strategies here): a tensor- or
     pipeline-parallel layout can be the best, and the plain strategy its runner-up.
 
-    Columns: model, gpus, strategy, precision, variant, tokens_per_s_per_gpu, mfu, runner_up,
-    runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), distinguishable (bool; NaN
-    without a runner-up or when not judged), p_value, basis (harness.report.leader.BASES), verdict (text), n_ok,
-    n_cells. Groups where nothing ran ok have strategy None.
+    A cell's value is the median tokens/s/GPU of its runs (one run: that run's), as `harness tune` ranks its
+    finalists; only cells measured alike compete: those with the group's most timed steps (`measure_steps`). The
+    others — `harness tune`'s shorter rounds, a sweep's shorter cells — are counted (`n_shorter`), not compared: a
+    short screening run is not evidence against a longer, repeated one (harness.report.leader.contenders).
+
+    Columns: model, gpus, strategy, precision, variant, tokens_per_s_per_gpu (the median of its runs), mfu,
+    runner_up, runner_up_tokens_per_s_per_gpu, margin (fraction faster than the runner-up), distinguishable (bool;
+    NaN without a runner-up or when not judged), p_value, basis (harness.report.leader.BASES), verdict (text), n_ok,
+    n_cells, measure_steps (the steps the contest's cells were timed with), n_shorter. Groups where nothing ran ok
+    have strategy None.
     """
-    from harness.report.leader import Contest, Noise, leader_verdicts
+    from harness.report.leader import NOT_JUDGED, Contest, Noise, contenders, leader_verdicts, run_value
 
     runs = _runs_by_cell(frame)
     # NOTE: one pass over plain lists (a pandas filter and sort per group was 0.9 s at 10,000 records); the
     # groups in order of first appearance and the leaders in stable descending order, as groupby(sort=False) and
     # sort_values(ascending=False, kind="stable") give them
-    col = {c: cells[c].tolist() for c in (*CELL_KEYS, "status", "tokens_per_s_per_gpu", "mfu", *_NOISE_KEYS)}
+    col = {
+        c: cells[c].tolist()
+        for c in (*CELL_KEYS, "status", "tokens_per_s_per_gpu", "mfu", "measure_steps", *_NOISE_KEYS)
+    }
     groups: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(col["model"], col["gpus"])):
         groups.setdefault(key, []).append(i)
@@ -528,7 +542,17 @@ def best_per_model_gpus(
 
     out, contests, contested = [], [], []
     for (model, gpus), rows in groups.items():
-        row, best, ru = _group_row(model, gpus, rows, col)
+        ok = [i for i in rows if col["status"][i] == "ok" and not pd.isna(tps[i])]
+        value = {i: run_value(cell_runs(i), fallback=float(tps[i])) for i in ok}
+        steps, alike = contenders([col["measure_steps"][i] for i in ok])
+        compared = [ok[k] for k in alike]
+        row, best, ru = _group_row(model, gpus, rows, col, compared, value=value)
+        alike_set = set(compared)
+        shorter = [i for i in ok if i not in alike_set]
+        row.update(measure_steps=steps, n_shorter=len(shorter))
+        if best is not None and ru is None and any(col["strategy"][i] != col["strategy"][best] for i in shorter):
+            # NOTE: other strategies ran ok, but only with fewer steps: no runner-up, and no crown over them
+            row.update(basis=NOT_JUDGED, verdict=f"other strategies measured with fewer than {steps:g} steps only")
         if best is not None and ru is not None:
             contests.append(
                 Contest(
@@ -564,45 +588,51 @@ BEST_COLUMNS: tuple[str, ...] = (
     "n_ok",
     "n_cells",
     "statuses",
+    "measure_steps",
+    "n_shorter",
 )
 """best_per_model_gpus' columns, in order"""
 
 
 def _group_row(
-    model: Any, gpus: Any, rows: list[int], col: dict[str, list[Any]]
+    model: Any,
+    gpus: Any,
+    rows: list[int],
+    col: dict[str, list[Any]],
+    compared: list[int],
+    *,
+    value: Mapping[int, float],
 ) -> tuple[dict[str, Any], int | None, int | None]:
     """(the best-strategy row of one (model, GPU count) of the cells `rows` (indices into `col`'s lists), its
-    leader, its runner-up: the fastest ok cell of another strategy); leader and runner-up None where there is
-    none."""
-    tps = col["tokens_per_s_per_gpu"]
-    ok = [i for i in rows if col["status"][i] == "ok" and not pd.isna(tps[i])]
+    leader, its runner-up: the fastest ok cell of another strategy), among the cells `compared` (ok, measured
+    alike) by `value` (each cell's median over its runs); leader and runner-up None where there is none."""
     row: dict[str, Any] = {
         "model": model,
         "gpus": gpus,
-        "n_ok": len(ok),
+        "n_ok": sum(1 for i in rows if col["status"][i] == "ok" and not pd.isna(col["tokens_per_s_per_gpu"][i])),
         "n_cells": len(rows),
         "statuses": dict(Counter(col["status"][i] for i in rows)),
     }
-    if not ok:
+    if not compared:
         return row, None, None
-    ok.sort(key=lambda i: -tps[i])
-    best = ok[0]
+    ranked = sorted(compared, key=lambda i: -value[i])
+    best = ranked[0]
     row.update(
         strategy=col["strategy"][best],
         precision=col["precision"][best],
         variant=col["variant"][best],
-        tokens_per_s_per_gpu=tps[best],
+        tokens_per_s_per_gpu=value[best],
         mfu=col["mfu"][best],
     )
-    others = [i for i in ok if col["strategy"][i] != col["strategy"][best]]
+    others = [i for i in ranked if col["strategy"][i] != col["strategy"][best]]
     if not others:
         return row, best, None
     ru = others[0]
     row.update(
         runner_up=col["strategy"][ru],
         runner_up_precision=col["precision"][ru],
-        runner_up_tokens_per_s_per_gpu=tps[ru],
-        margin=tps[best] / tps[ru] - 1.0,
+        runner_up_tokens_per_s_per_gpu=value[ru],
+        margin=value[best] / value[ru] - 1.0,
     )
     return row, best, ru
 

@@ -13,11 +13,18 @@ run, and the lead is judged on runs only, on one of three bases (`Verdict.basis`
 - **not judged**: the lead is shown with no ★ and no p-value ("single run: lead not judged").
 
 A lead is "distinguishable" only on a test at ALPHA; a row that was not judged is neither crowned nor tied.
+
+Which cells compete, and on what value: a cell's value is the median of its runs (`run_value`: `harness tune`
+ranks its finalists so), and only the cells timed with the most steps compete (`contenders`): runs of 2 steps and
+runs of 5 are not runs of one cell, and one 2-step screening run that happened to be fast is no evidence against a
+cell measured 5 steps at a time, three times over (issue 48: a report crowned a `harness tune` trial that tune had
+eliminated in its first round, pooled with the final round's runs).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,6 +90,26 @@ class Contest:
     runner_runs: Sequence[float]
     leader_noise: Noise | None = None
     runner_noise: Noise | None = None
+
+
+def run_value(runs: Sequence[float], *, fallback: float) -> float:
+    """A cell's tokens/s/GPU for ranking: the median of its runs (`fallback`, its shown record's, without one)."""
+    good = _positive(runs)
+    return float(statistics.median(good)) if good else fallback
+
+
+def contenders(steps: Sequence[float | None]) -> tuple[float, list[int]]:
+    """(the most timed steps among cells that ran ok with `steps` each, the indices of the cells timed with that
+    many): the cells measured alike, which alone compete for the lead. A cell without a step count (NaN) stands
+    with the others that lack one, behind any that has one."""
+
+    def count(v: float | None) -> float:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else -1.0
+
+    if not steps:
+        return math.nan, []
+    most = max(count(v) for v in steps)
+    return (most if most >= 0 else math.nan), [i for i, v in enumerate(steps) if count(v) == most]
 
 
 def _positive(values: Sequence[float]) -> list[float]:

@@ -212,8 +212,11 @@ def _tied(b: dict[str, Any]) -> bool:
 
 
 def _crowned(b: dict[str, Any]) -> bool:
-    """Faster than the next strategy beyond noise, or the only strategy that ran ok."""
-    return b.get("distinguishable") is True or b.get("distinguishable") == 1 or is_null(b.get("runner_up"))
+    """Faster than the next strategy beyond noise, or the only strategy that ran ok (not: the only one measured
+    with the most steps, beside others measured with fewer, which were not compared: the row says so)."""
+    if b.get("distinguishable") is True or b.get("distinguishable") == 1:
+        return True
+    return is_null(b.get("runner_up")) and is_null(b.get("basis"))
 
 
 def _best_marks(best: pd.DataFrame) -> Marks:
@@ -310,6 +313,15 @@ def _basis_text(b: dict[str, Any]) -> str:
     return {"runs": "repeated runs", "history": "history noise"}.get(str(basis), "not judged")
 
 
+def _shorter_text(b: dict[str, Any]) -> str:
+    """'; 6 with fewer than 5 steps not compared' when cells that ran ok were timed with fewer steps than the
+    contest's (harness.report.leader.contenders), else ''."""
+    n = b.get("n_shorter")
+    if is_null(n) or not n:
+        return ""
+    return f"; {int(n)} with fewer than {b['measure_steps']:g} steps not compared"
+
+
 def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
     """One row per (model, GPU count): the fastest strategy, the next-best other strategy and the lead over it;
     a lead within the noise reads 'a ≈ b' (never crown noise)."""
@@ -334,6 +346,8 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
             continue
         ru = ABSENT if is_null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
         margin = ABSENT if is_null(b["margin"]) else f"+{100 * b['margin']:.1f}% ({b['verdict']})"
+        if is_null(b["runner_up"]) and not is_null(b.get("verdict")):  # others ran with fewer steps only
+            margin = f"not judged ({b['verdict']})"
         strategy = str(b["strategy"])
         if _tied(b):  # NOTE: never crown noise: the leader and the runner-up share the row's first column
             strategy, margin = f"{b['strategy']} {TIE} {b['runner_up']}", f"{TIE} {margin}"
@@ -341,7 +355,7 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
             [str(b["model"]), fmt_int(b["gpus"]), strategy, str(b["precision"])]
             + ([str(b["variant"] or ABSENT)] if with_variant else [])
             + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin, _basis_text(b)]
-            + [f"{b['n_ok']} of {b['n_cells']}"]
+            + [f"{b['n_ok']} of {b['n_cells']}" + _shorter_text(b)]
         )
     return Table(columns, tuple(text_cells(r) for r in rows))
 
@@ -614,10 +628,12 @@ DEFINITIONS = (
     "hover). MAPE: mean |predicted − measured| / measured over the cells shown.",
     "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
     "binary units (KiB = 2^10 bytes).",
-    "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations; "
-    "the lead is over the fastest other strategy, judged on runs, never on one run's steps (timing noise is "
-    "mostly between runs): with 3 or more runs of each cell (harness sweep --repeat), compare's run-level test "
-    "(Welch t-test on the log tokens/s/GPU of the runs); else, with harness report --history DB, the two cells' "
+    "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations, a cell's "
+    "tok/s/GPU being the median of its runs (the model tables show its last run), and only cells timed with the "
+    "most steps compared (a harness tune search's shorter rounds, a sweep's shorter cells: counted under 'cells ok', "
+    "not compared); the lead is over the fastest other strategy, judged on runs, never on one run's steps (timing "
+    "noise is mostly between runs): with 3 or more runs of each cell (harness sweep --repeat), compare's run-level "
+    "test (Welch t-test on the log tokens/s/GPU of the runs); else, with harness report --history DB, the two cells' "
     "between-run noise in that history; else the lead is shown but not judged ('single run: lead not judged', "
     "no ★). p ≥ 0.05: the two are not distinguishable, shown 'a ≈ b' and marked ≈ instead of ★ in the model "
     "tables. The 'judged on' column says which basis each row used.",

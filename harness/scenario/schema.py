@@ -127,19 +127,81 @@ def _refuse_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
 
 _NoObjectsLoader.add_multi_constructor("!", _refuse_tag)
 _NoObjectsLoader.add_multi_constructor("tag:yaml.org,2002:python/", _refuse_tag)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _key_of(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    """A mapping key as the loaded document would hold it (`1` and `1.0` are one key, as in a dict); a key that is
+    no scalar (a sequence or mapping as a key) as its node, compared by identity."""
+    return loader.construct_object(node) if isinstance(node, yaml.ScalarNode) else node
+
+
+def _where(mark: yaml.Mark, *, column: bool) -> str:
+    return f"{mark.line + 1}:{mark.column + 1}" if column else str(mark.line + 1)
+
+
+def _duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node | None, file: str) -> list[Problem]:
+    """Every key given twice in one mapping, anywhere in the document: YAML's loaders keep only the last silently
+    (two top-level `matrix:` blocks: the first is dropped). Each at its key path, with the lines of every
+    occurrence (line:column where two share a line, as in a flow mapping)."""
+    problems: list[Problem] = []
+    seen_nodes: set[int] = set()  # NOTE: an alias repeats its anchor's node; each node once (no billion laughs)
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
+        elif isinstance(node, yaml.MappingNode):
+            marks: dict[Any, list[yaml.Mark]] = {}
+            children = []
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:  # NOTE: `<<: *base`: keys given beside a merge override it by design
+                    children.append((value_node, path))
+                    continue
+                key = _key_of(loader, key_node)
+                marks.setdefault(key, []).append(key_node.start_mark)
+                children.append((value_node, f"{path}.{key}" if path else str(key)))
+            for key, at in marks.items():
+                if len(at) > 1:
+                    column = len({m.line for m in at}) < len(at)
+                    lines = [_where(m, column=column) for m in at]
+                    unit = "line:column" if column else "lines"
+                    where = f"{path}.{key}" if path else str(key)
+                    problems.append(
+                        Problem(
+                            file,
+                            where,
+                            f"given {len(at)} times, at {unit} {', '.join(lines[:-1])} and {lines[-1]}: YAML would "
+                            "keep only the last, silently; give it once",
+                        )
+                    )
+            stack += reversed(children)
+    return problems
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file with safe loading; syntax errors become an InputError naming the line."""
+    """Parse a YAML file with safe loading (every YAML file the harness reads: scenarios, cluster profiles); syntax
+    errors become an InputError naming the line, and a key given twice in one mapping is an InputError naming every
+    line it is on (a plain YAML loader keeps the last one silently)."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise InputError([Problem(str(path), "", f"cannot read file: {e.strerror or e}")]) from None
+    loader = _NoObjectsLoader(text)
     try:
-        return yaml.load(text, Loader=_NoObjectsLoader)  # noqa: S506 - a SafeLoader subclass
+        root = loader.get_single_node()
+        duplicates = _duplicate_keys(loader, root, str(path))
+        if duplicates:
+            raise InputError(duplicates)
+        return loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
         raise InputError([Problem(str(path), "", f"invalid YAML: {e}")]) from None
+    finally:
+        loader.dispose()
 
 
 def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) -> None:
@@ -312,6 +374,10 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
         _check_one_grad_accum(
             tune.global_batch, settings=settings, axes=axes, include=include, file=file, problems=problems
         )
+        # NOTE: a grad_accum written anywhere beside the global batch is refused there already
+        _check_axis_or_setting({k: v for k, v in settings.items() if k != "grad_accum"}, axes, file, problems)
+    else:
+        _check_axis_or_setting(settings, axes, file, problems)
 
     cells: list[dict[str, Any]] = []
     if not problems:
@@ -408,6 +474,26 @@ def _check_matrix(
             if len(problems) == before:
                 target.append(entry)
     return axes, include, exclude
+
+
+def _check_axis_or_setting(
+    settings: dict[str, Any], axes: dict[str, list[Any]], file: str, problems: list[Problem]
+) -> None:
+    """A setting given both as a matrix axis and under `settings` is a problem at both places: the axis would
+    override the setting in every cell the axes make, silently (an include entry that names the key is a deliberate
+    override of some cells, and stays allowed)."""
+    # NOTE: refused rather than stated: a value that never applies is a mistake in the file, and a printed note
+    # would scroll by; the user keeps whichever was meant
+    for key in axes:
+        if key in settings:
+            problems.append(
+                Problem(
+                    file,
+                    f"matrix.{key}",
+                    f"also given as settings.{key} ({settings[key]!r}): the axis would override that setting in every "
+                    f"cell of the matrix, silently; give {key} in one place (as the axis, or as the setting)",
+                )
+            )
 
 
 def _check_one_grad_accum(

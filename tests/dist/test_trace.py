@@ -35,13 +35,14 @@ def traced(tmp_path_factory) -> dict:
 
 
 def test_measured_parts_add_up_to_the_traced_step(traced, record_property):
-    """The parts fill the step as the trace spans it, which is the step's wall time within 5%; the gradients'
-    all_reduce ran (comm_total > 0) and no more of it was exposed than ran; checkpointing's recomputation and the
-    optimizer were found. The traced step against the timed ones is printed, not asserted (the profiler's cost)."""
+    """The parts fill the traced step: its wall time, to the nanosecond (the window is the step's own interval on
+    the trace's clock); the gradients' all_reduce ran (comm_total > 0) and no more of it was exposed than ran;
+    checkpointing's recomputation and the optimizer were found. The traced step against the timed ones is printed,
+    not asserted (the profiler's cost)."""
     t = traced["metrics"]["time_s"]
     parts = sum(t[p] for p in PARTS)
     assert parts == pytest.approx(t["window"], rel=1e-9)
-    assert abs(parts - t["step"]) <= 0.05 * t["step"], (parts, t["step"])
+    assert parts == pytest.approx(t["step"], rel=1e-6, abs=0), (parts, t["step"])
     assert t["comm_total"] > 0
     assert 0 <= t["comm_exposed"] <= t["comm_total"]
     assert t["recompute"] > 0 and t["optimizer"] > 0 and t["compute"] > 0
@@ -69,6 +70,33 @@ def test_measured_parts_add_up_to_the_traced_step(traced, record_property):
     )
     record_property("traced_vs_timed", note)
     print(note)
+
+
+def test_a_plain_ddp_cells_parts_add_up_to_its_traced_step(tmp_path, record_property):
+    """Issue 48, item 11: `trace: true` on the smoke model, DDP fp32, 2 ranks (no checkpointing): the parts summed
+    to the trace's annotation (19.0 ms once) rather than to the traced step they describe (14.9 ms). The record's
+    parts (the slowest rank's, of the median traced step) add up to that step now, and that rank's annotation of
+    the step in its trace holds it (the annotation is the step and its own entry and exit: what it spans beyond
+    the step is in no part)."""
+    spec = make_spec(strategy="ddp", trace=True, measure_steps=5)
+    rec = run_cell(spec, tmp_path / "results")
+    assert rec["status"] == "ok", rec.get("reason")
+    t = rec["metrics"]["time_s"]
+    parts = {p: t[p] for p in PARTS}
+    assert sum(parts.values()) == pytest.approx(t["step"], rel=1e-6, abs=0)
+    assert t["window"] == pytest.approx(t["step"], rel=1e-6, abs=0)
+    assert t["step"] == max(r["step"] for r in t["by_rank"]) == t["steps"][t["index"]]
+    folder = Path(rec["_path"]).parent
+    doc = json.loads(gzip.decompress((folder / rec["artifacts"]["traces"][t["slowest_rank"]]).read_bytes()))
+    marks = sorted((e for e in doc["traceEvents"] if e.get("name") == STEP_MARK), key=lambda e: e["ts"])
+    annotation_s = marks[t["index"]]["dur"] / 1e6
+    assert annotation_s >= t["step"]  # the annotation holds the step: what it spans beyond is in no part
+    note = (
+        f"traced step {t['step'] * 1e3:.3f} ms, parts {sum(parts.values()) * 1e3:.3f} ms, "
+        f"annotation {annotation_s * 1e3:.3f} ms"
+    )
+    record_property("ddp_parts", note)
+    print(note, {p: round(v * 1e3, 3) for p, v in parts.items()})
 
 
 def test_the_record_lists_each_ranks_trace_and_perfetto_can_read_it(traced):

@@ -21,11 +21,13 @@ import yaml
 
 from harness.cli import main
 from harness.compare.stats import run_level_p
+from harness.report import build_report
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
 from harness.scenario.spec import RunSpec
 from harness.tune.log import check_tune_log, read_tune_file
 from harness.tune.search import COUNTS_SOURCE
+from tests.unit.test_report import md_rows, md_section
 
 pytestmark = pytest.mark.dist
 
@@ -115,6 +117,26 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     assert win.measured == pytest.approx(statistics.median(vw))
     assert statistics.median(vw) >= statistics.median(vr)
     assert g.p_value == pytest.approx(run_level_p(vw, vr))
+
+    # the report over the search's folder crowns what tune crowned, on the same runs, and says what tune said of the
+    # lead (issue 48, item 7: it pooled round 0's 2-step trials with the final round's runs, and ranked last runs)
+    assert win.spec is not None and runner.spec is not None and win.spec.strategy != runner.spec.strategy
+    report = build_report([results / "tn-tune"], out=tmp_path / "report")
+    (b,) = report["best"].to_dict("records")
+    assert (b["strategy"], b["precision"]) == (win.spec.strategy, "fp32")
+    assert b["tokens_per_s_per_gpu"] == pytest.approx(win.measured, rel=1e-12)
+    assert (b["runner_up"], b["runner_up_tokens_per_s_per_gpu"]) == (
+        runner.spec.strategy,
+        pytest.approx(runner.measured),
+    )
+    assert b["basis"] == "runs" and b["p_value"] == pytest.approx(g.p_value, rel=1e-12)
+    assert b["distinguishable"] is (g.verdict == "ahead") and b["verdict"].endswith(", 3 vs 3 runs")
+    # round 0's trials (2 steps) are cells of their own, counted and not compared: DDP mb 1 and FSDP mb 4 ran ok
+    assert (b["measure_steps"], b["n_shorter"]) == (3, 2)
+    md = report["paths"]["markdown"].read_text()
+    (row,) = md_rows(md_section(md, "## Best strategy per model and GPU count"))
+    shown = win.spec.strategy if g.verdict == "ahead" else f"{win.spec.strategy} ≈ {runner.spec.strategy}"
+    assert row[2] == shown
 
     # the winner file is a valid scenario whose one cell is the winner, and `harness sweep` runs it
     tuned = Path(out.field("tuned_file"))

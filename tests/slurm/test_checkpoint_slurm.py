@@ -46,7 +46,7 @@ def test_a_two_node_cell_writes_and_reads_its_checkpoint_in_the_shared_dir(two_n
     assert c["format"] == "dcp" and c["dir"] == str(two_nodes["shared"])
     # every rank's shard (written from both nodes) and the coordinator's metadata, in the one shared folder
     assert c["files"] == 5
-    assert c["bytes"] >= d["predicted"]["checkpoint_bytes"] == 12 * d["metrics"]["n_params"]
+    assert c["bytes"] >= d["predicted"]["checkpoint_bytes"] > 12 * d["metrics"]["n_params"]  # DCP: framing predicted
     assert len(c["save_s_per_rank"]) == len(c["load_s_per_rank"]) == 4
     assert abs(c["resume_loss_delta"]) <= 1e-6  # read back on both nodes into fresh models: training goes on exactly
     assert list(two_nodes["shared"].iterdir()) == []  # the cell's checkpoint was deleted after measuring

@@ -339,3 +339,86 @@ def test_unsupported_cells_have_reasons():
     assert "ZeRO-3" in specs[("zero2", "optimizer+params")].unsupported_reason("cuda")
     assert "fp16 is not supported on CPU" in specs[("zero2", "none")].unsupported_reason("cpu")
     assert specs[("zero2", "none")].unsupported_reason("cuda") is None
+
+
+# ---- issue 48, item 4: keys YAML would drop, settings an axis would override ---------------------------------
+
+DUPLICATES = """\
+name: t
+matrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2]}
+settings: {micro_batch: 2, micro_batch: 4}
+matrix:
+  model: [tiny]
+  strategy: [zero2]
+  precision: [fp32]
+  gpus: [2]
+  include:
+    - {strategy: ddp, gpus: 2, gpus: 4}
+"""
+
+
+def test_a_key_given_twice_is_exit_2_naming_every_line_and_nothing_is_written(tmp_path, capsys):
+    """Two top-level `matrix:` blocks (a plain YAML loader drops the first), a flow mapping that gives micro_batch
+    twice (it took 4), a key twice inside an include entry: each is a problem at its key path with every line it is
+    on (line:column where they share a line), all at once, exit 2 and nothing written."""
+    p = write(tmp_path, DUPLICATES)
+    results = tmp_path / "results"
+    assert main(["sweep", str(p), "--results", str(results)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"error: {p}: matrix: given 2 times, at lines 2 and 4: YAML would keep only the last, silently; give it once",
+        f"error: {p}: settings.micro_batch: given 2 times, at line:column 3:12 and 3:28: YAML would keep only the "
+        "last, silently; give it once",
+        f"error: {p}: matrix.include[0].gpus: given 2 times, at line:column 10:23 and 10:32: YAML would keep only "
+        "the last, silently; give it once",
+    ]
+    assert not results.exists()
+
+
+def test_a_merge_key_and_its_override_are_no_duplicate_and_an_alias_is_walked_once(tmp_path):
+    from harness.scenario.schema import load_yaml
+
+    p = write(tmp_path, "base: &b {micro_batch: 2, seq_len: 64}\nuse: {<<: *b, micro_batch: 4}\nagain: *b\n")
+    assert load_yaml(p) == {
+        "base": {"micro_batch": 2, "seq_len": 64},
+        "use": {"micro_batch": 4, "seq_len": 64},
+        "again": {"micro_batch": 2, "seq_len": 64},
+    }
+    # the same key written as 1 and 1.0 is one key of the loaded mapping: a duplicate
+    with pytest.raises(InputError) as ei:
+        load_yaml(write(tmp_path, "a:\n  1: x\n  1.0: y\n", name="n.yaml"))
+    assert [str(q) for q in ei.value.problems] == [
+        f"{tmp_path / 'n.yaml'}: a.1: given 2 times, at lines 2 and 3: YAML would keep only the last, silently; "
+        "give it once"
+    ]
+
+
+def test_a_cluster_profile_with_a_key_given_twice_is_exit_2(tmp_path, capsys):
+    """Cluster profiles go through the same loader."""
+    prof = write(
+        tmp_path,
+        "name: two\nexecutor: local\ndevice: cpu\ngpus_per_node: 2\ngpus_per_node: 4\n",
+        name="two.yaml",
+    )
+    assert main(["list", "cells", str(REPO / "scenarios" / "smoke.yaml"), "--cluster", str(prof)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {prof}: gpus_per_node: given 2 times, at lines 4 and 5: YAML would keep only the last, silently; "
+        "give it once"
+    )
+
+
+def test_a_setting_given_as_an_axis_and_under_settings_is_refused_at_both(tmp_path, capsys):
+    """The axis would override the setting in every cell of the matrix: refused, naming both places; an include
+    entry that names the key overrides some cells on purpose and stays allowed."""
+    got = problems_of({**with_matrix(micro_batch=[1, 2]), "settings": {"micro_batch": 4, "seq_len": 32}})
+    assert got == [
+        "s.yaml: matrix.micro_batch: also given as settings.micro_batch (4): the axis would override that setting in "
+        "every cell of the matrix, silently; give micro_batch in one place (as the axis, or as the setting)"
+    ]
+    doc = {**with_matrix(include=[{"strategy": "ddp", "micro_batch": 1}]), "settings": {"micro_batch": 4}}
+    assert [s.settings.micro_batch for s in parse_scenario(doc, "s.yaml").expand(gpus_per_node=2)] == [1]
+    p = write(tmp_path, "name: t\nmatrix: {model: [tiny], strategy: [ddp], precision: [fp32], gpus: [2], "
+              "seq_len: [32, 64]}\nsettings: {seq_len: 128}\n")  # fmt: skip
+    assert main(["sweep", str(p), "--results", str(tmp_path / "r")]) == 2
+    assert "matrix.seq_len: also given as settings.seq_len (128)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

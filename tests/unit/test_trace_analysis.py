@@ -167,6 +167,55 @@ def test_analyse_reads_the_step_it_is_asked_for():
     assert analyse_steps(doc, rank=0, steps_s=[1e-4, 2e-4]) == [first, analyse(doc, rank=0, step_s=2e-4, index=1)]
 
 
+BASE_NS = 1_790_857_026_000_000_000
+"""a trace's `baseTimeNanoseconds`: its timestamps are µs since this Unix time (torch.profiler's Chrome export)"""
+
+
+def test_the_parts_fill_the_step_not_its_annotation():
+    """Issue 48, item 11: a traced DDP step of 14.9 ms whose annotation spans 19.0 ms (the host did something for
+    4.1 ms between the annotation's entry and the step's first perf_counter): the parts fill the 14.9 ms the step
+    took, placed on the trace's clock by the wall clock read at its start, and the 4.1 ms before it is in no part.
+    Without that reading the annotation is the window (the earlier behaviour: 19.0 ms of parts for a 14.9 ms step)."""
+    events = [
+        x(STEP_MARK, 1000, 19000, cat="user_annotation"),
+        x("aten::linear", 5100, 10200),  # compute 10.2 ms
+        x("c10d::allreduce_", 15300, 100),
+        x("gloo:all_reduce", 15400, 1600, tid=GLOO, cat="user_annotation"),  # exposed 15.4–17.0 ms
+        x("Optimizer.step#AdamW.step", 17000, 900, cat="user_annotation"),
+        x("aten::_foreach_add_", 17000, 900),  # optimizer 0.9 ms
+    ]
+    doc = {"traceEvents": events, "baseTimeNanoseconds": BASE_NS}
+    start_ns = BASE_NS + 5_100_000  # the step's start: 4.1 ms into the annotation (ts 5100 µs)
+    r = analyse(doc, rank=1, step_s=0.0149, start_ns=start_ns)
+    got = {p: getattr(r, p) * 1e3 for p in PARTS}
+    assert got == pytest.approx(
+        {"compute": 10.2, "recompute": 0.0, "optimizer": 0.9, "comm_exposed": 1.6, "other": 2.2}
+    )
+    assert sum(got.values()) == pytest.approx(14.9, rel=1e-9) and r.window == pytest.approx(r.step, rel=1e-9)
+    (every,) = analyse_steps(doc, rank=1, steps_s=[0.0149], starts_ns=[start_ns])
+    assert every == r
+    plain = analyse(doc, rank=1, step_s=0.0149)  # no wall-clock reading: the annotation's span
+    assert sum(getattr(plain, p) for p in PARTS) == pytest.approx(0.019) and plain.other == pytest.approx(0.0063)
+    # a trace without its base time cannot place the step: the annotation again
+    assert analyse({"traceEvents": events}, rank=1, step_s=0.0149, start_ns=start_ns) == plain
+
+
+def test_a_cuda_traces_device_copy_of_the_step_annotation_is_no_step():
+    """On a GPU the profiler also draws each annotation on the device's timeline (cat gpu_user_annotation, from its
+    first kernel to its last): those copies are not steps, so the second step is the host's second annotation."""
+    events = [
+        x(STEP_MARK, 0, 100, cat="user_annotation"),
+        x(STEP_MARK, 5, 80, cat="gpu_user_annotation", tid=7),
+        x("aten::mm", 10, 20),
+        x(STEP_MARK, 200, 100, cat="user_annotation"),
+        x(STEP_MARK, 205, 90, cat="gpu_user_annotation", tid=7),
+        x("aten::mm", 210, 60),
+    ]
+    first, second = analyse_steps({"traceEvents": events}, rank=0, steps_s=[1e-4, 1e-4])
+    assert (first.compute, second.compute) == (pytest.approx(20e-6), pytest.approx(60e-6))
+    assert second.window == pytest.approx(100e-6)
+
+
 spans = st.lists(st.tuples(st.integers(-20, 120), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=12)
 
 

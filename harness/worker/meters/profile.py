@@ -14,8 +14,14 @@ adjacent in time): the traced steps' median over theirs is `profiler_cost`, the 
 every trace. A traced step outside the timed steps' p10–p90 whose untraced neighbours are outside too says the
 host's pace moved between the timed steps and the traced ones, not that the profiler changed the step.
 
-How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window (the
-`harness.traced_step` annotation around the step and its device synchronisation) every instant is given to one part:
+How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the traced step's window every instant
+is given to one part. The window is the step itself: the interval its wall time (`perf_counter` around the step and
+its device synchronisation) was taken over, placed on the trace's clock by the wall clock read beside the first
+`perf_counter` (the trace counts its timestamps from `baseTimeNanoseconds`, a Unix time). The `harness.traced_step`
+annotation around it starts a little before and ends a little after (its own entry and exit: 4–30 µs measured), and
+anything the host did between the annotation's entry and the step's first `perf_counter` (a garbage collection, the
+thread descheduled) would otherwise be counted as a part of a step it was not in. Without the wall-clock reading (a
+trace without `baseTimeNanoseconds`, a caller that passes none) the annotation is the window.
 
 - the *busy* timeline is what computes. On a GPU: the device's kernels, memcpys and memsets that are not NCCL's. On
   CPU (gloo): the rank's main thread inside a profiled operator, minus the collective operators themselves (c10d::*,
@@ -29,7 +35,7 @@ How the parts are derived (docs/time-model.md, "Measured breakdown"): inside the
   collective runs is comm_exposed (the rank waits for communication); anything else is other (host overhead between
   operators, launch gaps, the framework's bookkeeping).
 
-So the parts add up to the traced window exactly, and comm_exposed <= comm_total. The analysis below is pure (a
+So the parts add up to the traced step exactly, and comm_exposed <= comm_total. The analysis below is pure (a
 trace's events in, seconds out): tests feed it synthetic events as well as real traces.
 """
 
@@ -48,7 +54,11 @@ from pathlib import Path
 from typing import Any
 
 STEP_MARK = "harness.traced_step"
-"""the annotation around the traced step (and its device synchronisation): the window the parts fill"""
+"""the annotation around the traced step (and its device synchronisation): which thread is the step's, and the
+window the parts fill where the step's start on the trace's clock is not known"""
+GPU_ANNOTATION = "gpu_user_annotation"
+"""the category of the copy of an annotation that a CUDA trace draws on the device's timeline (from its first
+kernel to its last): not the host's annotation, so never a step's mark"""
 RECOMPUTE_MARK = "harness.recompute"
 """the annotation around each recomputation of a checkpointed block in the traced step's backward"""
 OPTIMIZER_MARK = "harness.optimizer"
@@ -170,7 +180,8 @@ class RankTime:
     step: float
     """the traced step's wall time: perf_counter around the step and its device synchronisation (s)"""
     window: float
-    """the same step as the trace's annotation spans it (s): what the parts add up to"""
+    """the span the parts fill (s): the step's own interval on the trace's clock, so `step` up to the clocks'
+    rounding (nanoseconds); the annotation's span where the step's start could not be placed"""
     compute: float
     recompute: float | None
     optimizer: float
@@ -200,28 +211,65 @@ def _is_nccl(name: str) -> bool:
 
 
 def analyse(
-    doc: Mapping[str, Any], *, rank: int, step_s: float, index: int = 0, recompute_reason: str | None = None
+    doc: Mapping[str, Any],
+    *,
+    rank: int,
+    step_s: float,
+    index: int = 0,
+    start_ns: int | None = None,
+    recompute_reason: str | None = None,
 ) -> RankTime:
     """This rank's breakdown of its `index`-th traced step (0-based, in time order) from its trace (the Chrome
-    trace's JSON document). `recompute_reason`: why the recomputation could not be marked (then recompute is null
-    and its time is in compute)."""
-    return _analyse(doc, rank=rank, steps={index: step_s}, recompute_reason=recompute_reason)[0]
+    trace's JSON document). `start_ns`: the wall clock (`time.time_ns()`) read beside the step's first
+    `perf_counter`: the window is then [start, start + step_s] on the trace's clock (else the step's annotation).
+    `recompute_reason`: why the recomputation could not be marked (then recompute is null and its time is in
+    compute)."""
+    starts = None if start_ns is None else {index: start_ns}
+    return _analyse(doc, rank=rank, steps={index: step_s}, starts_ns=starts, recompute_reason=recompute_reason)[0]
 
 
 def analyse_steps(
-    doc: Mapping[str, Any], *, rank: int, steps_s: Sequence[float], recompute_reason: str | None = None
+    doc: Mapping[str, Any],
+    *,
+    rank: int,
+    steps_s: Sequence[float],
+    starts_ns: Sequence[int] | None = None,
+    recompute_reason: str | None = None,
 ) -> list[RankTime]:
-    """`analyse` of every traced step (`steps_s[i]`: step i's wall time), the trace's events read and its timelines
-    built once for all of them."""
-    return _analyse(doc, rank=rank, steps=dict(enumerate(steps_s)), recompute_reason=recompute_reason)
+    """`analyse` of every traced step (`steps_s[i]`: step i's wall time, `starts_ns[i]` the wall clock at its
+    start), the trace's events read and its timelines built once for all of them."""
+    starts = None if starts_ns is None else dict(enumerate(starts_ns))
+    return _analyse(doc, rank=rank, steps=dict(enumerate(steps_s)), starts_ns=starts, recompute_reason=recompute_reason)
+
+
+def _window(
+    doc: Mapping[str, Any], mark: Mapping[str, Any], *, step_s: float, start_ns: int | None
+) -> tuple[float, float]:
+    """The span (µs, the trace's clock) a step's parts fill: [start, start + step_s] where the step's start is known
+    on the trace's clock (its wall-clock reading and the trace's base time), else its annotation's span."""
+    base = doc.get("baseTimeNanoseconds")
+    if start_ns is None or not isinstance(base, int) or isinstance(base, bool):
+        return _span(mark)
+    # NOTE: integer nanoseconds first, so the µs start keeps the trace's own precision (its ts are µs since base)
+    lo = (start_ns - base) / 1e3
+    return lo, lo + step_s * 1e6
 
 
 def _analyse(
-    doc: Mapping[str, Any], *, rank: int, steps: Mapping[int, float], recompute_reason: str | None
+    doc: Mapping[str, Any],
+    *,
+    rank: int,
+    steps: Mapping[int, float],
+    starts_ns: Mapping[int, int] | None,
+    recompute_reason: str | None,
 ) -> list[RankTime]:
-    """The breakdown of each traced step `index` → its wall time in `steps`, in that order."""
+    """The breakdown of each traced step `index` → its wall time in `steps` (and its start in `starts_ns`), in
+    that order."""
     events = _events(doc)
-    marks = sorted((e for e in events if e.get("name") == STEP_MARK), key=lambda e: float(e["ts"]))
+    marks = sorted(
+        (e for e in events if e.get("name") == STEP_MARK and e.get("cat") != GPU_ANNOTATION),
+        key=lambda e: float(e["ts"]),
+    )
     for index in steps:
         if len(marks) <= index:
             raise ValueError(f"the trace has {len(marks)} {STEP_MARK!r} annotations, not a step {index}")
@@ -234,7 +282,7 @@ def _analyse(
     out = []
     for index, step_s in steps.items():
         mark = marks[index]
-        lo, hi = _span(mark)
+        lo, hi = _window(doc, mark, step_s=step_s, start_ns=None if starts_ns is None else starts_ns[index])
         if on_device is not None and any(_span(e)[1] > lo and _span(e)[0] < hi for e in device):
             busy, comm, o, r = on_device
             basis = "device kernels"
@@ -393,6 +441,7 @@ def traced_step(
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f".rank{rank}.{os.getpid()}.json"
     step_s: list[float] = []
+    starts_ns: list[int] = []
     if device.type == "cpu":
         from harness.worker.allocator import keep_headroom
         from harness.worker.meters.memory import peak_rss_bytes
@@ -412,6 +461,8 @@ def traced_step(
             for _ in range(TRACED_STEPS):
                 with record_function(STEP_MARK):
                     t0 = time.perf_counter()
+                    # NOTE: the wall clock beside t0 places the step on the trace's clock: the parts fill the step
+                    starts_ns.append(time.time_ns())
                     step()
                     synchronize(device)
                     step_s.append(time.perf_counter() - t0)
@@ -423,7 +474,9 @@ def traced_step(
     del prof  # NOTE: its parsed events (tens of thousands of objects) would stay alive through the steps after
     dist.barrier()
     after, _ = time_steps(step, n=UNTRACED_AROUND, device=device)
-    mine = analyse_steps(json.loads(data), rank=rank, steps_s=step_s, recompute_reason=recompute_reason)
+    mine = analyse_steps(
+        json.loads(data), rank=rank, steps_s=step_s, starts_ns=starts_ns, recompute_reason=recompute_reason
+    )
     from harness.results.store import atomic_write_bytes
 
     atomic_write_bytes(folder / trace_name(rank), gzip.compress(data, compresslevel=6, mtime=0))
