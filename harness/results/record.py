@@ -113,7 +113,8 @@ class TimeBreakdown(Typed):
     comm_total: Num | None = None
     """time a collective ran during the step, hidden or not (s)"""
     window: Num | None = None
-    """the step as the trace's annotation spans it: what the parts add up to (s)"""
+    """the traced step's own interval (its perf_counter wall time placed on the trace's clock; the annotation in a
+    trace without that clock): what the parts add up to (s)"""
     slowest_rank: int | None = None
     """the rank whose traced step took longest (whose parts these are)"""
     spread_s: Num | None = None

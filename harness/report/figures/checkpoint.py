@@ -35,8 +35,8 @@ def checkpoint_figure(fc: pd.DataFrame) -> Figure:
         "timed steps and fsynced, then loaded into a fresh model and optimizer (metrics.checkpoint). Left: save "
         "(solid) and load (hatched) time, the slowest rank's, log scale; — = predicted save (predicted.checkpoint_s: "
         "the slowest node's bytes at the storage write bandwidth, where known). Right: bytes written by all ranks; "
-        "◆ = predicted tensor bytes (predicted.checkpoint_bytes: parameters and AdamW state in the precisions the "
-        "strategy stores them); the gap is the format's framing."
+        "◆ = predicted bytes (predicted.checkpoint_bytes: parameters and AdamW state in the precisions the strategy "
+        "stores them, and for FSDP/FSDP2 DCP's framing and metadata, exact to the byte but for the folder's path)."
     )
     data = fc[fc["checkpoint_bytes"].notna() | fc["checkpoint_save_s"].notna()]
     if data.empty:
