@@ -56,14 +56,17 @@ def test_settle_returns_after_two_quiet_looks(monkeypatch):
 
 RANK = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     import torch.distributed as dist
     from harness.worker import teardown
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)
     got = [None]
     dist.all_gather_object(got, {"rank": 0})
-    before = teardown.gloo_worker_states()
+    # each worker thread names itself once it runs: on a loaded host the second may not have yet; wait (bounded)
+    t0 = time.monotonic()
+    while len(before := teardown.gloo_worker_states()) < 2 and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
     held = dist.distributed_c10d._get_default_group()  # as DDP holds its group: the backend outlives the destroy
     slept = teardown.end_process_group()
     print(json.dumps({"before": before, "after": teardown.gloo_worker_states(), "slept": slept,
