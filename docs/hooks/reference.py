@@ -126,7 +126,7 @@ def _cell(text: str) -> str:
 
 
 def type_name(tp: Any) -> str:
-    """A field's type as a reader of the JSON file sees it."""
+    """A field's type as a reader of the JSON file sees it: `number or null`, `list of (number or null)`."""
     from pydantic import BaseModel
 
     origin, args = get_origin(tp), get_args(tp)
@@ -134,19 +134,23 @@ def type_name(tp: Any) -> str:
         return type_name(args[0])
     if origin in (Union, types.UnionType):
         parts = [a for a in args if a is not type(None)]
-        if {int, float} <= set(parts):
-            parts = [p for p in parts if p not in (int, float)] + ["number"]  # type: ignore[list-item]
-        names = [p if isinstance(p, str) else type_name(p) for p in parts]
+        names = ["number" if p in (int, float) and {int, float} <= set(parts) else type_name(p) for p in parts]
         return " or ".join(dict.fromkeys(names)) + (" or null" if type(None) in args else "")
     if origin is Literal:
         return " or ".join(f"`{a!r}`" if not isinstance(a, str) else f'`"{a}"`' for a in args)
     if origin is list:
-        return f"list of {type_name(args[0])}" if args else "list"
+        return f"list of {_grouped(type_name(args[0]))}" if args else "list"
     if origin is dict:
-        return f"object: {type_name(args[0])} → {type_name(args[1])}" if args else "object"
+        return f"object: {type_name(args[0])} → {_grouped(type_name(args[1]))}" if args else "object"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "object"
+    if tp is Any:
+        return "any"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _grouped(name: str) -> str:
+    return f"({name})" if " or " in name else name
 
 
 # ---------------------------------------------------------------------------------------------------------------
