@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?=
 
-.PHONY: setup sweep test test-fast lint report plan nightly baseline bench-report clean help
+.PHONY: setup sweep test test-fast lint report plan nightly baseline bench-report benchmarks docs clean help
 
 help:
 	@echo "make sweep  [CLUSTER=local SCENARIO=scenarios/smoke.yaml RESULTS=results]  run a scenario"
@@ -25,6 +25,8 @@ help:
 	@echo "make report [RESULTS=results]                                         HTML/Markdown report"
 	@echo "make plan   [SCENARIO=... CLUSTER=...]                                predicted memory/FLOPs per cell"
 	@echo "make nightly CLUSTER=a100 BASELINE=dir HISTORY=db [LABEL=...]       sweep, judge (baseline: exact; history: timing), add"
+	@echo "make docs                                                             the documentation site, built strictly into build/site"
+	@echo "make benchmarks [BENCH=bench_plan.py ...]                             run the benches small, write docs/benchmarks.md"
 
 # `make setup` is idempotent: the stamp depends on pyproject.toml and this Makefile.
 setup: $(VENV)/.stamp
@@ -75,8 +77,8 @@ test-fast: setup
 	$(PY) -m pytest tests/unit -m "not slow and not chromium" $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check harness tests bench
-	$(VENV)/bin/ruff format --check harness tests bench
+	$(VENV)/bin/ruff check harness tests bench docs/hooks docs/scripts
+	$(VENV)/bin/ruff format --check harness tests bench docs/hooks docs/scripts
 	$(VENV)/bin/mypy
 
 # nightly: fresh sweep of scenarios/nightly.yaml; exact metrics (collective bytes, predicted memory) compared with
@@ -126,6 +128,25 @@ baseline: setup
 
 bench-report: setup
 	$(PY) bench/bench_report.py
+
+# benchmarks: the bench scripts at small sizes (minutes, not hours), their printed figures written into
+# docs/benchmarks.md with the date, the machine and its load (docs/scripts/benchmarks.py; the page's hand-written
+# measurements on record are kept). BENCH=bench_plan.py runs only the benches named. Exit 1 when a bench failed.
+BENCH ?=
+benchmarks: setup
+	$(PY) docs/scripts/benchmarks.py $(if $(BENCH),--only $(BENCH))
+
+# docs: the documentation site (mkdocs.yml) built with --strict (a broken link, anchor or nav entry fails it) into
+# DOCS_SITE; its reference pages (every command, the settings, the record) are generated from the code by
+# docs/hooks/reference.py. The docs extra (MkDocs, Material, mkdocs-click) goes into the venv once, like setup's.
+DOCS_SITE ?= build/site
+docs: $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(DOCS_SITE)
+	@echo "site: $(DOCS_SITE)/index.html"
+
+$(VENV)/.docs-stamp: $(VENV)/.stamp pyproject.toml
+	$(PY) -m pip install -q -e ".[docs]"
+	@touch $@
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) .submitit

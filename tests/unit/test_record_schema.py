@@ -1,9 +1,11 @@
-"""harness.results.record: the record and payload models against the README's record table, the record writers
-(the worker's example record, the launcher's composed and skipped records, the payload) and every stored record."""
+"""harness.results.record: the record and payload models against the record's reference page (docs/reference/record.md,
+its field tables generated from the models by docs/hooks/reference.py), the record writers (the worker's example
+record, the launcher's composed and skipped records, the payload) and every stored record."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 import types
@@ -26,6 +28,8 @@ from harness.scenario.spec import SETTING_FIELDS, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "record-example.json"
+RECORD_PAGE = ROOT / "docs" / "reference" / "record.md"
+DOCS_HOOK = ROOT / "docs" / "hooks" / "reference.py"
 STORED = (
     ROOT / "baselines" / "smoke-local",
     ROOT / "tests" / "fixtures" / "smoke-legacy",
@@ -58,7 +62,7 @@ def test_the_contract_check_can_fail():
     assert warnings == ["r.json: comm.bytes_per_step is 'many', not a number; read as null"]
 
 
-# ---- the README's table and the types
+# ---- the reference page's tables and the types
 
 
 def _models_in(tp: Any) -> list[tuple[type[BaseModel], str]]:
@@ -111,31 +115,64 @@ def _expand(span: str) -> list[str]:
     return [x for part in m.group(2).split(",") for x in _expand(m.group(1) + part.strip() + m.group(3))]
 
 
-def readme_paths() -> set[str]:
-    """The fields the README's "Record contract" table names in its first column (`a.{b, c}` is a.b and a.c;
-    `<name>` in a path is a dict's key)."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Record contract")
-    section = text[start : text.find("\n## ", start + 1)]
+def record_page() -> str:
+    """docs/reference/record.md as the site shows it: its `<!-- generated: … -->` markers replaced by the tables the
+    docs' MkDocs hook generates from the models (the hook is loaded from its file; it needs no MkDocs)."""
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS_HOOK)
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook.expand_markers(RECORD_PAGE.read_text(), "reference/record.md")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def page_rows() -> list[list[str]]:
+    """The cells of every row of the page's field tables ("## Fields"), whose first column names a field."""
+    rows = [line for line in _section(record_page(), "## Fields").splitlines() if line.startswith("| `")]
+    assert len(rows) > 20, "the record page's field tables were not found"
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+
+
+def page_paths() -> set[str]:
+    """The fields the record page's tables name in their first column (`a.{b, c}` is a.b and a.c; `<name>` in a path
+    is a dict's key)."""
     paths = set()
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert len(rows) > 20, "the README's record table was not found"
-    for row in rows:
-        first = row.split("|")[1]
-        for span in re.findall(r"`([^`]+)`", first):
+    for row in page_rows():
+        for span in re.findall(r"`([^`]+)`", row[0]):
             paths.update(re.sub(r"<[^>]*>", "<>", p) for p in _expand(span))
     return paths
 
 
-def test_readme_documents_every_record_field_and_only_those():
+def test_the_record_page_documents_every_record_field_and_only_those():
     leaves, known = type_paths(Record)
-    documented = readme_paths()
-    assert sorted(leaves - documented) == [], "fields of harness.results.record.Record missing from the README table"
-    assert sorted(documented - known) == [], "fields in the README table that harness.results.record.Record lacks"
+    documented = page_paths()
+    assert sorted(leaves - documented) == [], "fields of harness.results.record.Record missing from the record page"
+    assert sorted(documented - known) == [], "fields on the record page that harness.results.record.Record lacks"
 
 
-def test_readme_parsing_sees_nested_and_placeholder_fields():
-    documented = readme_paths()
+def test_every_field_on_the_record_page_says_what_it_is():
+    """A field's meaning on the page is its docstring in the model: a field added without one is a blank row."""
+    blank = [row[0] for row in page_rows() if len(row) != 4 or not row[3]]
+    assert blank == [], "record fields without a docstring (their meaning on docs/reference/record.md)"
+
+
+def test_the_record_pages_notes_name_only_fields_the_record_has():
+    """The page's hand-written notes name fields by their paths: each must still be a field (or a key inside one)."""
+    _, known = type_paths(Record)
+    notes = _section(RECORD_PAGE.read_text(), "## Notes")
+    named = set(re.findall(r"`((?:spec|metrics|env|comm|predicted|layout|artifacts|failures)(?:\.[a-z_]+)+)`", notes))
+    assert len(named) > 10, "the record page's notes were not found"
+    unknown = sorted(p for p in named if p not in known and p.rsplit(".", 1)[0] not in known)
+    assert unknown == [], "the record page's notes name fields the record lacks"
+
+
+def test_page_parsing_sees_nested_and_placeholder_fields():
+    documented = page_paths()
     assert {
         "metrics.step_time_s.median",
         "comm.by_collective.<>.busbw_gbps",
