@@ -153,6 +153,8 @@ def case(tmp_path: Path, monkeypatch, ends: list[str], command: str, code: int) 
         return (["list", "models"], "tiny") if code == 0 else (["list", "cells", one, "--cluster", "nope"], "nope")
     if command == "plan":
         return (["plan", one], "tiny") if code == 0 else (["plan", str(tmp_path / "none.yaml")], "none.yaml")
+    if command == "show":
+        return (["show", "cluster", "h100"], "989.4") if code == 0 else (["show", "cluster", "nope"], "nope")
     if command == "status":
         if code == 0:
             recorded_ok(tmp_path)
