@@ -39,12 +39,13 @@ def show_lines(what: str, name: str, *, width: int = 100) -> Iterator[str]:
     yield from cluster_lines(cluster, width=width)
 
 
-def _wrap(text: str, width: int, indent: str = "    ") -> list[str]:
+def _wrap(text: str, width: int, indent: str = "    ", more: str = "") -> list[str]:
+    """`text` wrapped to `width`, never inside a word or at a hyphen (sources name repositories and files)."""
     return textwrap.wrap(
         text,
         width=max(width, 40),
         initial_indent=indent,
-        subsequent_indent=indent,
+        subsequent_indent=indent + more,
         break_long_words=False,
         break_on_hyphens=False,
     )
@@ -69,12 +70,13 @@ def cluster_lines(cluster: Cluster, *, width: int = 100) -> Iterator[str]:
     yield f"  executor {c.executor}, device {c.device}, {per_node}"
     if c.device_memory_gib is not None:
         usable = c.device_memory_gib - DEVICE_RESERVE_GIB
-        yield (
-            f"  device memory: {c.device_memory_gib:g} GiB; {usable:g} GiB usable (the planner keeps "
+        text = (
+            f"device memory: {c.device_memory_gib:g} GiB; {usable:g} GiB usable (the planner keeps "
             f"{DEVICE_RESERVE_GIB:g} GiB for the CUDA context and NCCL; `harness plan --headroom GIB` asks for more)"
         )
     else:
-        yield "  device memory: unknown (no device_memory_gib: nothing is known to fit, nothing is recommended)"
+        text = "device memory: unknown (no device_memory_gib: nothing is known to fit, nothing is recommended)"
+    yield from _wrap(text, width, indent="  ", more="    ")
     peak = find_peak(c.description) if c.device == "cuda" else None
     if peak is not None:
         figures = ", ".join(f"{k} {v:g}" for k, v in peak.tflops.items())
