@@ -262,16 +262,23 @@ def recommend(cells: list[PlannedCell], *, cluster: Cluster, headroom_gib: float
         order.setdefault((c.spec.model, c.spec.gpus), []).append(i)
     memory = [_memory(c, headroom) for c in cells]
     families = [time_model_family(c.spec) for c in cells]
-    checks = [prediction_check(c, cluster, f) for c, f in zip(cells, families)]
+    seen: dict[tuple[str, str, bool, str], FamilyCheck | None] = {}
+    checks = []
+    for c, f in zip(cells, families):
+        # NOTE: one check per family, precision and rates (a 10,000-cell plan has a few dozen): each looks at the files
+        key = (f, c.spec.precision, c.prediction.step_time_s is None, c.prediction.calibration or "")
+        if key not in seen:
+            seen[key] = prediction_check(c, cluster, f)
+        checks.append(seen[key])
     notes: dict[int, str | None] = {}
     ranks: dict[int, int] = {}
     groups = []
     for (model, gpus), members in order.items():
-        fitting = [i for i in members if _unranked_note(cells[i], memory[i][1], headroom) is None]
-        ranked = sorted((i for i in fitting if _tokens(cells[i]) is not None), key=lambda i: -(_tokens(cells[i]) or 0))
-        unpriced = tuple(i for i in fitting if _tokens(cells[i]) is None)
         for i in members:
             notes[i] = _unranked_note(cells[i], memory[i][1], headroom)
+        fitting = [i for i in members if notes[i] is None]
+        ranked = sorted((i for i in fitting if _tokens(cells[i]) is not None), key=lambda i: -(_tokens(cells[i]) or 0))
+        unpriced = tuple(i for i in fitting if _tokens(cells[i]) is None)
         for i in unpriced:
             notes[i] = _no_time_note(cells[i])
         for r, i in enumerate(ranked, 1):
@@ -302,9 +309,10 @@ def recommend(cells: list[PlannedCell], *, cluster: Cluster, headroom_gib: float
                 why_none=None if winner is not None else _why_none(cells, members, fitting, memory, headroom),
             )
         )
+    winners = {g.winner for g in groups}
     standings = tuple(
         Standing(
-            recommended=any(g.winner == i for g in groups),
+            recommended=i in winners,
             rank=ranks.get(i),
             note=notes.get(i),
             memory_left_gib=memory[i][0],

@@ -525,9 +525,10 @@ def _group_block(
     if g.faster_unfit:
         shown = []
         for i in g.faster_unfit[:3]:
-            c, over = cells[i], recs.standings[i].over_gib or 0.0
+            c, over = cells[i], recs.standings[i].over_gib
             gain = (c.prediction.tokens_per_s_per_gpu or 0.0) / best - 1.0 if best else 0.0
-            shown.append(f"{_name(c)}, {faster_words(gain)}, {short_words(max(over, 0.0))}")
+            short = short_words(max(over, 0.0)) if over is not None else "does not fit this host's memory"
+            shown.append(f"{_name(c)}, {faster_words(gain)}, {short}")
         more = len(g.faster_unfit) - len(shown)
         text = "faster, but does not fit: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
         lines += _wrap(text, width, indent="  ")
