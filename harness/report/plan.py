@@ -1,10 +1,14 @@
-"""What `harness plan` prints (harness.cli.plan), rendering only: the table of planned cells (a head line, one row
-per cell: memory per rank, fit, FLOPs, collectives, step time; the counts and where the step times came from), each
-cell as `--format json` prints it, the training costs `--tokens` adds, and the projection table of `--project`. The
-numbers are the planner's (harness.plan.predict, .training, .projection).
+"""What `harness plan` prints (harness.cli.plan), rendering only: the table of planned cells (by default one block per
+(model, GPU count) with the columns that matter — memory per rank, fits, step time, tokens/s per GPU, MFU against the
+precision's own peak and against bf16's, the rank; `--wide`: one row per cell with every column), the counts, the MFU
+legend and where the step times came from (one line: a profile's sources are `harness show cluster NAME`'s), the
+recommendation per (model, GPU count) (harness.plan.recommend), each cell as `--format json` prints it, the training
+costs `--tokens` adds, and the projection table of `--project`. The numbers are the planner's (harness.plan.predict,
+.recommend, .training, .projection).
 
 Units: memory in GiB per rank (GiB = 2**30), TFLOP and GB (1e9 bytes) per step over all ranks, step time in ms.
-It imports nothing of the report's build (pandas, matplotlib): `harness plan` stays light.
+Prose is wrapped to the width harness.cli.plan gives (the terminal's, or PIPE_WIDTH when stdout is not one); table rows
+are not. It imports nothing of the report's build (pandas, matplotlib): `harness plan` stays light.
 """
 
 from __future__ import annotations
