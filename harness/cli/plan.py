@@ -151,7 +151,7 @@ def plan_command(
             click.echo(format_table(cells, cluster, recs=recs, wide=wide, width=width, peak=words))
             if costs is not None and tokens is not None:
                 click.echo("")
-                click.echo(format_costs(cells, costs, tokens=tokens, recs=recs, wide=wide))
+                click.echo(format_costs(cells, costs, tokens=tokens, recs=recs, wide=wide, width=width))
             click.echo("")
             click.echo(format_recommendations(cells, recs, costs=costs, tokens=tokens, width=width))
     finally:

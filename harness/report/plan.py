@@ -416,10 +416,12 @@ def format_costs(
     tokens: float,
     recs: Recommendations | None = None,
     wide: bool = True,
+    width: int = UNWRAPPED,
 ) -> str:
     """The table `--tokens` adds below the plan: one row per cell with a step time, its `fits` column as the plan's.
     A cell predicted not to fit is marked NO and said so below: its days are those of a run that cannot start. Not
-    `wide`: only the cells that fit (with the headroom, given `recs`) are listed, and how many were left out is said."""
+    `wide`: only the cells that fit (with the headroom, given `recs`) are listed, how many were left out is said, and
+    the notes are wrapped to `width`."""
     rows = [("cell", "fits", "days", "GPU-hours", "cost")]
     unfit = left_out = 0
     standings = list(recs.standings) if recs is not None else [None] * len(cells)
@@ -436,17 +438,19 @@ def format_costs(
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"training {tokens:.4g} tokens at the predicted tokens/s per GPU:"]
     lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+    width = UNWRAPPED if wide else width  # NOTE: as the table's: `--wide` prose is not wrapped
     if unfit:
-        lines.append(
+        lines += _wrap(
             f"NO: {unfit} cell(s) predicted not to fit in memory (the plan's fits column): none can run as planned, "
-            "so their days and GPU-hours are no option (more GPUs, more sharding or activation checkpointing may fit)"
+            "so their days and GPU-hours are no option (more GPUs, more sharding or activation checkpointing may fit)",
+            width,
         )
     if left_out:
         headroom = f" with {recs.headroom_gib:g} GiB headroom" if recs is not None else ""
-        lines.append(f"left out: {left_out} cell(s) that do not fit{headroom} (--wide lists them)")
+        lines += _wrap(f"left out: {left_out} cell(s) that do not fit{headroom} (--wide lists them)", width)
     why = next((t.reason for t in costs if t.days is not None and t.reason), None)
     if why:
-        lines.append(f"cost: null: {why}")
+        lines += _wrap(f"cost: null: {why}", width)
     return "\n".join(lines)
 
 
