@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "run": Command("harness.cli.run:run", "Run one cell in the foreground."),
     "list": Command("harness.cli.run:list_", "List models, strategies, clusters, or a scenario's cells."),
     "plan": Command("harness.cli.plan:plan_command", "Predict memory, FLOPs and traffic per cell; launches nothing."),
+    "show": Command("harness.cli.show:show_command", "A cluster profile's figures with their full sources."),
     "status": Command("harness.cli.run:status", "Per-cell state of the sweeps in a results dir."),
     "report": Command(
         "harness.cli.report:report_command", "Tables and figures (HTML, Markdown, CSV) from result dirs."

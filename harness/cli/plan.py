@@ -1,10 +1,11 @@
-"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--tokens N] [--project GPUS [--figure PNG]]`: the
-planner's predictions for every cell (with `--tokens`, the days, GPU-hours and cost of training N tokens on each),
-or with `--project`, every cell's step time projected at other GPU counts (and drawn with `--figure`, by
-harness.report.projection).
+"""`harness plan SCENARIO [--cluster NAME] [--format table|json] [--wide] [--headroom GIB] [--tokens N]
+[--project GPUS [--figure PNG]]`: the planner's predictions for every cell and, per (model, GPU count), the cell it
+recommends (the fastest predicted that fits with the headroom; harness.plan.recommend), with `--tokens` the days,
+GPU-hours and cost of training N tokens on each, or with `--project`, every cell's step time projected at other GPU
+counts (and drawn with `--figure`, by harness.report.projection).
 
-The command only; the predictions are harness.plan.predict's and harness.plan.projection's, the table
-harness.report.plan's. No torch import on this path.
+The command only; the predictions are harness.plan.predict's and harness.plan.projection's, the recommendation
+harness.plan.recommend's, the table harness.report.plan's. No torch import on this path.
 """
 
 from __future__ import annotations
@@ -12,15 +13,25 @@ from __future__ import annotations
 import atexit
 import gc
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import click
 
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
-from harness.plan.predict import plan_cells
+from harness.plan.predict import bf16_peak_tflops, plan_cells
+from harness.plan.recommend import recommend
 from harness.plan.training import parse_tokens, training_cost
-from harness.report.plan import format_costs, format_projection, format_table, planned_cell_json
+from harness.report.plan import (
+    PIPE_WIDTH,
+    format_costs,
+    format_projection,
+    format_recommendations,
+    format_table,
+    planned_cell_json,
+)
 from harness.results.store import atomic_write_bytes, check_writable_dir
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -64,6 +75,18 @@ _FREEZE_AT_EXIT: list = []
     help="also give, per cell, the days and GPU-hours to train N tokens (1T, 300B, 2.5e12) at its predicted "
     "throughput, and the cost where the profile has performance.price_per_gpu_hour",
 )
+@click.option(
+    "--headroom",
+    "headroom_gib",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    metavar="GIB",
+    help="device memory (GiB) a recommended cell must leave free beyond its predicted peak; default and least: the "
+    "CUDA context/NCCL reserve the fits column keeps",
+)
+@click.option(
+    "--wide", is_flag=True, help="every column (memory parts, the peak's moment, FLOPs, collective bytes), every cell"
+)
 def plan_command(
     scenario: str,
     cluster_name: str,
@@ -72,9 +95,12 @@ def plan_command(
     project_gpus: str | None,
     figure_path: Path | None,
     tokens_text: str | None,
+    headroom_gib: float | None,
+    wide: bool,
 ) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
-    FLOPs, communication and step time per step, for every cell of SCENARIO. Launches nothing."""
+    FLOPs, communication and step time per step, for every cell of SCENARIO, and recommend per model and GPU count
+    the fastest predicted cell that fits. Launches nothing."""
     # NOTE: a plan holds about a hundred objects per cell until it is printed and frees almost nothing before; the
     # cyclic collector's passes over them cost a quarter of a 10,000-cell plan (bench/bench_plan.py) and find nothing.
     # At exit, the interpreter's last collection would pass over all of them once more (0.3 s): an exit handler
@@ -106,6 +132,7 @@ def plan_command(
                 _draw(doc, figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
+        recs = recommend(cells, cluster=cluster, headroom_gib=headroom_gib)
         price = cluster.performance.price_per_gpu_hour
         costs = (
             [training_cost(c, tokens=tokens, price_per_gpu_hour=price, profile=cluster.name) for c in cells]
@@ -113,18 +140,32 @@ def plan_command(
             else None
         )
         if fmt == "json":
-            docs = [planned_cell_json(c) for c in cells]
+            docs = [planned_cell_json(c, s, headroom_gib=recs.headroom_gib) for c, s in zip(cells, recs.standings)]
             for d, t in zip(docs, costs or []):
                 d["training"] = t.to_dict()
             click.echo(json.dumps(docs, indent=2, allow_nan=False))
         else:
-            click.echo(format_table(cells, cluster))
+            width = terminal_width()
+            peak, where = bf16_peak_tflops(cluster, rates)
+            words = f"{where.split(':')[0]}: {peak:g} TFLOPS" if peak is not None else None
+            click.echo(format_table(cells, cluster, recs=recs, wide=wide, width=width, peak=words))
             if costs is not None and tokens is not None:
-                click.echo(format_costs(cells, costs, tokens=tokens))
+                click.echo("")
+                click.echo(format_costs(cells, costs, tokens=tokens, recs=recs, wide=wide, width=width))
+            click.echo("")
+            click.echo(format_recommendations(cells, recs, costs=costs, tokens=tokens, width=width))
     finally:
         if collecting:
             gc.enable()
     return 0
+
+
+def terminal_width() -> int:
+    """The terminal's columns when stdout is one, else PIPE_WIDTH: a pipe, a file or a test reads the same text
+    whatever window started it."""
+    if not sys.stdout.isatty():
+        return PIPE_WIDTH
+    return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
 
 
 def _draw(doc: pj.Projection, path: Path) -> None:

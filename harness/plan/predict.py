@@ -20,7 +20,7 @@ from harness.plan.calibration import Rates
 from harness.plan.placement import Capacity, capacity, host_memory_refusal, placement_refusal
 from harness.plan.prediction import PlannedCell, PredictedMemory, Prediction
 from harness.plan.time import time_prediction
-from harness.scenario.cluster import Cluster
+from harness.scenario.cluster import Cluster, find_peak
 from harness.scenario.spec import RunSpec
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
@@ -130,14 +130,56 @@ def unsupported_prediction(
     return Prediction.of(fields, time_prediction(spec, cluster, rates=rates, unsupported=unsupported))
 
 
+BF16 = "bf16"
+"""the precision whose dense peak every plan cell's second MFU divides by (harness.core.precisions)"""
+
+
+def bf16_peak_tflops(cluster: Cluster, rates: Rates | None) -> tuple[float | None, str]:
+    """(the device's bf16 dense peak in TFLOPS, the table entry's name and source), or (None, why): the peak the
+    prediction's MFU divides by for a bf16 cell (harness.plan.time.mfu_peak: the rates' GPU, else the profile's
+    description)."""
+    device_name = rates.device_name if rates is not None else None
+    peak, why = tm.mfu_peak(cluster.device, cluster.description, device_name, BF16)
+    if peak is None:
+        return None, why or "no bf16 dense peak known"
+    found = find_peak(device_name or cluster.description)
+    return peak, (f"{found.name}: {found.source}" if found is not None else "")
+
+
+def bf16_peak_mfu(
+    spec: RunSpec, pred: Prediction, cluster: Cluster, rates: Rates | None
+) -> tuple[float | None, str | None]:
+    """(the cell's predicted MFU against the device's bf16 dense peak, None) or (None, why): model FLOPs per step
+    per GPU over the predicted step time, over `bf16_peak_tflops`. For a bf16 cell it equals the prediction's `mfu`."""
+    if pred.step_time_s is None or not pred.step_time_s > 0:
+        return None, "no predicted step time"
+    if pred.flops_per_step is None:
+        return None, "no model FLOPs"
+    peak, why = bf16_peak_tflops(cluster, rates)
+    if peak is None:
+        return None, why
+    return pred.flops_per_step / spec.gpus / pred.step_time_s / (peak * 1e12), None
+
+
+def _rates_or_none(cluster: Cluster) -> Rates | None:
+    """The cluster's rates as `predict` resolves them, or None where a calibration of another machine is refused
+    (then no step time is predicted either)."""
+    try:
+        return cal.rates_for(cluster)
+    except cal.CalibrationMismatch:
+        return None
+
+
 def plan_cells(
     specs: list[RunSpec], cluster: Cluster, *, cap: Capacity | None = None, rates: Rates | None = None
 ) -> list[PlannedCell]:
     """One planned cell per spec, in order. Unsupported cells carry `unsupported` (the reason) and no memory or
     collective prediction; the others predict()'s fields. `cannot_place` is why the cluster cannot place the cell
     (the sweep skips it: harness.plan.placement; `cap` defaults to this machine's view of the cluster), else None;
-    `host_memory` why this machine cannot hold a local CPU cell's ranks (the sweep skips it unless --no-skip)."""
+    `host_memory` why this machine cannot hold a local CPU cell's ranks (the sweep skips it unless --no-skip);
+    `mfu_bf16_peak` the MFU against the device's bf16 dense peak (`bf16_peak_mfu`)."""
     cap = capacity(cluster) if cap is None else cap
+    seen = rates if rates is not None else _rates_or_none(cluster)  # NOTE: the GPU whose bf16 peak the MFU uses
     # NOTE: planning allocates about a hundred objects per cell that live to the end (the cells, the caches); the
     # cyclic collector's passes over them took a quarter of a 10,000-cell plan, and none of them is in a cycle
     # that needs it. Reference counting still frees everything else.
@@ -154,7 +196,8 @@ def plan_cells(
             )
             placed = placement_refusal(spec, cluster, cap)
             host = host_memory_refusal(spec, predicted=pred, cap=cap) if why is None and placed is None else None
-            cells.append(PlannedCell(spec, placed, why, pred, host))
+            mfu, no_mfu = bf16_peak_mfu(spec, pred, cluster, seen)
+            cells.append(PlannedCell(spec, placed, why, pred, host, mfu, no_mfu))
         return cells
     finally:
         if collecting:

@@ -176,6 +176,12 @@ class PlannedCell:
     host_memory: str | None = None
     """why this machine's memory cannot hold the ranks of a local CPU cell (the sweep skips it unless --no-skip:
     harness.plan.placement.host_memory_refusal), else None"""
+    mfu_bf16_peak: float | None = None
+    """the predicted model FLOPs per second over the device's bf16 dense peak (fraction): the prediction's `mfu`
+    divides by its own precision's peak (fp32's is 15 times lower on an H100), this one by the same peak for every
+    precision, so cells of different precisions compare; None: see mfu_bf16_peak_null_reason"""
+    mfu_bf16_peak_null_reason: str | None = None
+    """why mfu_bf16_peak is None (no predicted step time, no bf16 peak known for the device), else None"""
 
     @property
     def fits(self) -> bool | None:

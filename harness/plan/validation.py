@@ -20,6 +20,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ConfigDict, ValidationError
 
@@ -182,3 +183,173 @@ def errors_of(checked: list[Checked]) -> Errors:
         worst=max(abs(e) for e in errs),
         spearman=spearman(pred, [c.run.tokens_per_s_per_gpu for c in ok]) if len(ok) > 1 else math.nan,
     )
+
+
+# ---- what the published runs say of a plan's cells (`harness plan`'s uncertainty, `harness show cluster`) ----------
+
+VALIDATION_DIR = Path(__file__).resolve().parents[2] / "validation"
+"""the published runs committed beside the package (a source checkout's validation/*.csv); an installed wheel has
+none, and then every check says so"""
+LAYOUT_FAMILY = "TP/PP layout"
+"""the family of every tensor- or pipeline-parallel cell: harness.plan.layout_time prices them, and no published row
+has such a layout"""
+FAMILY_NAMES: dict[tuple[str, str], str] = {
+    ("ddp", "flat"): "DDP",
+    ("fsdp1", "flat"): "FSDP",
+    ("fsdp1", "hybrid"): "FSDP hybrid",
+    ("fsdp2", "flat"): "FSDP2",
+    ("fsdp2", "hybrid"): "FSDP2 hybrid",
+    ("zero12", "flat"): "ZeRO-1/2",
+    ("zero3", "flat"): "ZeRO-3",
+}
+"""(the catalogue's collective model, its mesh) → the family's name; a strategy not here is a family of its own"""
+
+
+def time_model_family(spec: RunSpec) -> str:
+    """The family of cells whose step time the same parts of the model price: the catalogue entry's collective model
+    (which also decides its overlap rule and framework cost) on its mesh, and every TP/PP layout apart.
+
+    NOTE: why this key, and not the strategy or the catalogue's `family`: a published run checks the compute model
+    (shared by all) together with one collective ledger and overlap rule on one mesh. An FSDP FULL_SHARD run says
+    something of SHARD_GRAD_OP (the same ledger, one gather fewer) but nothing of FSDP2's ledger, of a hybrid mesh's
+    inter-node replication, of ZeRO-3's coordinator, or of a tensor-parallel layout."""
+    if not spec.layout.is_default:
+        return LAYOUT_FAMILY
+    from harness.core.catalogue import CATALOGUE
+
+    entry = CATALOGUE.get(spec.strategy)
+    if entry is None:
+        return spec.strategy
+    return FAMILY_NAMES.get((entry.comm_model, entry.mesh), spec.strategy)
+
+
+@dataclass(frozen=True)
+class FamilyCheck:
+    """How the uncalibrated GPU model did on the published runs of one family at one precision: on the runs of the
+    plan's profile when there are any, else on every profile's. Errors are predicted / published tokens/s per GPU − 1
+    (+: the model predicts faster than published)."""
+
+    family: str
+    precision: str
+    profile: str
+    """the plan's profile"""
+    runs: int
+    """published runs the figures rest on (0: none checks this family at this precision)"""
+    profiles: tuple[str, ...] = ()
+    """the profiles those runs stand for (the plan's own only, when it has any)"""
+    held_out: int = 0
+    """of `runs`, those held out of the kernel-efficiency fit (FIT_TABLES): out-of-sample"""
+    mape: float | None = None
+    """mean |error| (fraction)"""
+    median: float | None = None
+    """median signed error (fraction)"""
+    worst: float | None = None
+    """the largest |error| (fraction)"""
+    sources: tuple[str, ...] = ()
+    """where the runs are published"""
+    reason: str | None = None
+    """why there is no figure"""
+
+    def text(self) -> str:
+        """One line: 'FSDP bf16: MAPE 9.8% (median +2.4%, worst 45.8%) over 70 published h100 runs, held out of the
+        fit', or why there is no figure."""
+        if self.runs == 0:
+            return self.figures()
+        return f"{self.family} {self.precision}: {self.figures()}"
+
+    def figures(self) -> str:
+        """The figures without the family's name ('MAPE 9.8% (…) over 70 published h100 runs, held out of the
+        fit'), or why there are none."""
+        if self.runs == 0 or self.mape is None or self.median is None or self.worst is None:
+            return self.reason or f"no published GPU run checks {self.family}'s time model at {self.precision}"
+        where = self.profile if self.profiles == (self.profile,) else ", ".join(self.profiles)
+        if self.held_out == self.runs:
+            fit = "held out of the fit"
+        elif self.held_out == 0:
+            fit = "in-sample: the kernel efficiencies were fitted on them"
+        else:
+            fit = f"{self.held_out} held out of the fit"
+        other = "" if self.profiles == (self.profile,) else f" (none on {self.profile})"
+        return (
+            f"MAPE {self.mape:.1%} (median {self.median:+.1%}, worst {self.worst:.1%}) over {self.runs} published "
+            f"{where} runs{other}, {fit}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "precision": self.precision,
+            "published_runs": self.runs,
+            "profiles": list(self.profiles),
+            "held_out": self.held_out,
+            "mape": self.mape,
+            "median_error": self.median,
+            "worst_error": self.worst,
+            "sources": list(self.sources),
+            "text": self.text(),
+        }
+
+
+def _stamps(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """(path, mtime, size) of every CSV in `folder`, sorted: what makes a cached reading stale."""
+    out = []
+    for p in sorted(folder.glob("*.csv")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.cache
+def _runs(stamps: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, PublishedRun], ...]:
+    """(family, run) of every published run in the files `stamps` name, cached on their versions."""
+    out = []
+    for path, _, _ in stamps:
+        for run in read_published(path):
+            spec = run.spec(gpus_per_node=_profile(run.profile).gpus_per_node)
+            out.append((time_model_family(spec), run))
+    return tuple(out)
+
+
+def family_check(family: str, precision: str, profile: str, *, folder: Path = VALIDATION_DIR) -> FamilyCheck:
+    """What the published runs in `folder` say of `family` at `precision` for a plan on `profile` (FamilyCheck)."""
+    stamps = _stamps(folder)
+    if not stamps:
+        why = f"no published runs here ({folder}/*.csv: a source checkout's), so no error can be given"
+        return FamilyCheck(family, precision, profile, 0, reason=why)
+    return _family_check(family, precision, profile, stamps)
+
+
+@functools.cache
+def _family_check(family: str, precision: str, profile: str, stamps: tuple[tuple[str, int, int], ...]) -> FamilyCheck:
+    # NOTE: only the rows the answer rests on are priced (all 209 rows: 0.2 s of a plan)
+    runs = [r for f, r in _runs(stamps) if f == family and r.precision == precision]
+    runs = [r for r in runs if r.profile == profile] or runs
+    rows = [(r.profile, predict_published(r)) for r in runs]
+    priced = [c for _, c in rows if c.error is not None]
+    if not priced:
+        why = f"no published GPU run checks {family}'s time model at {precision}"
+        if rows:
+            why = f"the model prices none of the {len(rows)} published {family} runs at {precision}"
+        return FamilyCheck(family, precision, profile, 0, reason=why)
+    errs = [c.error for c in priced if c.error is not None]
+    return FamilyCheck(
+        family,
+        precision,
+        profile,
+        runs=len(priced),
+        profiles=tuple(sorted({p for p, _ in rows})),
+        held_out=sum(c.run.table not in FIT_TABLES for c in priced),
+        mape=statistics.fmean(abs(e) for e in errs),
+        median=statistics.median(errs),
+        worst=max(abs(e) for e in errs),
+        sources=tuple(sorted({c.run.source for c in priced})),
+    )
+
+
+def clear_caches() -> None:
+    """Forget the published runs read and priced (tests that edit a CSV in place)."""
+    for f in (_runs, _family_check, _profile):
+        f.cache_clear()

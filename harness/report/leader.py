@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.compare.stats import DEFAULT_MIN_RUNS, run_level_p
+from harness.plan.recommend import lead_words
 
 ALPHA = 0.05
 """two-sided significance level of both tests"""
@@ -65,20 +66,20 @@ class Verdict:
     """the history noise of both cells, when judged on it"""
 
     def text(self) -> str:
-        """'p=0.003, 3 vs 3 runs', 'not distinguishable, p=0.40, …', or why the lead was not judged"""
-        a, b = self.n_runs
-        if self.basis == NOT_JUDGED:
-            if max(a, b) <= 1:
-                return "single run: lead not judged"
-            return f"{a} vs {b} runs: lead not judged ({MIN_RUNS} a side needed, or a history)"
-        if self.basis == RUNS:
-            what = f"{a} vs {b} runs"
-        else:
-            assert self.noise is not None
+        """'p=0.003, 3 vs 3 runs', 'not distinguishable, p=0.40, …', or why the lead was not judged: in
+        harness.plan.recommend's words, which `harness tune`'s table uses too."""
+        noise = None
+        if self.basis == HISTORY and self.noise is not None:
             na, nb = self.noise
-            what = f"{a} vs {b} runs, history noise {na.sigma:.1%} / {nb.sigma:.1%} ({na.n} / {nb.n} runs)"
-        p = f"p={self.p:.2g}, {what}"
-        return p if self.distinguishable else f"not distinguishable, {p}"
+            noise = f"history noise {na.sigma:.1%} / {nb.sigma:.1%} ({na.n} / {nb.n} runs)"
+        return lead_words(
+            judged=self.basis != NOT_JUDGED,
+            distinguishable=self.distinguishable,
+            p=self.p,
+            runs=self.n_runs,
+            noise=noise,
+            need=MIN_RUNS,
+        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.plan.recommend import RECOMMENDED, RUNNER_UP, TIE, recommended_words, slower_words
 from harness.report.formats import (
     ABSENT,
     NA,
@@ -199,10 +200,9 @@ def _row_key_label(key: str) -> str:
 
 
 STAR = "★"
-TIE = "≈"
 """the fastest cell's mark in the model tables: STAR when it is faster than the next strategy beyond noise (or
-there is no other strategy), TIE when the two are not distinguishable; no mark when the lead was not judged (one
-run of a cell and no history: harness.report.leader)"""
+there is no other strategy), TIE (harness.plan.recommend's) when the two are not distinguishable; no mark when the
+lead was not judged (one run of a cell and no history: harness.report.leader)"""
 Marks = dict[tuple, tuple[str, str]]
 """(model, gpus, strategy, precision, variant) of each fastest cell → (mark, hover text)"""
 
@@ -323,15 +323,17 @@ def _shorter_text(b: dict[str, Any]) -> str:
 
 
 def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
-    """One row per (model, GPU count): the fastest strategy, the next-best other strategy and the lead over it;
-    a lead within the noise reads 'a ≈ b' (never crown noise)."""
+    """One row per (model, GPU count): the recommended strategy (the fastest measured), the runner-up (the fastest
+    other strategy) and how much slower it is, with what the lead was judged on; a lead within the noise reads
+    'a ≈ b' (never crown noise). The words are harness.plan.recommend's, as `harness plan` and `harness tune` say
+    them."""
     v = int(with_variant)
     header = (
-        ["model", "GPUs", "best strategy", "precision"]
+        ["model", "GPUs", RECOMMENDED, "precision"]
         + (["configuration"] if with_variant else [])
-        + ["tok/s/GPU", "MFU", "next-best strategy", "lead over it", "judged on", "cells ok"]
+        + ["tok/s/GPU", "MFU", RUNNER_UP, f"{RUNNER_UP} is", "judged on", "cells ok"]
     )
-    # NOTE: the lead is laid out as a number in the HTML (on one line) but left-aligned in the Markdown
+    # NOTE: the gap is laid out as a number in the HTML (on one line) but left-aligned in the Markdown
     columns = tuple(
         Column(h, right=i in (1, 4 + v, 5 + v), cls="num" if i == 7 + v else "") for i, h in enumerate(header)
     )
@@ -345,16 +347,17 @@ def best_table(best: pd.DataFrame, *, with_variant: bool) -> Table:
             )
             continue
         ru = ABSENT if is_null(b["runner_up"]) else f"{b['runner_up']} · {b['runner_up_precision']}"
-        margin = ABSENT if is_null(b["margin"]) else f"+{100 * b['margin']:.1f}% ({b['verdict']})"
+        gap = ABSENT if is_null(b["margin"]) else f"{slower_words(b['margin'])} ({b['verdict']})"
         if is_null(b["runner_up"]) and not is_null(b.get("verdict")):  # others ran with fewer steps only
-            margin = f"not judged ({b['verdict']})"
-        strategy = str(b["strategy"])
-        if _tied(b):  # NOTE: never crown noise: the leader and the runner-up share the row's first column
-            strategy, margin = f"{b['strategy']} {TIE} {b['runner_up']}", f"{TIE} {margin}"
+            gap = f"not judged ({b['verdict']})"
+        tied = _tied(b)  # NOTE: never crown noise: the leader and the runner-up share the row's first column
+        strategy = recommended_words(str(b["strategy"]), tied_with=str(b["runner_up"]) if tied else None)
+        if tied:
+            gap = f"{TIE} {gap}"
         rows.append(
             [str(b["model"]), fmt_int(b["gpus"]), strategy, str(b["precision"])]
             + ([str(b["variant"] or ABSENT)] if with_variant else [])
-            + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, margin, _basis_text(b)]
+            + [fmt_tokens(b["tokens_per_s_per_gpu"]), fmt_pct(b["mfu"]), ru, gap, _basis_text(b)]
             + [f"{b['n_ok']} of {b['n_cells']}" + _shorter_text(b)]
         )
     return Table(columns, tuple(text_cells(r) for r in rows))
@@ -628,10 +631,12 @@ DEFINITIONS = (
     "hover). MAPE: mean |predicted − measured| / measured over the cells shown.",
     "collective bytes/step: bytes moved by collectives in one training step (comm.bytes_per_step), "
     "binary units (KiB = 2^10 bytes).",
-    "Best strategy: highest tok/s/GPU among cells with status ok, over all precisions and configurations, a cell's "
-    "tok/s/GPU being the median of its runs (the model tables show its last run), and only cells timed with the "
-    "most steps compared (a harness tune search's shorter rounds, a sweep's shorter cells: counted under 'cells ok', "
-    "not compared); the lead is over the fastest other strategy, judged on runs, never on one run's steps (timing "
+    "Best strategy: the recommended cell is the fastest measured: highest tok/s/GPU among cells with status ok, over "
+    "all precisions and configurations, a cell's tok/s/GPU being the median of its runs (the model tables show its "
+    "last run), and only cells timed with the most steps compared (a harness tune search's shorter rounds, a sweep's "
+    "shorter cells: counted under 'cells ok', not compared); the runner-up is the fastest other strategy, 'N% "
+    "slower' its time for the same tokens over the recommended one's (harness plan and harness tune use the same "
+    "words); the lead is judged on runs, never on one run's steps (timing "
     "noise is mostly between runs): with 3 or more runs of each cell (harness sweep --repeat), compare's run-level "
     "test (Welch t-test on the log tokens/s/GPU of the runs); else, with harness report --history DB, the two cells' "
     "between-run noise in that history; else the lead is shown but not judged ('single run: lead not judged', "

@@ -1,5 +1,7 @@
 """What a tune log says, summarised for people: per group the funnel (how many candidates each stage left), the
-measured candidates ranked, and the table `harness tune` prints.
+measured candidates ranked, and the table `harness tune` prints — its recommendation in the words `harness plan` and
+the report's best-strategy table use (harness.plan.recommend: "recommended …", "runner-up …: 3.1% slower", the
+lead's p and runs as the report judges them).
 
 Pure functions of a `TuneLog` (harness.tune.log); the report draws and renders them (harness.report.tune,
 harness.report.render), the cli prints `format_tune`.
@@ -10,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.plan.recommend import (
+    FASTEST_MEASURED,
+    lead_words,
+    no_recommendation_head,
+    recommendation_head,
+    runner_up_words,
+    slower_words,
+)
 from harness.tune.log import CandidateLog, GroupLog, TuneLog
 
-__all__ = ["Funnel", "format_tune", "funnel", "ranked_candidates"]
+__all__ = ["Funnel", "format_tune", "funnel", "lead_of", "ranked_candidates", "slower_than"]
 
 
 @dataclass(frozen=True)
@@ -125,19 +135,45 @@ def _aligned(rows: list[list[str]]) -> list[str]:
     ]
 
 
+def lead_of(log: TuneLog, win: CandidateLog, runner: CandidateLog | None, verdict: str | None, p: float | None) -> str:
+    """How the search judged its winner, in harness.plan.recommend's words (the report's "judged" column says a lead
+    so): the run-level test's p and runs for a lead or a tie, else why there was no test."""
+    if verdict in ("ahead", "tied") and runner is not None:
+        runs = (win.ok_runs_in(win.round), runner.ok_runs_in(runner.round))
+        return lead_words(judged=p is not None, distinguishable=verdict == "ahead", p=p, runs=runs)
+    if verdict == "alone":
+        return "the only candidate left"
+    return win.reason or str(verdict)
+
+
+def slower_than(log: TuneLog, win: CandidateLog, other: CandidateLog) -> str | None:
+    """'3.1% slower': the other's measured time for the same tokens over the winner's (None without both values)."""
+    a, b = win.measured, other.measured
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a <= 0 or b <= 0:
+        return None
+    return slower_words(a / b - 1.0 if log.better == "higher" else b / a - 1.0)
+
+
 def _group_lines(log: TuneLog, g: GroupLog, *, unit: str, shown: Callable[[float | None], str]) -> list[str]:
-    """One group's part of the table: its winner, its measured candidates, what was not measured."""
+    """One group's part of the table: what it recommends (harness.plan.recommend's words: `harness plan` and the
+    report say it so), the runner-up and how much slower it is, its measured candidates, what was not measured."""
     win = next((c for c in g.candidates if c.fate == "winner"), None)
-    p = f", p = {g.p_value:.3g}" if g.p_value is not None else ""
+    runner = next((c for c in g.candidates if c.fate == "runner_up"), None)
     counts = g.fate_counts()
     run = sum(1 for c in g.candidates if c.was_run())
-    head = f"{g.model} on {g.gpus} GPUs: " + (
-        f"{win.label} ({VERDICT_SHOWN.get(g.verdict or '', g.verdict)}{p}), the best of {run} measured"
-        if win
-        else f"no winner ({g.verdict})"
-    )
+    if win is None:
+        head = no_recommendation_head(g.model, g.gpus, str(g.verdict))
+    else:
+        basis = f"{FASTEST_MEASURED}; {lead_of(log, win, runner, g.verdict, g.p_value)}"
+        tied = runner.label if g.verdict == "tied" and runner is not None else None
+        head = recommendation_head(g.model, g.gpus, win.label, basis=basis, tied_with=tied)
+        head += f", the best of {run} measured"
     if win and counts.get("not_reached", 0):
         head += f"; {counts['not_reached']} neither ranked nor measured could be faster"
+    second = []
+    if win is not None and runner is not None:
+        gap = slower_than(log, win, runner)
+        second = [f"  {runner_up_words(runner.label, gap or 'not measured alike')}"]
     header = ["#", "cell", f"predicted {unit}", f"measured {unit}", "runs", "round", "fate"]
     rows = []
     for i, c in enumerate([c for c in g.candidates if c.trials], 1):
@@ -153,7 +189,7 @@ def _group_lines(log: TuneLog, g: GroupLog, *, unit: str, shown: Callable[[float
         f"reached, {counts.get('pruned_memory', 0)} predicted not to fit, {counts.get('dropped_oom_neighbour', 0)} "
         f"beside an OOM, {counts.get('unsupported', 0)} unsupported; first round {g.first_round}, steps {g.steps}"
     )
-    return ["", head, *_aligned([header, *rows]), tail]
+    return ["", head, *second, *_aligned([header, *rows]), tail]
 
 
 def format_tune(log: TuneLog) -> str:

@@ -63,7 +63,7 @@ def test_a_single_run_lead_is_judged_on_the_history_noise(tmp_path, sigma, crown
     assert by_strategy == {s: (pytest.approx(e, rel=1e-12), NIGHTS) for s, e in expected.items()}
 
     plain = _best_row(tmp_path, [])
-    assert plain[7] == "+10.0% (single run: lead not judged)" and plain[8] == "not judged"
+    assert plain[7] == "10.0% slower (single run: lead not judged)" and plain[8] == "not judged"
 
     judged = _best_row(tmp_path, ["--history", db])
     z = math.log(0.022 / 0.020) / math.sqrt(expected["ddp"] ** 2 + expected["deepspeed_zero2"] ** 2)
@@ -71,7 +71,7 @@ def test_a_single_run_lead_is_judged_on_the_history_noise(tmp_path, sigma, crown
     assert judged[8] == "history noise" and (p < 0.05) is crowned
     noise_text = f"history noise {expected['ddp']:.1%} / {expected['deepspeed_zero2']:.1%} ({NIGHTS} / {NIGHTS} runs)"
     if crowned:
-        assert judged[2] == "ddp" and judged[7] == f"+10.0% (p={p:.2g}, 1 vs 1 runs, {noise_text})"
+        assert judged[2] == "ddp" and judged[7] == f"10.0% slower (p={p:.2g}, 1 vs 1 runs, {noise_text})"
     else:
         assert judged[2] == "ddp ≈ deepspeed_zero2"
-        assert judged[7] == f"≈ +10.0% (not distinguishable, p={p:.2g}, 1 vs 1 runs, {noise_text})"
+        assert judged[7] == f"≈ 10.0% slower (not distinguishable, p={p:.2g}, 1 vs 1 runs, {noise_text})"

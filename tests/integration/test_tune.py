@@ -21,12 +21,14 @@ import yaml
 
 from harness.cli import main
 from harness.compare.stats import run_level_p
+from harness.plan.recommend import slower_words
 from harness.report import build_report
 from harness.results.store import load_records
 from harness.scenario.schema import load_scenario
 from harness.scenario.spec import RunSpec
 from harness.tune.log import check_tune_log, read_tune_file
 from harness.tune.search import COUNTS_SOURCE
+from harness.tune.summary import format_tune
 from tests.unit.test_report import md_rows, md_section
 
 pytestmark = pytest.mark.dist
@@ -137,6 +139,18 @@ def test_tune_prunes_survives_an_oom_confirms_and_writes_a_scenario_that_sweeps(
     (row,) = md_rows(md_section(md, "## Best strategy per model and GPU count"))
     shown = win.spec.strategy if g.verdict == "ahead" else f"{win.spec.strategy} ≈ {runner.spec.strategy}"
     assert row[2] == shown
+
+    # ... in the same words (harness.plan.recommend, which `harness plan` uses too: issue 52): tune's table recommends
+    # the winner with the lead the report judged, and says the runner-up is as much slower as the report's row does
+    tie = "≈ " if g.verdict == "tied" else ""
+    header = md_section(md, "## Best strategy per model and GPU count").splitlines()
+    assert "| recommended |" in next(x for x in header if x.startswith("| model |"))
+    assert row[8] == f"{tie}{slower_words(b['margin'])} ({b['verdict']})"
+    printed = format_tune(out).splitlines()
+    (head,) = [x for x in printed if x.startswith("tiny2 on 2 GPUs: ")]
+    also = f" ≈ {runner.label}" if g.verdict == "tied" else ""
+    assert head.startswith(f"tiny2 on 2 GPUs: recommended {win.label}{also} (the fastest measured; {b['verdict']})")
+    assert printed[printed.index(head) + 1] == f"  runner-up {runner.label}: {slower_words(b['margin'])}"
 
     # the winner file is a valid scenario whose one cell is the winner, and `harness sweep` runs it
     tuned = Path(out.field("tuned_file"))

@@ -153,6 +153,8 @@ def case(tmp_path: Path, monkeypatch, ends: list[str], command: str, code: int) 
         return (["list", "models"], "tiny") if code == 0 else (["list", "cells", one, "--cluster", "nope"], "nope")
     if command == "plan":
         return (["plan", one], "tiny") if code == 0 else (["plan", str(tmp_path / "none.yaml")], "none.yaml")
+    if command == "show":
+        return (["show", "cluster", "h100"], "989.4") if code == 0 else (["show", "cluster", "nope"], "nope")
     if command == "status":
         if code == 0:
             recorded_ok(tmp_path)
@@ -180,6 +182,8 @@ def case(tmp_path: Path, monkeypatch, ends: list[str], command: str, code: int) 
         return ["history", "add", "--db", f"{t}/h.db", str(tmp_path / "empty")], "no readable records"
     if command == "history show":
         return ["history", "show", "--db", f"{t}/none.db"], "none.db"
+    if command == "show":
+        return (["show", "cluster", "h100"], "h100") if code == 0 else (["show", "cluster", "nope"], "nope")
     if command == "tune":
         if code == 1:
             monkeypatch.setattr("harness.tune.run.run_tune", tuned(every_group_won=False))

@@ -163,7 +163,7 @@ def test_bad_limits_in_a_profile_are_input_errors(doc, line):
 
 def test_plan_marks_the_cells_it_cannot_place(tmp_path, capsys):
     path = scenario(tmp_path, [2, 100000])
-    assert main(["plan", str(path)]) == 0
+    assert main(["plan", str(path), "--wide"]) == 0
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if "g100000" in x]
     assert "CANNOT PLACE (skipped): needs 100000 ranks on this machine; it hosts at most" in line

@@ -70,7 +70,7 @@ def test_plan_json_on_a100(capsys):
 
 
 def test_plan_table_marks_cells_that_do_not_fit(capsys):
-    assert main(["plan", PLAN_7B, "--cluster", "a100"]) == 0
+    assert main(["plan", PLAN_7B, "--cluster", "a100", "--wide"]) == 0
     out = capsys.readouterr().out
     rows = {" ".join(line.split()[:4]): line for line in out.splitlines()}
     assert " NO " in rows["7b ddp bf16 g1"]
@@ -92,7 +92,7 @@ def test_plan_shows_unsupported_cells_and_cpu_memory(capsys):
     )
     ck = cell[("1.3b", "fsdp.full_shard", 8, "none", "full")]
     assert ck["hardware_flops_per_step"] > ck["flops_per_step"]
-    assert main(["plan", PLAN_OPTIONS, "--cluster", "h200"]) == 0
+    assert main(["plan", PLAN_OPTIONS, "--cluster", "h200", "--wide"]) == 0
     table = capsys.readouterr().out
     assert "unsupported: ddp has no CPU offload" in table
     z3_row = next(line for line in table.splitlines() if line.startswith("7b zero3 bf16 g1"))

@@ -140,7 +140,7 @@ def test_best_strategy_per_model_and_gpu_count(report, md):
         "44,300",
         "39.8%",
         "fsdp.full_shard · bf16",
-        "+3.5% (single run: lead not judged)",
+        "3.5% slower (single run: lead not judged)",
         "not judged",
         "4 of 5",
     ] in rows

@@ -106,7 +106,9 @@ def test_best_table_marks_a_lead_inside_the_noise(tmp_path):
         [146000.0, 144000.0, runner]
     )
     assert row[2] == "ddp ≈ fsdp2.full_shard" and row[4] == "150,000"
-    assert row[7].startswith(f"≈ +{100 * (150000.0 / statistics.median([146000.0, 144000.0, runner]) - 1):.1f}% (")
+    assert row[7].startswith(
+        f"≈ {100 * (150000.0 / statistics.median([146000.0, 144000.0, runner]) - 1):.1f}% slower ("
+    )
     assert row[8] == "repeated runs"
     model_row = next(r for r in md_rows(md_section(md, "### 125m · 2 GPUs")) if r[:2] == ["ddp", "bf16"])
     assert model_row[2] == "**152,000** ≈"

@@ -157,7 +157,9 @@ def test_the_printed_table(tmp_path):
     assert format_tune(check_tune_log(json.loads(text))).splitlines() == [
         "tune tl on cpu2: objective throughput (higher tok/s/GPU is better), 8 trial runs, 12 s measuring",
         "",
-        "tiny on 2 GPUs: ddp fp32 mb 4 ga 1 ckpt none (ahead of the runner-up, p = 3.56e-06), the best of 4 measured",
+        "tiny on 2 GPUs: recommended ddp fp32 mb 4 ga 1 ckpt none (the fastest measured; p=3.6e-06, 2 vs 2 runs), the "
+        "best of 4 measured",
+        "  runner-up fsdp.full_shard fp32 mb 4 ga 1 ckpt none: 11.1% slower",
         "  #  cell                                      predicted tok/s/GPU  measured tok/s/GPU  runs  round  fate",
         "  1  ddp fp32 mb 4 ga 1 ckpt none                            4,400               4,002     2      1  winner",
         "  2  fsdp.full_shard fp32 mb 4 ga 1 ckpt none                3,960"
