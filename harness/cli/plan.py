@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from harness.cli.options import set_option
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import plan_cells
@@ -64,6 +65,7 @@ _FREEZE_AT_EXIT: list = []
     help="also give, per cell, the days and GPU-hours to train N tokens (1T, 300B, 2.5e12) at its predicted "
     "throughput, and the cost where the profile has performance.price_per_gpu_hour",
 )
+@set_option
 def plan_command(
     scenario: str,
     cluster_name: str,
@@ -72,6 +74,7 @@ def plan_command(
     project_gpus: str | None,
     figure_path: Path | None,
     tokens_text: str | None,
+    overrides: tuple[str, ...],
 ) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
     FLOPs, communication and step time per step, for every cell of SCENARIO. Launches nothing."""
@@ -93,7 +96,7 @@ def plan_command(
                 raise click.UsageError("--figure draws a projection: add --project GPUS")
             check_writable_dir(figure_path.parent, option="--figure")
         cluster = load_cluster(cluster_name)
-        specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
+        specs = load_scenario(scenario, overrides=overrides).expand(gpus_per_node=cluster.gpus_per_node)
         rates = rates_for(cluster, force=force_calibration)  # another machine's calibration: exit 2, with the reason
         if gpus is not None:
             rows = pj.project(specs, cluster, gpus, rates=rates)
