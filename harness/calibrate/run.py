@@ -14,6 +14,10 @@ node, link "intra"), then across nodes (two nodes with one task each, and two fu
 the step-time model prices a hybrid's cross-node groups with). Ranks and rendezvous come from submitit's job
 environment, as a sweep's cells do. The parts write into a folder next to the calibration file (a cluster's
 profiles folder is on the shared file system that the nodes see); it is removed when the file is written.
+
+On a terminal, a status line (harness.core.progress) counts the parts done, with an ETA from their mean time so far;
+the local processes' output is then relayed through this process, line by line, so that it prints above the status
+line instead of through it. Not on a terminal, the processes write to this one's stdout directly, as they always did.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from harness.core.errors import InputError, Problem
 from harness.core.ports import derived_port, free_port
+from harness.core.progress import Progress
 from harness.plan.calibration.file import (
     Calibration,
     CollectivesPart,
@@ -62,13 +67,39 @@ class CalibrationFailed(RuntimeError):
     """A measuring process or job failed; its output (or SLURM log) says why."""
 
 
-def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
-    rc = subprocess.run(cmd, env=env).returncode
+Say = Callable[[str], None]
+"""prints one line of the command's progress (above the status line, on a terminal)"""
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _relay(stream: IO[str] | None, say: Say | None) -> None:
+    """A process's output, line by line, through `say` (when it was piped: `say` given)."""
+    if stream is None or say is None:
+        return
+    for line in stream:
+        say(line.rstrip("\n"))
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str, *, relay: Say | None = None) -> None:
+    """Run one measuring process; its output to this one's stdout, or through `relay` line by line. Killed when this
+    one is stopped (as subprocess.run does)."""
+    with subprocess.Popen(cmd, env=env, stdout=None if relay is None else subprocess.PIPE, text=True) as proc:
+        try:
+            _relay(proc.stdout, relay)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            raise
     if rc != 0:
         raise CalibrationFailed(f"calibration {what} failed (exit {rc}); its output is above")
 
 
-def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: dict[str, str]) -> None:
+def _collectives(
+    cluster: Cluster, world: int, out: Path, *, quick: bool, env: dict[str, str], relay: Say | None = None
+) -> None:
     port = str(free_port())
     procs = []
     for rank in range(world):
@@ -76,7 +107,9 @@ def _collectives(cluster: Cluster, world: int, out: Path, *, quick: bool, env: d
         e["LOCAL_RANK"] = str(rank)
         cmd = [sys.executable, "-m", PROCESS, "collectives", "--cluster", cluster.path]
         cmd += ["--out", str(out), "--link", "intra"] + (["--quick"] if quick else [])
-        procs.append(subprocess.Popen(cmd, env=e, stdout=None if rank == 0 else subprocess.DEVNULL))
+        shown = None if relay is None else subprocess.PIPE
+        procs.append(subprocess.Popen(cmd, env=e, stdout=shown if rank == 0 else subprocess.DEVNULL, text=True))
+    _relay(procs[0].stdout, relay)
     codes = [p.wait() for p in procs]
     if any(codes):
         raise CalibrationFailed(f"calibration of collectives on {world} ranks failed (exit codes {codes})")
@@ -142,7 +175,9 @@ def _work_dir(target: Path) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_job(executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: list[str], what: str) -> None:
+def _run_job(
+    executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: list[str], what: str, say: Say = _say
+) -> None:
     from harness.launch.slurm.jobs import executor_parameters
     from harness.launch.slurm.resources import node_cpus_for
 
@@ -155,7 +190,7 @@ def _run_job(executor: Any, *, cluster: Cluster, nodes: int, tasks: int, argv: l
         ),
     )
     job = executor.submit(CalibrationTask(), argv, dict(cluster.env))
-    print(f"calibrate: {what}: SLURM job {job.job_id} ({nodes} node(s) x {tasks} task(s))", flush=True)
+    say(f"calibrate: {what}: SLURM job {job.job_id} ({nodes} node(s) x {tasks} task(s))")
     try:
         job.results()
     except Exception as e:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError: one line, the log path
@@ -171,10 +206,11 @@ JOB_MINUTES = 30
 
 
 def _calibrate_on_slurm(
-    cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path, storage: Path
+    cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], work: Path, storage: Path, progress: Progress
 ) -> Measured:
     import submitit
 
+    say = progress.above(_say)
     executor = submitit.AutoExecutor(folder=work / "submitit", cluster="slurm", slurm_max_num_timeout=0)
     flags = ["--cluster", cluster.path] + (["--quick"] if quick else [])
     compute = work / "compute.json"
@@ -185,33 +221,51 @@ def _calibrate_on_slurm(
         tasks=1,
         argv=["compute", "--out", str(compute), "--storage-dir", str(storage), *flags],
         what="device, one-rank collectives and framework overheads",
+        say=say,
     )
     device_part = read_calibration(compute)
+    progress.advance()
     parts = []
     for i, (what, nodes, tasks, link) in enumerate(slurm_parts(cluster, worlds)):
         part = work / f"comm{i}.json"
         argv = ["collectives", "--out", str(part), "--link", link, *flags]
-        _run_job(executor, cluster=cluster, nodes=nodes, tasks=tasks, argv=argv, what=what)
+        progress.doing(what)
+        _run_job(executor, cluster=cluster, nodes=nodes, tasks=tasks, argv=argv, what=what, say=say)
         parts.append(read_collectives_part(part))
+        progress.advance()
     return device_part, parts
 
 
-def _calibrate_locally(cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], storage: Path) -> Measured:
+def _calibrate_locally(
+    cluster: Cluster, *, quick: bool, worlds: tuple[int, ...], storage: Path, progress: Progress
+) -> Measured:
     env = _env(cluster)
+    say = progress.above(_say)
+    relay = say if progress.live else None  # NOTE: the processes' lines above the status line, not through it
     with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
         compute = Path(tmp) / "compute.json"
-        print(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads", flush=True)
+        say(f"calibrate: cluster {cluster.name}: device, one-rank collectives and framework overheads")
+        progress.doing("device")
         cmd = [sys.executable, "-m", PROCESS, "compute", "--cluster", cluster.path]
         cmd += ["--out", str(compute), "--storage-dir", str(storage)]
-        _run(cmd + (["--quick"] if quick else []), env, "of the device")
+        _run(cmd + (["--quick"] if quick else []), env, "of the device", relay=relay)
         device_part = read_calibration(compute)
+        progress.advance()
         parts = []
         for world in worlds:
-            print(f"calibrate: collectives on {world} ranks", flush=True)
+            say(f"calibrate: collectives on {world} ranks")
+            progress.doing(f"collectives on {world} ranks")
             part = Path(tmp) / f"comm{world}.json"
-            _collectives(cluster, world, part, quick=quick, env=env)
+            _collectives(cluster, world, part, quick=quick, env=env, relay=relay)
             parts.append(read_collectives_part(part))
+            progress.advance()
     return device_part, parts
+
+
+def part_count(cluster: Cluster, worlds: tuple[int, ...]) -> int:
+    """How many measuring parts a calibration of `cluster` runs: the device's, then one per group (locally: per
+    size in `worlds`; on SLURM: `slurm_parts`), one after another."""
+    return 1 + (len(slurm_parts(cluster, worlds)) if cluster.executor == "slurm" else len(worlds))
 
 
 def calibrate(
@@ -226,11 +280,17 @@ def calibrate(
     storage = Path(cluster.checkpoint_dir) if cluster.checkpoint_dir else target.resolve().parent
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
-    if cluster.executor == "slurm":
-        with _work_dir(target) as work:
-            device_part, parts = _calibrate_on_slurm(cluster, quick=quick, worlds=worlds, work=work, storage=storage)
-    else:
-        device_part, parts = _calibrate_locally(cluster, quick=quick, worlds=worlds, storage=storage)
+    # NOTE: a status line on a terminal only (harness.core.progress); the ETA is the parts' mean time so far
+    with Progress(f"calibrate {cluster.name}", part_count(cluster, worlds), unit="parts") as progress:
+        if cluster.executor == "slurm":
+            with _work_dir(target) as work:
+                device_part, parts = _calibrate_on_slurm(
+                    cluster, quick=quick, worlds=worlds, work=work, storage=storage, progress=progress
+                )
+        else:
+            device_part, parts = _calibrate_locally(
+                cluster, quick=quick, worlds=worlds, storage=storage, progress=progress
+            )
     merged = device_part.merged(
         parts,
         created_at=started.isoformat(timespec="seconds"),

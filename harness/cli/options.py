@@ -44,3 +44,17 @@ def direction_option(f: F) -> F:
         type=click.Choice(sorted(BENCHMARK_FILES)),
         help="With --format github-benchmark: customSmallerIsBetter or customBiggerIsBetter entries.",
     )(f)
+
+
+def set_option(f: F) -> F:
+    """`--set KEY=VALUE`, repeatable, as `harness plan`, `sweep`, `tune` and `run` take it: the scenario file as if it
+    said so (harness.scenario.schema.apply_overrides has the rules; a bad one gets the file's own error, exit 2)."""
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="change the scenario without editing it (repeatable): a setting or an axis (model, strategy, precision, "
+        "gpus), VALUE as YAML. A single value is every cell's (--set micro_batch=2), a list is the axis "
+        "(--set gpus=[8,64]), KEY.SUB one key of a mapping (--set inject.fault=slow); validated as the file is",
+    )(f)

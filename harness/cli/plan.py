@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from harness.cli.options import set_option
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
 from harness.plan.predict import bf16_peak_tflops, plan_cells
@@ -87,6 +88,7 @@ _FREEZE_AT_EXIT: list = []
 @click.option(
     "--wide", is_flag=True, help="every column (memory parts, the peak's moment, FLOPs, collective bytes), every cell"
 )
+@set_option
 def plan_command(
     scenario: str,
     cluster_name: str,
@@ -97,6 +99,7 @@ def plan_command(
     tokens_text: str | None,
     headroom_gib: float | None,
     wide: bool,
+    overrides: tuple[str, ...],
 ) -> int:
     """Predict per-rank memory (params, grads, optimizer, activations, buffers), whether each cell fits,
     FLOPs, communication and step time per step, for every cell of SCENARIO, and recommend per model and GPU count
@@ -119,7 +122,7 @@ def plan_command(
                 raise click.UsageError("--figure draws a projection: add --project GPUS")
             check_writable_dir(figure_path.parent, option="--figure")
         cluster = load_cluster(cluster_name)
-        specs = load_scenario(scenario).expand(gpus_per_node=cluster.gpus_per_node)
+        specs = load_scenario(scenario, overrides=overrides).expand(gpus_per_node=cluster.gpus_per_node)
         rates = rates_for(cluster, force=force_calibration)  # another machine's calibration: exit 2, with the reason
         if gpus is not None:
             rows = pj.project(specs, cluster, gpus, rates=rates)

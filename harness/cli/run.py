@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.options import cluster_option
+from harness.cli.options import cluster_option, set_option
 from harness.launch.run import run_cell
 from harness.launch.status import status_lines
 from harness.scenario.listing import list_lines
@@ -18,7 +18,10 @@ from harness.scenario.listing import list_lines
 @click.option("--results", default="results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the record as JSON")
 @click.option("--no-skip", is_flag=True, help="run the cell even when it is predicted not to fit this host")
-def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool, no_skip: bool) -> int:
+@set_option
+def run(
+    scenario: str, cell: str, cluster_name: str, results: str, as_json: bool, no_skip: bool, overrides: tuple[str, ...]
+) -> int:
     """Run one cell of SCENARIO in the foreground (ranks are child processes; their output streams here)."""
     return run_cell(
         scenario,
@@ -28,6 +31,7 @@ def run(scenario: str, cell: str, cluster_name: str, results: str, as_json: bool
         as_json=as_json,
         no_skip=no_skip,
         echo=click.echo,
+        overrides=overrides,
     )
 
 

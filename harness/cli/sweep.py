@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from harness.cli import interrupt_on_sigterm
-from harness.cli.options import cluster_option
+from harness.cli.options import cluster_option, set_option
 from harness.launch.run import ran_nothing, start_sweep, summary_lines
 
 
@@ -60,6 +60,7 @@ from harness.launch.run import ran_nothing, start_sweep, summary_lines
     help="every cell also saves and reloads its training state after the timed steps (the `checkpoint` setting; "
     "a scenario's own `checkpoint` axis still decides its cells): metrics.checkpoint",
 )
+@set_option
 def sweep(
     scenario: str,
     cluster_name: str,
@@ -71,6 +72,7 @@ def sweep(
     repeat: int,
     trace: bool,
     checkpoint: bool,
+    overrides: tuple[str, ...],
 ) -> int:
     """Run every cell of SCENARIO; each cell ends in one JSON record (with --repeat K, K records). Exit 1 if any
     run failed, or if nothing ran because every cell was skipped.
@@ -93,6 +95,7 @@ def sweep(
         repeat=repeat,
         trace=trace,
         checkpoint=checkpoint,
+        overrides=overrides,
     )
     for line in start.lines:
         click.echo(line)

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from harness.cli import interrupt_on_sigterm
-from harness.cli.options import cluster_option
+from harness.cli.options import cluster_option, set_option
 from harness.core.errors import InputError, Problem
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
@@ -57,6 +57,7 @@ from harness.scenario.schema import load_scenario
     help="on a cluster without a calibration, rank by counts (FLOPs, bytes, calls per token) instead of running "
     "a quick `harness calibrate` first",
 )
+@set_option
 def tune_command(
     scenario: str,
     cluster_name: str,
@@ -68,6 +69,7 @@ def tune_command(
     out: str | None,
     pack: bool,
     no_calibrate: bool,
+    overrides: tuple[str, ...],
 ) -> int:
     """Find the fastest configuration of SCENARIO that fits: prune by the memory model and by dominance, rank by
     the predicted step time (a cluster without a calibration gets a quick one first, unless --no-calibrate),
@@ -89,7 +91,7 @@ def tune_command(
     if problems:
         raise InputError(problems)
     interrupt_on_sigterm()
-    sc = load_scenario(scenario)
+    sc = load_scenario(scenario, overrides=overrides)
     cluster = load_cluster(cluster_name)
     if pack and cluster.executor != "slurm":
         raise InputError([Problem("--pack", "", f"needs a SLURM profile; {cluster.name!r} runs cells locally")])

@@ -97,8 +97,9 @@ def sweep_of(cell: CellVerdict) -> Path:
 
 
 def what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster, Path]:
-    """(scenario, cluster, results root) of the sweep whose manifest this is; InputError naming what is missing
-    or no longer matches (an edited scenario file, a renamed profile)."""
+    """(scenario, cluster, results root) of the sweep whose manifest this is, the scenario read with the `--set`
+    overrides the manifest records (without them its cells would be others); InputError naming what is missing or
+    no longer matches (an edited scenario file, a renamed profile)."""
     from harness.launch.core.manifest import read_manifest
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import load_scenario
@@ -116,7 +117,7 @@ def what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster,
         problems.append(Problem(where, "cluster", "names no cluster profile to re-run on"))
     if problems:
         raise InputError(problems)
-    scenario = load_scenario(scenario_file)
+    scenario = load_scenario(scenario_file, overrides=header.overrides)
     cluster = load_cluster(cluster_ref)
     if scenario.name != header.sweep:
         raise InputError(
@@ -125,12 +126,14 @@ def what_to_rerun(manifest: Path, run_ids: set[str]) -> tuple[Scenario, Cluster,
     known = {s.run_id for s in scenario.expand(gpus_per_node=cluster.gpus_per_node)}
     gone = sorted(run_ids - known)
     if gone:
+        given = f" with --set {' --set '.join(header.overrides)}" if header.overrides else ""
         raise InputError(
             [
                 Problem(
                     where,
                     "scenario",
-                    f"cell(s) {', '.join(gone)} are not in {scenario_file} any more (edited since the sweep?)",
+                    f"cell(s) {', '.join(gone)} are not in {scenario_file}{given} any more (edited since the sweep, "
+                    "or swept with other --set overrides into the same folder?)",
                 )
             ]
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from harness.core.errors import InputError, Problem, one_of
+from harness.launch.status import set_note
 from harness.scenario.cluster import Cluster, load_cluster
 from harness.scenario.schema import Scenario, load_scenario
 
@@ -32,7 +33,7 @@ class SweepStart:
     """A sweep as `harness sweep`'s options ask for it, checked and ready for run_sweep."""
 
     scenario: Scenario
-    """the scenario file's, with --trace and --checkpoint applied"""
+    """the scenario file's, with --set, --trace and --checkpoint applied"""
     cluster: Cluster
     lines: list[str]
     """what the command prints before the first cell: the cells, where they run, the matrix cells left out"""
@@ -62,13 +63,15 @@ def start_sweep(
     repeat: int,
     trace: bool,
     checkpoint: bool,
+    overrides: Sequence[str] = (),
 ) -> SweepStart:
-    """The sweep of `scenario_file` on the profile `cluster_name` into `results` (`repeat` runs a cell, checked
-    already), with what is refused before anything runs or is printed: --no-wait or --pack on a profile that runs
-    cells locally, a results folder that cannot be written."""
+    """The sweep of `scenario_file` (with the `--set` `overrides` applied: the manifest records them) on the profile
+    `cluster_name` into `results` (`repeat` runs a cell, checked already), with what is refused before anything runs
+    or is printed: --no-wait or --pack on a profile that runs cells locally, a results folder that cannot be
+    written."""
     from harness.results.store import check_writable_dir, sweep_dir
 
-    sc = load_scenario(scenario_file)
+    sc = load_scenario(scenario_file, overrides=overrides)
     if trace:
         sc = sc.with_setting("trace", True)
     if checkpoint:
@@ -88,6 +91,7 @@ def start_sweep(
     specs, left_out = sc.expand_all(gpus_per_node=cluster.gpus_per_node)
     lines = [
         f"sweep {sc.name!r}: {len(specs)} cells on cluster {cluster.name!r} ({cluster.executor}, {cluster.device})"
+        + set_note(sc.overrides)
         + (f", {repeat} runs each" if repeat > 1 else "")
         + (", packed" if pack else "")
     ]
@@ -162,6 +166,7 @@ def run_cell(
     as_json: bool,
     echo: Callable[[str], None],
     no_skip: bool = False,
+    overrides: Sequence[str] = (),
 ) -> int:
     """Run the cell of the scenario whose run_id is `cell` (or starts with it) in the foreground, its ranks children
     of this process (the options are `harness run`'s); its record as one line, or as JSON with `as_json`. Returns 0
@@ -174,7 +179,7 @@ def run_cell(
     from harness.results.store import check_writable_dir, sweep_dir
     from harness.worker.env import git_sha
 
-    sc = load_scenario(scenario_file)
+    sc = load_scenario(scenario_file, overrides=overrides)
     cluster = load_cluster(cluster_name)
     specs = sc.expand(gpus_per_node=cluster.gpus_per_node)
     matches = [s for s in specs if s.run_id == cell] or [s for s in specs if s.run_id.startswith(cell)]

@@ -7,7 +7,8 @@ next one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import shlex
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ def sweep_status_lines(mpath: Path, manifest: SweepManifest) -> Iterator[str]:
     repeated = n_runs > len(runs)
     yield (
         f"sweep {manifest.sweep!r} on {manifest.cluster!r}: {len(runs)} cells"
+        + set_note(manifest.header.overrides)
         + (f", {n_runs} runs (--repeat {manifest.repeat}; counts below are of runs)" if repeated else "")
     )
     for run_id, by_repeat in runs.items():
@@ -57,6 +59,12 @@ def sweep_status_lines(mpath: Path, manifest: SweepManifest) -> Iterator[str]:
             why = f"  ({c.reason})" if c.reason and c.state in ("failed", "cancelled") else ""
             yield f"  {state:9s} {c.status or '-':9s} {name}{which}  job {job}{pack}{note}{why}"
     yield "  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+
+
+def set_note(overrides: Sequence[str]) -> str:
+    """`--set` overrides as a sweep's first line names them (` (--set micro_batch=2)`), runnable as printed; ''
+    without any."""
+    return f" ({' '.join(f'--set {shlex.quote(o)}' for o in overrides)})" if overrides else ""
 
 
 def _live_slurm_states(manifest: SweepManifest) -> tuple[dict[tuple[str, int], tuple[str, str]], str]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.core.errors import InputError, Problem
+from harness.core.progress import Progress
 from harness.launch.core.backend import Backend, Round, RoundEnd
 from harness.launch.core.folder import SweepFolder
 from harness.launch.core.manifest import Manifest, file_lock
@@ -89,6 +90,9 @@ class Sweep:
     no_skip: bool = False
     repeat: int = 1
     """the run of each cell this round is"""
+    progress: Progress | None = None
+    """the sweep's status line on a terminal (harness.core.progress): the backends count each run's end on it, and
+    `echo` prints above it"""
 
     @property
     def jobs(self) -> Path:
@@ -216,7 +220,10 @@ def run_sweep(
         scenario_file=str(Path(scenario.path).resolve()),
         cluster_file=str(Path(cluster.path).resolve()) if cluster.path else None,
         repeats=rounds,
+        overrides=scenario.overrides,
     )
+    # NOTE: on a terminal only (harness.core.progress): a log gets the lines it always got
+    progress = Progress(f"sweep {scenario.name}", len(specs) * len(rounds), unit="runs")
     sweep = Sweep(
         scenario=scenario,
         cluster=cluster,
@@ -224,11 +231,13 @@ def run_sweep(
         manifest=manifest,
         capacity=cap,
         sha=git_sha(),
-        echo=echo,
+        echo=progress.above(echo),
         force=force,
         no_skip=no_skip,
+        progress=progress,
     )
-    end = _run_rounds(sweep, specs, rounds, backend=backend)
+    with progress:
+        end = _run_rounds(sweep, specs, rounds, backend=backend)
     return SweepResult(records=end.records, results_dir=folder.path, wall_s=time.time() - t0, in_flight=end.in_flight)
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.scenario.performance import Performance, parse_performance
-from harness.scenario.schema import NAME_RE, load_yaml
+from harness.scenario.schema import NAME_RE
+from harness.scenario.yaml_file import load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "clusters"
 """the profiles shipped with the package"""

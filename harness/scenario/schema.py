@@ -2,6 +2,10 @@
 
 Pure: no torch import, deterministic. Every problem in a file is collected and raised once as an
 `InputError` whose lines read `file: dotted.key: message`.
+
+`--set KEY=VALUE` (`harness plan`, `sweep`, `tune`, `run`) changes the parsed document before it is validated
+(`parse_scenario(doc, file, overrides=...)`, rules in `apply_overrides`), so a bad value gets the file's own
+message, its key path `--set KEY` (`s.yaml: --set micro_batch: 'two' is not an integer`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,10 @@ import dataclasses
 import itertools
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.families import dimension_problems, family_of, model_keys, shapes_of
@@ -33,6 +36,7 @@ from harness.scenario.spec import (
     value_is,
 )
 from harness.scenario.tune import TuneSpec, derived_grad_accum, parse_tune
+from harness.scenario.yaml_file import load_yaml, yaml_value
 
 FAULTS: tuple[str, ...] = ("oom", "hang", "crash", "nan", "exception", "slow", "checkpoint_truncate")
 INJECT_KEYS: tuple[str, ...] = ("fault", "rank", "step", "factor")
@@ -65,6 +69,9 @@ class Scenario:
     model_sources: dict[str, str] = field(default_factory=dict)
     """scenario-defined model name → where its dimensions come from (`hf_config <path>` or the scenario file),
     for `harness list models`"""
+    overrides: tuple[str, ...] = ()
+    """the `--set KEY=VALUE` texts applied to the file, as given (`apply_overrides`): a sweep's manifest records
+    them, so that `harness history check --confirm` re-runs the same cells"""
 
     def model_config(self, name: str) -> ModelConfig:
         return self.models.get(name) or ZOO[name]
@@ -113,95 +120,6 @@ class Scenario:
 
 # --------------------------------------------------------------------------------------------------
 # loading and validation
-
-
-class _NoObjectsLoader(yaml.SafeLoader):
-    """Safe loading, and a clear error (not a traceback) for tags like !!python/object."""
-
-
-def _refuse_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
-    raise yaml.constructor.ConstructorError(
-        None, None, f"tag {node.tag!r} is not allowed (scenario files are plain data)", node.start_mark
-    )
-
-
-_NoObjectsLoader.add_multi_constructor("!", _refuse_tag)
-_NoObjectsLoader.add_multi_constructor("tag:yaml.org,2002:python/", _refuse_tag)
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _key_of(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
-    """A mapping key as the loaded document would hold it (`1` and `1.0` are one key, as in a dict); a key that is
-    no scalar (a sequence or mapping as a key) as its node, compared by identity."""
-    return loader.construct_object(node) if isinstance(node, yaml.ScalarNode) else node
-
-
-def _where(mark: yaml.Mark, *, column: bool) -> str:
-    return f"{mark.line + 1}:{mark.column + 1}" if column else str(mark.line + 1)
-
-
-def _duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node | None, file: str) -> list[Problem]:
-    """Every key given twice in one mapping, anywhere in the document: YAML's loaders keep only the last silently
-    (two top-level `matrix:` blocks: the first is dropped). Each at its key path, with the lines of every
-    occurrence (line:column where two share a line, as in a flow mapping)."""
-    problems: list[Problem] = []
-    seen_nodes: set[int] = set()  # NOTE: an alias repeats its anchor's node; each node once (no billion laughs)
-    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
-    while stack:
-        node, path = stack.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            stack += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
-        elif isinstance(node, yaml.MappingNode):
-            marks: dict[Any, list[yaml.Mark]] = {}
-            children = []
-            for key_node, value_node in node.value:
-                if key_node.tag == _MERGE_TAG:  # NOTE: `<<: *base`: keys given beside a merge override it by design
-                    children.append((value_node, path))
-                    continue
-                key = _key_of(loader, key_node)
-                marks.setdefault(key, []).append(key_node.start_mark)
-                children.append((value_node, f"{path}.{key}" if path else str(key)))
-            for key, at in marks.items():
-                if len(at) > 1:
-                    column = len({m.line for m in at}) < len(at)
-                    lines = [_where(m, column=column) for m in at]
-                    unit = "line:column" if column else "lines"
-                    where = f"{path}.{key}" if path else str(key)
-                    problems.append(
-                        Problem(
-                            file,
-                            where,
-                            f"given {len(at)} times, at {unit} {', '.join(lines[:-1])} and {lines[-1]}: YAML would "
-                            "keep only the last, silently; give it once",
-                        )
-                    )
-            stack += reversed(children)
-    return problems
-
-
-def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file with safe loading (every YAML file the harness reads: scenarios, cluster profiles); syntax
-    errors become an InputError naming the line, and a key given twice in one mapping is an InputError naming every
-    line it is on (a plain YAML loader keeps the last one silently)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError([Problem(str(path), "", f"cannot read file: {e.strerror or e}")]) from None
-    loader = _NoObjectsLoader(text)
-    try:
-        root = loader.get_single_node()
-        duplicates = _duplicate_keys(loader, root, str(path))
-        if duplicates:
-            raise InputError(duplicates)
-        return loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as e:
-        raise InputError([Problem(str(path), "", f"invalid YAML: {e}")]) from None
-    finally:
-        loader.dispose()
 
 
 def _check_inject(value: Any, where: str, file: str, problems: list[Problem]) -> None:
@@ -346,13 +264,28 @@ def expand_matrix(
     return cells + extra
 
 
-def parse_scenario(doc: Any, file: str) -> Scenario:
-    """Validate a parsed scenario document and expand its matrix. Raises InputError with every problem."""
+def parse_scenario(doc: Any, file: str, *, overrides: Sequence[str] = ()) -> Scenario:
+    """Validate a parsed scenario document and expand its matrix. Raises InputError with every problem.
+    `overrides`: `--set KEY=VALUE` texts, applied to the document first (`apply_overrides`)."""
     problems: list[Problem] = []
     if not isinstance(doc, dict):
         raise InputError(
             [Problem(file, "", "a scenario file must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))]
         )
+    every_cell: dict[str, Any] = {}
+    if overrides:
+        doc, every_cell, moved = apply_overrides(doc, overrides, file=file, problems=problems)
+        try:
+            sc = _parse_document(doc, file, every_cell=every_cell, problems=problems)
+        except InputError as e:
+            raise InputError(_said_by_set(e.problems, moved)) from None
+        return dataclasses.replace(sc, overrides=tuple(overrides))
+    return _parse_document(doc, file, every_cell=every_cell, problems=problems)
+
+
+def _parse_document(doc: dict, file: str, *, every_cell: dict[str, Any], problems: list[Problem]) -> Scenario:
+    """`parse_scenario` of a document (overrides applied): `every_cell` the scalar `--set` values every cell takes,
+    after the matrix is expanded; `problems` those found so far (the overrides')."""
 
     for k in doc:
         if k not in TOP_LEVEL_KEYS:
@@ -370,6 +303,12 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
     declared = [n for n in raw_models if isinstance(n, str)] if isinstance(raw_models, dict) else []
     axes, include, exclude = _check_matrix(doc.get("matrix"), file, list(dict.fromkeys([*ZOO, *declared])), problems)
     tune = parse_tune(doc.get("tune"), file, problems)
+    if tune is not None and tune.global_batch is not None and "grad_accum" in every_cell:
+        problems.append(
+            Problem(
+                file, "--set grad_accum", f"tune.global_batch ({tune.global_batch}) derives grad_accum; leave it out"
+            )
+        )
     if tune is not None and tune.global_batch is not None:
         _check_one_grad_accum(
             tune.global_batch, settings=settings, axes=axes, include=include, file=file, problems=problems
@@ -379,9 +318,20 @@ def parse_scenario(doc: Any, file: str) -> Scenario:
     else:
         _check_axis_or_setting(settings, axes, file, problems)
 
+    # NOTE: after the file's own checks (a setting both an axis and under `settings:`): `--set KEY=scalar` is neither
+    settings = {**settings, **{k: v for k, v in every_cell.items() if k in SETTING_FIELDS}}
     cells: list[dict[str, Any]] = []
     if not problems:
-        cells = _expand_cells(axes, include, exclude, settings=settings, models=models, file=file, problems=problems)
+        cells = _expand_cells(
+            axes,
+            include,
+            exclude,
+            settings=settings,
+            models=models,
+            file=file,
+            problems=problems,
+            every_cell=every_cell,
+        )
     if problems:
         raise InputError(problems)
     sc = Scenario(
@@ -523,10 +473,11 @@ def _expand_cells(
     models: dict[str, ModelConfig],
     file: str,
     problems: list[Problem],
+    every_cell: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The matrix's cells (`expand_matrix`), each with every core axis and a layout that can be built (else
-    problems)."""
-    cells = expand_matrix(axes, include, exclude)
+    """The matrix's cells (`expand_matrix`, then the scalar `--set` values of `every_cell`: `with_overrides`), each
+    with every core axis and a layout that can be built (else problems)."""
+    cells = with_overrides(expand_matrix(axes, include, exclude), every_cell or {})
     for cell in cells:
         missing = [a for a in CORE_AXES if a not in cell]
         if missing:
@@ -542,14 +493,31 @@ def _expand_cells(
         problems.append(Problem(file, "matrix", "expands to no cells (everything excluded?)"))
     if not problems:
         _check_layouts(
-            cells, settings=settings, axes=axes, include=include, models=models, file=file, problems=problems
+            cells,
+            settings=settings,
+            axes=axes,
+            include=include,
+            models=models,
+            file=file,
+            problems=problems,
+            every_cell=every_cell or {},
         )
     return cells
 
 
-def _source(key: str, cell: dict[str, Any], *, settings: dict, axes: dict, include: list[dict]) -> str:
-    """Where a cell's value of `key` was written: the last include entry that set it, its matrix axis, or
-    `settings`; the key alone for a default."""
+def _source(
+    key: str,
+    cell: dict[str, Any],
+    *,
+    settings: dict,
+    axes: dict,
+    include: list[dict],
+    every_cell: Mapping[str, Any] | None = None,
+) -> str:
+    """Where a cell's value of `key` was written: `--set` (every cell's), the last include entry that set it, its
+    matrix axis, or `settings`; the key alone for a default."""
+    if key in (every_cell or {}):
+        return f"--set {key}"
     for i in reversed(range(len(include))):
         if key in include[i] and _matches(cell, include[i]):
             return f"matrix.include[{i}].{key}"
@@ -567,6 +535,7 @@ def _check_layouts(
     models: dict[str, ModelConfig],
     file: str,
     problems: list[Problem],
+    every_cell: Mapping[str, Any] | None = None,
 ) -> None:
     """Every cell's tensor/pipeline layout can be built (harness.core.layout.layout_problems); each problem once,
     at the key that set the offending value."""
@@ -590,12 +559,137 @@ def _check_layouts(
         )
         what = f"cell {cell['model']} {cell['strategy']} {cell['precision']} gpus {cell['gpus']}"
         for key, message in found:
-            where = _source(key, cell, settings=settings, axes=axes, include=include)
+            where = _source(key, cell, settings=settings, axes=axes, include=include, every_cell=every_cell or {})
             if (where, message) not in seen:
                 seen.add((where, message))
                 problems.append(Problem(file, where, f"{message} ({what})"))
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Load, validate and expand a scenario file (raises InputError listing every problem)."""
-    return parse_scenario(load_yaml(path), str(path))
+def load_scenario(path: str | Path, *, overrides: Sequence[str] = ()) -> Scenario:
+    """Load, validate and expand a scenario file (raises InputError listing every problem); `overrides`: the
+    `--set KEY=VALUE` texts to apply to it (`apply_overrides`)."""
+    return parse_scenario(load_yaml(path), str(path), overrides=overrides)
+
+
+# --------------------------------------------------------------------------------------------------
+# `--set KEY=VALUE`: overrides of the file, from the command line
+
+SET_KEYS: tuple[str, ...] = (*CORE_AXES, *SETTING_FIELDS)
+"""what `--set` takes: a core axis or a setting (the keys a matrix takes)"""
+MAPPING_SETTINGS: tuple[str, ...] = tuple(k for k, f in SETTING_FIELDS.items() if "dict" in str(f.type))
+"""the settings whose value is a mapping (`inject`): `--set inject.fault=slow` sets one of its keys"""
+
+
+def apply_overrides(
+    doc: dict, overrides: Sequence[str], *, file: str, problems: list[Problem]
+) -> tuple[dict, dict[str, Any], set[str]]:
+    """The document with `--set` applied: (the document, the scalar values every cell takes, the keys a list made
+    an axis of). Problems go to `problems`, each at `--set KEY`, in the file's own words.
+
+    The rules, and why:
+
+    - `KEY=VALUE`, VALUE read as YAML (`2`, `true`, `bf16`, `[8, 64]`, `{fault: slow, factor: 2}`); KEY a core
+      axis (model, strategy, precision, gpus) or a setting, as a matrix takes them: anything else is the file's
+      "unknown key … did you mean". Given twice, the last wins (as each later YAML key would).
+    - A scalar (not a list) is every cell's value: the matrix expands as the file says (its include and exclude
+      entries match the file's own values), then each cell takes KEY=VALUE, and cells that become the same are
+      one. For a setting it is also `settings.KEY`. So `--set micro_batch=2` on a file whose matrix has a
+      `micro_batch` axis runs every cell at 2 (the axis is replaced, not refused as a key given both as an axis
+      and a setting would be): what the user asks for.
+    - A list is the matrix axis KEY, replacing the file's axis, or its `settings.KEY` (the setting becomes an
+      axis); include and exclude entries match on the new values, as they would had the file said so.
+    - A dotted key sets one key of a mapping setting: `--set inject.fault=slow --set inject.factor=2` is
+      `--set inject={fault: slow, factor: 2}` merged over the file's `settings.inject`; a scalar then.
+    - No `=` is refused (`--set micro_batch` is no value), as is a VALUE that is not YAML.
+
+    The file is not written: a sweep's manifest records the texts (`Scenario.overrides`)."""
+    doc = {**doc}
+    declared = doc.get("models")
+    model_names = list(
+        dict.fromkeys([*ZOO, *(n for n in declared if isinstance(n, str))] if isinstance(declared, dict) else ZOO)
+    )
+    raw_settings = doc.get("settings")
+    file_settings = raw_settings if isinstance(raw_settings, dict) else {}
+    values: dict[str, Any] = {}
+    for text in overrides:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep:
+            problems.append(
+                Problem("--set", "", f"{text!r} is not KEY=VALUE (e.g. --set micro_batch=2, --set gpus=[8,64])")
+            )
+            continue
+        where = f"--set {key}"
+        head, dot, rest = key.partition(".")
+        if head not in SET_KEYS:
+            problems.append(unknown(file, where, head, SET_KEYS))
+            continue
+        value, ok = yaml_value(raw, where=where, file=file, problems=problems)
+        if not ok:
+            continue
+        if dot:
+            if head not in MAPPING_SETTINGS or not rest:
+                mappings = ", ".join(MAPPING_SETTINGS)
+                problems.append(
+                    Problem(
+                        file, where, f"a dotted key sets a key of a mapping setting ({mappings}); give {head}=VALUE"
+                    )
+                )
+                continue
+            base = values.get(head, file_settings.get(head))
+            value = _set_in(dict(base) if isinstance(base, dict) else {}, rest.split("."), value)
+        values.pop(head, None)  # NOTE: the last one given wins, and stands where it was given last
+        values[head] = value
+    every_cell: dict[str, Any] = {}
+    moved: set[str] = set()
+    for key, value in values.items():
+        before = len(problems)
+        if isinstance(value, list):
+            if not value:
+                problems.append(Problem(file, f"--set {key}", f"must be a non-empty list, got {value!r}"))
+            for i, v in enumerate(value):
+                _check_axis_value(key, v, f"--set {key}[{i}]", file, model_names, problems)
+            if len(problems) == before:
+                matrix = doc.get("matrix")
+                doc["matrix"] = {**(matrix if isinstance(matrix, dict) else {}), key: value}
+                if key in file_settings:
+                    doc["settings"] = {k: v for k, v in file_settings.items() if k != key}
+                moved.add(key)
+        else:
+            _check_axis_value(key, value, f"--set {key}", file, model_names, problems)
+            if len(problems) == before:
+                every_cell[key] = value
+    return doc, every_cell, moved
+
+
+def with_overrides(cells: list[dict[str, Any]], every_cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The expanded cells with the scalar `--set` values: a core axis in every cell, a setting in the cells that name
+    it (the others take it from `settings`, where it is too); cells that became the same are one, in file order."""
+    if not every_cell:
+        return cells
+    out: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        new = {**cell, **{k: v for k, v in every_cell.items() if k in CORE_AXES or k in cell}}
+        out.setdefault(repr(sorted(new.items(), key=lambda kv: kv[0])), new)
+    return list(out.values())
+
+
+def _set_in(mapping: dict, path: list[str], value: Any) -> dict:
+    """`mapping` with `value` at the dotted `path` (mappings made on the way)."""
+    if len(path) == 1:
+        return {**mapping, path[0]: value}
+    inner = mapping.get(path[0])
+    return {**mapping, path[0]: _set_in(dict(inner) if isinstance(inner, dict) else {}, path[1:], value)}
+
+
+def _said_by_set(problems: list[Problem], moved: set[str]) -> list[Problem]:
+    """The problems with the matrix axes a `--set KEY=[...]` made named as `--set KEY` (the file did not say them)."""
+    out = []
+    for p in problems:
+        for key in moved:
+            axis = f"matrix.{key}"
+            if p.path == axis or p.path.startswith(f"{axis}["):
+                p = Problem(p.file, f"--set {key}{p.path[len(axis) :]}", p.message)
+                break
+        out.append(p)
+    return out

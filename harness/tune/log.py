@@ -282,6 +282,9 @@ class TuneLog(Typed):
     """the searched scenario's name"""
     scenario_file: str | None = None
     """its file (absolute path)"""
+    overrides: list[str] = Field(default_factory=list)
+    """`harness tune --set KEY=VALUE`'s texts, as given, in order (harness.scenario.schema.apply_overrides); empty
+    without any (and in logs written before they were recorded)"""
     sweep: str | None = None
     """the folder of the trials: <scenario>-tune"""
     cluster: str | None = None

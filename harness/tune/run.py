@@ -5,6 +5,10 @@ status` and `harness report` read them as any sweep's); a batch of trials is one
 after another, on SLURM submitted together). The search's state goes to `tune.json` in the same folder after
 every batch, atomically; the winners to `tuned.yaml`. A re-run replays the search over the records already there
 (`run_sweep` skips every trial with an ok record) and goes on.
+
+On a terminal, a status line (harness.core.progress) counts the trials run against the search's expected number
+(`expected_trials`: `~N`, an estimate, since a failed candidate or a close race changes it) with an ETA from the
+mean time of a trial so far; each batch's sweep adds its own cells' count to the same line.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 
 from harness.compare.metrics import METRICS_BY_NAME, metric_value
 from harness.core.errors import InputError, Problem
+from harness.core.progress import Progress
 from harness.results.store import (
     TUNE_LOG,
     atomic_write_json,
@@ -160,6 +165,7 @@ class Search:
                 "tune_version": TUNE_VERSION,
                 "scenario": self.scenario.name,
                 "scenario_file": str(Path(self.scenario.path).resolve()),
+                "overrides": list(self.scenario.overrides),
                 "sweep": tune_sweep_name(self.scenario),
                 "cluster": self.cluster.name,
                 "objective": tune.objective,
@@ -244,26 +250,33 @@ def run_tune(
     search.calibration = calibration
     _echo_funnel(groups, left_out, echo)
     sweep = functools.partial(run_sweep, pack=pack)
+    expected = expected_trials(groups, budget_cells=budget_cells)
+    progress = Progress(f"tune {scenario.name}", expected, unit="trials", approx=True)
+    echo = progress.above(echo)
     try:
-        while True:
-            batch = [(g, c, t) for g in groups for c, t in g.next_trials()]
-            if not batch:
-                break
-            why = search.over_budget(len(batch))
-            if why:
-                echo(f"budget: {why}; stopping with the best measured so far")
-                search.stop(why, batch)
-                break
-            rounds = sorted({(t.round, g.final) for g, _, t in batch})
-            shown = ", ".join(_round_name(r, f) for r, f in rounds)
-            echo(f"tune: batch {search.batches + 1}: {len(batch)} trial(s), {shown}")
-            wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], sweep, echo)
-            search.batches += 1
-            search.trials += len(batch)
-            search.measured_s += wall
-            for g in groups:
-                g.absorb(_outcomes(results, name, [t for gg, _, t in batch if gg is g], metric))
-            _write_log(folder, search.log(finished=False))
+        with progress:
+            while True:
+                batch = [(g, c, t) for g in groups for c, t in g.next_trials()]
+                if not batch:
+                    break
+                why = search.over_budget(len(batch))
+                if why:
+                    echo(f"budget: {why}; stopping with the best measured so far")
+                    search.stop(why, batch)
+                    break
+                if search.trials + len(batch) > (progress.total or 0):
+                    progress.grow(search.trials + len(batch))  # NOTE: more than expected (failures, a close race)
+                rounds = sorted({(t.round, g.final) for g, _, t in batch})
+                shown = ", ".join(_round_name(r, f) for r, f in rounds)
+                echo(f"tune: batch {search.batches + 1}: {len(batch)} trial(s), {shown}")
+                wall = _run_batch(scenario, cluster, name, results, [t for _, _, t in batch], sweep, echo)
+                search.batches += 1
+                search.trials += len(batch)
+                search.measured_s += wall
+                progress.advance(len(batch))
+                for g in groups:
+                    g.absorb(_outcomes(results, name, [t for gg, _, t in batch if gg is g], metric))
+                _write_log(folder, search.log(finished=False))
     except KeyboardInterrupt:
         search.interrupted()
         _write_log(folder, search.log(finished=False))
@@ -277,6 +290,15 @@ def run_tune(
         out = Path(tuned_file) if tuned_file is not None else folder / TUNED_FILE
         atomic_write_text(out, tuned_scenario(scenario, cluster, groups, final))
     return TuneResult(log=final, folder=folder, tuned_file=out)
+
+
+def expected_trials(groups: list[Group], *, budget_cells: int | None) -> int:
+    """The trial runs the search is expected to take: each group's `search_cost` when nothing fails and the leader
+    is ahead after its confirmation runs (a group with no candidate takes none), at most the budget's. An estimate
+    for the status line's ETA, not a limit."""
+    tune = groups[0].tune if groups else TuneSpec()
+    total = sum(search_cost(g.n0, tune.confirm_runs) for g in groups if not g.done)
+    return min(total, budget_cells) if budget_cells is not None else total
 
 
 def quick_calibration(
@@ -460,6 +482,11 @@ def tuned_scenario(scenario: Scenario, cluster: Cluster, groups: list[Group], lo
         f"{Path(scenario.path).name} on cluster {cluster.name},",
         f"# objective {log.objective} ({log.metric}, {log.better} is better), seed {log.seed}, "
         f"{log.trials} trial runs in {log.measured_s or 0:.0f} s. `harness sweep` runs it as it is.",
+        *(
+            [f"# The scenario was read with {' '.join('--set ' + o for o in scenario.overrides)}: the cells hold them."]
+            if scenario.overrides
+            else []
+        ),
         *notes,
     ]
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False)

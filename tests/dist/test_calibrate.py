@@ -1,9 +1,14 @@
 """`harness calibrate` for real: the measuring processes (one device process, a 2-rank gloo group) write a
-calibration file that the planner reads back and prices a held-out cell with. `--quick` grid; about a minute."""
+calibration file that the planner reads back and prices a held-out cell with. `--quick` grid; about a minute.
+
+It runs on a terminal (a stream whose isatty() is true: harness.core.progress's status line, the processes' lines
+relayed above it); tests/unit/test_progress.py has the relay of a process's lines, and their absence from a log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 
 import pytest
 
@@ -14,14 +19,27 @@ from harness.plan.calibration.rates import sharing_curves
 from harness.plan.time import predict_time
 from harness.scenario.cluster import load_cluster
 from tests.conftest import make_spec
+from tests.unit.test_progress import Terminal, screen
 
 pytestmark = pytest.mark.dist
 
 
 def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    term = Terminal()
     cluster = load_cluster("local")
-    path = calibrate(cluster, quick=True, worlds=(2,))
+    with contextlib.redirect_stdout(term):
+        path = calibrate(cluster, quick=True, worlds=(2,))
+    # on a terminal: the parts counted, an ETA once the device's part has ended; every process line above it
+    raw = term.getvalue()
+    assert "\rcalibrate local: 0/2 parts, 0s elapsed, ETA unknown · device" in raw
+    assert re.search(r"\rcalibrate local: 1/2 parts, [0-9ms]+ elapsed, ETA [0-9ms]+ · collectives on 2 ranks", raw)
+    rows = screen(raw)
+    assert rows[0] == "calibrate: cluster local: device, one-rank collectives and framework overheads"
+    assert "calibrate: collectives on 2 ranks" in rows and rows[-1] == ""  # the status line gone at the end
+    assert any(r.startswith("calibrate: all_reduce float32 on 2 rank(s) (intra): latency ") for r in rows)
+    assert [r for r in rows if "calibrate local: " in r] == []  # every status line was cleared, none was overwritten
     assert path == tmp_path / f"local{cal.SUFFIX}"
     assert json.loads(path.read_text())["format"] == cal.FORMAT
     calibration = cal.read_calibration(path)
@@ -68,4 +86,4 @@ def test_calibrate_writes_a_file_the_planner_uses(tmp_path, monkeypatch, capfd):
     assert pred.step_time_s > 0 and pred.time_s.comm_total > 0
     # quiet (issue 31): no deprecation warning per collective call (about 80 lines before)
     printed = capfd.readouterr()
-    assert "FutureWarning" not in printed.out + printed.err
+    assert "FutureWarning" not in printed.out + printed.err + raw

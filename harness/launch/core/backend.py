@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from harness.core.progress import Progress
 from harness.launch.core.folder import SweepFolder
 from harness.launch.core.manifest import Manifest
 from harness.results.payload import Payload
@@ -59,7 +60,15 @@ class SweepRound(Protocol):
         ...
 
     @property
-    def echo(self) -> Callable[[str], None]: ...
+    def echo(self) -> Callable[[str], None]:
+        """prints a line (above the status line, on a terminal)"""
+        ...
+
+    @property
+    def progress(self) -> Progress | None:
+        """the sweep's status line: each run that ends is counted on it (`advance`; `timed=False` for one that took
+        no time: recorded already, skipped), so that it shows done/total and an ETA on a terminal"""
+        ...
 
     @property
     def jobs(self) -> Path:

@@ -140,8 +140,9 @@ class CellEntry(RunEntry):
 
 @dataclass(frozen=True)
 class SweepHeader:
-    """What the manifest says of its sweep: the names of its scenario and cluster, and their files' absolute paths
-    (so that `harness history check --confirm` can re-run a cell of this sweep)."""
+    """What the manifest says of its sweep: the names of its scenario and cluster, their files' absolute paths and
+    the `--set` overrides the scenario was read with (so that `harness history check --confirm` can re-run a cell
+    of this sweep)."""
 
     sweep: str
     scenario: str
@@ -152,9 +153,20 @@ class SweepHeader:
     """local or slurm"""
     scenario_file: str | None = None
     cluster_file: str | None = None
+    overrides: tuple[str, ...] = ()
+    """`harness sweep --set KEY=VALUE`'s texts, as given (harness.scenario.schema.apply_overrides), in order; absent
+    from the file when there are none (and in manifests written before they existed)"""
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "overrides":
+                if v:
+                    out[f.name] = list(v)
+            elif v is not None:
+                out[f.name] = v
+        return out
 
 
 HEADER_FIELDS = tuple(f.name for f in fields(SweepHeader))
@@ -241,7 +253,14 @@ def _text(raw: Mapping[str, Any], key: str, *, where: str, path: str, problems: 
 
 
 def _header_of(raw: Mapping[str, Any], *, where: str, problems: list[Problem]) -> SweepHeader | None:
-    values = {name: _text(raw, name, where=where, path="", problems=problems) for name in HEADER_FIELDS}
+    values: dict[str, Any] = {
+        name: _text(raw, name, where=where, path="", problems=problems) for name in HEADER_FIELDS if name != "overrides"
+    }
+    overrides = raw.get("overrides", [])
+    if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides):
+        values["overrides"] = tuple(overrides)
+    else:
+        problems.append(Problem(where, "overrides", f"{overrides!r} is not a list of KEY=VALUE strings"))
     missing = [name for name in ("sweep", "scenario", "cluster") if values[name] is None]
     problems.extend(
         Problem(where, name, "missing: a manifest names its sweep, scenario and cluster") for name in missing
@@ -347,9 +366,11 @@ class Manifest:
         scenario_file: str | None = None,
         cluster_file: str | None = None,
         repeats: Sequence[int] = (1,),
+        overrides: Sequence[str] = (),
     ) -> Manifest:
         """The sweep's manifest, created or updated: each of `run_ids` gets an entry for each run in `repeats`
-        (pending until it is run), and `repeat` records the highest run any sweep into this folder asked for."""
+        (pending until it is run), and `repeat` records the highest run any sweep into this folder asked for. The
+        header is this sweep's, `overrides` (its `--set`) included: the last sweep into a folder names them."""
         header = SweepHeader(
             sweep=sweep,
             scenario=scenario,
@@ -357,6 +378,7 @@ class Manifest:
             executor=executor,
             scenario_file=scenario_file,
             cluster_file=cluster_file,
+            overrides=tuple(overrides),
         )
         m = cls(sweep_dir(results, sweep) / "manifest.json", header)
         with m._locked() as update:

@@ -45,25 +45,31 @@ class LocalBackend:
         flight = LocalSweep(sweep.cluster, folder=sweep.jobs, manifest=sweep.manifest, echo=sweep.echo, file=sweep.file)
         records: list[Record] = []
         total = len(specs) * at.count
+        progress = sweep.progress
         for i, spec in enumerate(specs, 1):
             tag = f"[{at.index * len(specs) + i}/{total}] {spec.cell_name}" + (f" run {at.k}" if at.repeated else "")
-            rec = self._run_cell(sweep, flight, spec, tag=tag)
+            if progress is not None:
+                progress.doing(spec.cell_name + (f" run {at.k}" if at.repeated else ""))
+            rec, ran = self._run_cell(sweep, flight, spec, tag=tag)
+            if progress is not None:
+                progress.advance(timed=ran)
             if rec is not None:
                 records.append(rec)
         return RoundEnd(records)
 
     @staticmethod
-    def _run_cell(sweep: SweepRound, flight: LocalSweep, spec: RunSpec, *, tag: str) -> Record | None:
-        """One run of one cell, under its lock: its record (None: a skipped cell's run k >= 2, which has none)."""
+    def _run_cell(sweep: SweepRound, flight: LocalSweep, spec: RunSpec, *, tag: str) -> tuple[Record | None, bool]:
+        """One run of one cell, under its lock: its record (None: a skipped cell's run k >= 2, which has none), and
+        whether it was run here and now (not recorded already, skipped, or another sweep's)."""
         with sweep.lock(spec) as mine:
             if not mine:
                 rec = sweep.record_of_other_sweep(spec, tag=tag)
                 if rec is not None:
-                    return rec
+                    return rec, True
             done, payload = sweep.prepare(spec, tag=tag)
             if done is not None or payload is None:
-                return done
-            return flight.run(spec, payload, tag=tag)
+                return done, False
+            return flight.run(spec, payload, tag=tag), True
 
 
 class LocalSweep:

@@ -48,6 +48,8 @@ class SlurmBackend:
                     todo.append(spec)
                 else:
                     records[spec.run_id] = rec
+                    if sweep.progress is not None:
+                        sweep.progress.advance()
             if not todo:
                 break
         for spec in todo:
@@ -62,7 +64,9 @@ class SlurmBackend:
         how many cells were left in flight."""
         busy: list[RunSpec] = []
         with ExitStack() as held:  # each cell's lock, for as long as this sweep is responsible for the cell
-            flight = SlurmSweep(sweep.cluster, folder=sweep.jobs, manifest=sweep.manifest, echo=sweep.echo)
+            flight = SlurmSweep(
+                sweep.cluster, folder=sweep.jobs, manifest=sweep.manifest, echo=sweep.echo, progress=sweep.progress
+            )
             to_submit: list[tuple[Payload, str]] = []
             for spec in specs:
                 tag = tags[spec.run_id]
@@ -74,6 +78,8 @@ class SlurmBackend:
                 rec, payload = sweep.prepare(spec, tag=tag)
                 if rec is not None:
                     records[spec.run_id] = rec
+                if payload is None and sweep.progress is not None:  # recorded already, or skipped: no time taken
+                    sweep.progress.advance(timed=False)
                 elif payload is not None:
                     to_submit.append((payload, tag))
             try:

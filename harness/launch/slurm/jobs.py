@@ -31,6 +31,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_lo
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
+from harness.core.progress import Progress
 from harness.launch.core.manifest import IN_FLIGHT, Manifest, RunEntry
 from harness.launch.core.manifest import PackPlace as ManifestPlace
 from harness.launch.core.outcome import (
@@ -413,8 +414,19 @@ class SlurmSweep:
     """One round of a sweep's cells on SLURM: submitted in arrays (or re-attached), polled through sacct, each turned
     into its record as its job ends. The manifest follows every step, so a re-run can re-attach."""
 
-    def __init__(self, cluster: Cluster, *, folder: Path, manifest: Manifest, echo: Callable[[str], None]):
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        folder: Path,
+        manifest: Manifest,
+        echo: Callable[[str], None],
+        progress: Progress | None = None,
+    ):
+        """`progress`: the sweep's status line (harness.core.progress), which counts each cell as its record is
+        made and is redrawn on the wait loop's tick."""
         self.cluster, self.folder, self.manifest, self.echo = cluster, Path(folder), manifest, echo
+        self.progress = progress
         self.cells: dict[str, InFlight] = {}
         self._earlier: Mapping[str, RunEntry] = manifest.data.cells if manifest.path.exists() else {}
         self._executor: Any = None
@@ -583,6 +595,8 @@ class SlurmSweep:
             if line != shown:
                 self.echo(f"  slurm: {line}  [{time.time() - t0:.0f} s]")
                 shown = line
+            if self.progress is not None:
+                self.progress.draw()  # NOTE: the elapsed time moves on a terminal; nothing is written to a log
             if self.cells:
                 time.sleep(POLL_TICK_S)
         return records
@@ -743,6 +757,8 @@ class SlurmSweep:
         )
         self.echo(f"{tag}  {describe(rec)}{took}")
         self.cells.pop(payload.run_id, None)
+        if self.progress is not None:
+            self.progress.advance(timed=job is not None)  # NOTE: sbatch's refusal took no time
         return rec
 
     def _stopped(self, payload: Payload, tag: str, error: Exception) -> None:
