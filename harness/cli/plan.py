@@ -22,8 +22,8 @@ import click
 from harness.cli.options import set_option
 from harness.plan import projection as pj
 from harness.plan.calibration import rates_for
-from harness.plan.predict import bf16_peak_tflops, plan_cells
-from harness.plan.recommend import recommend
+from harness.plan.predict import bf16_peak_tflops, plan_cells, usable_memory_gib
+from harness.plan.recommend import recommend, tune_headroom_gib
 from harness.plan.training import parse_tokens, training_cost
 from harness.report.plan import (
     PIPE_WIDTH,
@@ -122,7 +122,8 @@ def plan_command(
                 raise click.UsageError("--figure draws a projection: add --project GPUS")
             check_writable_dir(figure_path.parent, option="--figure")
         cluster = load_cluster(cluster_name)
-        specs = load_scenario(scenario, overrides=overrides).expand(gpus_per_node=cluster.gpus_per_node)
+        loaded = load_scenario(scenario, overrides=overrides)
+        specs = loaded.expand(gpus_per_node=cluster.gpus_per_node)
         rates = rates_for(cluster, force=force_calibration)  # another machine's calibration: exit 2, with the reason
         if gpus is not None:
             rows = pj.project(specs, cluster, gpus, rates=rates)
@@ -135,7 +136,17 @@ def plan_command(
                 _draw(doc, figure_path)
             return 0
         cells = plan_cells(specs, cluster, rates=rates)
-        recs = recommend(cells, cluster=cluster, headroom_gib=headroom_gib)
+        from_tune = (
+            tune_headroom_gib(loaded.tune.memory_headroom, usable_memory_gib(cluster))
+            if headroom_gib is None and loaded.tune is not None
+            else None
+        )
+        recs = recommend(
+            cells,
+            cluster=cluster,
+            headroom_gib=from_tune[0] if from_tune else headroom_gib,
+            headroom_from=from_tune[1] if from_tune else None,
+        )
         price = cluster.performance.price_per_gpu_hour
         costs = (
             [training_cost(c, tokens=tokens, price_per_gpu_hour=price, profile=cluster.name) for c in cells]

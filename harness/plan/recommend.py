@@ -177,15 +177,32 @@ class Recommendations:
     headroom_gib: float
     """device memory a recommended cell must leave free (GiB): at least the reserve"""
     asked_headroom_gib: float | None
-    """the headroom the user set (`--headroom`), None: the default (the reserve)"""
+    """the headroom the user set (`--headroom`, or the scenario's `tune.memory_headroom`), None: the default (the
+    reserve)"""
     groups: tuple[Group, ...]
     standings: tuple[Standing, ...]
+    headroom_from: str | None = None
+    """where the headroom comes from when neither the default nor `--headroom` (the scenario's tune section)"""
 
 
 def effective_headroom(headroom_gib: float | None) -> float:
     """The headroom a recommendation asks for: the user's, but never below the CUDA context/NCCL reserve that
     `fits` already keeps (GiB)."""
     return DEVICE_RESERVE_GIB if headroom_gib is None else max(float(headroom_gib), DEVICE_RESERVE_GIB)
+
+
+def tune_headroom_gib(fraction: float, usable_gib: float | None) -> tuple[float, str] | None:
+    """The headroom that makes the plan recommend only what `harness tune` would run: a scenario's
+    `tune.memory_headroom` keeps each candidate's predicted peak under `usable × (1 − fraction)` (harness.tune.run),
+    so it leaves the reserve plus `fraction × usable` free; with the words that say so. None without a fraction or a
+    known device memory."""
+    if fraction <= 0 or usable_gib is None:
+        return None
+    gib = DEVICE_RESERVE_GIB + fraction * usable_gib
+    return gib, (
+        f"the scenario's tune.memory_headroom, {fraction:.0%} of {usable_gib:g} GiB usable, and the "
+        f"{DEVICE_RESERVE_GIB:g} GiB reserve: what harness tune would run; --headroom GIB overrides"
+    )
 
 
 def strategy_of(cell: PlannedCell) -> str:
@@ -253,9 +270,16 @@ def prediction_check(cell: PlannedCell, cluster: Cluster, family: str) -> Family
     return family_check(family, precision, cluster.name)
 
 
-def recommend(cells: list[PlannedCell], *, cluster: Cluster, headroom_gib: float | None = None) -> Recommendations:
+def recommend(
+    cells: list[PlannedCell],
+    *,
+    cluster: Cluster,
+    headroom_gib: float | None = None,
+    headroom_from: str | None = None,
+) -> Recommendations:
     """The recommendation per (model, GPU count) of `cells` (the module docstring's rules), and every cell's
-    standing; `headroom_gib` as `--headroom` takes it (None: the reserve)."""
+    standing; `headroom_gib` as `--headroom` takes it (None: the reserve), `headroom_from` says where it came from
+    when the user did not type it (`tune_headroom_gib`)."""
     headroom = effective_headroom(headroom_gib)
     order: dict[tuple[str, int], list[int]] = {}
     for i, c in enumerate(cells):
@@ -322,7 +346,7 @@ def recommend(cells: list[PlannedCell], *, cluster: Cluster, headroom_gib: float
         )
         for i in range(len(cells))
     )
-    return Recommendations(headroom, headroom_gib, tuple(groups), standings)
+    return Recommendations(headroom, headroom_gib, tuple(groups), standings, headroom_from)
 
 
 def _why_none(

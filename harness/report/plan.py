@@ -466,7 +466,13 @@ def format_recommendations(
     predicted tokens/s per GPU, step time, both MFUs, memory and what it leaves, days and cost for `--tokens`; the
     runner-up and by how much it is slower; the cells predicted faster that do not fit, and by how much; the cells
     that fit without a predicted step time; and the prediction's error as the published runs give it per family."""
-    asked = "" if recs.asked_headroom_gib is not None else " (the CUDA context/NCCL reserve; --headroom GIB for more)"
+    asked = (
+        f" ({recs.headroom_from})"
+        if recs.headroom_from
+        else ""
+        if recs.asked_headroom_gib is not None
+        else " (the CUDA context/NCCL reserve; --headroom GIB for more)"
+    )
     lines = _wrap(
         f"recommendation per model and GPU count: {FASTEST_PREDICTED} with {recs.headroom_gib:g} GiB of device "
         f"memory left free{asked}",

@@ -303,3 +303,36 @@ def test_a_calibrated_or_cpu_plan_gets_no_published_figure(capsys, tmp_path, mon
     assert c["recommended"] and c["time_model_check"]["published_runs"] == 0
     assert re.search(r"not the rates this plan used \(calibrated .*\): their error here is unknown",
                      c["time_model_check"]["text"])  # fmt: skip
+
+
+def test_a_scenarios_tune_headroom_makes_the_plan_recommend_only_what_tune_would_run(tmp_path, capsys):
+    """A scenario with `tune.memory_headroom: 0.1`: the plan's recommended cell is under usable × 0.9 (as harness tune
+    prunes, harness/tune/run.py), although without the tune section a bigger cell wins; `--headroom` still rules."""
+    usable = load_cluster("h100").device_memory_gib - DEVICE_RESERVE_GIB
+    grid = """\
+name: grid70b
+matrix:
+  model: [llama3.1-70b]
+  strategy: [fsdp2.full_shard, zero3]
+  precision: [bf16]
+  gpus: [256]
+  activation_checkpointing: [selective, full]
+  micro_batch: [1, 2]
+settings: {seq_len: 4096}
+"""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(grid + "tune: {global_batch: 512}\n")
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(grid + "tune: {global_batch: 512, memory_headroom: 0.1}\n")
+
+    def winners(path: Path, *extra: str) -> dict[int, float]:
+        cells = plan_json(capsys, str(path), "--cluster", "h100", *extra)
+        return {c["spec"]["gpus"]: c["memory_gib"]["total"] for c in cells if c["recommended"]}
+
+    limit = usable * 0.9
+    assert all(total <= limit for total in winners(tuned).values())
+    assert any(total > limit for total in winners(plain).values())  # else the test shows nothing
+    assert winners(tuned, "--headroom", "1") == winners(plain)
+    text = plan_text(capsys, str(tuned), "--cluster", "h100")
+    assert f"with {DEVICE_RESERVE_GIB + 0.1 * usable:g} GiB of device memory left free" in " ".join(text.split())
+    assert "tune.memory_headroom, 10% of" in " ".join(text.split())
