@@ -273,7 +273,7 @@ def format_table(
         else "; GiB: predicted memory per rank at its peak"
     )
     lines = _wrap(head, width)
-    lines += _wide_rows(cells, standings) if wide else _grouped_rows(cells, standings)
+    lines += _wide_rows(cells, standings) if wide else _grouped_rows(cells, standings, width=width)
     lines += _counts(cells, cluster)
     legend = (
         "MFU: model FLOPs/s over the precision's own dense peak; MFU bf16: over the device's bf16 dense peak"
@@ -286,7 +286,7 @@ def format_table(
     if not wide:
         legend += "; --wide: every column (memory parts, FLOPs, collective bytes)"
     lines += _wrap(legend, width)
-    lines.append(time_footer(cells, cluster))  # NOTE: one line, never wrapped (a calibration's path stays whole)
+    lines += _wrap(time_footer(cells, cluster), width)  # NOTE: never inside a word: a calibration's path stays whole
     return "\n".join(lines)
 
 
@@ -312,9 +312,10 @@ COMPACT_COLUMNS = ("cell", "GiB", "fits", *TIME_COLUMNS, "rank")
 """the default table's columns (a `cpu GiB` column joins them where a cell offloads to host memory)"""
 
 
-def _grouped_rows(cells: list[PlannedCell], standings: list[Standing | None]) -> list[str]:
+def _grouped_rows(cells: list[PlannedCell], standings: list[Standing | None], *, width: int = UNWRAPPED) -> list[str]:
     """The default table: per (model, GPU count), a head line with the settings its cells share, then one row per
-    cell with the columns that matter; every block aligned alike."""
+    cell with the columns that matter; every block aligned alike. A cell that cannot run says why in place of its
+    numbers; one that does not fit in `width` columns is numbered, and said in full below its block."""
     groups: dict[tuple[str, int], list[int]] = {}
     for i, c in enumerate(cells):
         groups.setdefault((c.spec.model, c.spec.gpus), []).append(i)
@@ -349,7 +350,17 @@ def _grouped_rows(cells: list[PlannedCell], standings: list[Standing | None]) ->
     lines = []
     for title, rows in blocks:
         lines += [title, line(header)]
-        lines += [line(r) if why is None else f"  {r[0].ljust(widths[0])}  {why}" for r, why in rows]
+        notes: dict[str, int] = {}
+        for r, why in rows:
+            row = f"  {r[0].ljust(widths[0])}  {why}" if why is not None else line(r)
+            if why is not None and len(row) > width:
+                # NOTE: a reason too long for the terminal goes below the block, numbered, each distinct one once
+                kind, _, reason = why.partition(": ")
+                n = notes.setdefault(reason, len(notes) + 1)
+                row = f"  {r[0].ljust(widths[0])}  {kind} [{n}]"
+            lines.append(row)
+        for reason, n in notes.items():
+            lines += _wrap(f"[{n}] {reason}", width, indent="  ")
     return lines
 
 

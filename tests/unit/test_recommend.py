@@ -336,3 +336,23 @@ settings: {seq_len: 4096}
     text = plan_text(capsys, str(tuned), "--cluster", "h100")
     assert f"with {DEVICE_RESERVE_GIB + 0.1 * usable:g} GiB of device memory left free" in " ".join(text.split())
     assert "tune.memory_headroom, 10% of" in " ".join(text.split())
+
+
+def test_a_reason_too_long_for_the_table_is_numbered_and_said_once_below_its_block(tmp_path, capsys):
+    """Twelve ZeRO-3 × TP cells share one long reason: each row says `unsupported [1]`, the reason is said once, in
+    full (as --format json has it), and no line of the plan is wider than the pipe width."""
+    path = tmp_path / "tp.yaml"
+    path.write_text(
+        "name: tp\nmatrix: {model: [llama3.1-70b], strategy: [zero3, fsdp2.full_shard], precision: [bf16], "
+        "gpus: [256], tp: [1, 2, 4, 8]}\nsettings: {seq_len: 4096, activation_checkpointing: full}\n"
+    )
+    text = plan_text(capsys, str(path), "--cluster", "h100")
+    cells = plan_json(capsys, str(path), "--cluster", "h100")
+    reasons = {c["unsupported"] for c in cells if c["unsupported"]}
+    assert len(reasons) == 1
+    lines = text.splitlines()
+    assert sum(line.endswith("unsupported [1]") for line in lines) == 3  # tp 2, 4, 8
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("  [1] ")]
+    said = " ".join(lines[at][len("  [1] ") :].split() + [w for x in lines[at + 1 : at + 3] for w in x.split()])
+    assert said.startswith(reasons.pop().split(" (")[0])
+    assert max(len(line) for line in lines) <= 100

@@ -51,7 +51,10 @@ def test_the_plan_footnote_names_a_command_that_works(tmp_path, capsys):
     for given in ("h100", str(_copy(tmp_path))):
         assert main(["plan", str(scenario), "--cluster", given]) == 0
         out = capsys.readouterr().out
-        (footnote,) = [x for x in out.splitlines() if x.startswith("step time: ")]
+        lines = out.splitlines()
+        (start,) = [i for i, x in enumerate(lines) if x.startswith("step time: ")]
+        ends = [i for i in range(start + 1, len(lines)) if not lines[i].startswith("    ")]
+        footnote = " ".join(" ".join(lines[start : ends[0] if ends else len(lines)]).split())  # wrapped: one text
         (command,) = re.findall(r"`(harness show cluster [^`]+)`", footnote)
         assert command == f"harness show cluster {given}"
         assert len(footnote) < 200  # was 2,400 characters of sources
