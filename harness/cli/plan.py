@@ -82,8 +82,9 @@ _FREEZE_AT_EXIT: list = []
     type=click.FloatRange(min=0.0),
     default=None,
     metavar="GIB",
-    help="device memory (GiB) a recommended cell must leave free beyond its predicted peak; default and least: the "
-    "CUDA context/NCCL reserve the fits column keeps",
+    help="device memory (GiB) a recommended cell must leave free beyond its predicted peak; default: what the "
+    "scenario's tune.memory_headroom keeps free for harness tune, else (and at least) the CUDA context/NCCL reserve "
+    "the fits column keeps",
 )
 @click.option(
     "--wide", is_flag=True, help="every column (memory parts, the peak's moment, FLOPs, collective bytes), every cell"
