@@ -157,23 +157,6 @@ def _grouped(name: str) -> str:
 # the record
 
 
-def _models_in(tp: Any) -> list[tuple[type, str]]:
-    """The models a field's type holds, with the path suffix that reaches their fields: `[]` for a list's items,
-    `.<name>` for a dict's values, nothing for the model itself."""
-    from pydantic import BaseModel
-
-    out: list[tuple[type, str]] = []
-    for t in get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,):
-        origin, args = get_origin(t), get_args(t)
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            out.append((t, ""))
-        elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-            out.append((args[0], "[]"))
-        elif origin is dict and args and isinstance(args[1], type) and issubclass(args[1], BaseModel):
-            out.append((args[1], ".<name>"))
-    return out
-
-
 class Section(NamedTuple):
     """One table of the record page: the fields of one model at one path."""
 
@@ -186,7 +169,7 @@ class Section(NamedTuple):
 
 def record_sections() -> list[Section]:
     """Every field of the record as the file has it, one section per model, in the file's order."""
-    from harness.core.typed import sometimes
+    from harness.core.typed import models_in, sometimes
     from harness.core.zoo import OPTIONAL_FIELDS, ModelConfig
     from harness.results.record import Record
     from harness.results.spec import CORE_KEYS
@@ -202,7 +185,7 @@ def record_sections() -> list[Section]:
         for name, f in model.model_fields.items():  # type: ignore[attr-defined]
             key = f.alias or name
             path = f"{prefix}{key}"
-            inner = _models_in(f.annotation)
+            inner = models_in(f.annotation, key="<name>")
             typ = type_name(f.annotation)
             if name == "spec" and model is Record:
                 typ = "object (the cell)"

@@ -16,8 +16,9 @@ were set), so files stay byte-for-byte what the harness wrote before the models 
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -115,3 +116,19 @@ def problems_of(error: ValidationError, *, file: str, doc: Any = None) -> list[P
         else:
             seen[where] = Problem(file, where, f"{e.get('input')!r} is not {expected(e)}")
     return list(seen.values())
+
+
+def models_in(tp: Any, *, key: str = "<>") -> list[tuple[type[BaseModel], str]]:
+    """The pydantic models a field's type annotation holds, each with the path suffix that reaches its fields: `[]`
+    for a list's items, `.<key>` for a dict's values, nothing for the model itself (the record page of the docs and
+    tests/unit/test_record_schema.py walk the record's keys with it)."""
+    out: list[tuple[type[BaseModel], str]] = []
+    for t in get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,):
+        origin, args = get_origin(t), get_args(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            out.append((t, ""))
+        elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            out.append((args[0], "[]"))
+        elif origin is dict and args and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+            out.append((args[1], f".{key}"))
+    return out

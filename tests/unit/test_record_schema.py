@@ -8,13 +8,13 @@ import dataclasses
 import importlib.util
 import json
 import re
-import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
 
+from harness.core.typed import models_in
 from harness.core.zoo import ModelConfig
 from harness.launch.core.outcome import finalize, skipped_record
 from harness.launch.core.payload import make_payload, predict
@@ -65,21 +65,6 @@ def test_the_contract_check_can_fail():
 # ---- the reference page's tables and the types
 
 
-def _models_in(tp: Any) -> list[tuple[type[BaseModel], str]]:
-    """The models a field's type holds, each with the path suffix that reaches its fields: `[]` for a list's
-    items, `.<>` for a dict's values, nothing for the model itself."""
-    out: list[tuple[type[BaseModel], str]] = []
-    for t in get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,):
-        origin, args = get_origin(t), get_args(t)
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            out.append((t, ""))
-        elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-            out.append((args[0], "[]"))
-        elif origin is dict and args and isinstance(args[1], type) and issubclass(args[1], BaseModel):
-            out.append((args[1], ".<>"))
-    return out
-
-
 def type_paths(model: type[BaseModel], prefix: str = "") -> tuple[set[str], set[str]]:
     """(leaf fields, every field) of a model as dotted paths (the file's keys): `a.b` nested, `a[].b` in a list's
     items, `a.<>.b` in a dict's values (a placeholder for the key)."""
@@ -88,7 +73,7 @@ def type_paths(model: type[BaseModel], prefix: str = "") -> tuple[set[str], set[
     for name, f in model.model_fields.items():
         path = f"{prefix}{f.alias or name}"
         known.add(path)
-        inner = _models_in(f.annotation)
+        inner = models_in(f.annotation)
         for sub, suffix in inner:
             if suffix == ".<>":
                 known.add(path + suffix)
