@@ -45,7 +45,7 @@ def calibrate_command(cluster_name: str, quick: bool, out: Path | None, from_log
     if from_logs:
         return _from_logs(cluster, list(from_logs), out=out)
     from harness.calibrate.run import CalibrationFailed, calibrate
-    from harness.launch.slurm.jobs import SlurmUnavailable
+    from harness.launch.slurm.sacct import SlurmUnavailable
 
     try:
         path = calibrate(cluster, quick=quick, out=out)

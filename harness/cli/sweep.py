@@ -81,7 +81,7 @@ def sweep(
     one job per pack of same-shaped cells; the sweep waits for them unless --no-wait, and a re-run re-attaches
     to jobs still queued or running. With --repeat the rounds are submitted in order. A re-run runs only what has
     no ok record yet."""
-    from harness.launch.slurm.jobs import SlurmUnavailable
+    from harness.launch.slurm.sacct import SlurmUnavailable
     from harness.launch.sweep import check_repeat, run_sweep
 
     repeat = check_repeat(repeat)

@@ -80,7 +80,7 @@ def _live_slurm_states(manifest: SweepManifest) -> tuple[dict[tuple[str, int], t
     }
     if not in_flight:
         return {}, ""
-    from harness.launch.slurm.jobs import SlurmUnavailable, live_states
+    from harness.launch.slurm.sacct import SlurmUnavailable, live_states
 
     try:
         states = live_states(list(in_flight.values()))
@@ -96,8 +96,8 @@ def _shown_slurm_state(
     rank 0 wrote this attempt's record, else ended (the next sweep run composes its record). A packed cell is
     done / failed as soon as its record is made (its job goes on with the next cell), and pending until its turn."""
     from harness.launch.core.folder import SweepFolder
-    from harness.launch.slurm.jobs import flight_state
     from harness.launch.slurm.pack import read_marker
+    from harness.launch.slurm.sacct import flight_state
     from harness.results.store import record_or_none, record_path
 
     state = flight_state(slurm_state)

@@ -325,7 +325,7 @@ def quick_calibration(
         echo("tune: no calibration (--no-calibrate): candidates ranked by counts (FLOPs, bytes, calls per token)")
         return TuneCalibration(note="--no-calibrate: ranked by counts (FLOPs, then bytes, then calls per token)")
     from harness.calibrate.run import CalibrationFailed, calibrate
-    from harness.launch.slurm.jobs import SlurmUnavailable
+    from harness.launch.slurm.sacct import SlurmUnavailable
 
     echo(
         f"tune: cluster {cluster.name} has no calibration: running `harness calibrate --cluster {cluster.name} "

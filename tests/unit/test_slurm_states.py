@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.launch.slurm.jobs import flight_state, pack_verdict, verdict
+from harness.launch.slurm.jobs import pack_verdict, verdict
+from harness.launch.slurm.sacct import flight_state
 from harness.results.record import Fragment
 
 

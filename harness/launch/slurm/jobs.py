@@ -28,7 +28,6 @@ from typing import Any
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, pickle_load
-from submitit.slurm.slurm import SlurmInfoWatcher
 
 from harness.core.errors import InputError, Problem, did_you_mean
 from harness.core.progress import Progress
@@ -47,33 +46,20 @@ from harness.launch.core.outcome import (
     stopped_run,
 )
 from harness.launch.slurm.resources import SINFO_TIMEOUT_S, cpus_per_rank, node_cpus_for
+from harness.launch.slurm.sacct import (
+    ENDED_STATES,
+    RUNNING_STATES,
+    SlurmUnavailable,
+    base_state,
+    flight_state,
+    node_list,
+)
 from harness.results.payload import PackPlace, Payload
 from harness.results.record import Fragment, Record
 from harness.results.store import atomic_write_json, write_record
 from harness.scenario.cluster import CPUS_PER_TASK_AUTO, Cluster, SlurmProfile, min_job_minutes
 
 CLIENT_COMMANDS = ("sbatch", "srun", "sacct", "scancel", "sinfo")
-
-# sacct's job states (`man sacct`, JOB STATE CODES), by what they mean for a cell
-PENDING_STATES = frozenset(
-    {
-        "PENDING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESV_DEL_HOLD",
-        "SPECIAL_EXIT",
-        "SUSPENDED",
-        "STOPPED",
-        "RESIZING",
-        "PREEMPTED",
-        "UNKNOWN",
-    }
-)
-RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
-ENDED_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
-)
 
 POLL_TICK_S = 0.5
 """how often the waiting sweep looks at result files and fragments (s); sacct is asked less often"""
@@ -94,10 +80,6 @@ PREEMPTED_GRACE_S = 300.0
 """a PREEMPTED job that is not requeued within this long (PreemptMode=CANCEL) is taken as ended (s)"""
 TIMED_OUT = "timed-out"
 """in submitit's "Job not requeued because: timed-out ..." (its USR2 handler at the time limit)"""
-
-
-class SlurmUnavailable(RuntimeError):
-    """This machine cannot submit to SLURM: no client commands, or the controller does not answer."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -235,47 +217,6 @@ class SlurmPack(submitit.helpers.Checkpointable):
         from harness.launch.slurm.pack import run_pack
 
         run_pack(cells)
-
-
-# --------------------------------------------------------------------------------------------------
-# SLURM states
-
-
-def base_state(state: str | None) -> str:
-    """sacct's state without its detail: "CANCELLED by 0" → CANCELLED."""
-    return (state or "UNKNOWN").split()[0].upper()
-
-
-def flight_state(state: str | None) -> str:
-    """A job's SLURM state as a cell state: submitted (queued, held, requeued), running, or ended."""
-    base = base_state(state)
-    if base in ENDED_STATES:
-        return "ended"
-    return "running" if base in RUNNING_STATES else "submitted"
-
-
-def live_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """(sacct state, node list) of each job id (<array>_<index> for array tasks), from one sacct call.
-    SlurmUnavailable when sacct cannot answer."""
-    if not job_ids:
-        return {}
-    if shutil.which("sacct") is None:
-        raise SlurmUnavailable("no sacct on this machine")
-    cmd = ["sacct", "-o", "JobID,State,NodeList", "--parsable2"]
-    for main_id in sorted({j.split("_")[0] for j in job_ids}):
-        cmd += ["-j", main_id]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise SlurmUnavailable(f"sacct did not answer within {SINFO_TIMEOUT_S} s") from None
-    if out.returncode != 0:
-        raise SlurmUnavailable(f"sacct exit {out.returncode}: {out.stderr.strip()[-400:]}")
-    info = SlurmInfoWatcher().read_info(out.stdout)  # submitit's parser: array ranges expand to their tasks
-    return {j: (info.get(j, {}).get("State") or "UNKNOWN", _nodes(info.get(j, {}).get("NodeList"))) for j in job_ids}
-
-
-def _nodes(node_list: str | None) -> str:
-    return "" if not node_list or node_list.startswith("None") else node_list
 
 
 def task_errors(job: Any, n_tasks: int) -> dict[int, str]:
@@ -610,7 +551,7 @@ class SlurmSweep:
             info = watcher.get_info(cell.job.job_id, mode="cache")
             state = info.get("State") or "UNKNOWN"
             if state != cell.state:
-                cell.state, cell.state_since, cell.nodes = state, now, _nodes(info.get("NodeList"))
+                cell.state, cell.state_since, cell.nodes = state, now, node_list(info.get("NodeList"))
                 self._last_change = now
                 # NOTE: an ended cell's state comes with its record
                 in_flight = self._cell_state(cell) if flight_state(state) != "ended" else None
