@@ -351,11 +351,11 @@ def _grouped_rows(cells: list[PlannedCell], standings: list[Standing | None], *,
     for title, rows in blocks:
         lines += [title, line(header)]
         notes: dict[str, int] = {}
-        for r, why in rows:
-            row = f"  {r[0].ljust(widths[0])}  {why}" if why is not None else line(r)
-            if why is not None and len(row) > width:
+        for r, said in rows:
+            row = f"  {r[0].ljust(widths[0])}  {said}" if said is not None else line(r)
+            if said is not None and len(row) > width:
                 # NOTE: a reason too long for the terminal goes below the block, numbered, each distinct one once
-                kind, _, reason = why.partition(": ")
+                kind, _, reason = said.partition(": ")
                 n = notes.setdefault(reason, len(notes) + 1)
                 row = f"  {r[0].ljust(widths[0])}  {kind} [{n}]"
             lines.append(row)
