@@ -627,35 +627,62 @@ class _Pickle4:
 
 
 def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
+    """DCP's Metadata as its coordinator pickles it (`_MetadataWriter`): its bytes."""
+    return _MetadataWriter(plan, world=world, folder=folder).write()
+
+
+class _MetadataWriter:
     """DCP's Metadata as its coordinator pickles it: state_dict_metadata (per key: its properties, size and chunks),
     planner_data (per key: its path), storage_data (per chunk: its index and where it lies), storage_meta (the
-    folder, the save's id) and the version.
+    folder, the save's id) and the version; one method per part, in the pickle's order.
 
     Which strings are one object decides their bytes (a reference or the text again): the keys of
     state_dict_metadata are the item names of the plan that holds each key first — rank 0's own objects, every other
     rank's a copy it sent — and planner_data's keys are the last rank's (torch merges the ranks' planner data with a
     ChainMap, whose keys come from the last map) while its paths are rank 0's."""
-    p = _Pickle4()
-    md = _METADATA_MODULE
-    first_rank: dict[str, int] = {}
-    chunks: dict[str, list[_Item]] = {}
-    chunk_index: dict[tuple, int] = {}
-    for r, items in enumerate(plan.plans):
-        for it in items:
-            first_rank.setdefault(it.entry.fqn, r)
-            held = chunks.setdefault(it.entry.fqn, [])
-            chunk_index[it.key] = len(held)
-            held.append(it)
 
+    def __init__(self, plan: _DCPPlan, *, world: int, folder: str | None):
+        self.p = _Pickle4()
+        self.plan, self.world, self.folder = plan, world, folder
+        self.first_rank: dict[str, int] = {}
+        self.chunks: dict[str, list[_Item]] = {}
+        self.chunk_index: dict[tuple, int] = {}
+        for r, items in enumerate(plan.plans):
+            for it in items:
+                self.first_rank.setdefault(it.entry.fqn, r)
+                held = self.chunks.setdefault(it.entry.fqn, [])
+                self.chunk_index[it.key] = len(held)
+                held.append(it)
+
+    def write(self) -> int:
+        p, md = self.p, _METADATA_MODULE
+        p.new(
+            md,
+            "Metadata",
+            lambda: p.attributes(
+                [
+                    ("state_dict_metadata", self.state_dict_metadata),
+                    ("planner_data", self.planner_data),
+                    ("storage_data", self.storage_data),
+                    ("storage_meta", self.storage_meta),
+                    ("version", lambda: p.string(_DCP_VERSION)),
+                ]
+            ),
+        )
+        return p.finish()
+
+    @staticmethod
     def name_key(rank: int, fqn: str) -> Hashable:
         # NOTE: rank 0's top-level "step" key is the interned literal its paths use too (torch's optimizer state key)
         return ("path", ("step",)) if rank == 0 and fqn == "step" else ("name", rank, fqn)
 
-    def size(dims: tuple[int, ...]) -> None:
+    def size(self, dims: tuple[int, ...]) -> None:
+        p = self.p
         p.reduced("torch", "Size", lambda: p.tuple_of([dims], lambda d: p.tuple_of(d, p.integer)))
 
-    def properties(dtype: str) -> None:
+    def properties(self, dtype: str) -> None:
         """TensorProperties: its state is a tuple (dtype, layout, requires_grad, memory format, pin_memory)."""
+        p, md = self.p, _METADATA_MODULE
 
         def field(name: str) -> None:
             if name == "dtype":  # NOTE: a global of torch, whose module name is another object than torch.Size's
@@ -672,10 +699,12 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
         fields = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
         p.new(md, "TensorProperties", lambda: p.tuple_of(fields, field))
 
-    def state_dict_metadata() -> None:
+    def state_dict_metadata(self) -> None:
+        p, md, size = self.p, _METADATA_MODULE, self.size
+
         def entry(fqn: str) -> None:
-            p.string(fqn, key=name_key(first_rank[fqn], fqn))
-            held = chunks[fqn]
+            p.string(fqn, key=self.name_key(self.first_rank[fqn], fqn))
+            held = self.chunks[fqn]
             e = held[0].entry
             if e.kind == "object":
                 p.new(md, "BytesStorageMetadata")
@@ -694,18 +723,20 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
                 "TensorStorageMetadata",
                 lambda: p.attributes(
                     [
-                        ("properties", lambda: properties(e.dtype)),
+                        ("properties", lambda: self.properties(e.dtype)),
                         ("size", lambda: size(e.shape)),
                         ("chunks", lambda: p.list_of(held, chunk)),
                     ]
                 ),
             )
 
-        p.dict_of(list(chunks), entry)
+        p.dict_of(list(self.chunks), entry)
 
-    def planner_data() -> None:
+    def planner_data(self) -> None:
+        p = self.p
+
         def entry(e: _Entry) -> None:
-            p.string(e.fqn, key=name_key(world - 1, e.fqn))
+            p.string(e.fqn, key=self.name_key(self.world - 1, e.fqn))
 
             def component(c: int | tuple[Any, ...]) -> None:
                 if isinstance(c, int):
@@ -716,9 +747,11 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
 
             p.tuple_of(e.path, component)
 
-        p.dict_of(plan.entries, entry)
+        p.dict_of(self.plan.entries, entry)
 
-    def storage_data() -> None:
+    def storage_data(self) -> None:
+        p, md = self.p, _METADATA_MODULE
+
         def entry(row: tuple[str, _Item, int]) -> None:
             file, it, at = row
             e = it.entry
@@ -727,8 +760,8 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
                 fields.append(("index", p.atom))
             else:
                 fields += [
-                    ("index", lambda: p.integer(chunk_index[it.key])),
-                    ("offset", lambda: size(it.offsets or ())),
+                    ("index", lambda: p.integer(self.chunk_index[it.key])),
+                    ("offset", lambda: self.size(it.offsets or ())),
                 ]
             p.new(md, "MetadataIndex", lambda: p.attributes(fields))
             where = [
@@ -738,9 +771,11 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
             ]
             p.new(_FILESYSTEM_MODULE, "_StorageInfo", lambda: p.attributes(where))
 
-        p.dict_of(plan.placed, entry)
+        p.dict_of(self.plan.placed, entry)
 
-    def storage_meta() -> None:
+    def storage_meta(self) -> None:
+        p, folder = self.p, self.folder
+
         def checkpoint_id() -> None:
             if folder is None:  # NOTE: left out: the planner does not know the folder
                 return
@@ -749,7 +784,7 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
             p.reduced(cls.__module__, cls.__qualname__, lambda: p.tuple_of(parts, p.string))
 
         p.new(
-            md,
+            _METADATA_MODULE,
             "StorageMeta",
             lambda: p.attributes(
                 [
@@ -760,18 +795,3 @@ def _metadata_bytes(plan: _DCPPlan, *, world: int, folder: str | None) -> int:
                 ]
             ),
         )
-
-    p.new(
-        md,
-        "Metadata",
-        lambda: p.attributes(
-            [
-                ("state_dict_metadata", state_dict_metadata),
-                ("planner_data", planner_data),
-                ("storage_data", storage_data),
-                ("storage_meta", storage_meta),
-                ("version", lambda: p.string(_DCP_VERSION)),
-            ]
-        ),
-    )
-    return p.finish()
