@@ -45,6 +45,7 @@ from harness.plan.memory import DEVICE_RESERVE_GIB
 from harness.plan.prediction import PlannedCell
 from harness.plan.validation import FamilyCheck, family_check, time_model_family
 from harness.scenario.cluster import Cluster
+from harness.scenario.spec import RunSpec
 
 # ---- the words (the plan, `harness tune` and the report's best-strategy table) ------------------------------------
 
@@ -372,24 +373,31 @@ def _why_none(
     )
 
 
+def option_list(spec: RunSpec) -> list[str]:
+    """The settings that tell cells apart: checkpointing, offload, layout, compile, the checkpoint phase, micro-batch ×
+    sequence and gradient accumulation (compile and accumulation only where they are not the default)."""
+    s = spec.settings
+    ac = s.activation_checkpointing
+    return [
+        o
+        for o in (
+            (f"ac={ac}" if ac != "none" else ""),
+            (f"offload={s.offload}" if s.offload != "none" else ""),
+            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
+            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+            ("compile" if s.compile else ""),
+            ("ckpt" if s.checkpoint else ""),
+            f"mb{s.micro_batch}x{s.seq_len}",
+            (f"ga{s.grad_accum}" if s.grad_accum > 1 else ""),
+        )
+        if o
+    ]
+
+
 def cell_words(cell: PlannedCell) -> str:
-    """How the recommendation names a cell within its (model, GPU count): strategy (and layout), precision, and
-    the settings that set it apart (checkpointing, offload, micro-batch x sequence, …)."""
-    spec, s = cell.spec, cell.spec.settings
-    words = [spec.strategy]
-    if spec.layout_tag:
-        words.append(spec.layout_tag)
-    words.append(spec.precision)
-    if s.activation_checkpointing != "none":
-        words.append(f"ac={s.activation_checkpointing}")
-    if s.offload != "none":
-        words.append(f"offload={s.offload}")
-    if s.compile:
-        words.append("compile")
-    if s.checkpoint:
-        words.append("ckpt")
-    words.append(f"mb{s.micro_batch}x{s.seq_len}" + (f" ga{s.grad_accum}" if s.grad_accum > 1 else ""))
-    return " ".join(words)
+    """How the recommendation names a cell within its (model, GPU count): as the plan's table row does — strategy,
+    precision, and the settings that set it apart (`option_list`)."""
+    return " ".join([cell.spec.strategy, cell.spec.precision, *option_list(cell.spec)])
 
 
 def standing_json(standing: Standing, *, headroom_gib: float) -> dict[str, Any]:

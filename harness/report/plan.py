@@ -33,6 +33,7 @@ from harness.plan.recommend import (
     faster_words,
     group_name,
     no_recommendation_head,
+    option_list,
     recommendation_head,
     runner_up_words,
     short_words,
@@ -121,27 +122,6 @@ def time_footer(cells: list[PlannedCell], cluster: Cluster | None = None) -> str
     if null:
         line += "; null for " + "; ".join(f"{n} cell(s): {why}" for why, n in sorted(null.items(), key=lambda x: -x[1]))
     return line
-
-
-def option_list(spec: RunSpec) -> list[str]:
-    """The settings that tell cells apart: checkpointing, offload, layout, compile, the checkpoint phase, micro-batch ×
-    sequence and gradient accumulation (compile and accumulation only where they are not the default)."""
-    s = spec.settings
-    ac = s.activation_checkpointing
-    return [
-        o
-        for o in (
-            (f"ac={ac}" if ac != "none" else ""),
-            (f"offload={s.offload}" if s.offload != "none" else ""),
-            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
-            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
-            ("compile" if s.compile else ""),
-            ("ckpt" if s.checkpoint else ""),
-            f"mb{s.micro_batch}x{s.seq_len}",
-            (f"ga{s.grad_accum}" if s.grad_accum > 1 else ""),
-        )
-        if o
-    ]
 
 
 def cell_options(spec: RunSpec) -> str:
