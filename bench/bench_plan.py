@@ -6,9 +6,9 @@ The matrix: 9 zoo models × 11 strategies × {fp32, bf16} × gpus {1, 2, 4, …,
 
 - **cold**: `--repeat` (default 3) fresh interpreters, each doing what `harness plan SCENARIO --cluster NAME` does —
   import the command's modules, load the profile, read and expand the scenario file, load the rates, predict every
-  cell, render the table (or `--json`: the JSON document) to stdout — timed from the parent around the whole
-  process (interpreter start included). Printed: the median wall time and each run's phases as the child measured
-  them.
+  cell, recommend, render the table and the recommendation (or `--json`: the JSON document) to stdout — timed
+  from the parent around the whole process (interpreter start included). Printed: the median wall time and each
+  run's phases as the child measured them.
 - **cli**: once, the real `python -m harness.cli plan FILE --cluster NAME` over the whole 12,672-cell file (more than
   `--cells`: there is no flag to cut a scenario), for reference.
 - **warm**: in this process, the same planning again after one pass (every cache filled): median of `--repeat`.
@@ -55,6 +55,19 @@ def big_scenario() -> dict:
     }
 
 
+def plan_text(cells: list, cluster, *, as_json: bool) -> str:
+    """What `harness plan` prints of planned cells (harness.cli.plan.plan_command): the recommendation made, then the
+    JSON document, or the table and the recommendation."""
+    from harness.plan.recommend import recommend
+    from harness.report.plan import format_recommendations, format_table, planned_cell_json
+
+    recs = recommend(cells, cluster=cluster)
+    if as_json:
+        docs = [planned_cell_json(c, s, headroom_gib=recs.headroom_gib) for c, s in zip(cells, recs.standings)]
+        return json.dumps(docs, indent=2, allow_nan=False)
+    return format_table(cells, cluster, recs=recs) + "\n\n" + format_recommendations(cells, recs)
+
+
 def inner(args: argparse.Namespace) -> None:
     """One cold run, as `harness plan` does it (harness.cli.plan.plan_command: its cyclic GC off, and frozen at exit),
     but over the first N cells."""
@@ -66,7 +79,6 @@ def inner(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
-    from harness.report.plan import format_table, planned_cell_json
     from harness.scenario.cluster import load_cluster
     from harness.scenario.schema import load_scenario
 
@@ -77,11 +89,7 @@ def inner(args: argparse.Namespace) -> None:
     rates = rates_for(cluster)
     cells = plan_cells(specs, cluster, rates=rates)
     t3 = time.perf_counter()
-    text = (
-        json.dumps([planned_cell_json(c) for c in cells], indent=2, allow_nan=False)
-        if args.json
-        else format_table(cells, cluster)
-    )
+    text = plan_text(cells, cluster, as_json=args.json)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     t4 = time.perf_counter()
@@ -155,7 +163,6 @@ def main() -> None:
 
     from harness.plan.calibration import rates_for
     from harness.plan.predict import plan_cells
-    from harness.report.plan import format_table, planned_cell_json
     from harness.scenario.schema import load_scenario
 
     specs = load_scenario(str(scenario)).expand(gpus_per_node=cluster.gpus_per_node)[: args.cells]
@@ -163,11 +170,7 @@ def main() -> None:
     for r in range(args.repeat + 1):
         t = time.perf_counter()
         cells = plan_cells(specs, cluster, rates=rates_for(cluster))
-        text = (
-            json.dumps([planned_cell_json(c) for c in cells], indent=2, allow_nan=False)
-            if args.json
-            else format_table(cells, cluster)
-        )
+        text = plan_text(cells, cluster, as_json=args.json)
         if r:  # the first pass fills the caches
             warm.append(time.perf_counter() - t)
     size = f"{len(text) / 1e6:.1f} MB"
