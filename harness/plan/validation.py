@@ -175,14 +175,20 @@ def errors_of(checked: list[Checked]) -> Errors:
     if not errs:
         return Errors(len(checked), 0, math.nan, math.nan, math.nan, math.nan)
     pred = [c.predicted for c in ok if c.predicted is not None]
+    mape, median, worst = error_figures(errs)
     return Errors(
         rows=len(checked),
         priced=len(ok),
-        mape=statistics.fmean(abs(e) for e in errs),
-        median=statistics.median(errs),
-        worst=max(abs(e) for e in errs),
+        mape=mape,
+        median=median,
+        worst=worst,
         spearman=spearman(pred, [c.run.tokens_per_s_per_gpu for c in ok]) if len(ok) > 1 else math.nan,
     )
+
+
+def error_figures(errs: list[float]) -> tuple[float, float, float]:
+    """(mean |error|, median signed error, largest |error|) of a non-empty list of errors."""
+    return statistics.fmean(abs(e) for e in errs), statistics.median(errs), max(abs(e) for e in errs)
 
 
 # ---- what the published runs say of a plan's cells (`harness plan`'s uncertainty, `harness show cluster`) ----------
@@ -334,7 +340,7 @@ def _family_check(family: str, precision: str, profile: str, stamps: tuple[tuple
         if rows:
             why = f"the model prices none of the {len(rows)} published {family} runs at {precision}"
         return FamilyCheck(family, precision, profile, 0, reason=why)
-    errs = [c.error for c in priced if c.error is not None]
+    mape, median, worst = error_figures([c.error for c in priced if c.error is not None])
     return FamilyCheck(
         family,
         precision,
@@ -342,14 +348,8 @@ def _family_check(family: str, precision: str, profile: str, stamps: tuple[tuple
         runs=len(priced),
         profiles=tuple(sorted({p for p, _ in rows})),
         held_out=sum(c.run.table not in FIT_TABLES for c in priced),
-        mape=statistics.fmean(abs(e) for e in errs),
-        median=statistics.median(errs),
-        worst=max(abs(e) for e in errs),
+        mape=mape,
+        median=median,
+        worst=worst,
         sources=tuple(sorted({c.run.source for c in priced})),
     )
-
-
-def clear_caches() -> None:
-    """Forget the published runs read and priced (tests that edit a CSV in place)."""
-    for f in (_runs, _family_check, _profile):
-        f.cache_clear()
