@@ -12,11 +12,11 @@ No torch import.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterator
 
 from harness.core.errors import InputError, Problem, one_of
 from harness.core.precisions import PRECISIONS
+from harness.core.text import wrap
 from harness.plan import calibration as cal
 from harness.plan.memory import DEVICE_RESERVE_GIB
 from harness.plan.validation import FAMILY_NAMES, LAYOUT_FAMILY, VALIDATION_DIR, family_check
@@ -40,15 +40,8 @@ def show_lines(what: str, name: str, *, width: int = 100) -> Iterator[str]:
 
 
 def _wrap(text: str, width: int, indent: str = "    ", more: str = "") -> list[str]:
-    """`text` wrapped to `width`, never inside a word or at a hyphen (sources name repositories and files)."""
-    return textwrap.wrap(
-        text,
-        width=max(width, 40),
-        initial_indent=indent,
-        subsequent_indent=indent + more,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
+    """`text` wrapped to `width` (harness.core.text.wrap: sources name repositories and files), at show's indents."""
+    return wrap(text, width, indent=indent, more=more)
 
 
 def _num(v: float | None, unit: str = "") -> str:

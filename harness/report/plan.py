@@ -14,10 +14,9 @@ are not. It imports nothing of the report's build (pandas, matplotlib): `harness
 from __future__ import annotations
 
 import math
-import re
-import textwrap
 from typing import Any
 
+from harness.core.text import KEEP, wrap
 from harness.plan.calibration import Rates
 from harness.plan.memory import DEVICE_RESERVE_GIB
 from harness.plan.predict import BF16, usable_memory_gib
@@ -252,7 +251,7 @@ def format_table(
         if wide
         else "; GiB: predicted memory per rank at its peak"
     )
-    lines = _wrap(head, width)
+    lines = wrap(head, width)
     lines += _wide_rows(cells, standings) if wide else _grouped_rows(cells, standings, width=width)
     lines += _counts(cells, cluster)
     legend = (
@@ -265,8 +264,8 @@ def format_table(
         legend += f", {STAR} the recommended one"
     if not wide:
         legend += "; --wide: every column (memory parts, FLOPs, collective bytes)"
-    lines += _wrap(legend, width)
-    lines += _wrap(time_footer(cells, cluster), width)  # NOTE: never inside a word: a calibration's path stays whole
+    lines += wrap(legend, width)
+    lines += wrap(time_footer(cells, cluster), width)  # NOTE: never inside a word: a calibration's path stays whole
     return "\n".join(lines)
 
 
@@ -340,27 +339,8 @@ def _grouped_rows(cells: list[PlannedCell], standings: list[Standing | None], *,
                 row = f"  {r[0].ljust(widths[0])}  {kind} [{n}]"
             lines.append(row)
         for reason, n in notes.items():
-            lines += _wrap(f"[{n}] {reason}", width, indent="  ")
+            lines += wrap(f"[{n}] {reason}", width, indent="  ")
     return lines
-
-
-_NUMBER_UNIT = re.compile(r"(\d) (?=GiB|GB|ms|days|GPUs|GPU-hours|tok/s|tokens|published)")
-_KEEP = "\x00"
-"""a space that textwrap does not break at (a number stays with its unit), put back after wrapping"""
-
-
-def _wrap(text: str, width: int, *, indent: str = "", more: str = "    ") -> list[str]:
-    """`text` wrapped to `width` (never inside a word, at a hyphen, or between a number and its unit: names,
-    commands and figures stay whole)."""
-    lines = textwrap.wrap(
-        _NUMBER_UNIT.sub(lambda m: m.group(1) + _KEEP, text),
-        width=max(width, 40),
-        initial_indent=indent,
-        subsequent_indent=indent + more,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-    return [line.replace(_KEEP, " ") for line in lines] or [indent]
 
 
 def planned_cell_json(
@@ -431,17 +411,17 @@ def format_costs(
     lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
     width = UNWRAPPED if wide else width  # NOTE: as the table's: `--wide` prose is not wrapped
     if unfit:
-        lines += _wrap(
+        lines += wrap(
             f"NO: {unfit} cell(s) predicted not to fit in memory (the plan's fits column): none can run as planned, "
             "so their days and GPU-hours are no option (more GPUs, more sharding or activation checkpointing may fit)",
             width,
         )
     if left_out:
         headroom = f" with {recs.headroom_gib:g} GiB headroom" if recs is not None else ""
-        lines += _wrap(f"left out: {left_out} cell(s) that do not fit{headroom} (--wide lists them)", width)
+        lines += wrap(f"left out: {left_out} cell(s) that do not fit{headroom} (--wide lists them)", width)
     why = next((t.reason for t in costs if t.days is not None and t.reason), None)
     if why:
-        lines += _wrap(f"cost: null: {why}", width)
+        lines += wrap(f"cost: null: {why}", width)
     return "\n".join(lines)
 
 
@@ -464,7 +444,7 @@ def format_recommendations(
         if recs.asked_headroom_gib is not None
         else " (the CUDA context/NCCL reserve; --headroom GIB for more)"
     )
-    lines = _wrap(
+    lines = wrap(
         f"recommendation per model and GPU count: {FASTEST_PREDICTED} with {recs.headroom_gib:g} GiB of device "
         f"memory left free{asked}",
         width,
@@ -472,7 +452,7 @@ def format_recommendations(
     why = {g.why_none for g in recs.groups}
     if len(recs.groups) > 1 and all(g.winner is None and not g.unpriced for g in recs.groups) and len(why) == 1:
         # NOTE: one reason for every group (a profile without device memory): said once, not once per group
-        lines += _wrap(f"no recommendation for any of the {len(recs.groups)} (model, GPU count): {why.pop()}", width)
+        lines += wrap(f"no recommendation for any of the {len(recs.groups)} (model, GPU count): {why.pop()}", width)
         return "\n".join(lines)
     for g in recs.groups:
         lines += _group_block(cells, recs, g, costs=costs, tokens=tokens, width=width)
@@ -489,14 +469,14 @@ def _group_block(
     width: int,
 ) -> list[str]:
     if g.winner is None:
-        lines = _wrap(no_recommendation_head(g.model, g.gpus, g.why_none or "nothing fits"), width)
+        lines = wrap(no_recommendation_head(g.model, g.gpus, g.why_none or "nothing fits"), width)
         if g.unpriced:
             lines += _unpriced_lines(cells, g, width)
         return lines
     w = cells[g.winner]
     st = recs.standings[g.winner]
     p = w.prediction
-    lines = _wrap(recommendation_head(g.model, g.gpus, _name(w), basis=FASTEST_PREDICTED), width)
+    lines = wrap(recommendation_head(g.model, g.gpus, _name(w), basis=FASTEST_PREDICTED), width)
     total = p.memory_gib.total if p.memory_gib is not None else None
     mfu = f"MFU {_pct(p.mfu)} of {w.spec.precision}'s dense peak"
     if w.spec.precision != BF16:
@@ -506,7 +486,7 @@ def _group_block(
         f"{_fmt(total)} GiB per rank, {_fmt(st.memory_left_gib)} GiB of {p.device_memory_gib:g} left free "
         f"({recs.headroom_gib:g} GiB headroom asked)"
     )
-    lines += _wrap(facts, width, indent="  ")
+    lines += wrap(facts, width, indent="  ")
     if costs is not None and tokens is not None:
         t = costs[g.winner]
         if t.days is not None and t.gpu_hours is not None:
@@ -514,19 +494,19 @@ def _group_block(
                 f"cost {t.cost:,.0f}" if t.cost is not None else "cost unknown: the profile has no price_per_gpu_hour"
             )
             text = f"{tokens:.4g} tokens: {t.days:,.1f} days on {g.gpus} GPUs, {t.gpu_hours:,.0f} GPU-hours, {cost}"
-            lines += _wrap(text, width, indent="  ")
+            lines += wrap(text, width, indent="  ")
     best = p.tokens_per_s_per_gpu or 0.0
     margin = None
     if g.runner_up is not None:
         r = cells[g.runner_up]
         margin = best / (r.prediction.tokens_per_s_per_gpu or best) - 1.0
-        lines += _wrap(runner_up_words(_name(r), slower_words(margin)), width, indent="  ")
+        lines += wrap(runner_up_words(_name(r), slower_words(margin)), width, indent="  ")
     else:
         text = f"{RUNNER_UP}: none: no other strategy fits with {recs.headroom_gib:g} GiB headroom"
         if g.next_ranked is not None:
             n = cells[g.next_ranked]
             text += f"; next: {_name(n)}, {slower_words(best / (n.prediction.tokens_per_s_per_gpu or best) - 1.0)}"
-        lines += _wrap(text, width, indent="  ")
+        lines += wrap(text, width, indent="  ")
     if g.faster_unfit:
         shown = []
         for i in g.faster_unfit[:3]:
@@ -536,16 +516,16 @@ def _group_block(
             shown.append(f"{_name(c)}, {faster_words(gain)}, {short}")
         more = len(g.faster_unfit) - len(shown)
         text = "faster, but does not fit: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
-        lines += _wrap(text, width, indent="  ")
+        lines += wrap(text, width, indent="  ")
     if g.unpriced:
         lines += _unpriced_lines(cells, g, width)
-    lines += _wrap(_uncertainty(cells, recs, g, margin), width, indent="  ")
+    lines += wrap(_uncertainty(cells, recs, g, margin), width, indent="  ")
     return lines
 
 
 def _name(cell: PlannedCell) -> str:
     """A cell's words for a wrapped line: never split across two lines."""
-    return cell_words(cell).replace(" ", _KEEP)
+    return cell_words(cell).replace(" ", KEEP)
 
 
 def _unpriced_lines(cells: list[PlannedCell], g: Group, width: int) -> list[str]:
@@ -556,7 +536,7 @@ def _unpriced_lines(cells: list[PlannedCell], g: Group, width: int) -> list[str]
         f"not ranked: {len(g.unpriced)} cell(s) that fit have no predicted step time and may be faster; measure them "
         f"(harness tune): {'; '.join(reasons)}"
     )
-    return _wrap(text, width, indent="  ")
+    return wrap(text, width, indent="  ")
 
 
 def _uncertainty(cells: list[PlannedCell], recs: Recommendations, g: Group, margin: float | None) -> str:
