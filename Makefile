@@ -66,7 +66,8 @@ report: setup
 SERIAL ?=
 BESIDE := tests/slurm tests/unit
 
-test: setup
+# the docs extra too: tests/unit/test_docs_site.py builds the site (without it those tests would only skip)
+test: setup $(VENV)/.docs-stamp
 ifneq ($(SERIAL)$(PYTEST_ARGS),)
 	$(PY) -m pytest $(PYTEST_ARGS)
 else
