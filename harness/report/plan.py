@@ -76,11 +76,17 @@ def time_columns(pred: Prediction, mfu_bf16: float | None = None) -> list[str]:
     bf16 dense peak of a planned cell; "-" where null."""
     step, tps = pred.step_time_s, pred.tokens_per_s_per_gpu
     return [
-        "-" if step is None else f"{step * 1e3:.4g}",
-        "-" if tps is None else f"{tps:.4g}",
+        "-" if step is None else _sig4(step * 1e3),
+        "-" if tps is None else _sig4(tps),
         _pct(pred.mfu),
         _pct(mfu_bf16),
     ]
+
+
+def _sig4(v: float) -> str:
+    """Four significant digits below 1,000 and the whole number above, never an exponent: 11,790 ms reads 11790, not
+    1.179e+04."""
+    return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def show_command(cluster: Cluster) -> str:

@@ -356,3 +356,20 @@ def test_a_reason_too_long_for_the_table_is_numbered_and_said_once_below_its_blo
     said = " ".join(lines[at][len("  [1] ") :].split() + [w for x in lines[at + 1 : at + 3] for w in x.split()])
     assert said.startswith(reasons.pop().split(" (")[0])
     assert max(len(line) for line in lines) <= 100
+
+
+def test_slow_and_fast_cells_read_without_exponents(tmp_path, capsys):
+    """fp32 cells of a 7B on A100s step in over ten seconds, a 125M's throughput is in the tens of thousands: the table
+    prints the figures whole (11790, not 1.179e+04), equal to the JSON's to the digits shown."""
+    path = tmp_path / "wide.yaml"
+    path.write_text(
+        "name: wide\nmatrix: {model: [mistral-7b, 125m], strategy: [zero3], precision: [fp32, bf16], gpus: [16]}\n"
+        "settings: {seq_len: 2048}\n"
+    )
+    text = plan_text(capsys, str(path), "--cluster", "a100")
+    cells = plan_json(capsys, str(path), "--cluster", "a100")
+    assert "e+" not in text
+    slow = max(c["step_time_s"] for c in cells)
+    assert slow > 10 and f" {slow * 1e3:.0f} " in text
+    fast = max(c["tokens_per_s_per_gpu"] for c in cells)
+    assert fast >= 1e4 and f" {fast:.0f} " in text
