@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The prepared device checks (H200, world 1), in parts that each fit one device call (budget: 15 min in all):
+# Each sweep part ends with the plan's recommendation (the device's shipped profile) beside the measured fastest.
 #   small  125m every strategy x checkpointing policy (planner: predicted vs measured peak), a real CUDA OOM
 #          then an ok cell, one traced cell (the breakdown from device kernels, the profiler's cost)
 #   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
@@ -31,10 +32,14 @@ if [ -d .whl ] && [ -z "$DRY" ]; then
 fi
 if [ -n "$DRY" ]; then
   "$PY" -c "import torch; print(f'dry mode: cpu, torch {torch.__version__}, no GPU')" | tee "$OUT/gpu.txt"
-  CLUSTER=local
+  CLUSTER=local PROFILE=h100
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
   CLUSTER=local-gpu
+  # the shipped profile of this device, for the plan's recommendation beside the measurements (none: not printed)
+  case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
+    *H200*) PROFILE=h200 ;; *H100*) PROFILE=h100 ;; *A100*80GB*) PROFILE=a100 ;; *A100*) PROFILE=a100-40gb ;; *) PROFILE= ;;
+  esac
 fi
 DEADLINE=${DEADLINE:-560}
 FAILED=()
@@ -104,6 +109,10 @@ if traced:  # trace: true cells (issue 33): the breakdown read from the device t
               + f" | {t.get('basis')} | {g(t.get('profiler_cost'))} |")
 print("warnings:", warns)
 PY
+  if [ -n "$PROFILE" ]; then  # the plan's recommended cell beside the measured fastest (issue 52)
+    "$PY" bench/gpu_check_recommend.py "$scen" "$PROFILE" "$results" 2>&1 | tee -a "$OUT/table_$part.md"
+    dry_rc "recommend $part" "${PIPESTATUS[0]}"
+  fi
   cp "$results.log" "$results/"
   tar czf "$OUT/records_$part.tgz" -C "$results" .
 }
