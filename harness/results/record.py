@@ -159,6 +159,34 @@ class Checkpoint(Typed):
     """the losses of the steps after the reload, mean over ranks (nats)"""
 
 
+class TensorMemory(Typed):
+    """Tensor memory measured over one untimed step by storage-level accounting (harness.worker.meters.tensors):
+    the bytes of every live tensor storage on the rank with the largest peak, at that peak, split into the planner's
+    categories (`predicted.memory_gib` holds the same names). GiB = 2**30 B."""
+
+    params: Num
+    """parameter storages this rank keeps between steps (its shards, or the full replica)"""
+    grads: Num
+    """gradient storages: every parameter's `.grad` (of the model's and of a sharded optimizer's fp32 partition), and
+    the strategy's gradient buffers they are views of (DDP's buckets)"""
+    optimizer: Num
+    """optimizer state (AdamW's moments) and a master copy the optimizer steps (DeepSpeed's fp32 partitions)"""
+    activations: Num
+    """storages created by the forward (or a checkpointed block's recompute) that are neither parameters nor
+    communication buffers: what backward still needs, live at the peak"""
+    buffers: Num
+    """everything else: communication buffers (gathered parameters, reduce buckets), backward's temporaries,
+    gradients in flight before they are reduced, persistent tables"""
+    total: Num
+    """the sum of the five: the peak of live tensor bytes"""
+    rank: int
+    """the rank the breakdown is from (the largest total over ranks)"""
+    phase: str
+    """where that rank's peak fell: forward, backward or optimizer"""
+    per_rank_total: list[Num]
+    """every rank's peak total, by rank (GiB)"""
+
+
 class Metrics(Typed):
     """What rank 0 measured (status ok, or nan: the numbers of the steps that ran); `{}` in a record rank 0 did not
     write (composed from failures, or skipped)."""
@@ -181,6 +209,11 @@ class Metrics(Typed):
     """max over ranks of the peak allocated after warmup (GiB, 2**30 B); CPU: peak RSS"""
     peak_memory_reserved_gib: Num | None = None
     """max over ranks of the allocator's peak reserved (GiB); null on CPU"""
+    memory_gib: Annotated[TensorMemory | None, SOMETIMES] = None
+    """measured tensor memory by category at the peak of one untimed step, beside `predicted.memory_gib`"""
+    memory_fragmentation_gib: Annotated[Num | None, SOMETIMES] = None
+    """CUDA: the allocator's peak reserved minus the peak of live tensor bytes (memory_gib.total): what caching and
+    fragmentation cost on top of the tensors (GiB); null on CPU (no caching allocator)"""
     alloc_retries: Annotated[int | None, SOMETIMES] = None
     """cudaMalloc retries during the measured steps, the max over ranks (count); null on CPU"""
     loss: Num | None = None
