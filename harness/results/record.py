@@ -381,7 +381,7 @@ class Comm(Typed):
     measured_steps: Annotated[int | None, SOMETIMES] = None
     """steps counted (count)"""
     counted_step: Annotated[int | None, SOMETIMES] = None
-    """1-based number of the counted step (warmup + measured + 1)"""
+    """1-based number of the counted step (warmup + measured + 2: after the tensor-memory step)"""
     counted_step_time_s: Annotated[Num | None, SOMETIMES] = None
     """the counted step's time, meter on (s)"""
 

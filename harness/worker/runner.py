@@ -164,6 +164,10 @@ def run(
         warm_times, warm_losses = _warm_up(step, n=s.warmup_steps, device=device)
         heartbeat.phase("timed")
         timed = _timed_steps(step, n=s.measure_steps, device=device)
+        # NOTE: the memory step before the counted one: once the comm meter has registered its collective kernels,
+        # a dispatch mode over DTensor's collectives reaches a stale kernel of theirs (torch 2.13)
+        heartbeat.phase("memory")
+        tensor_memory = _tensor_memory_step(step, trainer=trainer)
         heartbeat.phase("counted")
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
         heartbeat.phase("traced")
@@ -207,6 +211,7 @@ def run(
             allocator=allocator_used,
             traced=traced,
             ckpt=ckpt,
+            tensor_memory=tensor_memory,
         )
         return _file(payload, record)
     except BaseException as e:
@@ -385,9 +390,17 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
         counted_times, _ = time_steps(step, n=1, device=device)
     comm.uninstall()
     comm_summary = comm.summary(steps=1, gpus_per_node=spec.gpus_per_node)
-    comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 1
+    comm_summary["counted_step"] = s.warmup_steps + s.measure_steps + 2  # after the memory step
     comm_summary["counted_step_time_s"] = counted_times[0]
     return comm_summary
+
+
+def _tensor_memory_step(step, *, trainer: Any) -> dict | None:
+    """One more step with every tensor storage accounted by category (harness.worker.meters.tensors); rank 0 gets
+    the record's metrics.memory_gib, the other ranks None."""
+    from harness.worker.meters.tensors import measure_step, over_ranks
+
+    return over_ranks(measure_step(step, trainer=trainer))
 
 
 def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device: Any, rank: int) -> Any:
@@ -546,6 +559,7 @@ def _measured_record(
     allocator: str,
     traced: Any = None,
     ckpt: Any = None,
+    tensor_memory: dict | None = None,
 ) -> Record:
     """Rank 0: the cell's record — its env, metrics, comm and status (nan when a loss is not finite) — from what
     the ranks measured; with the checkpoint phase's outcome `ckpt` where the cell checkpointed."""
@@ -559,6 +573,13 @@ def _measured_record(
     )
     summary = summarize(ranks.step_times.tolist())
     metrics = _metrics(spec, summary=summary, env=env, timed=timed, ranks=ranks, warm_times=warm_times)
+    metrics["memory_gib"] = tensor_memory
+    reserved = metrics["peak_memory_reserved_gib"]
+    if tensor_memory is not None and reserved is not None and device.type == "cuda":
+        metrics["memory_fragmentation_gib"] = reserved - tensor_memory["total"]
+    else:
+        metrics["memory_fragmentation_gib"] = None
+        metrics["null_reasons"]["memory_fragmentation_gib"] = "CPU: there is no caching allocator"
     metrics["setup_s"] = t_ready - t_entry
     start = _process_start_time()
     metrics["startup_s"] = None if start is None else t_ready - start
@@ -678,6 +699,8 @@ def _metrics(
         "mfu_peak_tflops": peak_tflops,
         "peak_memory_allocated_gib": None if peaks[0] < 0 else float(peaks[0]),
         "peak_memory_reserved_gib": None if peaks[1] < 0 else float(peaks[1]),
+        "memory_gib": None,  # NOTE: filled by the caller (the memory step's tensor bytes), here for the field order
+        "memory_fragmentation_gib": None,
         "alloc_retries": None if peaks[3] < 0 else int(peaks[3]),
         "loss": ranks.losses[-1],
         "losses": ranks.losses,

@@ -37,7 +37,7 @@ def test_measured_comm_equals_prediction(strategy, precision, smoke_sweep):
     got = rec["comm"]
     # counted over one untimed step after the timed ones: the timed steps never run the meter
     assert got["measured_steps"] == 1
-    assert got["counted_step"] == spec.settings.warmup_steps + spec.settings.measure_steps + 1
+    assert got["counted_step"] == spec.settings.warmup_steps + spec.settings.measure_steps + 2  # after the memory step
     # the record carries the prediction beside the measurement, and they agree
     assert rec["predicted"]["comm_bytes_per_step"] == pred["comm_bytes_per_step"]
     assert rec["predicted"]["comm_deviation"] == 0.0

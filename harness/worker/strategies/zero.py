@@ -78,6 +78,23 @@ class DeepSpeedTrainer:
         assert total is not None, "a step has at least one micro-batch"
         return total
 
+    def memory_extra(self) -> dict[str, list]:
+        """The states the tensor-memory meter (harness.worker.meters.tensors) cannot file by its rules: ZeRO-3's
+        parameter partitions (attributes of the parameters, `ds_tensor`, views of one flat buffer), its fp32 master
+        partitions and its flat gradient partition buffer (the optimizer steps fp32 copies of it, never the buffer itself). Host-memory
+        buffers (offload) are not device memory and are left out."""
+        extra: dict[str, list] = {}
+        parts = [p.ds_tensor for p in self.model.parameters() if getattr(p, "ds_tensor", None) is not None]
+        if parts:
+            extra["params"] = parts
+        masters = getattr(self.engine.optimizer, "fp32_partitioned_groups_flat", None)
+        if masters:  # ZeRO-3's fp32 master partitions, in the inner optimizer's param_groups only while it steps
+            extra["optimizer"] = list(masters)
+        flat = getattr(self.engine.optimizer, "grad_partitions_flat_buffer", None)
+        if flat is not None:
+            extra["grads"] = [flat]
+        return extra
+
 
 def _skip_shm_comm_build() -> None:
     """DeepSpeed's CPU backend JIT-compiles a shared-memory all_reduce (deepspeed_shm_comm) when its comm layer

@@ -1,0 +1,351 @@
+"""Tensor memory by category over one untimed step, on any device: storage-level accounting.
+
+Why not torch's MemTracker (torch.distributed._tools.mem_tracker): it sees only the storages created under it or
+registered with it, and files them by when they were made (forward → activation, backward → temporary). DDP's
+gradient buckets exist before the step and are reached only through `param.grad`; DeepSpeed's fp32 partitions are
+an inner optimizer's parameters; FSDP's all-gather outputs are made in the forward but are communication buffers.
+The planner (harness.plan.memory) names each of those, so this meter files every storage by what it *is*:
+
+    params       a storage of one of the model's parameters (local shard or replica) at the step's start
+    optimizer    a storage of a torch optimizer's state, or of an optimizer parameter that is not the model's
+                 (DeepSpeed's fp32 master partition)
+    grads        a storage some parameter's `.grad` uses when an optimizer steps (its view's whole storage: DDP's
+                 bucket), model's or optimizer's
+    activations  created by the forward (or by a checkpointed block's recompute inside backward), and never an
+                 operand of a collective
+    buffers      everything else: collectives' inputs and outputs (gathered parameters, reduce-scatter outputs
+                 before they become gradients, reduce buckets), backward's temporaries, tables kept between steps
+
+A storage's category is the strongest it ever gets (in that order, params first); the peak is found by replaying
+every allocation, free and resize of the step in order, and split by the categories of the storages live at it.
+Storages alive before the step (found by the garbage collector's view of Python tensors, and ones first met during
+the step without being created in it, like DDP's buckets) count from its start.
+
+What this does not see: memory an operator allocates and frees inside itself (a kernel's workspace), and storages
+held only by C++ that the step never touches. On CUDA the allocator's peaks (harness.worker.meters.memory) see
+those; `memory_fragmentation_gib` is the reserved peak above this meter's total.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "buffers")
+"""the planner's names (harness.plan.memory.Memory), in the record's order"""
+_STRENGTH = {"params": 5, "optimizer": 4, "grads": 3, "comm": 2, "activations": 1, "buffers": 0}
+"""which category wins when a storage is seen as two ('comm' files as buffers)"""
+
+GIB = 2**30
+
+
+def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages holding `t`'s bytes: a plain tensor's own, a wrapper subclass's inner tensors' (DTensor's local
+    shard, a waited collective's result)."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return [] if t.is_meta else [t.untyped_storage()]
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        inner = (getattr(t, n) for n in names)
+        return [s for i in inner if isinstance(i, torch.Tensor) for s in _storages(i)]
+    try:
+        return [] if t.is_meta else [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError):  # a subclass without storage of its own and no flatten
+        return []
+
+
+@dataclass
+class _Storage:
+    sid: int
+    nbytes: int
+    category: str = "buffers"
+    created: bool = False  # made during the step (else: alive before it)
+    origin: str = ""  # the operator that made it, or the phase it was met in
+
+
+@dataclass
+class StepMemory:
+    """One rank's peak of live tensor bytes over the step, and the bytes of each category at it."""
+
+    bytes: dict[str, int]
+    total: int
+    phase: str
+    seen: int = 0  # storages tracked
+
+    def gib(self) -> dict[str, float]:
+        return {**{c: self.bytes[c] / GIB for c in CATEGORIES}, "total": self.total / GIB}
+
+
+@dataclass
+class _Log:
+    base: dict[int, int] = field(default_factory=dict)  # sid → bytes at the step's start
+    events: list[tuple[int, int]] = field(default_factory=list)  # (sid, +/- bytes) in order
+    phases: list[str] = field(default_factory=list)  # the phase each event happened in
+
+
+class TensorMemoryMeter(TorchDispatchMode):
+    """Use as `with meter.measure(model, optimizers): step()`; then `meter.result()`.
+
+    `extra`: {category: tensors} a strategy declares that the rules above cannot find (DeepSpeed ZeRO-3's parameter
+    partitions, which are attributes of the parameters, not the parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_key: weakref.WeakKeyDictionary | None = None
+        self._info: dict[int, _Storage] = {}
+        self._log = _Log()
+        self._next = 0
+        self._refs: list[weakref.ref] = []
+        self._recompute = 0
+        self._in_opt = 0
+        self._optimizers: list[torch.optim.Optimizer] = []
+
+    # ---- storages
+
+    def _key(self, st: torch.UntypedStorage) -> _Storage | None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        if self._by_key is None:
+            self._by_key = WeakIdKeyDictionary()  # type: ignore[assignment]
+        return self._by_key.get(st)  # type: ignore[union-attr]
+
+    def _track(self, st: torch.UntypedStorage, *, created: bool, category: str | None = None) -> _Storage:
+        info = self._key(st)
+        if info is None:
+            info = _Storage(sid=self._next, nbytes=st.nbytes(), created=created)
+            self._next += 1
+            self._info[info.sid] = info
+            self._by_key[st] = info  # type: ignore[index]
+            if created:
+                self._event(info.sid, info.nbytes)
+            else:  # alive before the step: from its start
+                self._log.base[info.sid] = info.nbytes
+
+            def freed(_ref: Any, info: _Storage = info) -> None:
+                if info.nbytes:
+                    self._event(info.sid, -info.nbytes)
+                    info.nbytes = 0
+
+            self._refs.append(weakref.ref(st, freed))
+        if category is not None and _STRENGTH[category] > _STRENGTH[info.category]:
+            info.category = category
+        return info
+
+    def _event(self, sid: int, delta: int) -> None:
+        self._log.events.append((sid, delta))
+        self._log.phases.append(self._now())
+
+    def _now(self) -> str:
+        """The step's phase at this moment: optimizer, backward (a recompute inside it too) or forward."""
+        if self._in_opt:
+            return "optimizer"
+        return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+    def _tag(self, tensors: Iterable[Any], category: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                for st in _storages(t):
+                    self._track(st, created=False, category=category)
+
+    # ---- the step's moments
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented  # DTensor desugars to local ops first; they come back through this mode
+        out = func(*args, **(kwargs or {}))
+        collective = func.namespace in ("c10d", "_c10d_functional", "c10d_functional")
+        if collective:  # every operand of a collective is a communication buffer unless it is a state
+            self._tag(tree_leaves((args, kwargs)), "comm")
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                for st in _storages(t):
+                    known = self._key(st) is not None
+                    info = self._track(st, created=True)
+                    if not known:
+                        info.origin = f"{self._now()}:{func.__name__}"
+                    if not known and not collective and self._phase_category() == "activations":
+                        info.category = max(info.category, "activations", key=_STRENGTH.__getitem__)
+                    if collective:
+                        info.category = max(info.category, "comm", key=_STRENGTH.__getitem__)
+        return out
+
+    def _phase_category(self) -> str:
+        if self._in_opt:
+            return "buffers"
+        if torch._C._current_graph_task_id() != -1 and not self._recompute:
+            return "buffers"
+        return "activations"
+
+    def _resize(self, st: torch.UntypedStorage, size: int) -> None:
+        """UntypedStorage.resize_, which no dispatch mode sees: FSDP frees and refills its gathered parameters so."""
+        before = st.nbytes()
+        self._orig_resize(st, size)
+        info = self._key(st)
+        if info is None:  # alive before the step, at its size before this resize
+            info = self._track(st, created=False)
+            info.nbytes = self._log.base[info.sid] = before
+        after = st.nbytes()
+        if after != info.nbytes:
+            self._event(info.sid, after - info.nbytes)
+            info.nbytes = after
+
+    def _inventory(self, model: torch.nn.Module, extra: dict[str, list]) -> None:
+        """Every storage alive at the step's start, filed."""
+        params = [p for p in model.parameters()]
+        self._tag(params, "params")
+        self._tag((p.grad for p in params if p.grad is not None), "grads")
+        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
+        self._optimizers = optimizers
+        model_params = {id(p) for p in params}
+        for opt in optimizers:
+            self._tag((v for state in opt.state.values() for v in state.values()), "optimizer")
+            others = [p for g in opt.param_groups for p in g["params"] if id(p) not in model_params]
+            self._tag(others, "optimizer")
+            self._tag((p.grad for p in others if p.grad is not None), "grads")
+        for category, tensors in extra.items():
+            self._tag(tensors, category)
+        self._tag((o for o in gc.get_objects() if isinstance(o, torch.Tensor)), "buffers")
+
+    def _grads_now(self) -> None:
+        """At an optimizer step: every gradient in place is a gradient (DDP's bucket views' whole storages)."""
+        for opt in self._optimizers:
+            self._tag((p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None), "grads")
+
+    def measure(self, model: torch.nn.Module, extra: dict[str, list] | None = None) -> _Measuring:
+        return _Measuring(self, model, extra or {})
+
+    # ---- the replay
+
+    def live_at_peak(self) -> list[tuple[int, str, str]]:
+        """(bytes, category, origin) of every storage live at the peak, largest first: what to look at when a
+        category differs from the plan."""
+        at = self._peak_index()
+        live = dict(self._log.base)
+        for sid, delta in self._log.events[: at + 1]:
+            live[sid] = live.get(sid, 0) + delta
+        rows = [(n, self._info[sid].category, self._info[sid].origin) for sid, n in live.items() if n]
+        return sorted(rows, reverse=True)
+
+    def _peak_index(self) -> int:
+        total = peak = sum(self._log.base.values())
+        at = -1
+        for i, (_, delta) in enumerate(self._log.events):
+            total += delta
+            if total > peak:
+                peak, at = total, i
+        return at
+
+    def result(self) -> StepMemory:
+        """The peak over the step and its split by category."""
+        cat = {sid: info.category for sid, info in self._info.items()}
+        name = {c: ("buffers" if c == "comm" else c) for c in _STRENGTH}
+        total = sum(self._log.base.values())
+        peak, at = total, -1
+        for i, (_, delta) in enumerate(self._log.events):
+            total += delta
+            if total > peak:
+                peak, at = total, i
+        live = dict(self._log.base)
+        for sid, delta in self._log.events[: at + 1]:
+            live[sid] = live.get(sid, 0) + delta
+        split = dict.fromkeys(CATEGORIES, 0)
+        for sid, nbytes in live.items():
+            split[name[cat[sid]]] += nbytes
+        phase = self._log.phases[at] if at >= 0 else "start"
+        return StepMemory(bytes=split, total=peak, phase=phase, seen=len(self._info))
+
+
+class _Measuring:
+    """The context of one measured step: the dispatch mode, the resize patch, the module and optimizer hooks."""
+
+    def __init__(self, meter: TensorMemoryMeter, model: torch.nn.Module, extra: dict[str, list]):
+        self.meter, self.model, self.extra = meter, model, extra
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> TensorMemoryMeter:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        m = self.meter
+        m._inventory(self.model, self.extra)
+        in_bw: Callable[[], bool] = lambda: torch._C._current_graph_task_id() != -1  # noqa: E731
+
+        def pre(module, args):  # type: ignore[no-untyped-def]
+            if in_bw():
+                m._recompute += 1
+
+        def post(module, args, out):  # type: ignore[no-untyped-def]
+            if in_bw():
+                m._recompute -= 1
+
+        def opt_pre(opt, args, kwargs):  # type: ignore[no-untyped-def]
+            m._grads_now()
+            m._in_opt += 1
+
+        def opt_post(opt, args, kwargs):  # type: ignore[no-untyped-def]
+            m._in_opt -= 1
+
+        self._handles = [
+            register_module_forward_pre_hook(pre),
+            register_module_forward_hook(post),
+            register_optimizer_step_pre_hook(opt_pre),
+            register_optimizer_step_post_hook(opt_post),
+        ]
+        m._orig_resize = torch.UntypedStorage.resize_  # type: ignore[attr-defined]
+        torch.UntypedStorage.resize_ = lambda st, size: m._resize(st, size)  # type: ignore[method-assign,assignment]
+        m.__enter__()
+        return m
+
+    def __exit__(self, *exc: Any) -> None:
+        m = self.meter
+        m.__exit__(*exc)
+        torch.UntypedStorage.resize_ = m._orig_resize  # type: ignore[method-assign]
+        for h in self._handles:
+            h.remove()
+
+
+def measure_step(step: Callable[[], Any], *, trainer: Any) -> StepMemory:
+    """One more training step under the meter, after the timed and counted ones (its cost touches no timed step);
+    `trainer.memory_extra()` where a strategy declares states the rules cannot find."""
+    model = trainer.model
+    extra = trainer.memory_extra() if hasattr(trainer, "memory_extra") else {}
+    meter = TensorMemoryMeter()
+    # NOTE: the garbage collector paused over the step, after a collection: tensors caught in reference cycles (a
+    # pipeline schedule's) are then freed at the same moment in every run, not whenever a collection happens to run
+    gc.collect()
+    gc.disable()
+    try:
+        with meter.measure(model, extra):
+            step()
+    finally:
+        gc.enable()
+    return meter.result()
+
+
+def over_ranks(mine: StepMemory) -> dict[str, Any] | None:
+    """Every rank's peak gathered; on rank 0 the record's `metrics.memory_gib` (the largest rank's breakdown, by
+    category in GiB, with every rank's total), elsewhere None."""
+    import torch.distributed as dist
+
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, (mine.bytes, mine.total, mine.phase))
+    if dist.get_rank() != 0:
+        return None
+    rank = max(range(len(peaks)), key=lambda r: (peaks[r][1], -r))
+    split, total, phase = peaks[rank]
+    return {
+        **{c: split[c] / GIB for c in CATEGORIES},
+        "total": total / GIB,
+        "rank": rank,
+        "phase": phase,
+        "per_rank_total": [p[1] / GIB for p in peaks],
+    }
