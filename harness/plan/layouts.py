@@ -50,6 +50,10 @@ from harness.core.layout import Layout, effective_microbatches, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan.links import mesh_group_kind
+
+LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
+"""cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
+beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
 from harness.scenario.spec import RunSpec
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
@@ -308,25 +312,25 @@ def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[
 # memory: rank 0's parameters, gradients, optimizer state and in-flight activations
 
 
-def in_flight(layout: Layout, microbatches: int) -> list[int]:
-    """The local stages of pipeline rank 0's microbatch forwards whose activations are all alive at its peak, one
-    entry per forward: GPipe runs every forward before any backward; 1F1B (stage 0) warms up min(microbatches, pp)
-    forwards, then alternates a backward and a forward; interleaved 1F1B warms up (v - 1) × microbatches per round +
-    2 (pp - 1) forwards (torch's `_get_warmup_ops`, capped at all of them) in round order, then one more forward
-    before its first backward."""
+def in_flight(layout: Layout, microbatches: int, pp_rank: int = 0) -> list[int]:
+    """The local stages of pipeline rank `pp_rank`'s microbatch forwards whose activations are all alive at its peak,
+    one entry per forward: GPipe runs every forward before any backward; 1F1B warms up pp - 1 - pp_rank forwards
+    (capped at the microbatches), then runs one more before it alternates a backward and a forward; interleaved 1F1B
+    warms up (v - 1) × microbatches per round + 2 (pp - 1 - pp_rank) forwards (torch's `_get_warmup_ops`, capped at
+    all of them) in round order, then one more forward before its first backward."""
     if layout.pp == 1:
         return [0]
     if layout.schedule == "gpipe":
-        return [0] * microbatches
+        return [pp_rank] * microbatches
     if layout.schedule == "1f1b":
-        return [0] * min(microbatches, layout.pp)
+        return [pp_rank] * min(microbatches, layout.pp - pp_rank)
     v, pp = layout.stages_per_rank, layout.pp
     rounds = max(1, microbatches // pp)
     per_round = microbatches // rounds
     total = microbatches * v
-    warmup = min((v - 1) * per_round + 2 * (pp - 1), total)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), total)
     n = min(warmup + 1, total)
-    return [((op // per_round) % v) * pp for op in range(n)]
+    return [((op // per_round) % v) * pp + pp_rank for op in range(n)]
 
 
 @dataclass(frozen=True)
@@ -406,7 +410,20 @@ def local_stage_params(spec: RunSpec, *, stage: int) -> dict[str, int]:
 
 
 def layout_memory(spec: RunSpec) -> dict:
-    """Rank 0's memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter, gradient and AdamW
+    """The memory of the pipeline rank with the largest peak (`rank_layout_memory` of each; rank 0 without a
+    pipeline): the first stage holds the most forwards in flight, the last one the logits and the loss."""
+    ranks = range(spec.layout.pp)
+    peaks = [rank_layout_memory(spec, pp_rank=r) for r in ranks]
+    total = [sum(m[k] for k in ("params", "grads", "optimizer", "activations", "buffers")) for m in peaks]
+    r = max(ranks, key=lambda r: (total[r], -r))
+    best = peaks[r]
+    if spec.layout.pp > 1:
+        best["notes"]["buffers"] += f" (pipeline rank {r}: the largest of the {spec.layout.pp})"
+    return best
+
+
+def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0) -> dict:
+    """Pipeline rank `pp_rank`'s memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter, gradient and AdamW
     state of its tensor- (and FSDP2-) sharded stage(s); the activations of the forwards in flight at the pipeline's
     peak (`in_flight`); buffers: FSDP2's gathered parameters (every unit of a pipeline stage stays gathered across
     microbatches; two blocks and the root without a pipeline), the pipeline's receive buffers (one input and one
@@ -419,21 +436,22 @@ def layout_memory(spec: RunSpec) -> dict:
     ab = DTYPE_BYTES[activation_dtype(spec)]
     m = effective_microbatches(s.microbatches, lay.pp) if lay.pp > 1 else 1
     tokens = (s.micro_batch // m if lay.pp > 1 else s.micro_batch) * s.seq_len
-    local = lay.stages_of(0)
+    local = lay.stages_of(pp_rank)
     sizes = {st: local_stage_params(spec, stage=st) for st in local}
     sharded = sum(v["sharded"] for v in sizes.values())
     unsharded = sum(v["unsharded"] for v in sizes.values())
     per_stage = {st: stage_activations(spec, stage=st, tokens=tokens) for st in local}
     acts = {st: a.total for st, a in per_stage.items()}
     recompute = max(a.recompute for a in per_stage.values())
-    flight = in_flight(lay, m)
+    flight = in_flight(lay, m, pp_rank)
     activations = sum(acts[st] for st in flight)
     gathering = fsdp2 and (lay.dp_shard > 1 or pb != 4)
     if not gathering:
         gathered = 0
     elif lay.pp > 1:
         gathered = pb * unsharded
-    else:  # FULL_SHARD without a pipeline: two blocks in flight and the root
+    else:  # FULL_SHARD without a pipeline: two blocks in flight and the root (in the backward: the root is resharded
+        # after the forward too, harness.plan.memory._fsdp2)
         (only,) = sizes.values()
         gathered = pb * (FSDP_UNITS_IN_FLIGHT * only["largest_block"] + only["root"])
     boundary = tokens * cfg.d_model * ab // (lay.tp if s.sequence_parallel else 1)
@@ -442,31 +460,49 @@ def layout_memory(spec: RunSpec) -> dict:
     )
     last = lay.n_stages - 1 in local
     logits = tokens * cfg.vocab // lay.tp * (pb + (4 if pb != 4 else 0) + 8) if last else 0
+    loss_grad = tokens * cfg.vocab // lay.tp * LOSS_TRANSIENT_BYTES_PER_LOGIT if last and lay.pp > 1 else 0
     ddp_grads = 0 if fsdp2 else 4 * sharded  # DDP's buckets are the gradients, allocated once
     if lay.pp > 1 and fsdp2:
         # NOTE: a pipeline stage defers FSDP2's reduction to the schedule's end: every unit's unsharded gradient
-        # accumulates in fp32 from the first microbatch's backward on, beside the forwards still in flight
-        accumulated = 4 * unsharded
+        # accumulates in fp32 from the first microbatch's backward on, beside the forwards still in flight; from the
+        # second microbatch on, a unit's new gradients live beside the accumulated ones until its post-backward adds
+        # them (measured: tests/dist/test_tensor_memory.py)
+        accumulated = 4 * unsharded * (2 if m > 1 else 1)
     else:
         root = sum(v["root"] for v in sizes.values())
         accumulated = 4 * root if fsdp2 else 0  # the root's unsharded gradient, the last to be reduced
-    in_backward = (activations if lay.pp > 1 else 0) + recompute
+    # the last stage's schedule keeps its output (the logits) for the loss until the microbatch's backward
+    kept_output = tokens * cfg.vocab // lay.tp * pb if last and lay.pp > 1 else 0
+    in_backward = (activations + kept_output if lay.pp > 1 else 0) + recompute
     gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
     # (window, grads, activations, buffers: [(what, bytes)])
     windows = [
-        ("forward end", ddp_grads, activations, [*gathered_recv, ("logits and their gradient", logits)]),
-        ("block backward", ddp_grads, in_backward, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
+        (
+            "forward end",
+            ddp_grads,
+            activations,
+            [("gathered parameters", gathered if lay.pp > 1 else 0), ("receive buffers", recv),
+             ("logits and their gradient", logits)],
+        ),
+        (
+            "block backward",
+            ddp_grads,
+            in_backward,
+            # the last stage runs the loss's backward inside the schedule: the cross-entropy gradient (fp32, two
+            # tensors at once) beside the forwards still in flight
+            [*gathered_recv, ("unsharded fp32 gradients", accumulated), ("loss gradient", loss_grad)],
+        ),
         ("backward end", 4 * sharded, 0, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
     ]
     window, grads, acts_at_peak, buffers = max(windows, key=lambda w: w[1] + w[2] + sum(b for _, b in w[3]))
     notes = {
-        "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of rank 0's stage(s) {local} "
+        "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of pipeline rank {pp_rank}'s stage(s) {local} "
         f"({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements)",
         "grads": "fp32 gradient shards, complete at the backward end"
         if fsdp2
         else "fp32 gradients in DDP's buckets, allocated once",
         "optimizer": "AdamW moments (8 B/param) on the same shards",
-        "activations": f"{len(flight)} microbatch forward(s) in flight at rank 0's peak ({lay.schedule}); "
+        "activations": f"{len(flight)} microbatch forward(s) in flight at pipeline rank {pp_rank}'s peak ({lay.schedule}); "
         f"per forward {', '.join(f'stage {st}: {acts[st]} B' for st in local)}"
         if lay.pp > 1
         else f"one micro-step's forward, {acts[local[0]]} B (tensor-parallel: heads and ffn / {lay.tp})",

@@ -48,6 +48,7 @@ from harness.core.constants import (
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan import layouts
 from harness.plan.flops import precision_mode
+from harness.plan.layouts import LOSS_TRANSIENT_BYTES_PER_LOGIT
 from harness.scenario.spec import RunSpec
 
 GIB = 2**30
@@ -67,9 +68,6 @@ FSDP_UNITS_IN_FLIGHT = 2
 """unsharded block units at once: FSDP1 limit_all_gathers lets one all-gather run ahead, and the default
 BACKWARD_PRE prefetch gathers the next unit while the current one computes (FSDP2 prefetches likewise)"""
 
-LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
-"""cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
-beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -573,11 +571,12 @@ def _fsdp2(spec: RunSpec) -> Memory:
     cfg = spec.model_config
     nshard = shard_degree(spec)
     block = unit_summary(cfg)[0]
-    # NOTE: fully_shard forces the root's reshard_after_forward to False (it is needed first in backward)
+    # NOTE: the worker passes reshard_after_forward=True to the root's fully_shard too (only a default of None
+    # keeps the root gathered), so the root is freed after the forward and gathered again for the head's backward
     return _fsdp_memory(
         spec,
         sharded=_fsdp2_sharded(cfg, nshard),
-        root_gathered_in_loss=True,
+        root_gathered_in_loss=False,
         gathered=(
             f"{FSDP_UNITS_IN_FLIGHT} block units gathered",
             precisions.get(spec.precision).element_bytes * FSDP_UNITS_IN_FLIGHT * block,
@@ -593,8 +592,8 @@ def _zero(spec: RunSpec) -> Memory:
 
     The users' arithmetic, unsharded: 2 + 2 + 12 bytes/param (master 4, moments 8). ZeRO-1 shards the
     optimizer over N, ZeRO-2 also the gradients, ZeRO-3 also the parameters. In fp32, stages 1/2 still
-    clone an fp32 master partition (stage_1_and_2.py clones the partition whatever its dtype); ZeRO-3
-    uses the fp32 params as the master when the dtypes match (stage3.py `_create_fp32_partitions`).
+    clone an fp32 master partition (stage_1_and_2.py clones the partition whatever its dtype), and so does
+    ZeRO-3 (its no-copy branch in `_create_fp32_partitions` is never taken, see `_zero3`).
     """
     stage = int(spec.strategy[-1])
     if stage == 3:
@@ -661,13 +660,22 @@ def _zero3(spec: RunSpec) -> Memory:
     bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
     notes: dict[str, str] = {}
     partitions, persistent, largest_module = _zero3_sizes(cfg, nshard)
-    master = 0 if spec.precision == "fp32" else 4 * partitions
+    # NOTE: an fp32 master copy in every precision: _create_fp32_partitions skips the copy only when the partition's
+    # device equals `self.device`, the accelerator's device *name* (a str), which never equals a torch.device
+    # (deepspeed 0.19.8 stage3.py:1162); the tensor-memory meter finds the third fp32 partition in fp32 cells
+    master = 4 * partitions
     moments = 8 * partitions
     params = b * (partitions + persistent)
     grads = b * partitions  # the flat gradient partition buffer, allocated once at initialisation
     # ZeRO-3 gathers per module (every module here holds one weight) and prefetches ahead of it
-    live = ("live gathered parameters", b * min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS))
-    # the optimizer's fp32 gradient buffer (one sub-group) and the reduce bucket: allocated once, never freed
+    # (never more than the parameters that are not kept gathered anyway)
+    gatherable = cfg.n_params() - persistent
+    live = (
+        "live gathered parameters",
+        b * min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS, gatherable),
+    )
+    # the reduce bucket: allocated once, never freed; the optimizer's fp32 gradient buffer: one sub-group at a time,
+    # inside the optimizer step only (stage3.py _prepare_fp32_grad_for_sub_group / _release_sub_group)
     fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(DS_SUB_GROUP_SIZE, partitions))
     cpu = 0
     if off_opt:
@@ -679,19 +687,19 @@ def _zero3(spec: RunSpec) -> Memory:
         cpu += b * partitions
         params = b * persistent
         notes["cpu"] += "; offload_param: 16-bit parameter partitions"
-    always = [bucket, fp32_grad]
-    held = {w: always + ([live] if w not in (BACKWARD_END, OPTIMIZER_STEP) else []) for w in WINDOWS}
+    held = {
+        w: [bucket]
+        + ([live] if w not in (BACKWARD_END, OPTIMIZER_STEP) else [])
+        + ([fp32_grad] if w == OPTIMIZER_STEP else [])
+        for w in WINDOWS
+    }
     notes.update(
         {
             "params": f"{spec.precision} partitions ({nshard} ways) + {persistent:,} persistent elements gathered"
             + ("; partitions offloaded" if off_par else ""),
             "grads": f"{spec.precision} gradient partitions, one buffer allocated at initialisation"
             + ("; in host memory" if off_opt else ""),
-            "optimizer": (
-                "AdamW moments on the fp32 params (no separate master)"
-                if spec.precision == "fp32"
-                else "fp32 master + AdamW moments (12 B/param)"
-            )
+            "optimizer": "fp32 master + AdamW moments (12 B/param, the master cloned in fp32 too)"
             + f" / {nshard}"
             + ("; offloaded" if off_opt else ""),
         }
