@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared device checks (H200, world 1), in parts that each fit one device call (budget: 15 min in all):
-# Each sweep part ends with the plan's recommendation (the device's shipped profile) beside the measured fastest.
+# Each sweep part ends with the plan's recommendation (the device's shipped profile) beside the measured fastest
+# and, per ok cell, measured tensor memory by category beside the plan's (bench/gpu_check_memory.py).
 #   small  125m every strategy x checkpointing policy (planner: predicted vs measured peak), a real CUDA OOM
 #          then an ok cell, one traced cell (the breakdown from device kernels, the profiler's cost)
 #   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
@@ -109,6 +110,9 @@ if traced:  # trace: true cells (issue 33): the breakdown read from the device t
               + f" | {t.get('basis')} | {g(t.get('profiler_cost'))} |")
 print("warnings:", warns)
 PY
+  # measured tensor memory beside the plan's, per category, and the allocator's fragmentation (issue 54)
+  "$PY" bench/gpu_check_memory.py "$results" 2>&1 | tee -a "$OUT/table_$part.md"
+  dry_rc "memory $part" "${PIPESTATUS[0]}"
   if [ -n "$PROFILE" ]; then  # the plan's recommended cell beside the measured fastest (issue 52)
     "$PY" bench/gpu_check_recommend.py "$scen" "$PROFILE" "$results" 2>&1 | tee -a "$OUT/table_$part.md"
     dry_rc "recommend $part" "${PIPESTATUS[0]}"
