@@ -254,7 +254,10 @@ METRICS: tuple[Metric, ...] = (
         Metric(f"memory_{c}_gib", ("metrics", "memory_gib", c), "GiB", True, SHOWN, null_reason=MEMORY_OFF)
         for c in MEMORY_CATEGORIES
     ),
-    *(Metric(f"predicted_memory_{c}_gib", ("predicted", "memory_gib", c), "GiB", True, SHOWN) for c in MEMORY_CATEGORIES),
+    *(
+        Metric(f"predicted_memory_{c}_gib", ("predicted", "memory_gib", c), "GiB", True, SHOWN)
+        for c in MEMORY_CATEGORIES
+    ),
     # NOTE: lower_is_better: a smaller |deviation|, as the step time's
     Metric(
         "memory_deviation",
