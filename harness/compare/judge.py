@@ -14,8 +14,9 @@ metric's direction:
   any false alarm in a whole comparison stays below alpha), with at least `min_runs` (3) runs per side; with
   fewer, a change beyond the threshold is "not judged": reported, never a regression;
 - measured peak memory: the median of the runs' values, thresholded, no test (one run is enough);
-- deterministic metrics (collective bytes per step, predicted memory and collective bytes): exact, from the
-  cell's latest record; any change is a regression in the bad direction and an improvement in the good one;
+- deterministic metrics (collective bytes per step, measured tensor memory, predicted memory and collective
+  bytes): exact, from the cell's latest record; any change is a regression in the bad direction and an
+  improvement in the good one;
 - the time model's deviation (measured median / predicted − 1, the median of the runs' values): "info", with
   |candidate| − |baseline| in points — never a regression by itself (the timing is judged on step time), unless
   `watch_deviation` (points) is given and |deviation| grew by more than it;

@@ -7,7 +7,8 @@ through the registry's `Metric.value` (`metric_value`) and `metric_samples`.
 - sampled metrics (step time, and tokens/s, tokens/s/GPU, MFU derived from it): timing, one value per run;
   threshold + a test on the runs' values (harness.compare.judge), never on one run's per-step samples;
 - thresholded (measured peak memory, one value per run): threshold only;
-- exact (collective bytes per step, predicted memory and collective bytes: deterministic): any change counts;
+- exact (collective bytes per step, measured tensor memory, predicted memory and collective bytes: deterministic):
+  any change counts;
 - watched (the time model's deviation, `predicted.step_time_deviation` = measured median / predicted − 1, one
   value per run): information — shown on each side with its change in points, never a regression by itself (a
   timing change is already judged on step time), unless the user asks (`--watch-deviation PCT`: |deviation| grew

@@ -21,7 +21,14 @@ import numpy as np
 import pandas as pd
 
 from harness.core.catalogue import CATALOGUE
-from harness.results.metrics import METRICS, PREDICTED_PARTS, Metric, MetricReader, finite_number
+from harness.results.metrics import (
+    MEMORY_CATEGORIES,
+    METRICS,
+    PREDICTED_PARTS,
+    Metric,
+    MetricReader,
+    finite_number,
+)
 from harness.results.record import Record
 from harness.results.store import iter_records
 from harness.scenario.spec import PRECISIONS, STRATEGIES
@@ -52,6 +59,11 @@ TRACES_SEP = ";"
 """between the paths of a cell's traces in the `traces` column (table.csv)"""
 MEASURED_TIME_COLUMNS: tuple[str, ...] = tuple(f"measured_{p}_s" for p in PREDICTED_PARTS)
 """the traced step's measured parts (trace: true), beside PREDICTED_TIME_COLUMNS"""
+MEASURED_MEMORY_COLUMNS: tuple[str, ...] = ("memory_total_gib", *(f"memory_{c}_gib" for c in MEMORY_CATEGORIES))
+"""the tensor memory measured at the peak of one untimed step (metrics.memory_gib), its total first, then by
+category (GiB); NaN in records from before the measurement"""
+PREDICTED_MEMORY_COLUMNS: tuple[str, ...] = tuple(f"predicted_memory_{c}_gib" for c in MEMORY_CATEGORIES)
+"""the planner's predicted memory by category (predicted.memory_gib; its total is `predicted_memory_gib`)"""
 PREDICTION_BAND = 0.15
 """the ± band around exact that the report counts a prediction within (and draws around the prediction figure's
 diagonal): issue 16's accuracy target, MAPE <= 15 %"""
@@ -98,7 +110,11 @@ _LAYOUT: tuple[str, ...] = (
     "n_step_samples",
     "peak_memory_allocated_gib",
     "peak_memory_reserved_gib",
+    "memory_fragmentation_gib",
+    *MEASURED_MEMORY_COLUMNS,
     "predicted_memory_gib",
+    *PREDICTED_MEMORY_COLUMNS,
+    "memory_deviation",
     "device_memory_gib",
     "comm_bytes_per_step",
     "comm_calls_per_step",

@@ -10,10 +10,11 @@ all four.
 Kinds (how compare and the history judge a metric):
 - sampled: timing, one value per run (step time, and tokens/s, tokens/s/GPU, MFU, TFLOPS derived from it); a
   threshold plus a test on the runs' values, never on one run's per-step samples;
-- thresholded: one value per run, threshold only (measured peak memory);
-- exact: deterministic (collective bytes, predicted memory and bytes): any change counts;
+- thresholded: one value per run, threshold only (the allocator's measured peak memory);
+- exact: deterministic (collective bytes, measured tensor memory, predicted memory and bytes): any change counts;
 - watched: information (the time model's deviation), a regression only when asked (`--watch-deviation`);
-- shown: the report's table only (percentiles, the predicted breakdown, the loss): not judged, not stored.
+- shown: the report's table only (percentiles, the predicted breakdowns, the memory categories, the loss): not
+  judged, not stored.
 """
 
 from __future__ import annotations
@@ -167,6 +168,23 @@ hidden or not, and the traced step's wall time"""
 TRACE_OFF = ("metrics", "null_reasons", "time_s")
 """where an untraced record says why it has no measured breakdown"""
 
+MEMORY_CATEGORIES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "buffers")
+"""the categories of tensor memory, measured (metrics.memory_gib) and predicted (predicted.memory_gib) alike, that
+add up to each side's total"""
+MEMORY_OFF = ("metrics", "null_reasons", "memory_gib")
+"""where a record says why it has no measured tensor memory (metrics.memory_gib)"""
+
+
+def _memory_deviation(rec: Record) -> float | None:
+    """Measured tensor memory over the predicted, minus one (fraction; +0.1 = 10% more than the planner said):
+    None unless both totals are finite and the predicted one positive."""
+    measured = rec.metrics.memory_gib
+    predicted = rec.predicted.memory_gib if rec.predicted is not None else None
+    m = finite_number(measured.total) if measured is not None else None
+    p = finite_number(predicted.total) if predicted is not None else None
+    return None if m is None or p is None or p <= 0 else m / p - 1.0
+
+
 METRICS: tuple[Metric, ...] = (
     Metric("step_time_s", ("metrics", "step_time_s", "median"), "s", True, SAMPLED, column="step_time_median_s"),
     Metric("tokens_per_s", ("metrics", "tokens_per_s"), "tokens/s", False, SAMPLED),
@@ -174,6 +192,20 @@ METRICS: tuple[Metric, ...] = (
     Metric("mfu", ("metrics", "mfu"), "fraction", False, SAMPLED),
     Metric("peak_memory_allocated_gib", ("metrics", "peak_memory_allocated_gib"), "GiB", True, THRESHOLDED),
     Metric("peak_memory_reserved_gib", ("metrics", "peak_memory_reserved_gib"), "GiB", True, THRESHOLDED),
+    # NOTE: the live tensor bytes at the peak of one untimed step are deterministic (the same ops allocate the same
+    # storages every run): exact. Its categories are the report's; a byte moving from one category to another is
+    # no regression, and a change in any of them changes the total. phase: records from before the measurement
+    # have none, and compare exactly as they did
+    Metric(
+        "memory_gib.total",
+        ("metrics", "memory_gib", "total"),
+        "GiB",
+        True,
+        EXACT,
+        column="memory_total_gib",
+        null_reason=MEMORY_OFF,
+        phase="memory",
+    ),
     Metric("comm.bytes_per_step", ("comm", "bytes_per_step"), "bytes", True, EXACT),
     Metric(
         "predicted.memory_gib.total",
@@ -216,6 +248,28 @@ METRICS: tuple[Metric, ...] = (
     Metric("step_time_mean_s", ("metrics", "step_time_s", "mean"), "s", True, SHOWN),
     Metric("n_step_samples", ("metrics", "step_time_s", "samples"), "count", False, SHOWN, get=_samples_count),
     Metric("device_memory_gib", ("env", "device_memory_gib"), "GiB", False, SHOWN),
+    # tensor memory by category, measured (metrics.memory_gib) beside predicted (predicted.memory_gib: its total is
+    # predicted_memory_gib above), and how far the measured total is from the predicted one
+    *(
+        Metric(f"memory_{c}_gib", ("metrics", "memory_gib", c), "GiB", True, SHOWN, null_reason=MEMORY_OFF)
+        for c in MEMORY_CATEGORIES
+    ),
+    *(
+        Metric(f"predicted_memory_{c}_gib", ("predicted", "memory_gib", c), "GiB", True, SHOWN)
+        for c in MEMORY_CATEGORIES
+    ),
+    # NOTE: lower_is_better: a smaller |deviation|, as the step time's
+    Metric(
+        "memory_deviation",
+        ("metrics", "memory_gib", "total"),
+        "fraction",
+        True,
+        SHOWN,
+        null_reason=MEMORY_OFF,
+        get=_memory_deviation,
+        fractional=True,
+    ),
+    Metric("memory_fragmentation_gib", ("metrics", "memory_fragmentation_gib"), "GiB", True, SHOWN),
     Metric("comm_calls_per_step", ("comm", "calls_per_step"), "count", True, SHOWN),
     Metric("predicted_step_time_s", ("predicted", "step_time_s"), "s", True, SHOWN),
     *(Metric(f"predicted_{p}_s", ("predicted", "time_s", p), "s", True, SHOWN) for p in PREDICTED_PARTS),

@@ -821,11 +821,72 @@ def test_nightly_workflow_runs_make_nightly_and_feeds_the_step_summary():
     assert "self-hosted" in wf["jobs"]["nightly"]["runs-on"]
 
 
+MIB_IN_GIB = 2**20 / 2**30
+"""one MiB in GiB"""
+
+
+def with_tensor_memory(rec: dict, *, total: float = 20.0, null_reason: str | None = None) -> dict:
+    """`rec` with a measured tensor-memory breakdown (metrics.memory_gib, GiB) adding up to `total`; with
+    `null_reason`, none and the record's reason why instead."""
+    if null_reason is not None:
+        rec["metrics"].setdefault("null_reasons", {})["memory_gib"] = null_reason
+        return rec
+    parts = {"params": 0.25, "grads": 0.25, "optimizer": 0.3, "activations": 0.15, "buffers": 0.05}
+    rec["metrics"]["memory_gib"] = {
+        **{k: total * share for k, share in parts.items()},
+        "total": total,
+        "rank": 0,
+        "phase": "backward",
+        "per_rank_total": [total, total * 0.9],
+    }
+    return rec
+
+
+def test_measured_tensor_memory_is_exact_one_mib_more_is_a_regression(tmp_path, capsys):
+    """Issue 54: the live tensor bytes at the peak of the untimed step are deterministic, so compare judges
+    metrics.memory_gib.total exactly: an identical pair is unchanged, one MiB more of 20 GiB (0.005%, far inside any
+    threshold) is a regression, one MiB less an improvement."""
+    key, label = "ddp/bf16", "tiny ddp bf16 g2"
+    base = {k: with_tensor_memory(r) for k, r in cells().items()}
+    same = compare(base.values(), {k: with_tensor_memory(r) for k, r in cells().items()}.values())
+    assert row(same, label, "memory_gib.total").verdict == UNCHANGED
+    assert not same.regressions and not same.improvements
+    more = {k: with_tensor_memory(r, total=20.0 + MIB_IN_GIB * (k == key)) for k, r in cells().items()}
+    cmp = compare(base.values(), more.values())
+    m = row(cmp, label, "memory_gib.total")
+    assert (m.kind, m.unit, m.threshold) == ("exact", "GiB", None)
+    assert (m.baseline, m.candidate, m.verdict) == (20.0, 20.0 + MIB_IN_GIB, REGRESSION)
+    assert [(c.label, r.metric) for c, r in cmp.regressions] == [(label, "memory_gib.total")]
+    less = {k: with_tensor_memory(r, total=20.0 - MIB_IN_GIB * (k == key)) for k, r in cells().items()}
+    assert row(compare(base.values(), less.values()), label, "memory_gib.total").verdict == IMPROVEMENT
+    assert run_pair(tmp_path, base, more) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.split()[:1] == ["memory_gib.total"])
+    # GiB as compare writes predicted memory: both values with the digits that tell them apart, the delta in GiB
+    assert " ".join(line.split()) == "memory_gib.total 20 GiB 20.001 GiB 1.000x +0.000976562 GiB - regression"
+
+
+def test_a_record_without_measured_tensor_memory_is_na_with_its_reason_and_old_pairs_have_no_row():
+    """An older record (no metrics.memory_gib) against a new one is n/a with the record's null reason, never a
+    regression; two older records compare as before the measurement existed (no row)."""
+    label = "tiny ddp bf16 g2"
+    new = {k: with_tensor_memory(r) for k, r in cells().items()}
+    why = "tensor accounting off for this cell"
+    old = {k: with_tensor_memory(r, null_reason=why) for k, r in cells().items()}
+    m = row(compare(old.values(), new.values()), label, "memory_gib.total")
+    assert (m.baseline, m.candidate, m.verdict) == (None, 20.0, NA)
+    assert m.note == f"null in baseline ({why})"
+    assert not compare(old.values(), new.values()).regressions
+    both_old = compare(cells().values(), cells().values())
+    assert "memory_gib.total" not in {r.metric for r in both_old.cell(label).metrics}
+
+
 def test_metric_selection_exact_only(tmp_path):
     """`--metric exact` (the project's CI): a 50% slower step is not judged, one more byte is."""
     from harness.compare.metrics import select_metrics
 
     assert {m.name for m in select_metrics(["exact"])} == {
+        "memory_gib.total",  # measured tensor memory (issue 54): judged only where a side measured it
         "comm.bytes_per_step",
         "predicted.memory_gib.total",
         "predicted.comm_bytes_per_step",

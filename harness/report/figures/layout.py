@@ -272,6 +272,32 @@ def bars(
     ax.autoscale_view()
 
 
+def stacked_bars(
+    ax, x: np.ndarray, parts: np.ndarray, colours: list[str], *, width: np.ndarray, hatch: str | None
+) -> np.ndarray:
+    """One stacked bar per row of `parts` (a row per bar, a column per part, drawn bottom up in `colours`; a row of
+    NaN: no bar, a NaN part: 0) at `x`, each `width` wide; returns the bars' tops (the kept rows')."""
+    keep = ~np.isnan(parts).all(axis=1) if len(parts) else np.zeros(0, dtype=bool)
+    bottom = np.zeros(int(keep.sum()))
+    for k, colour in enumerate(colours):
+        h = np.nan_to_num(parts[keep, k])
+        for w in np.unique(width[keep]):
+            sel = width[keep] == w
+            bars(
+                ax,
+                x[keep][sel],
+                h[sel],
+                bottom=bottom[sel],
+                width=float(w),
+                color=colour,
+                edgecolor="white",
+                linewidth=0.6,
+                hatch=hatch,
+            )
+        bottom = bottom + h
+    return bottom
+
+
 def log2_gpus_axis(ax, gpus: list[float]) -> None:
     """A GPU-count x axis: log2 scale, a plain-number tick at each of `gpus`, a margin of 1.35× each side."""
     ax.set_xscale("log", base=2)

@@ -12,11 +12,11 @@ from matplotlib.patches import Patch
 from harness.report.figures.base import Figure, gpus_label, model_title, no_data, png_bytes, row_label, select_models
 from harness.report.figures.layout import (
     TITLE_Y,
-    bars,
     categorical_xticks,
     layout_panels,
     new_panel_figure,
     panel_legend,
+    stacked_bars,
 )
 from harness.report.figures.prediction import why_no_prediction
 from harness.report.figures.registry import register
@@ -93,8 +93,9 @@ def time_breakdown_figure(fc: pd.DataFrame) -> Figure:
         width = np.where(both, 0.38, 0.75)
         xp = np.where(both, x - 0.2, x)
         xm = np.where(both, x + 0.2, x)
-        tops = [_stack(ax, xp, parts[mask], used, width=width, hatch=None)]
-        tops.append(_stack(ax, xm, mparts[mask], used, width=width, hatch=MEASURED_HATCH))
+        colours = [PART_STYLE[PREDICTED_PARTS[k]][0] for k in used]
+        tops = [stacked_bars(ax, xp, parts[mask][:, used], colours, width=width, hatch=None)]
+        tops.append(stacked_bars(ax, xm, mparts[mask][:, used], colours, width=width, hatch=MEASURED_HATCH))
         ax.plot(x, meas[mask], linestyle="none", marker="D", color="black", markersize=5, zorder=3)
         reaches.append(categorical_xticks(ax, [row_label(s, q) for s, q in zip(p["strategy"], p["precision"])]))
         ax.set_title(f"{model_title(fc, model)} · {gpus_label(gpus)}", y=TITLE_Y)
@@ -112,28 +113,3 @@ def time_breakdown_figure(fc: pd.DataFrame) -> Figure:
     handles.append(Line2D([], [], linestyle="none", marker="D", color="black", label=median))
     layout_panels(fig, axes, axes.index(corner) + 1, panel_legend(corner, handles, "part"), reaches)
     return Figure("time_breakdown", title, caption, png_bytes(fig), note)
-
-
-def _stack(
-    ax, x: np.ndarray, parts: np.ndarray, used: list[int], *, width: np.ndarray, hatch: str | None
-) -> np.ndarray:
-    """One stacked bar per row of `parts` (ms; a row of NaN: no bar) at `x`; returns the bars' tops."""
-    keep = ~np.isnan(parts).all(axis=1) if len(parts) else np.zeros(0, dtype=bool)
-    bottom = np.zeros(int(keep.sum()))
-    for k in used:
-        h = np.nan_to_num(parts[keep, k])
-        for w in np.unique(width[keep]):
-            sel = width[keep] == w
-            bars(
-                ax,
-                x[keep][sel],
-                h[sel],
-                bottom=bottom[sel],
-                width=float(w),
-                color=PART_STYLE[PREDICTED_PARTS[k]][0],
-                edgecolor="white",
-                linewidth=0.6,
-                hatch=hatch,
-            )
-        bottom = bottom + h
-    return bottom
