@@ -409,11 +409,11 @@ def local_stage_params(spec: RunSpec, *, stage: int) -> dict[str, int]:
     return {"unsharded": unsharded, "sharded": sharded, "largest_block": largest_block, "root": root}
 
 
-def layout_memory(spec: RunSpec) -> dict:
+def layout_memory(spec: RunSpec, *, foreach: bool = False) -> dict:
     """The memory of the pipeline rank with the largest peak (`rank_layout_memory` of each; rank 0 without a
     pipeline): the first stage holds the most forwards in flight, the last one the logits and the loss."""
     ranks = range(spec.layout.pp)
-    peaks = [rank_layout_memory(spec, pp_rank=r) for r in ranks]
+    peaks = [rank_layout_memory(spec, pp_rank=r, foreach=foreach) for r in ranks]
     total = [sum(m[k] for k in ("params", "grads", "optimizer", "activations", "buffers")) for m in peaks]
     r = max(ranks, key=lambda r: (total[r], -r))
     best = peaks[r]
@@ -422,7 +422,7 @@ def layout_memory(spec: RunSpec) -> dict:
     return best
 
 
-def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0) -> dict:
+def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False) -> dict:
     """Pipeline rank `pp_rank`'s memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter, gradient and AdamW
     state of its tensor- (and FSDP2-) sharded stage(s); the activations of the forwards in flight at the pipeline's
     peak (`in_flight`); buffers: FSDP2's gathered parameters (every unit of a pipeline stage stays gathered across
@@ -460,41 +460,66 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0) -> dict:
     )
     last = lay.n_stages - 1 in local
     logits = tokens * cfg.vocab // lay.tp * (pb + (4 if pb != 4 else 0) + 8) if last else 0
-    loss_grad = tokens * cfg.vocab // lay.tp * LOSS_TRANSIENT_BYTES_PER_LOGIT if last and lay.pp > 1 else 0
+    # under loss parallel (tp > 1) the vocabulary-parallel cross-entropy's backward also holds the logits' exp
+    per_logit = LOSS_TRANSIENT_BYTES_PER_LOGIT + (4 if lay.tp > 1 else 0)
+    loss_grad = tokens * cfg.vocab // lay.tp * per_logit if last and lay.pp > 1 else 0
     ddp_grads = 0 if fsdp2 else 4 * sharded  # DDP's buckets are the gradients, allocated once
-    if lay.pp > 1 and fsdp2:
-        # NOTE: a pipeline stage defers FSDP2's reduction to the schedule's end: every unit's unsharded gradient
-        # accumulates in fp32 from the first microbatch's backward on, beside the forwards still in flight; from the
-        # second microbatch on, a unit's new gradients live beside the accumulated ones until its post-backward adds
-        # them (measured: tests/dist/test_tensor_memory.py)
-        accumulated = 4 * unsharded * (2 if m > 1 else 1)
-    else:
-        root = sum(v["root"] for v in sizes.values())
-        accumulated = 4 * root if fsdp2 else 0  # the root's unsharded gradient, the last to be reduced
     # the last stage's schedule keeps its output (the logits) for the loss until the microbatch's backward
     kept_output = tokens * cfg.vocab // lay.tp * pb if last and lay.pp > 1 else 0
-    in_backward = (activations + kept_output if lay.pp > 1 else 0) + recompute
     gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
+    root = sum(v["root"] for v in sizes.values())
+    if lay.pp > 1:
+        # NOTE: a pipeline stage defers the data-parallel reduction to the schedule's end (FSDP2's unsharded
+        # gradients accumulate in fp32; DDP's in its buckets, under no_sync). A microbatch's backward makes the
+        # stage's new gradients beside what has accumulated: the first microbatch's backward (every forward in
+        # flight, nothing accumulated yet) or a later one's (GPipe: one forward left; 1F1B: as many in flight as
+        # in its warmup), where FSDP2's accumulated gradients double them when its parameters are not gathered
+        # (a one-rank shard group in fp32: the gradients accumulate on the parameters themselves); a gathering
+        # FSDP2 holds the gathered parameters and one set of gradients (measured: tests/dist/test_layouts.py)
+        new = 4 * (unsharded if fsdp2 else sharded)
+        doubles = fsdp2 and not gathering
+        per_forward = activations // max(len(flight), 1)
+        later = 1 if lay.schedule == "gpipe" else len(flight)
+        backwards = [
+            ("first microbatch's backward", activations + len(flight) * kept_output, new),
+            ("later microbatch's backward", later * (per_forward + kept_output), new + (new if doubles else 0)),
+        ][: 2 if m > 1 else 1]
+        accumulated = new if fsdp2 else 0
+    else:
+        # the root's unsharded gradient, the last to be reduced
+        backwards = [("block backward", 0, 4 * root if fsdp2 else 0)]
+        accumulated = 4 * root if fsdp2 else 0
     # (window, grads, activations, buffers: [(what, bytes)])
     windows = [
         (
             "forward end",
             ddp_grads,
             activations,
-            [("gathered parameters", gathered if lay.pp > 1 else 0), ("receive buffers", recv),
-             ("logits and their gradient", logits)],
+            [
+                ("gathered parameters", gathered if lay.pp > 1 else 0),
+                ("receive buffers", recv),
+                ("logits and their gradient", logits),
+            ],
         ),
-        (
-            "block backward",
-            ddp_grads,
-            in_backward,
-            # the last stage runs the loss's backward inside the schedule: the cross-entropy gradient (fp32, two
-            # tensors at once) beside the forwards still in flight
-            [*gathered_recv, ("unsharded fp32 gradients", accumulated), ("loss gradient", loss_grad)],
+        *(
+            (
+                name,
+                ddp_grads,
+                acts + recompute,
+                # the last stage runs the loss's backward inside the schedule: the cross-entropy gradient (fp32, two
+                # tensors at once)
+                [*gathered_recv, ("new and accumulated gradients", grads_now), ("loss gradient", loss_grad)],
+            )
+            for name, acts, grads_now in backwards
         ),
         ("backward end", 4 * sharded, 0, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
+        # AdamW's step: with the foreach implementation (harness.plan.memory.foreach_optimizer), one fp32 temporary
+        # as large as the shards it steps
+        ("optimizer step", 4 * sharded, 0, [("AdamW foreach temporary", 4 * sharded if foreach else 0)]),
     ]
     window, grads, acts_at_peak, buffers = max(windows, key=lambda w: w[1] + w[2] + sum(b for _, b in w[3]))
+    states = 4 * sharded + 8 * sharded
+    totals = {w[0]: states + w[1] + w[2] + sum(b for _, b in w[3]) for w in windows}
     notes = {
         "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of pipeline rank {pp_rank}'s stage(s) {local} "
         f"({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements)",
@@ -516,5 +541,6 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0) -> dict:
         "buffers": sum(b for _, b in buffers),
         "grads_after_backward": 4 * sharded,
         "window": window,
+        "window_totals": totals,
         "notes": notes,
     }

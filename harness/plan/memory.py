@@ -40,6 +40,7 @@ from harness.core import precisions
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.constants import (
     DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
     DS_PARAM_PERSISTENCE_THRESHOLD,
     DS_PREFETCH_BUCKET_ELEMS,
     DS_REDUCE_BUCKET_ELEMS,
@@ -67,7 +68,6 @@ but do come out of `total_memory`. A cell fits when its predicted total <= devic
 FSDP_UNITS_IN_FLIGHT = 2
 """unsharded block units at once: FSDP1 limit_all_gathers lets one all-gather run ahead, and the default
 BACKWARD_PRE prefetch gathers the next unit while the current one computes (FSDP2 prefetches likewise)"""
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,20 +109,31 @@ def _ceil_div(a: int, b: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # activations
 
-FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
+FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
     "forward end",
     "loss backward",
+    "head backward",
     "block backward",
     "block reduce",
     "last block backward",
     "backward end",
     "optimizer step",
 )
-WINDOWS = (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP)
+WINDOWS = (
+    FORWARD_END,
+    LOSS_BACKWARD,
+    HEAD_BACKWARD,
+    BLOCK_BACKWARD,
+    BLOCK_REDUCE,
+    LAST_BLOCK,
+    BACKWARD_END,
+    OPTIMIZER_STEP,
+)
 """The moments of a training step at which a rank's memory can peak."""
 WINDOW_HELP = {
     FORWARD_END: "all activations saved",
     LOSS_BACKWARD: "start of backward",
+    HEAD_BACKWARD: "the head's backward done, every block's activations still saved",
     BLOCK_BACKWARD: "inside the first block's backward",
     BLOCK_REDUCE: "the first block's gradients complete",
     LAST_BLOCK: "inside the last block's backward, the other blocks' gradients done",
@@ -247,10 +258,15 @@ class ActivationModel:
         return self.tokens * self.cfg.vocab * LOSS_TRANSIENT_BYTES_PER_LOGIT
 
     def mlp_backward_transient(self) -> int:
-        """Gradients in flight inside a block's backward at its largest: the residual-stream gradient
-        entering the block, and in the MLP's backward, once the down projection has freed its saved input,
-        the gradients of silu's output and of w3's output (2 x ffn wide beyond what was freed)."""
-        return self.tokens * (self.residual_bytes * self.cfg.d_model + 2 * self.compute_bytes * self.cfg.ffn)
+        """Gradients in flight inside a block's backward at its largest, in the MLP's backward right after the down
+        projection's: the residual-stream gradient entering the block, the gradient of w2's input (ffn wide) and
+        the two it splits into at the SwiGLU product (silu's output's and w3's output's), all three alive at once
+        (measured by the tensor-memory meter, tests/dist/test_tensor_memory.py)."""
+        return self.tokens * (self.residual_bytes * self.cfg.d_model + 3 * self.compute_bytes * self.cfg.ffn)
+
+    def mlp_backward_freed(self) -> int:
+        """What the block has freed of its saved tensors by then: w2's saved input (the SwiGLU product)."""
+        return self.tokens * self.compute_bytes * self.cfg.ffn
 
     def windows(self, *, checkpointing: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
         """Activation bytes, and the backward's own transients, live at each moment of `WINDOWS`.
@@ -274,11 +290,21 @@ class ActivationModel:
         else:
             block, after_block, last = layers * kept, (layers - 1) * kept, kept
         return {
-            FORWARD_END: (saved, [("logits in the loss", self.logits_transient())]),
+            # the logits and their fp32 copy are made by the forward: activations while the loss runs
+            FORWARD_END: (saved + self.logits_transient(), []),
             LOSS_BACKWARD: (saved, [("cross-entropy gradient", self.loss_transient())]),
-            BLOCK_BACKWARD: (block, [("gradients in flight", self.mlp_backward_transient())]),
+            # the loss's and the head's saved tensors freed, the final norm's still saved; the head's input
+            # gradient flowing into it (the head's weight gradient is the strategy's: held)
+            HEAD_BACKWARD: (
+                layers * kept + self.tokens * self._norm_per_token(),
+                [("gradient into the final norm", self.tokens * self.compute_bytes * self.cfg.d_model)],
+            ),
+            BLOCK_BACKWARD: (
+                block - self.mlp_backward_freed(),
+                [("gradients in flight", self.mlp_backward_transient())],
+            ),
             BLOCK_REDUCE: (after_block, [("gradient into the next block", self.block_input())]),
-            LAST_BLOCK: (last, [("gradients in flight", self.mlp_backward_transient())]),
+            LAST_BLOCK: (last - self.mlp_backward_freed(), [("gradients in flight", self.mlp_backward_transient())]),
             BACKWARD_END: (0, []),
             OPTIMIZER_STEP: (0, []),
         }
@@ -303,6 +329,9 @@ class Memory:
     """host bytes per rank held for CPU offload (a node holds ranks-per-node times this)"""
     window: str = ""
     """the moment of the step the peak falls in (one of WINDOWS)"""
+    window_totals: dict[str, float] = field(default_factory=dict, compare=False)
+    """every moment's total (bytes): how far ahead of the next the peak is (a near tie means the categories at the
+    measured peak may come from either moment, though the total does not change)"""
     notes: dict[str, str] = field(default_factory=dict, compare=False)
     """how each part was derived, keyed like the parts"""
 
@@ -336,16 +365,29 @@ def shard_degree_of(strategy: str, *, gpus: int, gpus_per_node: int) -> int:
     return gpus
 
 
-def memory(spec: RunSpec) -> Memory:
+def memory(spec: RunSpec, *, device: str = "cuda") -> Memory:
     """The per-rank memory prediction for one cell (see the module docstring for what each part holds): the
-    model its catalogue entry names (`memory_model`)."""
+    model its catalogue entry names (`memory_model`). `device`: the cluster's device type ('cuda' or 'cpu'), which
+    decides how AdamW runs (`foreach_optimizer`)."""
     entry = CATALOGUE.get(spec.strategy)
     if entry is None or entry.memory_model not in MEMORY_MODELS:
         raise ValueError(f"no memory model for strategy {spec.strategy!r}")
     s = spec.settings
     if s.tp != 1 or s.pp != 1:  # tensor / pipeline parallelism: harness.plan.layouts
-        return Memory(**layouts.layout_memory(spec))
-    return MEMORY_MODELS[entry.memory_model](spec)
+        return Memory(**layouts.layout_memory(spec, foreach=foreach_optimizer(spec, device)))
+    return MEMORY_MODELS[entry.memory_model](spec, foreach_optimizer(spec, device))
+
+
+def foreach_optimizer(spec: RunSpec, device: str) -> bool:
+    """Whether AdamW steps this cell's device-resident state with torch's foreach implementation, which holds one
+    temporary as large as the stepped parameters (`_foreach_sqrt(exp_avg_sq)`, fp32) through the step. The worker's
+    rule (harness.worker.strategies.base.adamw_kwargs): fused on CUDA, foreach elsewhere and wherever a
+    ShardedGradScaler drives the step (fp16 under FSDP1/FSDP2); an offloaded optimizer steps in host memory
+    (DeepSpeedCPUAdam, or FSDP's CPU-offloaded shards)."""
+    if spec.settings.offload != "none":
+        return False
+    sharded_scaler = spec.precision == "fp16" and CATALOGUE[spec.strategy].family in ("fsdp", "fsdp2")
+    return device != "cuda" or sharded_scaler
 
 
 def activation_model(spec: RunSpec) -> ActivationModel:
@@ -361,10 +403,16 @@ def _assemble(
     grads_persistent: bool,
     optimizer: int,
     held: Held,
+    held_activations: Held | None = None,
     cpu: int = 0,
     notes: dict[str, str],
+    foreach: bool = False,
+    stepped: int = 0,
 ) -> Memory:
     """Pick the peak window: the one where activations + gradients present + held buffers is largest.
+    `held_activations`: what a strategy's forward makes beyond the model's activations (autocast's weight copies),
+    added to them. `foreach` (foreach_optimizer): the optimizer step also holds one fp32 temporary per `stepped`
+    element.
 
     Gradients that are freed between steps (`grads_persistent` False) grow during backward: none before
     the first block's gradients, all but the root's and one block's in the last block's backward, all of
@@ -375,17 +423,26 @@ def _assemble(
     windows = activation_windows(spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing)
     fraction = grad_fractions(spec.model_config)
     best: tuple[int, str, int, int, list[tuple[str, int]]] | None = None
-    for window, activations, own in windows:
+    totals: dict[str, float] = {}
+    if foreach and stepped:
+        held = {**held, OPTIMIZER_STEP: [*held.get(OPTIMIZER_STEP, []), ("AdamW foreach temporary", 4 * stepped)]}
+    for window, model_activations, own in windows:
+        made = (held_activations or {}).get(window, [])
+        activations = model_activations + sum(b for _, b in made)
         present = grads if grads_persistent else int(grads * fraction.get(window, 0.0))
         extra = held.get(window)
         both = list(own) + extra if extra else list(own)
         live = activations + present + sum([b for _, b in both])
+        totals[window] = params + optimizer + live
         if best is None or live > best[0]:
             best = (live, window, activations, present, both)
     assert best is not None
     _, window, activations, present, both = best
     items = [(w, b) for w, b in both if b]
     notes = dict(notes)
+    made = [(w, b) for w, b in (held_activations or {}).get(window, []) if b]
+    if made:
+        notes["activations"] = "the model's saved tensors" + "".join(f"; {w} {b / GIB:.2f} GiB" for w, b in made)
     notes["buffers"] = f"peak at the {window} ({WINDOW_HELP[window]})" + "".join(
         f"; {w} {b / GIB:.2f} GiB" for w, b in items
     )
@@ -398,6 +455,7 @@ def _assemble(
         grads_after_backward=grads,
         cpu=cpu,
         window=window,
+        window_totals=totals,
         notes=notes,
     )
 
@@ -419,7 +477,7 @@ def activation_windows(
     return tuple((w, acts, tuple(own)) for w, (acts, own) in windows.items())
 
 
-def _ddp(spec: RunSpec) -> Memory:
+def _ddp(spec: RunSpec, foreach: bool = False) -> Memory:
     cfg, n = spec.model_config, spec.model_config.n_params()
     held: Held = {}
     if spec.precision != "fp32":
@@ -433,12 +491,14 @@ def _ddp(spec: RunSpec) -> Memory:
             held = {
                 FORWARD_END: [(what, everything)],
                 LOSS_BACKWARD: [(what, b * cfg.head_params())],
+                HEAD_BACKWARD: [(what, 0)],
                 BLOCK_BACKWARD: [(what, b * per_block)],
                 LAST_BLOCK: [(what, b * per_block)],
             }
         else:
             block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers
             held = {w: [(what, everything)] for w in (FORWARD_END, LOSS_BACKWARD, BLOCK_BACKWARD)}
+            held[HEAD_BACKWARD] = [(what, everything - b * cfg.head_params())]
             held[BLOCK_REDUCE] = [(what, everything - b * (cfg.head_params() + block))]
             held[LAST_BLOCK] = [(what, b * block)]
     notes = {
@@ -446,7 +506,12 @@ def _ddp(spec: RunSpec) -> Memory:
         "grads": "fp32 gradients; gradient_as_bucket_view makes DDP's 25 MB buckets the gradients, allocated once",
         "optimizer": "AdamW exp_avg + exp_avg_sq in fp32 (8 B/param); no master copy, the params are fp32",
     }
-    return _assemble(spec, params=4 * n, grads=4 * n, grads_persistent=True, optimizer=8 * n, held=held, notes=notes)
+    # NOTE: the copies are made by the forward and saved for backward: activations (the tensor-memory meter files
+    # them so too), not buffers
+    return _assemble(
+        spec, params=4 * n, grads=4 * n, grads_persistent=True, optimizer=8 * n, held={}, held_activations=held,
+        notes=notes, foreach=foreach, stepped=n,
+    )  # fmt: skip
 
 
 def _fsdp_no_sync_grads(spec: RunSpec, *, grad_bytes: int) -> int:
@@ -466,6 +531,8 @@ def _fsdp_memory(
     reduce_copy: bool,
     offload_name: str,
     no_sync_bytes: int,
+    foreach: bool = False,
+    copy_out_root: bool = False,
 ) -> Memory:
     """What both FSDP generations hold, per window. `gathered` is what is unsharded during a block's backward
     besides the root; `gathered_from_forward` when it stays so from the forward on (SHARD_GRAD_OP);
@@ -488,6 +555,10 @@ def _fsdp_memory(
         "root reduce-scatter input/output",
         0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard),
     )
+    # before the embedding's backward (the very last) only the head's and the final norm's gradients exist
+    head = root - spec.model_config.vocab * spec.model_config.d_model
+    head_grad = ("unsharded head gradient", 0 if replicated_fp32 else p * head)
+    w2_grad = ("unsharded w2 gradient", 0 if replicated_fp32 else p * spec.model_config.d_model * spec.model_config.ffn)
     first = [root_params] if root_gathered_in_loss else []
     # NOTE: a unit's reduce-scatter runs while the next unit computes its backward, so its input and output
     # stay allocated through that backward (both FSDP generations reduce on a side stream)
@@ -496,20 +567,32 @@ def _fsdp_memory(
     held: Held = {
         FORWARD_END: first + ([gathered] if gathered_from_forward else []),
         LOSS_BACKWARD: first + ([gathered] if gathered_from_forward else []),
-        BLOCK_BACKWARD: [root_params, gathered, root_grad],
-        # the first block is resharded before its gradients are reduced (SHARD_GRAD_OP: the rest stay)
+        # the root regathered for the head's backward and the last block prefetched (BACKWARD_PRE)
+        HEAD_BACKWARD: [root_params, (f"{gathered[0]} (the next one prefetched)", gathered[1]), head_grad],
+        # the block's down projection's unsharded weight gradient, the first of the unit's
+        BLOCK_BACKWARD: [root_params, gathered, head_grad, w2_grad],
+        # the first block is resharded before its gradients are reduced (FULL_SHARD: the next one, prefetched,
+        # stays; SHARD_GRAD_OP: the rest stay)
         BLOCK_REDUCE: [
             root_params,
-            (gathered[0], max(gathered[1] - p * block, 0) if gathered_from_forward else gathered[1]),
-            root_grad,
+            (gathered[0], max(gathered[1] - p * block, 0)),
+            head_grad,
             block_grad,
         ],
-        LAST_BLOCK: [root_params, last_block, root_grad, previous_reduce],
+        LAST_BLOCK: [root_params, last_block, head_grad, previous_reduce],
         BACKWARD_END: [root_params, root_grad, root_reduce],
     }
+    if copy_out_root:
+        # FSDP2 reshards the root before reducing it; its gradients are cast into an fp32 reduce-scatter input and
+        # split again for the reduction (two fp32 copies of the root unit), the head's 16-bit gradient still
+        # referenced; the reduce-scatter output is the root's gradient shard (counted in grads)
+        held[BACKWARD_END] = [
+            ("unsharded head gradient", p * head),
+            ("fp32 reduce-scatter input of the root and its split", 2 * 4 * root),
+        ]
     no_sync = _fsdp_no_sync_grads(spec, grad_bytes=no_sync_bytes)
     if no_sync:
-        for w in (LOSS_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END):
+        for w in (LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END):
             held[w].append(("no_sync gradient accumulation", no_sync))
     notes = {
         "params": f"fp32 shards, {nshard} ways (padded); the shards are the master weights",
@@ -529,10 +612,12 @@ def _fsdp_memory(
         optimizer=8 * sharded,
         held=held,
         notes=notes,
+        foreach=foreach,
+        stepped=sharded,
     )
 
 
-def _fsdp1(spec: RunSpec) -> Memory:
+def _fsdp1(spec: RunSpec, foreach: bool = False) -> Memory:
     """FSDP1: one flat parameter per unit (each Block, and the root), each padded to a multiple of the
     shard degree; the sharded flat params are fp32; MixedPrecision gathers them in 16 bit."""
     nshard = shard_degree(spec)
@@ -563,10 +648,11 @@ def _fsdp1(spec: RunSpec) -> Memory:
         reduce_copy=mixed,  # FSDP1 reduces the flat gradient in place when it is already fp32
         offload_name="CPUOffload(offload_params=True)",
         no_sync_bytes=p,
+        foreach=foreach,
     )
 
 
-def _fsdp2(spec: RunSpec) -> Memory:
+def _fsdp2(spec: RunSpec, foreach: bool = False) -> Memory:
     """FSDP2: each parameter a DTensor sharded on dim 0 (padded to a multiple of the shard degree)."""
     cfg = spec.model_config
     nshard = shard_degree(spec)
@@ -584,10 +670,12 @@ def _fsdp2(spec: RunSpec) -> Memory:
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
         offload_name="CPUOffloadPolicy",
         no_sync_bytes=4,
+        foreach=foreach,
+        copy_out_root=True,
     )  # FSDP2 accumulates unsharded grads in the fp32 reduce dtype
 
 
-def _zero(spec: RunSpec) -> Memory:
+def _zero(spec: RunSpec, foreach: bool = False) -> Memory:
     """DeepSpeed ZeRO with bf16/fp16 (16-bit params and grads, fp32 master + moments) or fp32.
 
     The users' arithmetic, unsharded: 2 + 2 + 12 bytes/param (master 4, moments 8). ZeRO-1 shards the
@@ -597,7 +685,7 @@ def _zero(spec: RunSpec) -> Memory:
     """
     stage = int(spec.strategy[-1])
     if stage == 3:
-        return _zero3(spec)
+        return _zero3(spec, foreach)
     cfg, s = spec.model_config, spec.settings
     nshard = spec.gpus
     b = precisions.get(spec.precision).element_bytes
@@ -609,11 +697,13 @@ def _zero(spec: RunSpec) -> Memory:
     part = _ceil_div(n, nshard)  # this rank's partition of the flat parameter group
     grads = b * n if stage == 1 else b * part
     master, moments = 4 * part, 8 * part
-    # the contiguous reduce bucket is allocated at each backward's start and released at its end; the
-    # step then casts this rank's gradient partition to fp32
+    # the contiguous reduce bucket is allocated by the first gradient hook (the head's, after the loss's backward)
+    # and released at the backward's end; the step then casts this rank's gradient partition to fp32
     held: Held = {
-        LOSS_BACKWARD: [bucket],
-        BLOCK_BACKWARD: [bucket],
+        # the gradients the hooks have copied into the bucket stay allocated until it is reduced (the head's, then
+        # the first block's down projection's)
+        HEAD_BACKWARD: [bucket, ("head gradient", b * cfg.head_params())],
+        BLOCK_BACKWARD: [bucket, ("head and w2 gradients", b * (cfg.head_params() + cfg.d_model * cfg.ffn))],
         BLOCK_REDUCE: [bucket],
         LAST_BLOCK: [bucket],
         BACKWARD_END: [bucket],
@@ -646,10 +736,12 @@ def _zero(spec: RunSpec) -> Memory:
         held=held,
         cpu=cpu,
         notes=notes,
+        foreach=foreach,
+        stepped=moments // 8,
     )
 
 
-def _zero3(spec: RunSpec) -> Memory:
+def _zero3(spec: RunSpec, foreach: bool = False) -> Memory:
     """DeepSpeed ZeRO-3: every parameter partitioned (padded to a multiple of N); parameters at or below the
     persistence threshold also stay gathered on every rank."""
     cfg, s = spec.model_config, spec.settings
@@ -667,13 +759,16 @@ def _zero3(spec: RunSpec) -> Memory:
     moments = 8 * partitions
     params = b * (partitions + persistent)
     grads = b * partitions  # the flat gradient partition buffer, allocated once at initialisation
-    # ZeRO-3 gathers per module (every module here holds one weight) and prefetches ahead of it
-    # (never more than the parameters that are not kept gathered anyway)
+    # ZeRO-3 gathers per module (every module here holds one weight) and prefetches ahead of it (never more than
+    # the parameters that are not kept gathered anyway); a parameter used again within stage3_max_reuse_distance
+    # elements of the trace is not released, so around the turn from forward to backward (the last blocks and the
+    # head are used again at once) up to that many stay gathered, under stage3_max_live_parameters
+    # (partitioned_param_coordinator.py `__params_to_release`; measured: tests/dist/test_tensor_memory.py)
     gatherable = cfg.n_params() - persistent
-    live = (
-        "live gathered parameters",
-        b * min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS, gatherable),
-    )
+    prefetched = min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS, gatherable)
+    kept = min(DS_MAX_LIVE_PARAMETERS, DS_MAX_REUSE_DISTANCE, gatherable)
+    live = ("live gathered parameters", b * prefetched)
+    turn = ("gathered parameters kept for their reuse in backward", b * max(prefetched, kept))
     # the reduce bucket: allocated once, never freed; the optimizer's fp32 gradient buffer: one sub-group at a time,
     # inside the optimizer step only (stage3.py _prepare_fp32_grad_for_sub_group / _release_sub_group)
     fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(DS_SUB_GROUP_SIZE, partitions))
@@ -689,8 +784,10 @@ def _zero3(spec: RunSpec) -> Memory:
         notes["cpu"] += "; offload_param: 16-bit parameter partitions"
     held = {
         w: [bucket]
-        + ([live] if w not in (BACKWARD_END, OPTIMIZER_STEP) else [])
+        + ([turn] if w in (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD) else [])
+        + ([live] if w in (BLOCK_REDUCE, LAST_BLOCK) else [])
         + ([fp32_grad] if w == OPTIMIZER_STEP else [])
+        + ([("head gradient", b * cfg.head_params())] if w == HEAD_BACKWARD else [])
         for w in WINDOWS
     }
     notes.update(
@@ -713,6 +810,8 @@ def _zero3(spec: RunSpec) -> Memory:
         held=held,
         cpu=cpu,
         notes=notes,
+        foreach=foreach,
+        stepped=moments // 8,
     )
 
 

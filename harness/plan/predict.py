@@ -64,7 +64,7 @@ def predict(
     handed to the collective and step-time models.
     """
     cannot_run = runnable.unsupported_reason(spec, unsupported)
-    mem = mb.memory(spec)
+    mem = mb.memory(spec, device=cluster.device)
     gib = mem.gib()
     usable = usable_memory_gib(cluster)
     fits = None if usable is None else gib["total"] <= usable

@@ -127,3 +127,18 @@ def test_interleaved_1f1b_holds_two_stages_per_rank(records):
     assert layout["n_stages"] == 4 and layout["stage_blocks"] == [[0], [1], [2], [3]]
     # rank 0 holds stages 0 and 2: per microbatch it sends 3 times (0→1, 2→3 activations; 2→1 a gradient)
     assert records["pp2-interleaved"]["comm"]["by_collective"]["send"]["calls"] == 3 * 4
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_measured_tensor_memory_is_the_layout_models(name, records):
+    """The tensor-memory meter's peak (harness.worker.meters.tensors, the largest rank's) against
+    harness.plan.layouts' prediction for the pipeline rank with the largest peak: within 5% (issue 54)."""
+    from harness.plan.memory import memory
+
+    rec, spec = records[name], CELLS[name]
+    assert rec["status"] == "ok", rec.get("reason")
+    got = rec["metrics"]["memory_gib"]
+    want = memory(spec, device="cpu").gib()
+    assert got["total"] == pytest.approx(want["total"], rel=0.05), (got, want)
+    assert sum(got[c] for c in ("params", "grads", "optimizer", "activations", "buffers")) == pytest.approx(got["total"])
+    assert got["params"] == pytest.approx(want["params"], rel=0.01)  # the same shards, to the padding

@@ -162,8 +162,15 @@ class TensorMemoryMeter(TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor desugars to local ops first; they come back through this mode
         out = func(*args, **(kwargs or {}))
-        collective = func.namespace in ("c10d", "_c10d_functional", "c10d_functional")
-        if collective:  # every operand of a collective is a communication buffer unless it is a state
+        # NOTE: outside the forward, every operand of a collective is a communication buffer unless it is a state
+        # (a reduce bucket, a reduce-scatter input); in the forward a collective's output is what the layer goes on
+        # with (tensor and sequence parallelism's gathered or reduced activations, saved for backward), and gathered
+        # parameters are found as parameters (`_gathered`)
+        comm = (
+            func.namespace in ("c10d", "_c10d_functional", "c10d_functional")
+            and self._phase_category() != "activations"
+        )
+        if comm:
             self._tag(tree_leaves((args, kwargs)), "comm")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
@@ -172,9 +179,9 @@ class TensorMemoryMeter(TorchDispatchMode):
                     info = self._track(st, created=True)
                     if not known:
                         info.origin = f"{self._now()}:{func.__name__}"
-                    if not known and not collective and self._phase_category() == "activations":
-                        info.category = max(info.category, "activations", key=_STRENGTH.__getitem__)
-                    if collective:
+                        if self._phase_category() == "activations":
+                            info.category = max(info.category, "activations", key=_STRENGTH.__getitem__)
+                    if comm:
                         info.category = max(info.category, "comm", key=_STRENGTH.__getitem__)
         return out
 
@@ -200,10 +207,15 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def _inventory(self, model: torch.nn.Module, extra: dict[str, list]) -> None:
         """Every storage alive at the step's start, filed."""
-        params = [p for p in model.parameters()]
+        # NOTE: type(), not isinstance(): isinstance reads `__class__`, which deprecated module proxies (torch's
+        # `distributed.reduce_op`) answer with a FutureWarning
+        alive = gc.get_objects()
+        optimizers = [o for o in alive if issubclass(type(o), torch.optim.Optimizer)]
+        tensors = [o for o in alive if issubclass(type(o), torch.Tensor)]
+        del alive
+        params = list(model.parameters())
         self._tag(params, "params")
         self._tag((p.grad for p in params if p.grad is not None), "grads")
-        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
         self._optimizers = optimizers
         model_params = {id(p) for p in params}
         for opt in optimizers:
@@ -211,9 +223,19 @@ class TensorMemoryMeter(TorchDispatchMode):
             others = [p for g in opt.param_groups for p in g["params"] if id(p) not in model_params]
             self._tag(others, "optimizer")
             self._tag((p.grad for p in others if p.grad is not None), "grads")
-        for category, tensors in extra.items():
-            self._tag(tensors, category)
-        self._tag((o for o in gc.get_objects() if isinstance(o, torch.Tensor)), "buffers")
+        for category, found in extra.items():
+            self._tag(found, category)
+        self._tag(tensors, "buffers")
+
+    def _gathered(self, module: torch.nn.Module) -> None:
+        """After a module's forward (before the strategy's own post-forward hook frees anything): a parameter of it
+        whose storage the step made is a gathered parameter (FSDP2's unsharded parameters, ZeRO-3's gathered ones,
+        however the all-gather produced it): a communication buffer, not an activation."""
+        for p in module.parameters(recurse=False):
+            for st in _storages(p):
+                info = self._key(st)
+                if info is not None and info.created and _STRENGTH[info.category] < _STRENGTH["comm"]:
+                    info.category = "comm"
 
     def _grads_now(self) -> None:
         """At an optimizer step: every gradient in place is a gradient (DDP's bucket views' whole storages)."""
@@ -286,6 +308,7 @@ class _Measuring:
         def post(module, args, out):  # type: ignore[no-untyped-def]
             if in_bw():
                 m._recompute -= 1
+            m._gathered(module)
 
         def opt_pre(opt, args, kwargs):  # type: ignore[no-untyped-def]
             m._grads_now()
@@ -296,7 +319,9 @@ class _Measuring:
 
         self._handles = [
             register_module_forward_pre_hook(pre),
-            register_module_forward_hook(post),
+            # NOTE: always_call: a checkpointed block's recompute stops early by raising once it has what backward
+            # needs (non-reentrant checkpoint's early stop), past the module's forward hooks
+            register_module_forward_hook(post, always_call=True),
             register_optimizer_step_pre_hook(opt_pre),
             register_optimizer_step_post_hook(opt_post),
         ]
