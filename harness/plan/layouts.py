@@ -50,11 +50,11 @@ from harness.core.layout import Layout, effective_microbatches, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan.links import mesh_group_kind
+from harness.scenario.spec import RunSpec
 
 LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
 """cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
 beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
-from harness.scenario.spec import RunSpec
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
 """projections sharded over their output features (dim 0 of the weight)"""
@@ -423,13 +423,13 @@ def layout_memory(spec: RunSpec, *, foreach: bool = False) -> dict:
 
 
 def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False) -> dict:
-    """Pipeline rank `pp_rank`'s memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter, gradient and AdamW
-    state of its tensor- (and FSDP2-) sharded stage(s); the activations of the forwards in flight at the pipeline's
-    peak (`in_flight`); buffers: FSDP2's gathered parameters (every unit of a pipeline stage stays gathered across
-    microbatches; two blocks and the root without a pipeline), the pipeline's receive buffers (one input and one
+    """Pipeline rank `pp_rank`'s memory at its peak as harness.plan.memory.Memory's fields (bytes): fp32 parameter,
+    gradient and AdamW state of its tensor- (and FSDP2-) sharded stage(s); the activations of the forwards in flight
+    at the pipeline's peak (`in_flight`); buffers: FSDP2's gathered parameters (every unit of a pipeline stage stays
+    gathered across microbatches; two blocks without a pipeline), the pipeline's receive buffers (one input and one
     gradient per microbatch), the loss's logits and their gradient (vocabulary-sharded under loss parallel). The
-    peak is the larger of the forward end (activations, no FSDP2 gradients yet) and the backward end (gradients
-    complete, fp32 unsharded gradients beside the reduced shards)."""
+    peak is the largest of its moments: the forward end, a microbatch's backward (the first, every forward in flight;
+    a later one, gradients accumulated), the backward end and the optimizer step (`window_totals` has each)."""
     lay, cfg, s = spec.layout, spec.model_config, spec.settings
     fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
     pb = DTYPE_BYTES[precisions.get(spec.precision).dtype]
@@ -527,7 +527,8 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
         if fsdp2
         else "fp32 gradients in DDP's buckets, allocated once",
         "optimizer": "AdamW moments (8 B/param) on the same shards",
-        "activations": f"{len(flight)} microbatch forward(s) in flight at pipeline rank {pp_rank}'s peak ({lay.schedule}); "
+        "activations": f"{len(flight)} microbatch forward(s) in flight at pipeline rank {pp_rank}'s peak "
+        f"({lay.schedule}); "
         f"per forward {', '.join(f'stage {st}: {acts[st]} B' for st in local)}"
         if lay.pp > 1
         else f"one micro-step's forward, {acts[local[0]]} B (tensor-parallel: heads and ffn / {lay.tp})",

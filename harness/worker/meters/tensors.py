@@ -97,8 +97,11 @@ class TensorMemoryMeter(TorchDispatchMode):
     partitions, which are attributes of the parameters, not the parameters)."""
 
     def __init__(self) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
         super().__init__()
-        self._by_key: weakref.WeakKeyDictionary | None = None
+        self._by_key = WeakIdKeyDictionary()  # storage → its _Storage, without keeping the storage alive
+        self._orig_resize: Callable[..., Any] = torch.UntypedStorage.resize_
         self._info: dict[int, _Storage] = {}
         self._log = _Log()
         self._next = 0
@@ -110,11 +113,7 @@ class TensorMemoryMeter(TorchDispatchMode):
     # ---- storages
 
     def _key(self, st: torch.UntypedStorage) -> _Storage | None:
-        from torch.utils.weak import WeakIdKeyDictionary
-
-        if self._by_key is None:
-            self._by_key = WeakIdKeyDictionary()  # type: ignore[assignment]
-        return self._by_key.get(st)  # type: ignore[union-attr]
+        return self._by_key.get(st)
 
     def _track(self, st: torch.UntypedStorage, *, created: bool, category: str | None = None) -> _Storage:
         info = self._key(st)
@@ -122,7 +121,7 @@ class TensorMemoryMeter(TorchDispatchMode):
             info = _Storage(sid=self._next, nbytes=st.nbytes(), created=created)
             self._next += 1
             self._info[info.sid] = info
-            self._by_key[st] = info  # type: ignore[index]
+            self._by_key[st] = info
             if created:
                 self._event(info.sid, info.nbytes)
             else:  # alive before the step: from its start
@@ -156,7 +155,7 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     # ---- the step's moments
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.distributed.tensor import DTensor
 
         if any(t is DTensor for t in types):
@@ -192,7 +191,7 @@ class TensorMemoryMeter(TorchDispatchMode):
             return "buffers"
         return "activations"
 
-    def _resize(self, st: torch.UntypedStorage, size: int) -> None:
+    def _resize(self, st: Any, size: int) -> None:
         """UntypedStorage.resize_, which no dispatch mode sees: FSDP frees and refills its gathered parameters so."""
         before = st.nbytes()
         self._orig_resize(st, size)
@@ -301,20 +300,20 @@ class _Measuring:
         m._inventory(self.model, self.extra)
         in_bw: Callable[[], bool] = lambda: torch._C._current_graph_task_id() != -1  # noqa: E731
 
-        def pre(module, args):  # type: ignore[no-untyped-def]
+        def pre(module, args):
             if in_bw():
                 m._recompute += 1
 
-        def post(module, args, out):  # type: ignore[no-untyped-def]
+        def post(module, args, out):
             if in_bw():
                 m._recompute -= 1
             m._gathered(module)
 
-        def opt_pre(opt, args, kwargs):  # type: ignore[no-untyped-def]
+        def opt_pre(opt, args, kwargs):
             m._grads_now()
             m._in_opt += 1
 
-        def opt_post(opt, args, kwargs):  # type: ignore[no-untyped-def]
+        def opt_post(opt, args, kwargs):
             m._in_opt -= 1
 
         self._handles = [
@@ -325,17 +324,20 @@ class _Measuring:
             register_optimizer_step_pre_hook(opt_pre),
             register_optimizer_step_post_hook(opt_post),
         ]
-        m._orig_resize = torch.UntypedStorage.resize_  # type: ignore[attr-defined]
+        # NOTE: UntypedStorage.resize_ is patched on the class for the step (no dispatch mode sees it) and put back
+        # on the way out, whatever the step raised
         torch.UntypedStorage.resize_ = lambda st, size: m._resize(st, size)  # type: ignore[method-assign,assignment]
         m.__enter__()
         return m
 
     def __exit__(self, *exc: Any) -> None:
         m = self.meter
-        m.__exit__(*exc)
-        torch.UntypedStorage.resize_ = m._orig_resize  # type: ignore[method-assign]
-        for h in self._handles:
-            h.remove()
+        try:
+            m.__exit__(*exc)
+        finally:
+            torch.UntypedStorage.resize_ = m._orig_resize  # type: ignore[method-assign]
+            for h in self._handles:
+                h.remove()
 
 
 def measure_step(step: Callable[[], Any], *, trainer: Any) -> StepMemory:

@@ -81,8 +81,8 @@ class DeepSpeedTrainer:
     def memory_extra(self) -> dict[str, list]:
         """The states the tensor-memory meter (harness.worker.meters.tensors) cannot file by its rules: ZeRO-3's
         parameter partitions (attributes of the parameters, `ds_tensor`, views of one flat buffer), its fp32 master
-        partitions and its flat gradient partition buffer (the optimizer steps fp32 copies of it, never the buffer itself). Host-memory
-        buffers (offload) are not device memory and are left out."""
+        partitions and its flat gradient partition buffer (the optimizer steps fp32 copies of it, never the buffer
+        itself). Host-memory buffers (offload) are not device memory and are left out."""
         extra: dict[str, list] = {}
         parts = [p.ds_tensor for p in self.model.parameters() if getattr(p, "ds_tensor", None) is not None]
         if parts:
