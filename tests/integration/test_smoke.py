@@ -32,6 +32,27 @@ def test_every_smoke_cell_is_ok(smoke_sweep):
         assert rec["comm"]["bytes_per_step"] > 0 and rec["predicted"]["memory_gib"]["total"] > 0
 
 
+def test_every_cells_measured_tensor_memory_is_its_prediction(smoke_sweep):
+    """Issue 54: in every smoke cell, the tensor-memory meter's peak (the largest rank's) within 5% of the record's
+    own prediction, and each category of at least 1 MiB within 5% where the plan's peak moment is clear (leads the
+    next by more than 1%; tests/dist/test_tensor_memory.py says why)."""
+    from harness.plan.memory import memory
+    from harness.results.spec import spec_from_json
+
+    categories = ("params", "grads", "optimizer", "activations", "buffers")
+    for rec in smoke_sweep["records"].values():
+        got, want = rec["metrics"]["memory_gib"], rec["predicted"]["memory_gib"]
+        why = f"{rec['run_id']}: measured {got}, predicted {want} at the {rec['predicted']['peak_at']}"
+        assert got["total"] == pytest.approx(want["total"], rel=0.05), why
+        plan = memory(spec_from_json(rec["spec"]), device="cpu")
+        assert plan.gib()["total"] == pytest.approx(want["total"], abs=1e-6)  # the record's prediction is this plan
+        first, second = sorted(plan.window_totals.values(), reverse=True)[:2]
+        for c in categories:
+            if first > 1.01 * second and max(got[c], want[c]) >= 1 / 1024:
+                assert got[c] == pytest.approx(want[c], rel=0.05), f"{c} {why}"
+        assert rec["metrics"]["memory_fragmentation_gib"] is None  # CPU: no caching allocator
+
+
 def test_every_line_that_names_a_cell_shows_its_layout(smoke_sweep):
     """The layout cells share the rest of their run_id with the plain ones (issue 31): each line says which it is,
     and the libraries' import chatter (DeepSpeed's "Setting accelerator to CPU") is in the zygote's log, not here."""

@@ -161,14 +161,12 @@ class TensorMemoryMeter(TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor desugars to local ops first; they come back through this mode
         out = func(*args, **(kwargs or {}))
-        # NOTE: outside the forward, every operand of a collective is a communication buffer unless it is a state
-        # (a reduce bucket, a reduce-scatter input); in the forward a collective's output is what the layer goes on
-        # with (tensor and sequence parallelism's gathered or reduced activations, saved for backward), and gathered
-        # parameters are found as parameters (`_gathered`)
-        comm = (
-            func.namespace in ("c10d", "_c10d_functional", "c10d_functional")
-            and self._phase_category() != "activations"
-        )
+        # NOTE: every operand of a collective is a communication buffer unless it is a state (a reduce bucket, a
+        # gradient shard), except a functional collective's in the forward: that is tensor and sequence parallelism
+        # (DTensor's redistribute), whose gathered or reduced output is what the layer goes on with and saves for
+        # backward. FSDP and DeepSpeed gather parameters with the in-place c10d ops, in the forward too.
+        functional = func.namespace in ("_c10d_functional", "c10d_functional")
+        comm = (func.namespace == "c10d" or functional) and not (functional and self._phase_category() == "activations")
         if comm:
             self._tag(tree_leaves((args, kwargs)), "comm")
         for t in tree_leaves(out):
