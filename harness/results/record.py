@@ -185,6 +185,12 @@ class TensorMemory(Typed):
     """where that rank's peak fell: forward, backward or optimizer"""
     per_rank_total: list[Num]
     """every rank's peak total, by rank (GiB)"""
+    meter_s: Annotated[Num | None, SOMETIMES] = None
+    """the measured step's wall time under the meter, the slowest rank's (s): what the measurement cost, outside
+    every timed step"""
+    off_thread_frees: Annotated[int | None, SOMETIMES] = None
+    """storages whose last reference died on another thread (a collective's worker), over all ranks (count): their
+    moment depends on timing, so a record with any is not compared exactly"""
 
 
 class Metrics(Typed):

@@ -181,14 +181,21 @@ def test_cpu_records_with_a_breakdown_draw_predicted_beside_measured_by_category
     fc = figure_frame(tmp_path / "cpu")
     drawn = Drawn(fc, monkeypatch)
     try:
-        assert len(drawn.axes) == 2  # tiny at 2 and at 4 ranks
+        # tiny at 2 ranks, its ZeRO cells (a 1.9 GiB reduce bucket beside few-MiB cells) apart, and at 4 ranks
+        groups = [
+            (gpus, suffix, part)
+            for gpus in (2, 4)
+            for suffix, part in memory._by_magnitude(panel_cells(fc, "tiny", gpus))
+        ]
+        assert len(drawn.axes) == len(groups) == 3
+        assert set(groups[1][2]["strategy"]) == {"zero1", "zero2", "zero3"}
         colours = category_colours()
         checked = 0
-        for ax, gpus in zip(drawn.axes, (2, 4)):
-            assert ax.get_title().endswith(f"{gpus} GPUs")
+        for ax, (gpus, suffix, cells) in zip(drawn.axes, groups):
+            assert ax.get_title().endswith(f"{gpus} GPUs{suffix}")
             assert ax.get_ylabel() == "peak memory per rank (GiB)"
             assert not any(isinstance(c, LineCollection) for c in ax.collections)  # no allocator peaks on CPU
-            for x, (_, cell) in enumerate(panel_cells(fc, "tiny", gpus).iterrows()):
+            for x, (_, cell) in enumerate(cells.iterrows()):
                 rec = recs[Path(cell["path"]).name]
                 predicted = [rec["predicted"]["memory_gib"][c] for c in MEMORY_CATEGORIES]
                 measured = [rec["metrics"]["memory_gib"][c] for c in MEMORY_CATEGORIES]

@@ -278,6 +278,28 @@ def _heading(data: pd.DataFrame) -> str:
     return "Peak memory per GPU: measured, predicted, capacity"
 
 
+SPLIT_RATIO = 20.0
+"""a panel whose largest cell is more than this many times its smallest is drawn as two panels (the large cells
+apart), so a ZeRO cell's 1.9 GiB reduce bucket does not flatten a few-MiB cell to nothing"""
+
+
+def _by_magnitude(p: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """[(title suffix, cells)]: the panel's cells, or its small and large cells apart (SPLIT_RATIO)."""
+    # NOTE: tensor bytes only (a CPU process's RSS, the same few hundred MiB for every cell, would hide the spread)
+    size = p[["memory_total_gib", "predicted_memory_gib"]].max(axis=1)
+    if size.notna().sum() < 2 or not (size > 0).any():
+        return [("", p)]
+    small = size.min()
+    if small <= 0 or size.max() <= SPLIT_RATIO * small:
+        return [("", p)]
+    # the cut: the largest gap between neighbouring sizes (in ratio), so each side holds cells of one magnitude
+    ordered = size.sort_values()
+    ratios = (ordered / ordered.shift(1)).iloc[1:]
+    cut = ordered.iloc[list(ordered.index).index(ratios.idxmax()) - 1]
+    below = size <= cut
+    return [(f" · cells to {cut:.3g} GiB", p[below]), (f" · cells above {cut:.3g} GiB", p[~below])]
+
+
 @register("memory", order=30, cost=1.35)
 def memory_figure(fc: pd.DataFrame) -> Figure:
     title = "Peak memory"
@@ -297,13 +319,16 @@ def memory_figure(fc: pd.DataFrame) -> Figure:
     shown = data[data["model"].isin({m for m, _ in panels})]
     tensor = shown["memory_total_gib"].notna()
     caption = _caption(breakdowns=bool(tensor.any()), older=not bool(tensor.all()))
-    n_bars = max(((data["model"] == m) & (data["gpus"] == g)).sum() for m, g in panels)
-    fig, axes, corner = new_panel_figure(len(panels), n_bars, _heading(data))
+    groups = [
+        (f"{model_title(fc, model)} · {gpus_label(gpus)}{suffix}", part)
+        for model, gpus in panels
+        for suffix, part in _by_magnitude(data[(data["model"] == model) & (data["gpus"] == gpus)])
+    ]
+    n_bars = max(len(part) for _, part in groups)
+    fig, axes, corner = new_panel_figure(len(groups), n_bars, _heading(data))
     ylabel = _ylabel(data)
     capacity_unknown, reaches = False, []
-    for ax, (model, gpus) in zip(axes, panels):
-        p = data[(data["model"] == model) & (data["gpus"] == gpus)]
-        title_of_panel = f"{model_title(fc, model)} · {gpus_label(gpus)}"
+    for ax, (title_of_panel, p) in zip(axes, groups):
         reach, unknown = _memory_panel(ax, p, title=title_of_panel, ylabel=ylabel)
         reaches.append(reach)
         capacity_unknown |= unknown

@@ -29,6 +29,8 @@ those; `memory_fragmentation_gib` is the reserved peak above this meter's total.
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -78,6 +80,8 @@ class StepMemory:
     total: int
     phase: str
     seen: int = 0  # storages tracked
+    seconds: float = 0.0  # the measured step's wall time under the meter
+    off_thread_frees: int = 0  # frees on another thread (TensorMemoryMeter.off_thread_frees)
 
     def gib(self) -> dict[str, float]:
         return {**{c: self.bytes[c] / GIB for c in CATEGORIES}, "total": self.total / GIB}
@@ -108,6 +112,10 @@ class TensorMemoryMeter(TorchDispatchMode):
         self._refs: list[weakref.ref] = []
         self._recompute = 0
         self._in_opt = 0
+        self._thread = threading.get_ident()
+        self.off_thread_frees = 0
+        """storages whose last reference died on another thread (a collective's worker): their free's moment depends
+        on timing, so the peak may differ between runs"""
         self._optimizers: list[torch.optim.Optimizer] = []
 
     # ---- storages
@@ -129,6 +137,8 @@ class TensorMemoryMeter(TorchDispatchMode):
 
             def freed(_ref: Any, info: _Storage = info) -> None:
                 if info.nbytes:
+                    if threading.get_ident() != self._thread:
+                        self.off_thread_frees += 1
                     self._event(info.sid, -info.nbytes)
                     info.nbytes = 0
 
@@ -348,12 +358,16 @@ def measure_step(step: Callable[[], Any], *, trainer: Any) -> StepMemory:
     # pipeline schedule's) are then freed at the same moment in every run, not whenever a collection happens to run
     gc.collect()
     gc.disable()
+    t0 = time.perf_counter()
     try:
         with meter.measure(model, extra):
             step()
     finally:
         gc.enable()
-    return meter.result()
+    result = meter.result()
+    result.seconds = time.perf_counter() - t0
+    result.off_thread_frees = meter.off_thread_frees
+    return result
 
 
 def over_ranks(mine: StepMemory) -> dict[str, Any] | None:
@@ -362,15 +376,17 @@ def over_ranks(mine: StepMemory) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     peaks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(peaks, (mine.bytes, mine.total, mine.phase))
+    dist.all_gather_object(peaks, (mine.bytes, mine.total, mine.phase, mine.seconds, mine.off_thread_frees))
     if dist.get_rank() != 0:
         return None
     rank = max(range(len(peaks)), key=lambda r: (peaks[r][1], -r))
-    split, total, phase = peaks[rank]
+    split, total, phase, _, _ = peaks[rank]
     return {
         **{c: split[c] / GIB for c in CATEGORIES},
         "total": total / GIB,
         "rank": rank,
         "phase": phase,
         "per_rank_total": [p[1] / GIB for p in peaks],
+        "meter_s": max(p[3] for p in peaks),
+        "off_thread_frees": sum(p[4] for p in peaks),
     }
