@@ -189,8 +189,9 @@ class TensorMemory(Typed):
     """the measured step's wall time under the meter, the slowest rank's (s): what the measurement cost, outside
     every timed step"""
     off_thread_frees: Annotated[int | None, SOMETIMES] = None
-    """storages whose last reference died on another thread (a collective's worker), over all ranks (count): their
-    moment depends on timing, so a record with any is not compared exactly"""
+    """storages whose last reference died on another thread (a collective's worker), over all ranks (count): each is
+    placed right after the measured thread's last operator on it, not when the worker let go (which depends on
+    scheduling), so the measurement repeats to the byte"""
 
 
 class Metrics(Typed):

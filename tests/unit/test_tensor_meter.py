@@ -141,3 +141,25 @@ def test_the_measure_is_the_same_every_time_even_with_reference_cycles():
     step()
     runs = [measure_step(step, trainer=_Trainer(model)) for _ in range(3)]
     assert len({(r.total, tuple(r.bytes.values())) for r in runs}) == 1
+
+
+def test_a_free_on_another_thread_is_placed_where_this_thread_last_used_the_storage():
+    """gloo's worker drops a collective's tensors a moment after the rank lets go, at a time scheduling decides; the
+    meter places such a free right after the rank's last operator on the storage, so the peak is the same whether
+    the worker lets go before or after the step's next allocations."""
+    import threading
+    import time
+
+    model, _, x = _model_and_optimizer()
+
+    def step(delay: float) -> None:
+        held = [x * 2]  # 4 KiB, last used by the operator that made it
+        worker = threading.Thread(target=lambda: (time.sleep(delay), held.clear()))
+        worker.start()
+        held_here = x * 3  # the step's next allocation: beside the first, or after it was freed
+        worker.join()
+        del held_here
+
+    runs = [measure_step(lambda d=d: step(d), trainer=_Trainer(model)) for d in (0.0, 0.2, 0.0, 0.2)]
+    assert len({r.total for r in runs}) == 1
+    assert all(r.off_thread_frees == 1 for r in runs)

@@ -70,6 +70,7 @@ class _Storage:
     category: str = "buffers"
     created: bool = False  # made during the step (else: alive before it)
     origin: str = ""  # the operator that made it, or the phase it was met in
+    last_use: int = 0  # events logged when an operator on the measured thread last touched it
 
 
 @dataclass
@@ -92,6 +93,22 @@ class _Log:
     base: dict[int, int] = field(default_factory=dict)  # sid → bytes at the step's start
     events: list[tuple[int, int]] = field(default_factory=list)  # (sid, +/- bytes) in order
     phases: list[str] = field(default_factory=list)  # the phase each event happened in
+    late: list[tuple[int, int, int]] = field(default_factory=list)
+    """(position, sid, -bytes): a free on another thread, placed after the events[:position] (see `freed`)"""
+
+    def replay(self) -> list[tuple[int, int, str]]:
+        """Every event in order, (sid, +/- bytes, phase), the frees of other threads at their places."""
+        late = sorted(self.late)
+        out: list[tuple[int, int, str]] = []
+        j = 0
+        for i, ((sid, delta), phase) in enumerate(zip(self.events, self.phases, strict=True)):
+            while j < len(late) and late[j][0] <= i:
+                out.append((late[j][1], late[j][2], phase))
+                j += 1
+            out.append((sid, delta, phase))
+        last = self.phases[-1] if self.phases else "start"
+        out += [(sid, delta, last) for _, sid, delta in late[j:]]
+        return out
 
 
 class TensorMemoryMeter(TorchDispatchMode):
@@ -136,11 +153,17 @@ class TensorMemoryMeter(TorchDispatchMode):
                 self._log.base[info.sid] = info.nbytes
 
             def freed(_ref: Any, info: _Storage = info) -> None:
-                if info.nbytes:
-                    if threading.get_ident() != self._thread:
-                        self.off_thread_frees += 1
+                if not info.nbytes:
+                    return
+                if threading.get_ident() == self._thread:
                     self._event(info.sid, -info.nbytes)
-                    info.nbytes = 0
+                else:
+                    # NOTE: a collective's worker thread dropped the last reference, a moment after the measured
+                    # thread let go, at a time that depends on scheduling: placed right after the measured thread's
+                    # last operator on it, so the replay (and the peak) is the same every run
+                    self.off_thread_frees += 1
+                    self._log.late.append((info.last_use, info.sid, -info.nbytes))
+                info.nbytes = 0
 
             self._refs.append(weakref.ref(st, freed))
         if category is not None and _STRENGTH[category] > _STRENGTH[info.category]:
@@ -179,6 +202,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         comm = (func.namespace == "c10d" or functional) and not (functional and self._phase_category() == "activations")
         if comm:
             self._tag(tree_leaves((args, kwargs)), "comm")
+        self._used(tree_leaves((args, kwargs, out)))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
                 for st in _storages(t):
@@ -190,7 +214,18 @@ class TensorMemoryMeter(TorchDispatchMode):
                             info.category = max(info.category, "activations", key=_STRENGTH.__getitem__)
                     if comm:
                         info.category = max(info.category, "comm", key=_STRENGTH.__getitem__)
+        self._used(tree_leaves(out))
         return out
+
+    def _used(self, leaves: Iterable[Any]) -> None:
+        """Mark the storages an operator on the measured thread touched (their frees elsewhere go here)."""
+        now = len(self._log.events)
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                for st in _storages(t):
+                    info = self._key(st)
+                    if info is not None:
+                        info.last_use = now
 
     def _phase_category(self) -> str:
         if self._in_opt:
@@ -257,39 +292,36 @@ class TensorMemoryMeter(TorchDispatchMode):
     def live_at_peak(self) -> list[tuple[int, str, str]]:
         """(bytes, category, origin) of every storage live at the peak, largest first: what to look at when a
         category differs from the plan."""
-        at = self._peak_index()
+        events = self._log.replay()
+        at, _ = self._peak(events)
         live = dict(self._log.base)
-        for sid, delta in self._log.events[: at + 1]:
+        for sid, delta, _ in events[: at + 1]:
             live[sid] = live.get(sid, 0) + delta
         rows = [(n, self._info[sid].category, self._info[sid].origin) for sid, n in live.items() if n]
         return sorted(rows, reverse=True)
 
-    def _peak_index(self) -> int:
+    def _peak(self, events: list[tuple[int, int, str]]) -> tuple[int, int]:
+        """(index of the event that reached the peak, -1 for the start; the peak's bytes)."""
         total = peak = sum(self._log.base.values())
         at = -1
-        for i, (_, delta) in enumerate(self._log.events):
+        for i, (_, delta, _) in enumerate(events):
             total += delta
             if total > peak:
                 peak, at = total, i
-        return at
+        return at, peak
 
     def result(self) -> StepMemory:
         """The peak over the step and its split by category."""
-        cat = {sid: info.category for sid, info in self._info.items()}
         name = {c: ("buffers" if c == "comm" else c) for c in _STRENGTH}
-        total = sum(self._log.base.values())
-        peak, at = total, -1
-        for i, (_, delta) in enumerate(self._log.events):
-            total += delta
-            if total > peak:
-                peak, at = total, i
+        events = self._log.replay()
+        at, peak = self._peak(events)
         live = dict(self._log.base)
-        for sid, delta in self._log.events[: at + 1]:
+        for sid, delta, _ in events[: at + 1]:
             live[sid] = live.get(sid, 0) + delta
         split = dict.fromkeys(CATEGORIES, 0)
         for sid, nbytes in live.items():
-            split[name[cat[sid]]] += nbytes
-        phase = self._log.phases[at] if at >= 0 else "start"
+            split[name[self._info[sid].category]] += nbytes
+        phase = events[at][2] if at >= 0 else "start"
         return StepMemory(bytes=split, total=peak, phase=phase, seen=len(self._info))
 
 
