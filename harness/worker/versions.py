@@ -19,6 +19,13 @@ TORCH_MIN = (2, 6)
 TORCH_APIS: dict[str, tuple[int, int]] = {
     # "module:name" (from module import name) or "module" (import module) → the torch release it appeared in
     "torch:nn": (2, 0),
+    # the tensor-memory meter (harness.worker.meters.tensors); always_call on the global forward hook: 2.1
+    "torch.utils._pytree:tree_leaves": (2, 1),
+    "torch.utils.weak:WeakIdKeyDictionary": (2, 0),
+    "torch.nn.modules.module:register_module_forward_hook": (2, 1),
+    "torch.nn.modules.module:register_module_forward_pre_hook": (2, 0),
+    "torch.optim.optimizer:register_optimizer_step_pre_hook": (2, 0),
+    "torch.optim.optimizer:register_optimizer_step_post_hook": (2, 0),
     "torch.nn.functional": (2, 0),
     "torch.nn.parallel:DistributedDataParallel": (2, 0),
     "torch.distributed": (2, 0),
