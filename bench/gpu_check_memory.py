@@ -44,6 +44,13 @@ def row(rec: Record) -> str:
         )
         for c in CATEGORIES
     ]
+    # offload's host side: the meter's host-memory peak beside the plan's host bytes per rank
+    cells.append(
+        pair(
+            measured.host if measured is not None else None,
+            rec.predicted.cpu_memory_gib if rec.predicted is not None else None,
+        )
+    )
     where = f"rank {measured.rank} {measured.phase}" if measured is not None else "-"
     plan_peak = (rec.predicted.peak_at if rec.predicted is not None else None) or "-"
     return (
@@ -59,12 +66,12 @@ def main(results: str) -> None:
     records, _ = load_records(results)
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.run_id)
     print("\ntensor memory by category, measured / predicted GiB (predicted / measured - 1), ok cells")
-    print("| cell | " + " | ".join(CATEGORIES) + " | measured peak | planned peak | fragmentation GiB |")
-    print("|---" * (len(CATEGORIES) + 4) + "|")
+    print("| cell | " + " | ".join(CATEGORIES) + " | host | measured peak | planned peak | fragmentation GiB |")
+    print("|---" * (len(CATEGORIES) + 5) + "|")
     for rec in ok:
         print(row(rec))
     if not ok:
-        print("| no cell ran ok |" + " |" * (len(CATEGORIES) + 3))
+        print("| no cell ran ok |" + " |" * (len(CATEGORIES) + 4))
 
 
 if __name__ == "__main__":

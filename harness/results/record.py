@@ -188,6 +188,9 @@ class TensorMemory(Typed):
     meter_s: Annotated[Num | None, SOMETIMES] = None
     """the measured step's wall time under the meter, the slowest rank's (s): what the measurement cost, outside
     every timed step"""
+    host: Annotated[Num | None, SOMETIMES] = None
+    """on an accelerator, the peak of tensor storages in host memory (offload's states), the largest rank's (GiB),
+    beside predicted.cpu_memory_gib; 0 on CPU, where the host is the device and every storage is in the categories"""
     off_thread_frees: Annotated[int | None, SOMETIMES] = None
     """storages whose last reference died on another thread (a collective's worker), over all ranks (count): each is
     placed right after the measured thread's last operator on it, not when the worker let go (which depends on

@@ -167,7 +167,7 @@ def run(
         # NOTE: the memory step before the counted one: once the comm meter has registered its collective kernels,
         # a dispatch mode over DTensor's collectives reaches a stale kernel of theirs (torch 2.13)
         heartbeat.phase("memory")
-        tensor_memory = _tensor_memory_step(step, trainer=trainer)
+        tensor_memory = _tensor_memory_step(step, trainer=trainer, device=device)
         heartbeat.phase("counted")
         comm_summary = _counted_comm_step(step, spec=spec, device=device)
         heartbeat.phase("traced")
@@ -395,12 +395,12 @@ def _counted_comm_step(step, *, spec: RunSpec, device: Any) -> dict:
     return comm_summary
 
 
-def _tensor_memory_step(step, *, trainer: Any) -> dict | None:
+def _tensor_memory_step(step, *, trainer: Any, device: Any) -> dict | None:
     """One more step with every tensor storage accounted by category (harness.worker.meters.tensors); rank 0 gets
     the record's metrics.memory_gib, the other ranks None."""
     from harness.worker.meters.tensors import measure_step, over_ranks
 
-    return over_ranks(measure_step(step, trainer=trainer))
+    return over_ranks(measure_step(step, trainer=trainer, device_type=device.type))
 
 
 def _traced_step(step, *, spec: RunSpec, payload: Payload, trainer: Any, device: Any, rank: int) -> Any:

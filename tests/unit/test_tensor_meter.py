@@ -163,3 +163,16 @@ def test_a_free_on_another_thread_is_placed_where_this_thread_last_used_the_stor
     runs = [measure_step(lambda d=d: step(d), trainer=_Trainer(model)) for d in (0.0, 0.2, 0.0, 0.2)]
     assert len({r.total for r in runs}) == 1
     assert all(r.off_thread_frees == 1 for r in runs)
+
+
+def test_on_an_accelerator_host_storages_are_counted_apart():
+    """Offload keeps states in host memory while the rank's device is a GPU: those are not device memory. No GPU
+    here, so the meter is told the device is CUDA (the one thing mocked): every storage of this CPU step is then a
+    host storage, none in the categories, and the host figure is what the CPU step's total is."""
+    model, opt, x = _model_and_optimizer()
+    _step(model, opt, x)
+    on_cpu = measure_step(lambda: _step(model, opt, x), trainer=_Trainer(model))
+    as_gpu = measure_step(lambda: _step(model, opt, x), trainer=_Trainer(model), device_type="cuda")
+    assert on_cpu.host == 0 and on_cpu.total > 0
+    assert as_gpu.total == 0 and set(as_gpu.bytes.values()) == {0}
+    assert as_gpu.host == on_cpu.total

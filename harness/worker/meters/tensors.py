@@ -71,6 +71,7 @@ class _Storage:
     created: bool = False  # made during the step (else: alive before it)
     origin: str = ""  # the operator that made it, or the phase it was met in
     last_use: int = 0  # events logged when an operator on the measured thread last touched it
+    host: bool = False  # in host memory while the rank's device is an accelerator (offload): not device memory
 
 
 @dataclass
@@ -81,6 +82,7 @@ class StepMemory:
     total: int
     phase: str
     seen: int = 0  # storages tracked
+    host: int = 0  # the peak of host-memory storages while the device is an accelerator (offload)
     seconds: float = 0.0  # the measured step's wall time under the meter
     off_thread_frees: int = 0  # frees on another thread (TensorMemoryMeter.off_thread_frees)
 
@@ -117,10 +119,12 @@ class TensorMemoryMeter(TorchDispatchMode):
     `extra`: {category: tensors} a strategy declares that the rules above cannot find (DeepSpeed ZeRO-3's parameter
     partitions, which are attributes of the parameters, not the parameters)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         from torch.utils.weak import WeakIdKeyDictionary
 
         super().__init__()
+        self.device_type = device_type
+        """the rank's device: on an accelerator, storages in host memory (offload) are counted apart"""
         self._by_key = WeakIdKeyDictionary()  # storage → its _Storage, without keeping the storage alive
         self._orig_resize: Callable[..., Any] = torch.UntypedStorage.resize_
         self._info: dict[int, _Storage] = {}
@@ -137,13 +141,16 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     # ---- storages
 
+    def _is_host(self, st: torch.UntypedStorage) -> bool:
+        return self.device_type != "cpu" and st.device.type == "cpu"
+
     def _key(self, st: torch.UntypedStorage) -> _Storage | None:
         return self._by_key.get(st)
 
     def _track(self, st: torch.UntypedStorage, *, created: bool, category: str | None = None) -> _Storage:
         info = self._key(st)
         if info is None:
-            info = _Storage(sid=self._next, nbytes=st.nbytes(), created=created)
+            info = _Storage(sid=self._next, nbytes=st.nbytes(), created=created, host=self._is_host(st))
             self._next += 1
             self._info[info.sid] = info
             self._by_key[st] = info
@@ -300,11 +307,15 @@ class TensorMemoryMeter(TorchDispatchMode):
         rows = [(n, self._info[sid].category, self._info[sid].origin) for sid, n in live.items() if n]
         return sorted(rows, reverse=True)
 
-    def _peak(self, events: list[tuple[int, int, str]]) -> tuple[int, int]:
-        """(index of the event that reached the peak, -1 for the start; the peak's bytes)."""
-        total = peak = sum(self._log.base.values())
+    def _peak(self, events: list[tuple[int, int, str]], *, host: bool = False) -> tuple[int, int]:
+        """(index of the event that reached the peak, -1 for the start; the peak's bytes), over the device's storages
+        (or, `host`, over the host's while the device is an accelerator)."""
+        mine = {sid for sid, info in self._info.items() if info.host == host}
+        total = peak = sum(n for sid, n in self._log.base.items() if sid in mine)
         at = -1
-        for i, (_, delta, _) in enumerate(events):
+        for i, (sid, delta, _) in enumerate(events):
+            if sid not in mine:
+                continue
             total += delta
             if total > peak:
                 peak, at = total, i
@@ -320,9 +331,11 @@ class TensorMemoryMeter(TorchDispatchMode):
             live[sid] = live.get(sid, 0) + delta
         split = dict.fromkeys(CATEGORIES, 0)
         for sid, nbytes in live.items():
-            split[name[self._info[sid].category]] += nbytes
+            if not self._info[sid].host:
+                split[name[self._info[sid].category]] += nbytes
         phase = events[at][2] if at >= 0 else "start"
-        return StepMemory(bytes=split, total=peak, phase=phase, seen=len(self._info))
+        _, host = self._peak(events, host=True)
+        return StepMemory(bytes=split, total=peak, phase=phase, seen=len(self._info), host=host)
 
 
 class _Measuring:
@@ -380,12 +393,12 @@ class _Measuring:
                 h.remove()
 
 
-def measure_step(step: Callable[[], Any], *, trainer: Any) -> StepMemory:
+def measure_step(step: Callable[[], Any], *, trainer: Any, device_type: str = "cpu") -> StepMemory:
     """One more training step under the meter, after the timed and counted ones (its cost touches no timed step);
     `trainer.memory_extra()` where a strategy declares states the rules cannot find."""
     model = trainer.model
     extra = trainer.memory_extra() if hasattr(trainer, "memory_extra") else {}
-    meter = TensorMemoryMeter()
+    meter = TensorMemoryMeter(device_type)
     # NOTE: the garbage collector paused over the step, after a collection: tensors caught in reference cycles (a
     # pipeline schedule's) are then freed at the same moment in every run, not whenever a collection happens to run
     gc.collect()
@@ -408,11 +421,11 @@ def over_ranks(mine: StepMemory) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     peaks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(peaks, (mine.bytes, mine.total, mine.phase, mine.seconds, mine.off_thread_frees))
+    dist.all_gather_object(peaks, (mine.bytes, mine.total, mine.phase, mine.seconds, mine.off_thread_frees, mine.host))
     if dist.get_rank() != 0:
         return None
     rank = max(range(len(peaks)), key=lambda r: (peaks[r][1], -r))
-    split, total, phase, _, _ = peaks[rank]
+    split, total, phase, _, _, _ = peaks[rank]
     return {
         **{c: split[c] / GIB for c in CATEGORIES},
         "total": total / GIB,
@@ -421,4 +434,5 @@ def over_ranks(mine: StepMemory) -> dict[str, Any] | None:
         "per_rank_total": [p[1] / GIB for p in peaks],
         "meter_s": max(p[3] for p in peaks),
         "off_thread_frees": sum(p[4] for p in peaks),
+        "host": max(p[5] for p in peaks) / GIB,
     }
