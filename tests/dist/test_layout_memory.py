@@ -15,7 +15,7 @@ import socket
 
 import pytest
 
-from harness.plan.layouts import in_flight, layout_memory
+from harness.plan.layouts import in_flight, rank_layout_memory
 from harness.results.spec import spec_from_json, spec_to_json
 
 pytestmark = pytest.mark.dist
@@ -122,7 +122,7 @@ def _spec(**settings):
 def test_layout_memory_matches_what_rank_0_holds(settings, forwards, tmp_path):
     spec = _spec(**settings)
     got = measure(spec, tmp_path)
-    mem = layout_memory(spec)
+    mem = rank_layout_memory(spec, pp_rank=0)  # rank 0's: what this test measures (the plan keeps the largest rank's)
     assert len(in_flight(spec.layout, max(1, spec.settings.microbatches))) == forwards
     # parameters: rank 0's tensor-parallel shards, or its stage, exactly (fp32)
     assert got["param_bytes"] == mem["params"]

@@ -93,6 +93,7 @@ def test_measured_memory_is_the_plans(name, records):
 
 def test_the_measurement_repeats_to_the_byte(records):
     first, again = records["ddp-fp32"]["metrics"]["memory_gib"], records["again"]["metrics"]["memory_gib"]
+    first.pop("meter_s"), again.pop("meter_s")  # what the measurement took: a time, not a measurement of memory
     assert first == again
 
 
