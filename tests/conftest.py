@@ -96,3 +96,27 @@ def smoke_sweep(tmp_path_factory) -> dict:
         "extensions": sorted(os.listdir(extensions)),
         "output": out.getvalue(),
     }
+
+
+def run_light(argv: list[str]) -> str:
+    """`harness ARGV` in a fresh interpreter that must finish with exit 0 and without importing torch, pandas or
+    matplotlib (the commands that only read and print); returns what it printed."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from harness.cli import main; "
+        f"rc = main({argv!r}); assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
+        "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout

@@ -468,27 +468,10 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
     kept_output = tokens * cfg.vocab // lay.tp * pb if last and lay.pp > 1 else 0
     gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
     root = sum(v["root"] for v in sizes.values())
-    if lay.pp > 1:
-        # NOTE: a pipeline stage defers the data-parallel reduction to the schedule's end (FSDP2's unsharded
-        # gradients accumulate in fp32; DDP's in its buckets, under no_sync). A microbatch's backward makes the
-        # stage's new gradients beside what has accumulated: the first microbatch's backward (every forward in
-        # flight, nothing accumulated yet) or a later one's (GPipe: one forward left; 1F1B: as many in flight as
-        # in its warmup), where FSDP2's accumulated gradients double them when its parameters are not gathered
-        # (a one-rank shard group in fp32: the gradients accumulate on the parameters themselves); a gathering
-        # FSDP2 holds the gathered parameters and one set of gradients (measured: tests/dist/test_layouts.py)
-        new = 4 * (unsharded if fsdp2 else sharded)
-        doubles = fsdp2 and not gathering
-        per_forward = activations // max(len(flight), 1)
-        later = 1 if lay.schedule == "gpipe" else len(flight)
-        backwards = [
-            ("first microbatch's backward", activations + len(flight) * kept_output, new),
-            ("later microbatch's backward", later * (per_forward + kept_output), new + (new if doubles else 0)),
-        ][: 2 if m > 1 else 1]
-        accumulated = new if fsdp2 else 0
-    else:
-        # the root's unsharded gradient, the last to be reduced
-        backwards = [("block backward", 0, 4 * root if fsdp2 else 0)]
-        accumulated = 4 * root if fsdp2 else 0
+    backwards, accumulated = _backwards(
+        lay, fsdp2=fsdp2, gathering=gathering, microbatches=m, flight=len(flight), activations=activations,
+        kept_output=kept_output, new=4 * (unsharded if fsdp2 else sharded), root_grad=4 * root if fsdp2 else 0,
+    )  # fmt: skip
     # (window, grads, activations, buffers: [(what, bytes)])
     windows = [
         (
@@ -517,9 +500,8 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
         # as large as the shards it steps
         ("optimizer step", 4 * sharded, 0, [("AdamW foreach temporary", 4 * sharded if foreach else 0)]),
     ]
-    window, grads, acts_at_peak, buffers = max(windows, key=lambda w: w[1] + w[2] + sum(b for _, b in w[3]))
-    states = 4 * sharded + 8 * sharded
-    totals = {w[0]: states + w[1] + w[2] + sum(b for _, b in w[3]) for w in windows}
+    totals = {w[0]: 4 * sharded + 8 * sharded + w[1] + w[2] + sum(b for _, b in w[3]) for w in windows}
+    window, grads, acts_at_peak, buffers = max(windows, key=lambda w: totals[w[0]])
     notes = {
         "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of pipeline rank {pp_rank}'s stage(s) {local} "
         f"({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements)",
@@ -545,3 +527,37 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
         "window_totals": totals,
         "notes": notes,
     }
+
+
+def _backwards(
+    lay: Layout,
+    *,
+    fsdp2: bool,
+    gathering: bool,
+    microbatches: int,
+    flight: int,
+    activations: int,
+    kept_output: int,
+    new: int,
+    root_grad: int,
+) -> tuple[list[tuple[str, int, int]], int]:
+    """([(moment, activations, gradients held)] of a rank's backward, the unsharded gradients held at its end).
+
+    A pipeline stage defers the data-parallel reduction to the schedule's end (FSDP2's unsharded gradients
+    accumulate in fp32; DDP's in its buckets, under no_sync). A microbatch's backward makes the stage's `new`
+    gradients beside what has accumulated: the first microbatch's backward (every forward in flight, nothing
+    accumulated yet) or a later one's (GPipe: one forward left; 1F1B: as many in flight as in its warmup), where
+    FSDP2's accumulated gradients double them when its parameters are not gathered (a one-rank shard group in fp32:
+    the gradients accumulate on the parameters themselves); a gathering FSDP2 holds the gathered parameters and one
+    set of gradients (measured: tests/dist/test_layouts.py). Without a pipeline: one backward, the root's unsharded
+    gradient (the last to be reduced) held."""
+    if lay.pp == 1:
+        return [("block backward", 0, root_grad)], root_grad
+    doubles = fsdp2 and not gathering
+    per_forward = activations // max(flight, 1)
+    later = 1 if lay.schedule == "gpipe" else flight
+    backwards = [
+        ("first microbatch's backward", activations + flight * kept_output, new),
+        ("later microbatch's backward", later * (per_forward + kept_output), new + (new if doubles else 0)),
+    ]
+    return backwards[: 2 if microbatches > 1 else 1], new if fsdp2 else 0

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from harness.report.plan import planned_cell_json
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import load_scenario
 from harness.scenario.spec import RunSpec
+from tests.conftest import run_light
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
@@ -168,25 +166,11 @@ def test_comm_bytes_are_the_comm_models():
 def test_plan_does_not_import_torch(fmt):
     """Nor pandas or matplotlib: the plan's renderer (harness.report.plan) is in a package that imports its build
     (which loads both) only when asked for it."""
-    code = (
-        "import sys; from harness.cli import main; "
-        f"rc = main(['plan', {PLAN_7B!r}, '--cluster', 'a100', '--format', {fmt!r}]); "
-        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
-        "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = run_light(["plan", str(PLAN_7B), "--cluster", "a100", "--format", fmt])
     if fmt == "table":
-        assert "\n10 cells; 6 predicted not to fit (NO)\n" in out.stdout
+        assert "\n10 cells; 6 predicted not to fit (NO)\n" in stdout
         return
-    assert len(json.loads(out.stdout)) == 10
+    assert len(json.loads(stdout)) == 10
 
 
 def test_a_plan_asks_each_cell_once_whether_it_can_run(monkeypatch):

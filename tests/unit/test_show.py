@@ -3,11 +3,8 @@ prices with, and what the published runs say per family: what `harness plan`'s o
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 from harness.cli import main
 from harness.plan.validation import family_check
 from harness.scenario.cluster import SHIPPED_DIR, load_cluster
+from tests.conftest import run_light
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = "name: s\nmatrix: {model: [125m], strategy: [fsdp.full_shard, zero3], precision: [bf16], gpus: [8]}\n"
@@ -80,17 +78,4 @@ def test_show_refuses_what_it_cannot_show(capsys):
 
 @pytest.mark.parametrize("command", [["show", "cluster", "h100"]])
 def test_show_does_not_import_torch(command):
-    code = (
-        "import sys; from harness.cli import main; "
-        f"rc = main({command!r}); assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'; "
-        "heavy = {'pandas', 'matplotlib'} & set(sys.modules); assert not heavy, heavy"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    run_light(command)

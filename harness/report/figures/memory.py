@@ -293,9 +293,8 @@ def _by_magnitude(p: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     if small <= 0 or size.max() <= SPLIT_RATIO * small:
         return [("", p)]
     # the cut: the largest gap between neighbouring sizes (in ratio), so each side holds cells of one magnitude
-    ordered = size.sort_values()
-    ratios = (ordered / ordered.shift(1)).iloc[1:]
-    cut = ordered.iloc[list(ordered.index).index(ratios.idxmax()) - 1]
+    ordered = size.dropna().sort_values().to_numpy()
+    cut = ordered[int(np.argmax(ordered[1:] / ordered[:-1]))]
     below = size <= cut
     return [(f" · cells to {cut:.3g} GiB", p[below]), (f" · cells above {cut:.3g} GiB", p[~below])]
 

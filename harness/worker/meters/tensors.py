@@ -74,6 +74,17 @@ class _Storage:
     host: bool = False  # in host memory while the rank's device is an accelerator (offload): not device memory
 
 
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread (what torch's ModTracker asks too)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _upgrade(info: _Storage, category: str) -> None:
+    """File a storage under `category` if that is stronger than what it is filed under (_STRENGTH)."""
+    if _STRENGTH[category] > _STRENGTH[info.category]:
+        info.category = category
+
+
 @dataclass
 class StepMemory:
     """One rank's peak of live tensor bytes over the step, and the bytes of each category at it."""
@@ -81,13 +92,9 @@ class StepMemory:
     bytes: dict[str, int]
     total: int
     phase: str
-    seen: int = 0  # storages tracked
     host: int = 0  # the peak of host-memory storages while the device is an accelerator (offload)
     seconds: float = 0.0  # the measured step's wall time under the meter
     off_thread_frees: int = 0  # frees on another thread (TensorMemoryMeter.off_thread_frees)
-
-    def gib(self) -> dict[str, float]:
-        return {**{c: self.bytes[c] / GIB for c in CATEGORIES}, "total": self.total / GIB}
 
 
 @dataclass
@@ -114,7 +121,7 @@ class _Log:
 
 
 class TensorMemoryMeter(TorchDispatchMode):
-    """Use as `with meter.measure(model, optimizers): step()`; then `meter.result()`.
+    """Use as `with meter.measure(model, extra): step()`; then `meter.result()`.
 
     `extra`: {category: tensors} a strategy declares that the rules above cannot find (DeepSpeed ZeRO-3's parameter
     partitions, which are attributes of the parameters, not the parameters)."""
@@ -173,8 +180,8 @@ class TensorMemoryMeter(TorchDispatchMode):
                 info.nbytes = 0
 
             self._refs.append(weakref.ref(st, freed))
-        if category is not None and _STRENGTH[category] > _STRENGTH[info.category]:
-            info.category = category
+        if category is not None:
+            _upgrade(info, category)
         return info
 
     def _event(self, sid: int, delta: int) -> None:
@@ -185,7 +192,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         """The step's phase at this moment: optimizer, backward (a recompute inside it too) or forward."""
         if self._in_opt:
             return "optimizer"
-        return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        return "backward" if _in_backward() else "forward"
 
     def _tag(self, tensors: Iterable[Any], category: str) -> None:
         for t in tensors:
@@ -209,18 +216,16 @@ class TensorMemoryMeter(TorchDispatchMode):
         comm = (func.namespace == "c10d" or functional) and not (functional and self._phase_category() == "activations")
         if comm:
             self._tag(tree_leaves((args, kwargs)), "comm")
-        self._used(tree_leaves((args, kwargs, out)))
+        self._used(tree_leaves((args, kwargs)))  # the operands before its outputs are made, the outputs after
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
                 for st in _storages(t):
                     known = self._key(st) is not None
-                    info = self._track(st, created=True)
+                    info = self._track(st, created=True, category="comm" if comm else None)
                     if not known:
                         info.origin = f"{self._now()}:{func.__name__}"
                         if self._phase_category() == "activations":
-                            info.category = max(info.category, "activations", key=_STRENGTH.__getitem__)
-                    if comm:
-                        info.category = max(info.category, "comm", key=_STRENGTH.__getitem__)
+                            _upgrade(info, "activations")
         self._used(tree_leaves(out))
         return out
 
@@ -237,7 +242,7 @@ class TensorMemoryMeter(TorchDispatchMode):
     def _phase_category(self) -> str:
         if self._in_opt:
             return "buffers"
-        if torch._C._current_graph_task_id() != -1 and not self._recompute:
+        if _in_backward() and not self._recompute:
             return "buffers"
         return "activations"
 
@@ -283,8 +288,8 @@ class TensorMemoryMeter(TorchDispatchMode):
         for p in module.parameters(recurse=False):
             for st in _storages(p):
                 info = self._key(st)
-                if info is not None and info.created and _STRENGTH[info.category] < _STRENGTH["comm"]:
-                    info.category = "comm"
+                if info is not None and info.created:
+                    _upgrade(info, "comm")
 
     def _grads_now(self) -> None:
         """At an optimizer step: every gradient in place is a gradient (DDP's bucket views' whole storages)."""
@@ -300,12 +305,16 @@ class TensorMemoryMeter(TorchDispatchMode):
         """(bytes, category, origin) of every storage live at the peak, largest first: what to look at when a
         category differs from the plan."""
         events = self._log.replay()
-        at, _ = self._peak(events)
+        live = self._live_at(events, self._peak(events)[0])
+        rows = [(n, self._info[sid].category, self._info[sid].origin) for sid, n in live.items() if n]
+        return sorted(rows, reverse=True)
+
+    def _live_at(self, events: list[tuple[int, int, str]], at: int) -> dict[int, int]:
+        """sid → bytes of every storage after events[: at + 1] (at -1: the step's start)."""
         live = dict(self._log.base)
         for sid, delta, _ in events[: at + 1]:
             live[sid] = live.get(sid, 0) + delta
-        rows = [(n, self._info[sid].category, self._info[sid].origin) for sid, n in live.items() if n]
-        return sorted(rows, reverse=True)
+        return live
 
     def _peak(self, events: list[tuple[int, int, str]], *, host: bool = False) -> tuple[int, int]:
         """(index of the event that reached the peak, -1 for the start; the peak's bytes), over the device's storages
@@ -326,16 +335,14 @@ class TensorMemoryMeter(TorchDispatchMode):
         name = {c: ("buffers" if c == "comm" else c) for c in _STRENGTH}
         events = self._log.replay()
         at, peak = self._peak(events)
-        live = dict(self._log.base)
-        for sid, delta, _ in events[: at + 1]:
-            live[sid] = live.get(sid, 0) + delta
+        live = self._live_at(events, at)
         split = dict.fromkeys(CATEGORIES, 0)
         for sid, nbytes in live.items():
             if not self._info[sid].host:
                 split[name[self._info[sid].category]] += nbytes
         phase = events[at][2] if at >= 0 else "start"
         _, host = self._peak(events, host=True)
-        return StepMemory(bytes=split, total=peak, phase=phase, seen=len(self._info), host=host)
+        return StepMemory(bytes=split, total=peak, phase=phase, host=host)
 
 
 class _Measuring:
@@ -351,14 +358,13 @@ class _Measuring:
 
         m = self.meter
         m._inventory(self.model, self.extra)
-        in_bw: Callable[[], bool] = lambda: torch._C._current_graph_task_id() != -1  # noqa: E731
 
         def pre(module, args):
-            if in_bw():
+            if _in_backward():
                 m._recompute += 1
 
         def post(module, args, out):
-            if in_bw():
+            if _in_backward():
                 m._recompute -= 1
             m._gathered(module)
 
