@@ -225,7 +225,7 @@ def record_sections() -> list[Section]:
                 f"{prefix}model_config.{f.name}",
                 _annotation_text(f.type),
                 "sometimes" if f.name in OPTIONAL_FIELDS else "always",
-                cfg_docs.get(f.name, ""),
+                cfg_docs.get(f.name, "") or f.metadata.get("doc", ""),
             )
             for f in dataclasses.fields(ModelConfig)
         ]

@@ -80,16 +80,26 @@ def family_of(dims: Mapping[str, Any]) -> Family | None:
 
 def model_keys(family: Family) -> dict[str, str]:
     """The model keys of a family, each with its kind: `bool`, `count` (a positive integer, null where its default
-    is null), `required` (a positive integer that must be given) or `family` (the family's own name)."""
+    is null), `required` (a positive integer that must be given), `number` (a positive number, null where its
+    default is null), `choice` (one of the field's `choices`: `key_choices`) or `family` (the family's own name)."""
     out: dict[str, str] = {}
     for f in dataclasses.fields(family.shapes):
         if f.name == "family":
             out[f.name] = "family"
         elif str(f.type) == "bool":
             out[f.name] = "bool"
+        elif "choices" in f.metadata:
+            out[f.name] = "choice"
+        elif f.metadata.get("number"):
+            out[f.name] = "number"
         else:
             out[f.name] = "required" if f.default is dataclasses.MISSING else "count"
     return out
+
+
+def key_choices(family: Family, key: str) -> tuple[str, ...]:
+    """The values a `choice` model key allows."""
+    return next(f.metadata["choices"] for f in dataclasses.fields(family.shapes) if f.name == key)
 
 
 def dimension_problems(dims: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -109,6 +119,10 @@ def dimension_problems(dims: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append((key, f"{value!r} is not true or false"))
         elif kind in ("count", "required") and not _count(value, nullable=kind == "count"):
             out.append((key, f"{value!r} is not a positive integer"))
+        elif kind == "number" and not _number(value):
+            out.append((key, f"{value!r} is not a positive number"))
+        elif kind == "choice" and value not in key_choices(family, key):
+            out.append((key, f"{value!r} is not one of {', '.join(key_choices(family, key))}"))
     out += [(k, "missing (required)") for k, kind in kinds.items() if kind == "required" and k not in dims]
     return out
 
@@ -117,6 +131,12 @@ def _count(value: Any, *, nullable: bool) -> bool:
     if value is None:
         return nullable
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _number(value: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def shapes_of(dims: Mapping[str, Any]) -> ModelConfig:

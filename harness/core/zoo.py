@@ -13,18 +13,34 @@ import math
 from dataclasses import dataclass
 
 
+def _knob(default, doc: str, **meta):
+    """A ModelConfig field added after the first records: its default (left out of `to_dict`, so earlier run_ids
+    hold), its doc, and for the scenario's validation its kind (`choices`, `number`)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, **meta})
+
+
+NORMS = ("rms", "layer")
+NORM_PLACES = ("pre", "post", "sandwich", "parallel", "parallel2")
+QK_NORMS = ("none", "head", "proj")
+MLPS = ("gated", "plain")
+ACTS = ("silu", "gelu_tanh", "gelu")
+POSITIONS = ("rope", "learned")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Dimensions of a Llama-style decoder (RMSNorm, SwiGLU MLP, causal SDPA attention, RoPE, untied head)."""
+    """Dimensions of a dense decoder: by default Llama's (RMSNorm before each sublayer, SwiGLU MLP, causal SDPA
+    attention with RoPE, untied head); every knob after `vocab` names a variant a current open model uses, read from
+    its config.json by harness.scenario.hf_config and built by harness.worker.models."""
 
     d_model: int
     """hidden size (features)"""
     n_layers: int
     """transformer blocks"""
     n_heads: int
-    """attention (query) heads; head_dim = d_model / n_heads"""
+    """attention (query) heads"""
     ffn: int
-    """SwiGLU hidden size (features) of each of the gate/up projections"""
+    """the MLP's hidden size (features): of each of the gate/up projections (gated), of its one up projection (plain)"""
     vocab: int
     """vocabulary size (tokens)"""
     n_kv_heads: int | None = None
@@ -35,24 +51,130 @@ class ModelConfig:
     family: str = "decoder"
     """the model family (harness.core.families): which shapes and which torch module; the decoder, the default, is
     left out of `to_dict`"""
+    head_dim: int | None = _knob(
+        None, "features per head; null = d_model / n_heads (Qwen3, Gemma, Mistral-Nemo set it)"
+    )
+    tied_embeddings: bool = _knob(False, "the output head is the embedding's weight (Llama 3.2 1B/3B, Gemma, GPT-2)")
+    o_bias: bool = _knob(False, "a bias on the attention's output projection (GPT-2, Phi)")
+    mlp_bias: bool = _knob(False, "biases on the MLP's projections (GPT-2, Phi)")
+    head_bias: bool = _knob(False, "a bias on the output head (Phi)")
+    norm: str = _knob("rms", "rms (RMSNorm: a weight) | layer (LayerNorm: a weight and a bias)", choices=NORMS)
+    norm_eps: float = _knob(1e-5, "the norms' epsilon", number=True)
+    norm_place: str = _knob(
+        "pre",
+        "pre (a norm before each sublayer: Llama) | post (after each sublayer, before the residual add: OLMo 2) | "
+        "sandwich (both: Gemma 2 and 3) | parallel (attention and MLP side by side on one norm's output: Phi, "
+        "GPT-J) | parallel2 (side by side, a norm each: GPT-NeoX)",
+        choices=NORM_PLACES,
+    )
+    qk_norm: str = _knob(
+        "none",
+        "none | head (an RMSNorm over each head's q and k: Qwen3, Gemma 3) | proj (over the whole q and k "
+        "projections: OLMo 2)",
+        choices=QK_NORMS,
+    )
+    mlp: str = _knob(
+        "gated", "gated (act(x·W1)·(x·W3), then W2: SwiGLU, GeGLU) | plain (act(x·W1), then W2)", choices=MLPS
+    )
+    act: str = _knob("silu", "the MLP's activation: silu | gelu_tanh (tanh approximation) | gelu (exact)", choices=ACTS)
+    positions: str = _knob(
+        "rope", "rope (rotary, on q and k) | learned (a position embedding added to the input)", choices=POSITIONS
+    )
+    rope_dims: int | None = _knob(
+        None, "features of each head RoPE rotates (partial rotary: Phi, GPT-NeoX); null = all"
+    )
+    rope_theta: float = _knob(10000.0, "RoPE's base", number=True)
+    rope_local_theta: float | None = _knob(
+        None, "RoPE's base in sliding-window layers where it differs (Gemma 3); null = rope_theta", number=True
+    )
+    max_positions: int | None = _knob(None, "rows of the learned position embedding (positions: learned; seq_len ≤ it)")
+    sliding_window: int | None = _knob(None, "keys each query sees in a local layer (tokens); null = full attention")
+    global_every: int | None = _knob(
+        None, "with sliding_window: every N-th layer (the N-th, 2N-th …) attends globally; null = every layer local"
+    )
+    attn_softcap: float | None = _knob(
+        None, "attention logits soft-capped to ±this (cap·tanh(x/cap): Gemma 2)", number=True
+    )
+    final_softcap: float | None = _knob(None, "output logits soft-capped to ±this (Gemma 2)", number=True)
+    attn_scale_dim: int | None = _knob(
+        None, "attention scores scaled by attn_scale_dim^-0.5 instead of head_dim^-0.5 (Gemma's query_pre_attn_scalar)"
+    )
+    embed_scale: bool = _knob(False, "the embedding's output multiplied by √d_model (Gemma)")
+
+    def __post_init__(self) -> None:
+        # NOTE: one canonical form, so that writing a default out (head_dim = d_model / n_heads, RoPE over the
+        # whole head) keeps the run_id of the model that leaves it out
+        if self.head_dim is not None and self.n_heads and self.head_dim * self.n_heads == self.d_model:
+            object.__setattr__(self, "head_dim", None)
+        if self.rope_dims is not None and self.rope_dims == self.head_size:
+            object.__setattr__(self, "rope_dims", None)
+        if self.attn_scale_dim is not None and self.attn_scale_dim == self.head_size:
+            object.__setattr__(self, "attn_scale_dim", None)
+        if self.sliding_window is None and self.global_every is not None:
+            object.__setattr__(self, "global_every", None)
+        for name in NUMBER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_size(self) -> int:
+        """Features per head: `head_dim`, or d_model / n_heads."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def q_width(self) -> int:
+        """Features of the queries (and of the attention's output): n_heads · head_size."""
+        return self.n_heads * self.head_size
+
+    @property
+    def kv_width(self) -> int:
+        """Features of the keys and of the values: kv_heads · head_size."""
+        return self.kv_heads * self.head_size
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp == "gated"
+
+    @property
+    def rotary_dims(self) -> int:
+        """Features of each head RoPE rotates (0 with learned positions)."""
+        if self.positions != "rope":
+            return 0
+        return self.rope_dims if self.rope_dims is not None else self.head_size
+
+    def local_layer(self, layer: int) -> bool:
+        """Whether block `layer` (from 0) attends through the sliding window."""
+        if self.sliding_window is None:
+            return False
+        return self.global_every is None or (layer + 1) % self.global_every != 0
+
+    def attended_keys(self, layer: int, seq_len: int) -> int:
+        """Keys a query of block `layer` is counted against: the sequence, or the window in a local layer."""
+        return min(seq_len, self.sliding_window) if self.local_layer(layer) and self.sliding_window else seq_len
 
     def shape_problem(self) -> tuple[str, str] | None:
-        """(the key, why) when harness.worker.models cannot build these attention shapes (heads must divide
-        d_model, kv heads the heads, and head_dim be even for RoPE); None when it can."""
-        if self.d_model % self.n_heads:
-            return "n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
+        """(the key, why) when harness.worker.models cannot build these shapes (heads must divide d_model unless
+        head_dim is given, kv heads the heads, the rotated features be even and within a head, a learned position
+        table name its rows); None when it can."""
+        if self.head_dim is None and self.d_model % self.n_heads:
+            return "n_heads", f"d_model {self.d_model} is not divisible by n_heads {self.n_heads} (give head_dim)"
         if self.n_heads % self.kv_heads:
             return "n_kv_heads", f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}"
-        if self.head_dim % 2:
-            return "n_heads", f"head_dim {self.head_dim} must be even (RoPE)"
+        if self.positions == "rope":
+            if self.rotary_dims > self.head_size:
+                return "rope_dims", f"{self.rotary_dims} is more than head_dim {self.head_size}"
+            if self.rotary_dims % 2:
+                key = "rope_dims" if self.rope_dims else ("head_dim" if self.head_dim else "n_heads")
+                return key, f"RoPE rotates pairs: {self.rotary_dims} is odd"
+        elif self.max_positions is None:
+            return "max_positions", "missing: learned positions need the table's rows"
+        if self.global_every is not None and self.global_every < 1:
+            return "global_every", f"{self.global_every} is not a positive integer"
         return None
 
     def to_dict(self) -> dict:
@@ -64,69 +186,160 @@ class ModelConfig:
             if name not in OPTIONAL_FIELDS or getattr(self, name) != OPTIONAL_FIELDS[name]
         }
 
+    def knobs(self) -> dict:
+        """The knobs that differ from Llama's (everything `to_dict` holds beyond the five dimensions, kv heads and
+        the family): what `harness list models` shows after the dimensions."""
+        out = self.to_dict()
+        for key in ("d_model", "n_layers", "n_heads", "ffn", "vocab", "n_kv_heads", "family"):
+            out.pop(key, None)
+        return out
+
     # -- parameter counts (exact, they match `sum(p.numel())` of harness.worker.models.Transformer) --
 
+    def norm_params(self) -> int:
+        """Parameters of one norm over d_model features (RMSNorm: a weight; LayerNorm: a weight and a bias)."""
+        return self.d_model * (2 if self.norm == "layer" else 1)
+
+    def norms_per_block(self) -> int:
+        """Norms over d_model features in one block: 2 (pre, post, parallel2), 4 (sandwich), 1 (parallel)."""
+        return {"pre": 2, "post": 2, "sandwich": 4, "parallel": 1, "parallel2": 2}[self.norm_place]
+
+    def qk_norm_params(self) -> int:
+        """Parameters of one block's q and k norms (RMSNorm weights; 0 without qk_norm)."""
+        if self.qk_norm == "head":
+            return 2 * self.head_size
+        if self.qk_norm == "proj":
+            return self.q_width + self.kv_width
+        return 0
+
     def block_params(self) -> int:
-        """Parameters of one transformer block: q,k,v,o projections, SwiGLU (3 matrices), 2 RMSNorm weights."""
-        d, hd = self.d_model, self.head_dim
-        attn = d * d + 2 * d * (self.kv_heads * hd) + d * d
-        mlp = 3 * d * self.ffn
-        return attn + self.bias_params() + mlp + 2 * d
+        """Parameters of one transformer block: q, k, v, o projections, the MLP, its norms, its biases."""
+        return (
+            self.block_matmul_params()
+            + self.bias_params()
+            + self.norms_per_block() * self.norm_params()
+            + (self.qk_norm_params())
+        )
+
+    def block_matmul_params(self) -> int:
+        """Weights of one block's projections (every matmul of the block)."""
+        d = self.d_model
+        attn = d * self.q_width + 2 * d * self.kv_width + self.q_width * d
+        return attn + (3 if self.gated else 2) * d * self.ffn
 
     def bias_params(self) -> int:
-        """Parameters of one block's q, k and v biases (0 without `qkv_bias`)."""
-        return (self.n_heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        """Parameters of one block's projection biases (q, k, v; o; the MLP's)."""
+        n = self.q_width + 2 * self.kv_width if self.qkv_bias else 0
+        n += self.d_model if self.o_bias else 0
+        n += ((2 if self.gated else 1) * self.ffn + self.d_model) if self.mlp_bias else 0
+        return n
 
     def embedding_params(self) -> int:
         return self.vocab * self.d_model
 
+    def position_params(self) -> int:
+        """The learned position table's parameters (0 with RoPE)."""
+        return (self.max_positions or 0) * self.d_model if self.positions == "learned" else 0
+
     def head_params(self) -> int:
-        return self.vocab * self.d_model
+        """The output head's own parameters: its weight (none when tied to the embedding) and its bias."""
+        return (0 if self.tied_embeddings else self.vocab * self.d_model) + (self.vocab if self.head_bias else 0)
 
     def n_params(self) -> int:
-        """All parameters: embedding + blocks + final norm + untied output head."""
-        return self.embedding_params() + self.n_layers * self.block_params() + self.d_model + self.head_params()
+        """All parameters: embedding (+ positions) + blocks + final norm + output head (unless tied)."""
+        return (
+            self.embedding_params()
+            + self.position_params()
+            + self.n_layers * self.block_params()
+            + self.norm_params()
+            + self.head_params()
+        )
 
     def n_matmul_params(self) -> int:
-        """Parameters that take part in a matmul per token (everything but the embedding lookup and norms)."""
-        d, hd = self.d_model, self.head_dim
-        per_block = 2 * d * d + 2 * d * (self.kv_heads * hd) + 3 * d * self.ffn
-        return self.n_layers * per_block + self.head_params()
+        """Weights that take part in a matmul per token: every projection and the head's (the embedding's own, when
+        tied), not the embedding lookup, norms or biases."""
+        return self.n_layers * self.block_matmul_params() + self.vocab * self.d_model
 
     def parameter_inventory(self) -> tuple[Param, ...]:
         """Every parameter of the family's torch module (harness.worker.models.Transformer for the decoder) in
         `named_parameters()` order, with its shape (nn.Linear weights are (out_features, in_features); no buffers) and
         wrapping unit: what the collective and memory models shard and gather. `sum(numel) == n_params()`."""
-        d, hd = self.d_model, self.head_dim
+        d, q, kv = self.d_model, self.q_width, self.kv_width
         ps = [Param("tok_emb.weight", (self.vocab, d), "root")]
+        if self.positions == "learned":
+            ps.append(Param("pos_emb.weight", (self.max_positions or 0, d), "root"))
         for i in range(self.n_layers):
             u = f"blocks.{i}"
-            ps += [
-                Param(f"{u}.attn_norm.weight", (d,), u),
-                *_projection(f"{u}.attn.wq", (self.n_heads * hd, d), unit=u, bias=self.qkv_bias),
-                *_projection(f"{u}.attn.wk", (self.kv_heads * hd, d), unit=u, bias=self.qkv_bias),
-                *_projection(f"{u}.attn.wv", (self.kv_heads * hd, d), unit=u, bias=self.qkv_bias),
-                Param(f"{u}.attn.wo.weight", (d, self.n_heads * hd), u),
-                Param(f"{u}.mlp_norm.weight", (d,), u),
-                Param(f"{u}.mlp.w1.weight", (self.ffn, d), u),
-                Param(f"{u}.mlp.w3.weight", (self.ffn, d), u),
-                Param(f"{u}.mlp.w2.weight", (d, self.ffn), u),
+            attn = [
+                *_projection(f"{u}.attn.wq", (q, d), unit=u, bias=self.qkv_bias),
+                *_projection(f"{u}.attn.wk", (kv, d), unit=u, bias=self.qkv_bias),
+                *_projection(f"{u}.attn.wv", (kv, d), unit=u, bias=self.qkv_bias),
             ]
-        ps += [Param("norm.weight", (d,), "root"), Param("head.weight", (self.vocab, d), "root")]
+            if self.qk_norm != "none":
+                width = (self.head_size, self.head_size) if self.qk_norm == "head" else (q, kv)
+                attn += [
+                    Param(f"{u}.attn.q_norm.weight", (width[0],), u),
+                    Param(f"{u}.attn.k_norm.weight", (width[1],), u),
+                ]
+            attn += _projection(f"{u}.attn.wo", (d, q), unit=u, bias=self.o_bias)
+            mlp = _projection(f"{u}.mlp.w1", (self.ffn, d), unit=u, bias=self.mlp_bias)
+            if self.gated:
+                mlp += _projection(f"{u}.mlp.w3", (self.ffn, d), unit=u, bias=self.mlp_bias)
+            mlp += _projection(f"{u}.mlp.w2", (d, self.ffn), unit=u, bias=self.mlp_bias)
+            for name in self.block_modules():
+                if name == "attn":
+                    ps += attn
+                elif name == "mlp":
+                    ps += mlp
+                else:
+                    ps += self._norm(f"{u}.{name}", u)
+        ps += self._norm("norm", "root")
+        if not self.tied_embeddings:
+            ps += _projection("head", (self.vocab, d), unit="root", bias=self.head_bias)
+        elif self.head_bias:
+            ps.append(Param("head.bias", (self.vocab,), "root"))
         return tuple(ps)
+
+    def block_modules(self) -> tuple[str, ...]:
+        """A block's submodules in registration (= forward-use) order: its norms by where they sit, `attn`, `mlp`."""
+        return {
+            "pre": ("attn_norm", "attn", "mlp_norm", "mlp"),
+            "post": ("attn", "attn_out_norm", "mlp", "mlp_out_norm"),
+            "sandwich": ("attn_norm", "attn", "attn_out_norm", "mlp_norm", "mlp", "mlp_out_norm"),
+            "parallel": ("attn_norm", "attn", "mlp"),
+            "parallel2": ("attn_norm", "attn", "mlp_norm", "mlp"),
+        }[self.norm_place]
+
+    def _norm(self, name: str, unit: str) -> list[Param]:
+        d = self.d_model
+        return [Param(f"{name}.weight", (d,), unit)] + (
+            [Param(f"{name}.bias", (d,), unit)] if self.norm == "layer" else []
+        )
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        """Attention's score and value matmuls per trained token, forward + backward: 12 · q_width · keys per block,
+        keys = the sequence (the full square, the PaLM convention) or the window in a local layer."""
+        return 12.0 * self.q_width * sum(self.attended_keys(i, seq_len) for i in range(self.n_layers))
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token (forward + backward, no recompute).
 
         6 FLOPs per matmul parameter (2 forward, 4 backward) plus attention's score and value matmuls,
-        12 * n_layers * d_model * seq_len per token, the PaLM-paper convention (counts the full, not the
-        causal-half, attention square; this is what "model FLOPs" for MFU means in the literature).
+        12 · n_heads · head_dim · seq_len per block per token, the PaLM-paper convention (counts the full, not the
+        causal-half, attention square; this is what "model FLOPs" for MFU means in the literature); a sliding-window
+        layer counts its window instead of the sequence when that is shorter.
         """
-        return 6.0 * self.n_matmul_params() + 12.0 * self.n_layers * self.d_model * seq_len
+        return 6.0 * self.n_matmul_params() + self.attention_flops_per_token(seq_len)
 
 
-OPTIONAL_FIELDS: dict[str, object] = {"qkv_bias": False, "family": "decoder"}
+OPTIONAL_FIELDS: dict[str, object] = {
+    "qkv_bias": False,
+    "family": "decoder",
+    **{f.name: f.default for f in dataclasses.fields(ModelConfig) if "doc" in f.metadata},
+}
 """fields added after the first records, with the default `to_dict` leaves out"""
+NUMBER_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("number"))
+"""the knobs that are real numbers (floats: 500000 and 500000.0 are one model, one run_id)"""
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -154,7 +367,7 @@ class Param:
 
 def parameters(cfg: ModelConfig) -> list[Param]:
     """Every parameter of `harness.worker.models.Transformer(cfg)` in `named_parameters()` order, with its shape
-    (nn.Linear weights are (out_features, in_features); no biases, no buffers). `sum(numel) == n_params()`."""
+    (nn.Linear weights are (out_features, in_features); no buffers). `sum(numel) == n_params()`."""
     return list(_parameters(cfg))
 
 
@@ -183,15 +396,39 @@ ZOO: dict[str, ModelConfig] = {
     "70b": ModelConfig(d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=32000, n_kv_heads=8),
     # current open models, each from its config.json (ZOO_SOURCES); tests/unit/test_hf_config.py reads the same
     # fields from copies of those files and checks n_params() against the published count
-    "llama3.1-8b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=128256, n_kv_heads=8),
-    "llama3.1-70b": ModelConfig(d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=128256, n_kv_heads=8),
-    "llama3.1-405b": ModelConfig(d_model=16384, n_layers=126, n_heads=128, ffn=53248, vocab=128256, n_kv_heads=8),
-    "mistral-7b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=32768, n_kv_heads=8),
+    "llama3.1-8b": ModelConfig(
+        d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=128256, n_kv_heads=8, rope_theta=5e5
+    ),
+    "llama3.1-70b": ModelConfig(
+        d_model=8192, n_layers=80, n_heads=64, ffn=28672, vocab=128256, n_kv_heads=8, rope_theta=5e5
+    ),
+    "llama3.1-405b": ModelConfig(
+        d_model=16384, n_layers=126, n_heads=128, ffn=53248, vocab=128256, n_kv_heads=8, rope_theta=5e5
+    ),
+    "mistral-7b": ModelConfig(
+        d_model=4096, n_layers=32, n_heads=32, ffn=14336, vocab=32768, n_kv_heads=8, rope_theta=1e6
+    ),
     "qwen2.5-7b": ModelConfig(
-        d_model=3584, n_layers=28, n_heads=28, ffn=18944, vocab=152064, n_kv_heads=4, qkv_bias=True
+        d_model=3584,
+        n_layers=28,
+        n_heads=28,
+        ffn=18944,
+        vocab=152064,
+        n_kv_heads=4,
+        qkv_bias=True,
+        rope_theta=1e6,
+        norm_eps=1e-6,
     ),
     "qwen2.5-72b": ModelConfig(
-        d_model=8192, n_layers=80, n_heads=64, ffn=29568, vocab=152064, n_kv_heads=8, qkv_bias=True
+        d_model=8192,
+        n_layers=80,
+        n_heads=64,
+        ffn=29568,
+        vocab=152064,
+        n_kv_heads=8,
+        qkv_bias=True,
+        rope_theta=1e6,
+        norm_eps=1e-6,
     ),
 }
 """Named sizes. 7b/13b/70b are Llama-2's shapes; the names are nominal, `n_params()` is exact."""

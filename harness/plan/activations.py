@@ -46,26 +46,31 @@ WINDOW_HELP = {
 class ActivationModel:
     """Bytes saved for backward by harness.worker.models.Transformer, per token, traced op by op.
 
-    Derivation (T tokens per micro-batch, a = bytes of the compute dtype, per token unless said):
-    RMSNorm saves its fp32 input (`x.float()`: the residual stream itself when that is fp32, else a copy,
-    4d), rsqrt (4) and the normalised value (fp32 4d, or its 16-bit `type_as` copy a·d in lowp); a Linear
-    saves its input: the norm output (4d in fp32, a·d in lowp, shared by q/k/v and by w1/w3) except under
-    autocast, which casts the input once per Linear (3·a·d for q/k/v, 2·a·d for w1/w3). Attention saves
-    the rotated q and k, v (k and v after GQA's repeat_interleave, so d wide either way), the SDPA output
-    and the copy that transpose+reshape makes for wo (5·a·d), and SDPA's fp32 logsumexp (4·n_heads); the
-    flash kernels save nothing of size seq² (no attention matrix). SwiGLU saves w1's and w3's outputs,
-    silu's output and the product (4·a·ffn). RoPE's rotations save only their cached cos/sin tables.
-    Outside the blocks: the final norm, the head's input, log_softmax's fp32 output (4·vocab) and the int64
-    tokens and targets (16).
+    The block is walked as its forward runs (`_block_saves`), each op saving what autograd keeps for its backward,
+    with the dtype each tensor has in the precision mode (a = bytes of the compute dtype, per token unless said):
+    RMSNorm saves its fp32 input (`x.float()`: the tensor itself when it is fp32, else a copy), its rsqrt (4 per
+    row) and the normalised value it multiplies by the weight (fp32, or its 16-bit `type_as` copy when the input
+    was 16 bit); LayerNorm its input (fp32 under autocast, which runs it in fp32) and its mean and rstd; a Linear
+    saves its input, which autocast casts once per Linear (3·a·d for q/k/v, 2·a·d for w1/w3); attention saves the
+    (rotated) q, k and v as SDPA gets them (k and v after GQA's repeat_interleave, cast to 16 bit under autocast
+    when a qk-norm made them fp32), the SDPA output and the copy that transpose+reshape makes for wo, and SDPA's
+    fp32 logsumexp (4·n_heads); the flash kernels save nothing of size seq². Soft-capped attention (eager) saves
+    its tanh's output and its fp32 softmax (and the 16-bit copy the value matmul gets): seq² per head. A gated MLP
+    saves w1's and w3's outputs, the activation's output and the product (4·a·ffn), a plain one w1's output and
+    the activation's (2·a·ffn). RoPE's rotations and the masks save only cached tables. Outside the blocks: the
+    final norm, the head's input, a final soft-cap's tanh output, log_softmax's fp32 output (4·vocab) and the
+    int64 tokens and targets (16).
 
-    Per block: fp32 44d + 16ffn + 4h + 8; autocast (a=2) 36d + 8ffn + 4h + 8; lowp (a=2) 26d + 8ffn + 4h + 8.
-    Checked against saved-tensor hooks and torch's MemTracker on CPU in tests/unit/test_model_budget.py.
+    Llama's block: fp32 44d + 16ffn + 4h + 8; autocast (a=2) 36d + 8ffn + 4h + 8; lowp (a=2) 26d + 8ffn + 4h + 8.
+    Checked against saved-tensor hooks for every knob of ModelConfig in tests/unit/test_model_budget.py.
     """
 
     cfg: ModelConfig
     mode: str
     tokens: int
     """tokens per micro-batch on this rank (micro_batch × seq_len)"""
+    seq_len: int = 0
+    """tokens per sequence (0: one sequence of `tokens`): soft-capped attention saves seq² per head"""
 
     @property
     def compute_bytes(self) -> int:
@@ -76,37 +81,100 @@ class ActivationModel:
         """dtype of the residual stream (block inputs): fp32 unless the parameters themselves are 16 bit"""
         return 2 if self.mode == "lowp" else 4
 
-    def _norm_per_token(self) -> int:
-        d, a = self.cfg.d_model, self.compute_bytes
-        normalised = a * d if self.mode == "lowp" else 4 * d
-        return 4 * d + 4 + normalised
+    @property
+    def seq(self) -> int:
+        return self.seq_len or self.tokens
 
-    def _linear_inputs_per_token(self, consumers: int) -> int:
-        d, a = self.cfg.d_model, self.compute_bytes
-        if self.mode == "autocast":
-            return consumers * a * d
-        return a * d
+    def _norm_saves(self, width: int, rows: int, in_bytes: int) -> tuple[int, int]:
+        """(bytes saved per token, the output's bytes per element) of the model's norm over `width` features in
+        `rows` rows per token, its input `in_bytes` per element."""
+        return self._rms_saves(width, rows, in_bytes) if self.cfg.norm == "rms" else self._ln_saves(width, in_bytes)
+
+    def _rms_saves(self, width: int, rows: int, in_bytes: int) -> tuple[int, int]:
+        normalised = 4 * width if in_bytes == 4 else in_bytes * width
+        out = 2 if self.mode == "lowp" else 4  # the weight's dtype wins the product (fp32 under autocast)
+        return 4 * width + 4 * rows + normalised, out
+
+    def _ln_saves(self, width: int, in_bytes: int) -> tuple[int, int]:
+        # NOTE: autocast runs layer_norm in fp32; its mean and rstd are in the input's dtype
+        if self.mode == "lowp":
+            return 2 * width + 4, 2
+        return 4 * width + 8, 4
+
+    def _linear_inputs(self, width: int, in_bytes: int, consumers: int) -> int:
+        """What `consumers` Linears of one input save: autocast casts an fp32 input once per Linear."""
+        if self.mode == "autocast" and in_bytes == 4:
+            return consumers * 2 * width
+        return in_bytes * width
+
+    def _attention_saves(self, in_bytes: int, *, linear_input: bool = True) -> int:
+        c, a = self.cfg, self.compute_bytes
+        d, q, kv = c.d_model, c.q_width, c.kv_width
+        saved = self._linear_inputs(d, in_bytes, 3) if linear_input else 0
+        qb = kb = a
+        if c.qk_norm != "none":
+            rows_q, rows_k = (c.n_heads, c.kv_heads) if c.qk_norm == "head" else (1, 1)
+            sq, qb = self._rms_saves(q, rows_q, a)
+            sk, kb = self._rms_saves(kv, rows_k, a)
+            saved += sq + sk
+        gqa = c.kv_heads != c.n_heads
+        k_width = q if gqa else kv
+        # NOTE: SDPA (and eager attention's matmuls under autocast) get q, k, v in the compute dtype: a qk-norm's
+        # fp32 outputs are cast, the casts saved; v is wv's output itself without GQA (a view)
+        saved += a * q + a * k_width + a * (q if gqa else kv)
+        del qb, kb
+        if c.attn_softcap is not None:
+            # the tanh's output, the fp32 softmax and its 16-bit copy for the value matmul; the matmul's output
+            # is wo's input after a copy, saved by nothing itself
+            s, h = self.seq, c.n_heads
+            return saved + a * s * h + 4 * s * h + (a * s * h if a != 4 else 0) + a * q
+        saved += 4 * c.n_heads + a * q  # SDPA's logsumexp and output
+        # NOTE: transpose+reshape copies the output for wo only when q was laid out (batch, heads, seq) — RoPE's
+        # cat makes it so; q as a view of wq's output gives an output whose transpose is already contiguous
+        return saved + (a * q if c.rotary_dims else 0)
+
+    def _mlp_saves(self, in_bytes: int, *, linear_input: bool = True) -> int:
+        c, a = self.cfg, self.compute_bytes
+        saved = self._linear_inputs(c.d_model, in_bytes, 2 if c.gated else 1) if linear_input else 0
+        return saved + (4 if c.gated else 2) * a * c.ffn
 
     def block_per_token(self) -> int:
         """Bytes one block saves per token."""
-        c, a = self.cfg, self.compute_bytes
-        attention = 5 * a * c.d_model + 4 * c.n_heads
-        mlp = 4 * a * c.ffn
-        return (
-            2 * self._norm_per_token()
-            + self._linear_inputs_per_token(3)
-            + attention
-            + self._linear_inputs_per_token(2)
-            + mlp
-        )
+        c, a, r = self.cfg, self.compute_bytes, self.residual_bytes
+        d, place = c.d_model, c.norm_place
+        saved = 0
+        if place in ("pre", "sandwich", "parallel2"):
+            n1, o1 = self._norm_saves(d, 1, r)
+            saved += n1 + self._attention_saves(o1)
+            if place == "sandwich":
+                saved += self._norm_saves(d, 1, a)[0]
+            n2, o2 = self._norm_saves(d, 1, r)
+            if place == "parallel2":
+                # both norms read the block's input: what they save of it is one tensor
+                n2 -= (4 * d if r == 4 else 0) if c.norm == "rms" else r * d
+            saved += n2 + self._mlp_saves(o2)
+            if place == "sandwich":
+                saved += self._norm_saves(d, 1, a)[0]
+        elif place == "post":
+            saved += self._attention_saves(r) + self._norm_saves(d, 1, a)[0]
+            saved += self._mlp_saves(r) + self._norm_saves(d, 1, a)[0]
+        else:  # parallel: one norm feeds attention and the MLP
+            n1, o1 = self._norm_saves(d, 1, r)
+            shared = self._linear_inputs(d, o1, 5 if c.gated else 4)
+            saved += n1 + shared + self._attention_saves(o1, linear_input=False)
+            saved += self._mlp_saves(o1, linear_input=False)
+        return saved
 
     def block_input_per_token(self) -> int:
         """Bytes of a block's input (the residual stream), which non-reentrant checkpointing keeps."""
         return self.residual_bytes * self.cfg.d_model
 
     def outside_blocks_per_token(self) -> int:
-        """Final norm, head input, log-probabilities, tokens and targets."""
-        return self._norm_per_token() + self._linear_inputs_per_token(1) + 4 * self.cfg.vocab + 16
+        """Final norm, head input, a final soft-cap, log-probabilities, tokens and targets."""
+        c = self.cfg
+        norm, out = self._norm_saves(c.d_model, 1, self.residual_bytes)
+        softcap = self.compute_bytes * c.vocab if c.final_softcap is not None else 0
+        return norm + self._linear_inputs(c.d_model, out, 1) + softcap + 4 * c.vocab + 16
 
     def block(self) -> int:
         return self.tokens * self.block_per_token()
@@ -115,15 +183,18 @@ class ActivationModel:
         return self.tokens * self.block_input_per_token()
 
     def outside_blocks(self) -> int:
-        return self.tokens * self.outside_blocks_per_token()
+        positions = 8 * self.seq if self.cfg.positions == "learned" else 0  # the position ids (int64)
+        return self.tokens * self.outside_blocks_per_token() + positions
 
     def selective_kept_per_token(self) -> int:
         """Bytes the `selective` policy keeps per block per token beside the block's input: the outputs of its
-        seven matmuls (q and o projections, w2: d wide; k and v: kv_heads · head_dim; w1, w3: ffn) and of
-        SDPA (d, and its fp32 logsumexp)."""
+        matmuls (q and o projections, w2: their widths; k and v: kv_heads · head_dim; w1 (and w3): ffn) and of
+        SDPA (the queries' width, and its fp32 logsumexp), or eager attention's two matmuls."""
         c, a = self.cfg, self.compute_bytes
-        kv = c.kv_heads * c.head_dim
-        return a * (4 * c.d_model + 2 * kv + 2 * c.ffn) + 4 * c.n_heads
+        kept = a * (2 * c.q_width + 2 * c.d_model + 2 * c.kv_width + (2 if c.gated else 1) * c.ffn)
+        if c.attn_softcap is not None:
+            return kept + a * self.seq * c.n_heads
+        return kept + 4 * c.n_heads
 
     def kept_per_block(self, policy: str) -> int:
         """Bytes one block keeps from its forward to its backward under `policy` (none | full | selective)."""
@@ -139,12 +210,13 @@ class ActivationModel:
     def recompute_extra(self, policy: str = "full") -> int:
         """What recomputing one checkpointed block adds to what it kept: the block's saved tensors, less its
         input when the residual stream is fp32 (the norm saves its input as is) and, under `selective`, less
-        the kept outputs that the backward uses as they are (SDPA's output and logsumexp, w1's and w3's
+        the kept outputs that the backward uses as they are (SDPA's output and logsumexp, w1's (and w3's)
         outputs, and v, a view of wv's output, without grouped-query heads)."""
         extra = self.block() - (self.block_input() if self.mode != "lowp" else 0)
         if policy == "selective":
             c, a = self.cfg, self.compute_bytes
-            reused = a * c.d_model + 4 * c.n_heads + 2 * a * c.ffn + (a * c.d_model if c.kv_heads == c.n_heads else 0)
+            attention = a * c.q_width + (4 * c.n_heads if c.attn_softcap is None else 0)
+            reused = attention + (2 if c.gated else 1) * a * c.ffn + (a * c.kv_width if c.kv_heads == c.n_heads else 0)
             extra -= self.tokens * reused
         return extra
 
@@ -161,8 +233,10 @@ class ActivationModel:
         """Gradients in flight inside a block's backward at its largest, in the MLP's backward right after the down
         projection's: the residual-stream gradient entering the block, the gradient of w2's input (ffn wide) and
         the two it splits into at the SwiGLU product (silu's output's and w3's output's), all three alive at once
-        (measured by the tensor-memory meter, tests/dist/test_tensor_memory.py)."""
-        return self.tokens * (self.residual_bytes * self.cfg.d_model + 3 * self.compute_bytes * self.cfg.ffn)
+        (measured by the tensor-memory meter, tests/dist/test_tensor_memory.py); a plain MLP's two (w2's input's,
+        and the activation's input's)."""
+        ffn_grads = 3 if self.cfg.gated else 2
+        return self.tokens * (self.residual_bytes * self.cfg.d_model + ffn_grads * self.compute_bytes * self.cfg.ffn)
 
     def mlp_backward_freed(self) -> int:
         """What the block has freed of its saved tensors by then: w2's saved input (the SwiGLU product)."""
@@ -196,7 +270,7 @@ class ActivationModel:
             # the loss's and the head's saved tensors freed, the final norm's still saved; the head's input
             # gradient flowing into it (the head's weight gradient is the strategy's: held)
             HEAD_BACKWARD: (
-                layers * kept + self.tokens * self._norm_per_token(),
+                layers * kept + self.tokens * self._norm_saves(self.cfg.d_model, 1, self.residual_bytes)[0],
                 [("gradient into the final norm", self.tokens * self.compute_bytes * self.cfg.d_model)],
             ),
             BLOCK_BACKWARD: (

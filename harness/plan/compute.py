@@ -109,7 +109,7 @@ def linear_gemms(tokens: int, out_f: int, in_f: int) -> tuple[list[Gemm], list[G
 
 def block_linears(cfg: ModelConfig) -> list[tuple[str, int, int]]:
     """(name, out_features, in_features) of a block's Linears in forward order."""
-    d, hd = cfg.d_model, cfg.head_dim
+    d, hd = cfg.d_model, cfg.head_size
     return [
         ("wq", cfg.n_heads * hd, d),
         ("wk", cfg.kv_heads * hd, d),
@@ -237,7 +237,7 @@ def compute_of(
     dt = precisions.get(precision).dtype
     ew_dt = "float32" if mode == "fp32" else dt
     tokens, seq = batch * seq_len, seq_len
-    d, ffn, hd = cfg.d_model, cfg.ffn, cfg.head_dim
+    d, ffn, hd = cfg.d_model, cfg.ffn, cfg.head_size
     sp = sequence_parallel
 
     # the isolated rates' factors inside a step (a CPU calibration's in-step probes; 1 otherwise)

@@ -374,7 +374,7 @@ def stage_activations(spec: RunSpec, *, stage: int, tokens: int) -> StageActivat
     if s.checkpointing:
         kept = a * d / (tp if s.sequence_parallel else 1)
         if s.activation_checkpointing == "selective":
-            kv = cfg.kv_heads * cfg.head_dim
+            kv = cfg.kv_heads * cfg.head_size
             kept += a * 2 * d + (a * (2 * d + 2 * kv + 2 * cfg.ffn) + 4 * cfg.n_heads) / tp
         recompute = per_block
     blocks = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])

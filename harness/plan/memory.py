@@ -200,7 +200,8 @@ def foreach_optimizer(spec: RunSpec, device: str) -> bool:
 
 def activation_model(spec: RunSpec) -> ActivationModel:
     s = spec.settings
-    return ActivationModel(spec.model_config, precision_mode(spec.strategy, spec.precision), s.micro_batch * s.seq_len)
+    mode = precision_mode(spec.strategy, spec.precision)
+    return ActivationModel(spec.model_config, mode, s.micro_batch * s.seq_len, seq_len=s.seq_len)
 
 
 def _assemble(
@@ -228,7 +229,9 @@ def _assemble(
     """
     s = spec.settings
     mode = precision_mode(spec.strategy, spec.precision)
-    windows = activation_windows(spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing)
+    windows = activation_windows(
+        spec.model_config, mode, s.micro_batch * s.seq_len, s.activation_checkpointing, seq_len=s.seq_len
+    )
     fraction = grad_fractions(spec.model_config)
     best: tuple[int, str, int, int, list[tuple[str, int]]] | None = None
     totals: dict[str, float] = {}
@@ -277,11 +280,11 @@ def grad_fractions(cfg: ModelConfig) -> Mapping[str, float]:
 
 @functools.cache
 def activation_windows(
-    cfg: ModelConfig, mode: str, tokens: int, policy: str
+    cfg: ModelConfig, mode: str, tokens: int, policy: str, *, seq_len: int = 0
 ) -> tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...]:
     """(window, activation bytes, the backward's own transients) at each moment of WINDOWS (ActivationModel.windows),
     cached: strategies of one precision mode share it."""
-    windows = ActivationModel(cfg, mode, tokens).windows(checkpointing=policy)
+    windows = ActivationModel(cfg, mode, tokens, seq_len=seq_len).windows(checkpointing=policy)
     return tuple((w, acts, tuple(own)) for w, (acts, own) in windows.items())
 
 

@@ -1,5 +1,8 @@
-"""Llama-style decoder in torch: RMSNorm, SwiGLU, causal SDPA attention with RoPE (q, k, v biases for Qwen2's
-shape), untied output head.
+"""The dense decoder in torch: by default Llama's (RMSNorm, SwiGLU, causal SDPA attention with RoPE, untied output
+head), and every variant `ModelConfig` names (tied embeddings, explicit head_dim, qk-norm, biases, LayerNorm, post-
+and sandwich norms, GeGLU and GELU MLPs, partial rotary or learned positions, sliding-window and alternating
+local/global attention, soft-capped logits, parallel blocks): harness.scenario.hf_config reads them from a
+config.json, and tests/unit/test_transformers_parity.py holds this module to the transformers classes.
 
 Initialisation is keyed: every weight-bearing leaf module owns an `init_key` and draws its values from a
 generator seeded with (seed, init_key), so the weights are the same however the model is built (eagerly,
@@ -55,12 +58,12 @@ class KeyedLinear(nn.Linear):
 
 
 class KeyedEmbedding(nn.Embedding):
-    def __init__(self, vocab: int, d: int, *, key: int, seed: int):
-        self.init_key, self.init_seed = key, seed
+    def __init__(self, vocab: int, d: int, *, key: int, seed: int, std: float = 1.0):
+        self.init_key, self.init_seed, self.init_std = key, seed, std
         super().__init__(vocab, d)
 
     def reset_parameters(self) -> None:
-        keyed_normal_(self.weight, seed=self.init_seed, key=self.init_key, std=1.0)
+        keyed_normal_(self.weight, seed=self.init_seed, key=self.init_key, std=self.init_std)
 
 
 class RMSNorm(nn.Module):
@@ -81,15 +84,24 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
+def make_norm(cfg: ModelConfig, d: int | None = None) -> nn.Module:
+    """The model's norm over `d` features (d_model by default): RMSNorm, or LayerNorm with a bias."""
+    width = d or cfg.d_model
+    if cfg.norm == "layer":
+        return nn.LayerNorm(width, eps=cfg.norm_eps)
+    return RMSNorm(width, eps=cfg.norm_eps)
+
+
 _ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MASK_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def rope_cos_sin(
     seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype, base: float = 10000.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (seq, head_dim/2), cached per (seq, head_dim, device, dtype); not module buffers,
+    """cos/sin tables (seq, head_dim/2), cached per (seq, head_dim, device, dtype, base); not module buffers,
     so sharding wrappers never see or shard them."""
-    k = (seq_len, head_dim, str(device), dtype)
+    k = (seq_len, head_dim, str(device), dtype) + ((base,) if base != 10000.0 else ())
     if k in _ROPE_CACHE:
         return _ROPE_CACHE[k]
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
@@ -102,64 +114,172 @@ def rope_cos_sin(
     return tables
 
 
+def attention_mask(seq_len: int, window: int | None, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(seq, seq) additive mask in `dtype`: 0 where query i may attend key j (j ≤ i, and i − j < window in a local
+    layer), −inf elsewhere. Cached like the RoPE tables: a constant, which SDPA and the soft-capped attention keep
+    for backward without a copy per layer."""
+    k = (seq_len, window, str(device), dtype)
+    if k in _MASK_CACHE:
+        return _MASK_CACHE[k]
+    i = torch.arange(seq_len, device=device)
+    allowed = i[None, :] <= i[:, None]
+    if window is not None:
+        allowed = allowed & (i[:, None] - i[None, :] < window)
+    mask = torch.zeros(seq_len, seq_len, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    if not torch.compiler.is_compiling():
+        _MASK_CACHE[k] = mask
+    return mask
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (batch, heads, seq, head_dim); rotate interleaved-half pairs."""
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: int) -> torch.Tensor:
+    """RoPE over the first `dims` features of each head, the rest passed through (Phi's, GPT-NeoX's)."""
+    if dims == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return torch.cat((apply_rope(x[..., :dims], cos, sin), x[..., dims:]), dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, *, layer: int, seed: int):
         super().__init__()
-        d, hd = cfg.d_model, cfg.head_dim
+        d, hd = cfg.d_model, cfg.head_size
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
+        self.window = cfg.sliding_window if cfg.local_layer(layer) else None
+        local_theta = cfg.rope_local_theta if self.window is not None else None
+        self.rotary, self.theta = cfg.rotary_dims, local_theta or cfg.rope_theta
+        self.softcap = cfg.attn_softcap
+        self.scale = cfg.attn_scale_dim**-0.5 if cfg.attn_scale_dim else None
+        self.qk_norm = cfg.qk_norm
         base = 16 * (layer + 1)
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        self.wq = KeyedLinear(d, cfg.n_heads * hd, key=base + 0, seed=seed, bias=cfg.qkv_bias)
-        self.wk = KeyedLinear(d, cfg.kv_heads * hd, key=base + 1, seed=seed, bias=cfg.qkv_bias)
-        self.wv = KeyedLinear(d, cfg.kv_heads * hd, key=base + 2, seed=seed, bias=cfg.qkv_bias)
-        self.wo = KeyedLinear(cfg.n_heads * hd, d, key=base + 3, seed=seed, std=out_std)
+        self.wq = KeyedLinear(d, cfg.q_width, key=base + 0, seed=seed, bias=cfg.qkv_bias)
+        self.wk = KeyedLinear(d, cfg.kv_width, key=base + 1, seed=seed, bias=cfg.qkv_bias)
+        self.wv = KeyedLinear(d, cfg.kv_width, key=base + 2, seed=seed, bias=cfg.qkv_bias)
+        if cfg.qk_norm != "none":
+            q, k = (hd, hd) if cfg.qk_norm == "head" else (cfg.q_width, cfg.kv_width)
+            self.q_norm, self.k_norm = RMSNorm(q, eps=cfg.norm_eps), RMSNorm(k, eps=cfg.norm_eps)
+        self.wo = KeyedLinear(cfg.q_width, d, key=base + 3, seed=seed, std=out_std, bias=cfg.o_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(t, self.head_dim, x.device, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_heads != self.n_heads:
-            rep = self.n_heads // self.kv_heads
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        if self.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:
+            cos, sin = rope_cos_sin(t, self.rotary, x.device, q.dtype, self.theta)
+            q, k = apply_partial_rope(q, cos, sin, self.rotary), apply_partial_rope(k, cos, sin, self.rotary)
+        if k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        window = self.window if self.window is not None and self.window < t else None
+        if self.softcap is not None:
+            y = self._softcapped(q, k, v, window)
+        elif window is not None:
+            mask = attention_mask(t, window, x.device, q.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Attention with its logits soft-capped (Gemma 2): no fused kernel takes the cap, so the scores are
+        materialised (seq² per head, saved for backward: harness.plan.activations prices them)."""
+        assert self.softcap is not None
+        scale = self.scale if self.scale is not None else self.head_dim**-0.5
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap + attention_mask(
+            q.shape[2], window, q.device, q.dtype
+        )
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, v)
 
-class SwiGLU(nn.Module):
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+"""the MLP's activation functions by `ModelConfig.act`"""
+
+
+class MLP(nn.Module):
+    """The block's MLP: gated (SwiGLU, GeGLU: w2(act(w1·x) · w3·x)) or plain (w2(act(w1·x)))."""
+
     def __init__(self, cfg: ModelConfig, *, layer: int, seed: int):
         super().__init__()
         base = 16 * (layer + 1) + 8
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        self.w1 = KeyedLinear(cfg.d_model, cfg.ffn, key=base + 0, seed=seed)
-        self.w3 = KeyedLinear(cfg.d_model, cfg.ffn, key=base + 1, seed=seed)
-        self.w2 = KeyedLinear(cfg.ffn, cfg.d_model, key=base + 2, seed=seed, std=out_std)
+        self.act = ACTIVATIONS[cfg.act]
+        self.w1 = KeyedLinear(cfg.d_model, cfg.ffn, key=base + 0, seed=seed, bias=cfg.mlp_bias)
+        if cfg.gated:
+            self.w3 = KeyedLinear(cfg.d_model, cfg.ffn, key=base + 1, seed=seed, bias=cfg.mlp_bias)
+        self.w2 = KeyedLinear(cfg.ffn, cfg.d_model, key=base + 2, seed=seed, std=out_std, bias=cfg.mlp_bias)
+        self.gated = cfg.gated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.gated:
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)))
+
+
+SwiGLU = MLP
+"""the decoder's MLP under its first name"""
 
 
 class Block(nn.Module):
-    """One transformer block: the unit every sharding strategy wraps."""
+    """One transformer block: the unit every sharding strategy wraps. Its norms sit where `cfg.norm_place` says."""
 
     def __init__(self, cfg: ModelConfig, *, layer: int, seed: int):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model)
-        self.attn = Attention(cfg, layer=layer, seed=seed)
-        self.mlp_norm = RMSNorm(cfg.d_model)
-        self.mlp = SwiGLU(cfg, layer=layer, seed=seed)
+        self.place = cfg.norm_place
+        for name in cfg.block_modules():
+            if name == "attn":
+                self.attn = Attention(cfg, layer=layer, seed=seed)
+            elif name == "mlp":
+                self.mlp = MLP(cfg, layer=layer, seed=seed)
+            else:
+                setattr(self, name, make_norm(cfg))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        m = cast(dict[str, nn.Module], self._modules)  # the norms are registered by name (`cfg.block_modules()`)
+        attn, mlp = m["attn"], m["mlp"]
+        if self.place == "pre":
+            x = x + attn(m["attn_norm"](x))
+            return x + mlp(m["mlp_norm"](x))
+        if self.place == "post":
+            x = x + m["attn_out_norm"](attn(x))
+            return x + m["mlp_out_norm"](mlp(x))
+        if self.place == "sandwich":
+            x = x + m["attn_out_norm"](attn(m["attn_norm"](x)))
+            return x + m["mlp_out_norm"](mlp(m["mlp_norm"](x)))
+        if self.place == "parallel":
+            h = m["attn_norm"](x)
+            return attn(h) + mlp(h) + x
+        return mlp(m["mlp_norm"](x)) + attn(m["attn_norm"](x)) + x
+
+
+class TiedHead(nn.Module):
+    """The output head of a model with tied embeddings: its weight is the embedding's (used by
+    `Transformer.forward`); only its bias (Phi's), if any, is its own."""
+
+    def __init__(self, vocab: int, *, bias: bool):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
+
+    def reset_parameters(self) -> None:
+        if self.bias is not None and not self.bias.is_meta:
+            with torch.no_grad():
+                self.bias.zero_()
 
 
 class Transformer(nn.Module):
@@ -167,16 +287,34 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = KeyedEmbedding(cfg.vocab, cfg.d_model, key=1, seed=seed)
+        if cfg.positions == "learned":
+            self.pos_emb = KeyedEmbedding(cfg.max_positions or 0, cfg.d_model, key=3, seed=seed, std=INIT_STD)
         self.blocks = nn.ModuleList(Block(cfg, layer=i, seed=seed) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model)
-        self.head = KeyedLinear(cfg.d_model, cfg.vocab, key=2, seed=seed)
+        self.norm = make_norm(cfg)
+        self.head: nn.Module
+        if not cfg.tied_embeddings:
+            self.head = KeyedLinear(cfg.d_model, cfg.vocab, key=2, seed=seed, bias=cfg.head_bias)
+        else:
+            self.head = TiedHead(cfg.vocab, bias=cfg.head_bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) → logits (batch, seq, vocab)."""
+        cfg = self.cfg
         x = self.tok_emb(tokens)
+        if cfg.embed_scale:
+            x = x * torch.tensor(cfg.d_model**0.5, dtype=x.dtype)
+        if cfg.positions == "learned":
+            x = x + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        x = self.norm(x)
+        if cfg.tied_embeddings:
+            logits = F.linear(x, self.tok_emb.weight, cast(TiedHead, self.head).bias)
+        else:
+            logits = self.head(x)
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -186,8 +324,12 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def init_module_(module: nn.Module) -> None:
     """Re-draw a module's own (non-recursive) parameters from their keyed streams."""
-    if isinstance(module, (KeyedLinear, KeyedEmbedding, RMSNorm)):
+    if isinstance(module, INIT_MODULES):
         module.reset_parameters()
+
+
+INIT_MODULES = (KeyedLinear, KeyedEmbedding, RMSNorm, nn.LayerNorm, TiedHead)
+"""the modules that own parameters, each initialised by its own reset_parameters"""
 
 
 def new_model(cfg: ModelConfig, *, seed: int) -> nn.Module:

@@ -51,13 +51,13 @@ def test_hf_config_naming_a_model_folder_reads_the_config_json_in_it(tmp_path, c
 
 
 def test_a_refused_hf_config_model_is_one_error_not_a_second_about_the_matrix(tmp_path, capsys):
-    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "pythia-1b.json")}}, model="m")
+    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "mixtral-8x7b.json")}}, model="m")
     assert main(["plan", str(scenario)]) == 2
     err = capsys.readouterr().err
-    assert f"{HF / 'pythia-1b.json'}: hidden_act: cannot build: 'gelu'" in err
+    assert f"{HF / 'mixtral-8x7b.json'}: num_local_experts: cannot build: 8: a mixture of experts" in err
     assert "matrix.model" not in err and "is not one of" not in err, err
     # a name the file does not declare is still the matrix's problem
-    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "pythia-1b.json")}}, model="n")
+    scenario = _scenario(tmp_path, {"m": {"hf_config": str(HF / "mixtral-8x7b.json")}}, model="n")
     assert main(["plan", str(scenario)]) == 2
     assert f"{scenario}: matrix.model[0]: 'n' is not one of" in capsys.readouterr().err
 

@@ -349,6 +349,7 @@ def _saved_bytes(cfg: ModelConfig, mode: str, *, micro_batch: int, seq_len: int)
         return t
 
     models._ROPE_CACHE.clear()
+    models._MASK_CACHE.clear()
     x, y = synthetic_batch(cfg, seed=0, rank=0, micro_batch=micro_batch, seq_len=seq_len)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -356,6 +357,7 @@ def _saved_bytes(cfg: ModelConfig, mode: str, *, micro_batch: int, seq_len: int)
             logits = model(x)
         loss = loss_fn(logits, y)
     rope = {t.untyped_storage().data_ptr() for pair in models._ROPE_CACHE.values() for t in pair}
+    rope |= {t.untyped_storage().data_ptr() for t in models._MASK_CACHE.values()}  # cached constants, like RoPE's
     del loss, logits
     return sum(v for k, v in seen.items() if k not in rope)
 
@@ -366,6 +368,44 @@ def test_activation_formula_matches_saved_tensors(mode, cfg):
     got = _saved_bytes(cfg, mode, micro_batch=2, seq_len=96)
     want = mb.ActivationModel(cfg, mode, 2 * 96).saved_end_of_forward(checkpointing="none")
     assert abs(want - got) <= 16, (want, got)  # all but nll_loss's 4-byte total weight
+
+
+KNOBS: dict[str, dict] = {
+    "gqa-head_dim": {"head_dim": 24, "n_kv_heads": 2},
+    "tied-biases": {"tied_embeddings": True, "head_bias": True, "qkv_bias": True, "o_bias": True, "mlp_bias": True},
+    "layernorm": {"norm": "layer"},
+    "post": {"norm_place": "post"},
+    "sandwich": {"norm_place": "sandwich"},
+    "parallel": {"norm_place": "parallel"},
+    "parallel2-layernorm": {"norm_place": "parallel2", "norm": "layer"},
+    "parallel2-rms": {"norm_place": "parallel2"},
+    "qk_norm-head": {"qk_norm": "head", "n_kv_heads": 2},
+    "qk_norm-proj": {"qk_norm": "proj"},
+    "plain-gelu": {"mlp": "plain", "act": "gelu"},
+    "geglu-partial-rope": {"act": "gelu_tanh", "rope_dims": 8},
+    "learned-positions": {"positions": "learned", "max_positions": 64},
+    "window-alternating": {"sliding_window": 8, "global_every": 2},
+    "softcaps": {"attn_softcap": 5.0, "final_softcap": 3.0, "n_kv_heads": 2},
+    "gemma2-like": {"norm_place": "sandwich", "attn_softcap": 5.0, "final_softcap": 3.0, "sliding_window": 8,
+                    "global_every": 2, "head_dim": 32, "tied_embeddings": True, "act": "gelu_tanh",
+                    "embed_scale": True},
+    "olmo2-like": {"norm_place": "post", "qk_norm": "proj", "n_kv_heads": 2},
+    "gpt2-like": {"norm": "layer", "mlp": "plain", "act": "gelu_tanh", "positions": "learned", "max_positions": 32,
+                  "tied_embeddings": True, "qkv_bias": True, "o_bias": True, "mlp_bias": True},
+}  # fmt: skip
+"""every ModelConfig knob (harness.scenario.hf_config reads them from current models' config.json files), alone or
+as a family combines them, on a small decoder"""
+
+
+@pytest.mark.parametrize("mode", ["fp32", "autocast", "lowp"])
+@pytest.mark.parametrize("knobs", sorted(KNOBS))
+def test_activation_formula_matches_saved_tensors_for_every_knob(mode, knobs):
+    """The activation model walks the block as it runs: exact (to nll_loss's and the embedding scale's scalars)
+    for every knob in every precision mode, a window shorter than the sequence included."""
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, ffn=96, vocab=160, **KNOBS[knobs])
+    got = _saved_bytes(cfg, mode, micro_batch=2, seq_len=20)
+    want = mb.ActivationModel(cfg, mode, 2 * 20, seq_len=20).saved_end_of_forward(checkpointing="none")
+    assert abs(want - got) <= 8, (want, got)
 
 
 _KEPT_SCRIPT = textwrap.dedent("""

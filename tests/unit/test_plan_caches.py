@@ -77,7 +77,7 @@ SPEC: dict[str, tuple[Any, ...]] = {
 def buildable(spec: RunSpec) -> bool:
     """Whether scenario validation would accept the cell's layout and model (a cell the planner is asked about)."""
     cfg, s = spec.model_config, spec.settings
-    if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads or cfg.head_dim % 2:
+    if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads or cfg.head_size % 2:
         return False
     problems = layout_problems(
         gpus=spec.gpus,

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from harness.core.typed import models_in
-from harness.core.zoo import ModelConfig
+from harness.core.zoo import OPTIONAL_FIELDS, ModelConfig
 from harness.launch.core.outcome import finalize, skipped_record
 from harness.launch.core.payload import make_payload, predict
 from harness.results import record
@@ -185,7 +185,7 @@ def test_status_and_spec_types_match_their_definitions():
     spec_fields = {f.name for f in dataclasses.fields(RunSpec)} - {"settings", "extra"} | set(SETTING_FIELDS)
     written = spec_to_json(spec_from_json(json.loads(EXAMPLE.read_text())["spec"]))
     assert list(written)[: len(CORE_KEYS)] == list(CORE_KEYS) and set(written) == spec_fields
-    assert set(written["model_config"]) | {"qkv_bias", "family"} == {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(written["model_config"]) | set(OPTIONAL_FIELDS) == {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 # ---- records as written and as stored

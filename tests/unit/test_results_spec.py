@@ -76,8 +76,8 @@ def test_a_key_this_version_does_not_know_is_kept_and_makes_its_own_cell():
         ({"compile": 0}, "compile: 0 is not a boolean"),
         ({"inject": [1]}, "inject: [1] is not an object or null"),
         ({"model_config": {"d_model": 64}}, "model_config.ffn: missing"),
-        ({"model_config": {"d_model": 64, "n_layers": 2, "n_heads": 4, "ffn": 8, "vocab": 9, "head_dim": 16}},
-         "model_config.head_dim: not a dimension this version knows"),
+        ({"model_config": {"d_model": 64, "n_layers": 2, "n_heads": 4, "ffn": 8, "vocab": 9, "n_experts": 4}},
+         "model_config.n_experts: not a dimension this version knows"),
     ],
 )  # fmt: skip
 def test_a_spec_that_names_no_cell_is_refused_with_the_key_and_value(change, problem):

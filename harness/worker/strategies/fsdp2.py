@@ -17,9 +17,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from harness.scenario.spec import RunSpec
 from harness.worker.models import (
-    KeyedEmbedding,
-    KeyedLinear,
-    RMSNorm,
+    INIT_MODULES,
     Transformer,
     apply_activation_checkpointing,
     blocks_of,
@@ -34,7 +32,7 @@ from harness.worker.strategies.layouts import init_module_sharded_
 def _init_sharded_(model: torch.nn.Module) -> None:
     """Initialise every (DTensor) parameter from the full values its module's keyed init would produce."""
     for module in model.modules():
-        if isinstance(module, (KeyedLinear, KeyedEmbedding, RMSNorm)):
+        if isinstance(module, INIT_MODULES):
             init_module_sharded_(module)
 
 
