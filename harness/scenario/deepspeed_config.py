@@ -274,7 +274,7 @@ def get_path(config: Mapping[str, Any], dotted: str) -> Any:
 
 def conflicts(spec: RunSpec) -> list[str]:
     """Every owned key the cell's `deepspeed_config` sets to another value than the harness's, as a sentence with
-    both values (`zero_optimization.stage is 2 in deepspeed_config but the cell's strategy zero3 sets 3`); [] when
+    both values (`deepspeed_config sets zero_optimization.stage to 2 but the cell's strategy zero3 sets 3`); [] when
     none (or no config)."""
     user = spec.settings.deepspeed_config
     if not user:
@@ -289,9 +289,9 @@ def conflicts(spec: RunSpec) -> list[str]:
         if mine is ABSENT:
             mine = _OWNED_WHEN_ABSENT.get(key, ABSENT)
         if mine is ABSENT:
-            out.append(f"{key} is {_shown(theirs)} in {SETTING} but {who(spec)} leaves it unset")
+            out.append(f"{SETTING} sets {key} to {_shown(theirs)} but {who(spec)} leaves it unset")
         elif not _same(theirs, mine):
-            out.append(f"{key} is {_shown(theirs)} in {SETTING} but {who(spec)} sets {_shown(mine)}")
+            out.append(f"{SETTING} sets {key} to {_shown(theirs)} but {who(spec)} sets {_shown(mine)}")
     return out
 
 
@@ -316,7 +316,7 @@ def refusal(spec: RunSpec) -> str | None:
             f"{SETTING} is DeepSpeed's config: {spec.strategy} does not run DeepSpeed (give it to "
             f"{', '.join(DEEPSPEED_STRATEGIES)} cells only)"
         )
-    found = content_problems(user, named=SETTING) + [f"{SETTING}: {c}" for c in conflicts(spec)]
+    found = content_problems(user, named=SETTING) + conflicts(spec)
     return "; ".join(found) if found else None
 
 
