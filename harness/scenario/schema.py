@@ -660,7 +660,8 @@ def apply_overrides(
     - A list is the matrix axis KEY, replacing the file's axis, or its `settings.KEY` (the setting becomes an
       axis); include and exclude entries match on the new values, as they would had the file said so.
     - A dotted key sets one key of a mapping setting: `--set inject.fault=slow --set inject.factor=2` is
-      `--set inject={fault: slow, factor: 2}` merged over the file's `settings.inject`; a scalar then.
+      `--set inject={fault: slow, factor: 2}` merged over the file's `settings.inject`; a scalar then. Over a
+      `deepspeed_config` path, the file's content is what the key is set in.
     - No `=` is refused (`--set micro_batch` is no value), as is a VALUE that is not YAML.
 
     The file is not written: a sweep's manifest records the texts (`Scenario.overrides`)."""
@@ -698,6 +699,8 @@ def apply_overrides(
                 )
                 continue
             base = values.get(head, file_settings.get(head))
+            if head == deepspeed_config.SETTING and isinstance(base, str):  # NOTE: the file's keys, then the --set's
+                base = deepspeed_config.read_deepspeed_config(base, scenario_file=file, where=where, problems=problems)
             value = _set_in(dict(base) if isinstance(base, dict) else {}, rest.split("."), value)
         values.pop(head, None)  # NOTE: the last one given wins, and stands where it was given last
         values[head] = value

@@ -291,3 +291,14 @@ def test_a_local_nvme_cell_is_skipped_before_launch_where_async_io_cannot_be_bui
     (rec,) = res.records
     assert rec.status == "skipped" and rec.reason == why
     assert not (tmp_path / "results" / "nv" / ".scratch").exists()
+
+
+def test_a_dotted_set_changes_one_key_of_the_files_config(tmp_path):
+    path = scenario(tmp_path, {"zero_optimization": {"reduce_bucket_size": 1000}, "wall_clock_breakdown": True})
+    (spec,) = load_scenario(path, overrides=["deepspeed_config.zero_optimization.sub_group_size=7"]).expand(
+        gpus_per_node=2
+    )
+    assert spec.settings.deepspeed_config == {
+        "zero_optimization": {"reduce_bucket_size": 1000, "sub_group_size": 7},
+        "wall_clock_breakdown": True,
+    }
