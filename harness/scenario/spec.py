@@ -157,8 +157,8 @@ class Settings:
     )
     nvme_path: str = _setting(
         "",
-        "offload: nvme's swap folder (a fast local disk); empty: a folder of the run's own under the sweep's "
-        "results (.scratch/<run_id>.<attempt>), removed after the run",
+        "offload: nvme's swap folder, an absolute path on a fast local disk (ignored by other offloads); empty: a "
+        "folder of the run's own under the sweep's results (.scratch/<run_id>.<attempt>/nvme), removed after the run",
     )
 
     def __post_init__(self) -> None:
@@ -175,6 +175,8 @@ class Settings:
             object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
         if self.tp == 1:
             object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
+        if self.offload != "nvme":  # NOTE: likewise, the swap folder means nothing without NVMe offload
+            object.__setattr__(self, "nvme_path", SETTING_DEFAULTS["nvme_path"])
         # NOTE: frozen all the way down, so that a RunSpec hashes (the planner's caches key on it)
         if isinstance(self.inject, dict) and not isinstance(self.inject, FrozenDict):
             object.__setattr__(self, "inject", FrozenDict(self.inject))

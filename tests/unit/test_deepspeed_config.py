@@ -302,3 +302,21 @@ def test_a_dotted_set_changes_one_key_of_the_files_config(tmp_path):
         "zero_optimization": {"reduce_bucket_size": 1000, "sub_group_size": 7},
         "wall_clock_breakdown": True,
     }
+
+
+def test_nvme_path_means_nothing_without_nvme_offload_and_keeps_the_run_id():
+    doc = {
+        "name": "t",
+        "matrix": {
+            "model": ["tiny"],
+            "strategy": ["zero3"],
+            "precision": ["fp32"],
+            "gpus": [2],
+            "offload": ["none", "nvme"],
+        },
+        "settings": {"nvme_path": "/scratch/x"},
+    }
+    plain, nvme = parse_scenario(doc, "s").expand(gpus_per_node=2)
+    assert plain.settings.nvme_path == "" and nvme.settings.nvme_path == "/scratch/x"
+    bare = parse_scenario({**doc, "settings": {}}, "s").expand(gpus_per_node=2)[0]
+    assert plain.run_id == bare.run_id
