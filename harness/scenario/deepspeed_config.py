@@ -57,8 +57,8 @@ def _offload(spec: RunSpec) -> str:
 
 
 OWNED_KEYS: tuple[tuple[str, Callable[[RunSpec], str]], ...] = (
-    ("train_micro_batch_size_per_gpu", lambda spec: f"the cell's micro_batch {spec.settings.micro_batch}"),
-    ("gradient_accumulation_steps", lambda spec: f"the cell's grad_accum {spec.settings.grad_accum}"),
+    ("train_micro_batch_size_per_gpu", lambda spec: "the cell's micro_batch"),
+    ("gradient_accumulation_steps", lambda spec: "the cell's grad_accum"),
     (
         "train_batch_size",
         lambda spec: (

@@ -97,7 +97,7 @@ def test_a_conflicting_owned_key_is_refused_with_both_values_and_an_equal_one_ac
     )
     both = cells(scenario(tmp_path, {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True}}))["zero2"]
     why = both.unsupported_reason("cpu")
-    assert "train_micro_batch_size_per_gpu to 8 but the cell's micro_batch 2 sets 2" in why
+    assert "train_micro_batch_size_per_gpu to 8 but the cell's micro_batch sets 2" in why
     assert "fp16.enabled to true but the cell's precision fp32 sets false" in why
     opt = cells(scenario(tmp_path, {"optimizer": {"type": "Adam"}}))["zero2"]
     assert 'optimizer to {"type": "Adam"} but the harness, which passes its own optimizer' in opt.unsupported_reason()
