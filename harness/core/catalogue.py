@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 from harness.core.precisions import PRECISIONS
 
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-"""CPU offload modes: none; the optimizer state (and master weights); the optimizer state and the parameters"""
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params", "nvme")
+"""offload modes: none; the optimizer state (and master weights) to CPU memory; the optimizer state and the
+parameters to CPU memory; both to NVMe (DeepSpeed ZeRO-Infinity: ZeRO-3 only, `Strategy.nvme`)"""
 
 FLAT, HYBRID = "flat", "hybrid"
 MESHES: tuple[str, ...] = (FLAT, HYBRID)
@@ -79,7 +80,10 @@ class Strategy:
     precisions: tuple[str, ...] = PRECISIONS
     """precisions it can run"""
     offload_refusals: dict[str, str] = field(default_factory=dict, hash=False)
-    """offload mode → why it cannot run that way; modes not named here are supported"""
+    """offload mode → why it cannot run that way; modes not named here are supported (but `nvme`: see `nvme`)"""
+    nvme: bool = False
+    """whether it runs `offload: nvme` (DeepSpeed ZeRO-Infinity's NVMe swap of parameters and optimizer state);
+    an entry without it refuses the mode (_NO_NVME)"""
     compile: bool = True
     """whether torch.compile is supported"""
     compile_with_checkpointing_refusal: str | None = None
@@ -98,11 +102,13 @@ class Strategy:
     @property
     def offloads(self) -> tuple[str, ...]:
         """The offload modes it supports."""
-        return tuple(o for o in OFFLOADS if o not in self.offload_refusals)
+        return tuple(o for o in OFFLOADS if self.offload_refusal(o) is None)
 
     def offload_refusal(self, offload: str) -> str | None:
         """Why this strategy cannot run with `offload`, or None."""
         reason = self.offload_refusals.get(offload)
+        if reason is None and offload == "nvme" and not self.nvme:
+            reason = _NO_NVME
         return None if reason is None else reason.format(strategy=self.name)
 
     def compile_refusal(self, *, checkpointing: bool) -> str | None:
@@ -131,6 +137,7 @@ class Strategy:
 # the entries
 
 _NO_OFFLOAD = "{strategy} has no CPU offload"
+_NO_NVME = "{strategy}: NVMe offload is DeepSpeed ZeRO-Infinity's, which swaps ZeRO-3's partitions (run it with zero3)"
 _FSDP_OFFLOAD = "{strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
 _FSDP2_OFFLOAD = "{strategy}: CPU offload is not part of this harness's FSDP2 cells"
 _ZERO12_OFFLOAD = "{strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
@@ -277,6 +284,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         comm_model="zero3",
         overlap="zero3_prefetch",
         framework_cost="zero3",
+        nvme=True,
         compile_with_checkpointing_refusal=_ZERO3_COMPILE_AC,
         device_refusals=_DS_CPU_FP16,
         dim_refusals={"tp": _ZERO_LAYOUT, "pp": _ZERO_LAYOUT},

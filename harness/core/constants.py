@@ -20,10 +20,13 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 # --------------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO; source: deepspeed/runtime/zero/config.py and stage_1_and_2.py, deepspeed 0.19.8.
 # harness.worker.strategies.zero sets none of them (overlap_comm defaults to on for stage 3 only, and stage 3
-# allocates a single reduce bucket anyway).
+# allocates a single reduce bucket anyway); a cell's `deepspeed_config` may, and the planner then reads the cell's
+# values instead (harness.scenario.deepspeed_config.PRICED_KEYS, `zero_value`).
 
 DS_REDUCE_BUCKET_ELEMS = 500_000_000
 """reduce_bucket_size: the contiguous gradient bucket (elements), allocated in full whatever the model size"""
+DS_ALLGATHER_BUCKET_ELEMS = 500_000_000
+"""allgather_bucket_size (elements): ZeRO-1/2's sharded all_gather, used only without all_gather_into_tensor"""
 DS_NCCL_START_ALIGNMENT = 2
 """stage_1_and_2.py nccl_start_alignment_factor: ZeRO-1/2 pad the flat buffer to a multiple of this × world"""
 DS_SUB_GROUP_SIZE = 1_000_000_000

@@ -173,7 +173,7 @@ def run_cell(
     when the record is ok, else 1: a failed cell, or a skipped one, which ran nothing (as a sweep whose every cell was
     skipped; docs/exit-codes.md)."""
     from harness.launch.core.outcome import describe, skipped_record
-    from harness.launch.core.payload import make_payload, predict
+    from harness.launch.core.payload import host_refusal, make_payload, predict
     from harness.launch.local.launchers import launch_foreground, local_gpus
     from harness.plan.placement import capacity, host_memory_refusal, placement_refusal
     from harness.results.store import check_writable_dir, sweep_dir
@@ -194,7 +194,7 @@ def run_cell(
     # are children of this process whatever the profile's executor, so the limit is always the local one
     here = dataclasses.replace(cluster, executor="local")
     cap = capacity(here, gpus=local_gpus)
-    reason = spec.unsupported_reason(cluster.device) or placement_refusal(spec, here, cap)
+    reason = spec.unsupported_reason(cluster.device) or placement_refusal(spec, here, cap) or host_refusal(spec, here)
     if reason is None and not no_skip and (host := host_memory_refusal(spec, predicted=predicted, cap=cap)):
         reason = f"predicted not to fit this host: {host} (--no-skip runs it)"
     if reason:

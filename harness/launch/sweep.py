@@ -29,7 +29,7 @@ from harness.launch.core.backend import Backend, Round, RoundEnd
 from harness.launch.core.folder import SweepFolder
 from harness.launch.core.manifest import Manifest, file_lock
 from harness.launch.core.outcome import FAILED, describe, skipped_record
-from harness.launch.core.payload import make_payload, predict
+from harness.launch.core.payload import host_refusal, make_payload, predict
 from harness.launch.local.backend import STOP_SIGNALS, LocalBackend
 from harness.launch.local.launchers import local_gpus
 from harness.launch.slurm.backend import SlurmBackend
@@ -149,6 +149,8 @@ class Sweep:
         reason = spec.unsupported_reason(self.cluster.device)
         if reason is None:
             reason = placement_refusal(spec, self.cluster, self.capacity)
+        if reason is None:
+            reason = host_refusal(spec, self.cluster)
         if reason is None and fits is False and not self.no_skip:
             reason = f"predicted not to fit: {predicted.reason} (--no-skip runs it)"
         if reason is None and not self.no_skip:

@@ -44,6 +44,7 @@ No torch import: the planner calls this for every cell.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -63,7 +64,8 @@ from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan import layouts, runnable, zero3
 from harness.plan.links import box_kind
-from harness.plan.zero3 import Zero3Config, ds_ipg_buckets, zero3_structure
+from harness.plan.zero3 import ZERO3_KEYS, Zero3Config, ds_ipg_buckets, zero3_structure
+from harness.scenario import deepspeed_config
 from harness.scenario.spec import RunSpec
 
 # DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp); the defaults and the DeepSpeed
@@ -76,6 +78,19 @@ FSDP_ALIGNMENT_BYTES = 16
 ZERO3 = Zero3Config()
 """the ZeRO-3 coordinator's knobs the collective model uses (DeepSpeed's defaults; a test or a diagnosis may set
 others: a CommCell takes them when it is made)"""
+
+
+def zero3_config(spec: RunSpec) -> Zero3Config:
+    """The ZeRO-3 knobs of a cell: `ZERO3`'s, with the values its `deepspeed_config` sets (ZERO3_KEYS)."""
+    user = spec.settings.deepspeed_config
+    if not user:
+        return ZERO3
+    given = {
+        f: deepspeed_config.zero_value(spec, k)
+        for k, f in ZERO3_KEYS.items()
+        if deepspeed_config.get_path(user, k) is not deepspeed_config.ABSENT
+    }
+    return dataclasses.replace(ZERO3, **given) if given else ZERO3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,7 +276,9 @@ class CommCell:
     """activation checkpointing (full or selective): ZeRO-3's module trace includes the recompute"""
     offload: str
     zero3: Zero3Config
-    """the ZeRO-3 coordinator's knobs (the module's `ZERO3` when the cell was taken)"""
+    """the ZeRO-3 knobs (the module's `ZERO3` when the cell was taken, with its `deepspeed_config`'s values)"""
+    reduce_bucket: int
+    """ZeRO-1/2's reduce_bucket_size (elements): DeepSpeed's default or the cell's `deepspeed_config`'s"""
 
     @classmethod
     def of(cls, spec: RunSpec) -> CommCell:
@@ -275,7 +292,8 @@ class CommCell:
             grad_accum=s.grad_accum,
             checkpointing=s.checkpointing,
             offload=s.offload,
-            zero3=ZERO3,
+            zero3=zero3_config(spec),
+            reduce_bucket=deepspeed_config.zero_value(spec, "zero_optimization.reduce_bucket_size"),
         )
 
 
@@ -468,12 +486,13 @@ def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Gro
 
 
 @functools.cache
-def _zero12_buckets(cfg: ModelConfig, stage: int) -> tuple[int, ...]:
-    """Elements per ZeRO-1/2 gradient bucket."""
+def _zero12_buckets(cfg: ModelConfig, stage: int, cap: int = DS_REDUCE_BUCKET_ELEMS) -> tuple[int, ...]:
+    """Elements per ZeRO-1/2 gradient bucket of at most `cap` elements (reduce_bucket_size; a larger gradient is
+    a bucket of its own)."""
     # ZeRO-1 reduces at the accumulation boundary, walking the parameter group in order; ZeRO-2 reduces
     # from gradient hooks (reverse registration order) on every micro-step
     order = list(param_numels(cfg)) if stage == 1 else list(reversed(param_numels(cfg)))
-    return tuple(sum(order[i] for i in b) for b in ds_ipg_buckets(order))
+    return tuple(sum(order[i] for i in b) for b in ds_ipg_buckets(order, cap=cap))
 
 
 def _zero12(
@@ -483,6 +502,7 @@ def _zero12(
     precision: str,
     gpus: int,
     grad_accum: int,
+    reduce_bucket: int,
     g: Groups,
     led: LedgerBuilder,
 ) -> None:
@@ -495,7 +515,7 @@ def _zero12(
     numel = sum(param_numels(model_config))
     align = DS_NCCL_START_ALIGNMENT * w
     flat = -(-numel // align) * align
-    buckets = _zero12_buckets(model_config, stage)
+    buckets = _zero12_buckets(model_config, stage, reduce_bucket)
     per_step = 1 if stage == 1 else accum
     for i, b in enumerate(buckets):
         led.add(
@@ -520,7 +540,7 @@ def _zero12(
         )
     led.notes.append(
         f"ZeRO-{stage}: gradients all_reduced whole in {dt} ({len(buckets)} bucket(s) of <= "
-        f"{DS_REDUCE_BUCKET_ELEMS:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
+        f"{reduce_bucket:.0e} elements{', every micro-step' if stage == 2 else ''}); flat "
         f"buffer padded to a multiple of {align}"
     )
 
@@ -621,6 +641,9 @@ def no_comm_model_reason(spec: RunSpec, *, unsupported: str | None | runnable.Un
         return "a hybrid with one rank per node has a one-rank shard group: FSDP's fallback there is not measured"
     if s.offload != "none" and entry.comm_model in OFFLOAD_NOT_MODELLED:
         return OFFLOAD_NOT_MODELLED[entry.comm_model]
+    unmodelled = deepspeed_config.unmodelled_keys(spec)
+    if unmodelled:
+        return f"deepspeed_config sets {', '.join(unmodelled)}, which the collective model does not model"
     return layouts.no_model_reason(spec)  # tensor / pipeline parallelism: harness.plan.layouts
 
 

@@ -38,14 +38,6 @@ from types import MappingProxyType
 
 from harness.core import precisions
 from harness.core.catalogue import CATALOGUE, HYBRID
-from harness.core.constants import (
-    DS_MAX_LIVE_PARAMETERS,
-    DS_MAX_REUSE_DISTANCE,
-    DS_PARAM_PERSISTENCE_THRESHOLD,
-    DS_PREFETCH_BUCKET_ELEMS,
-    DS_REDUCE_BUCKET_ELEMS,
-    DS_SUB_GROUP_SIZE,
-)
 from harness.core.zoo import ModelConfig, parameters
 from harness.plan import layouts
 from harness.plan.activations import (
@@ -62,6 +54,7 @@ from harness.plan.activations import (
     ActivationModel,
 )
 from harness.plan.flops import precision_mode
+from harness.scenario.deepspeed_config import unmodelled_keys, zero_value
 from harness.scenario.spec import RunSpec
 
 GIB = 2**30
@@ -75,7 +68,26 @@ communicator). Both live outside torch's caching allocator, so they never show i
 but do come out of `total_memory`. A cell fits when its predicted total <= device memory - this reserve."""
 
 # NOTE: the DeepSpeed ZeRO defaults (DS_*) live in harness.core.constants with their source; the collective
-# model (harness.plan.comm) uses the same ones
+# model (harness.plan.comm) uses the same ones, and both read a cell's `deepspeed_config` values instead where it
+# sets them (harness.scenario.deepspeed_config.zero_value)
+REDUCE_BUCKET = "zero_optimization.reduce_bucket_size"
+PREFETCH_BUCKET = "zero_optimization.stage3_prefetch_bucket_size"
+MAX_LIVE = "zero_optimization.stage3_max_live_parameters"
+MAX_REUSE = "zero_optimization.stage3_max_reuse_distance"
+PERSISTENCE = "zero_optimization.stage3_param_persistence_threshold"
+SUB_GROUP = "zero_optimization.sub_group_size"
+
+
+def _deepspeed_notes(spec: RunSpec, notes: dict[str, str]) -> None:
+    """Say which of the cell's `deepspeed_config` keys the memory model prices and which it does not model."""
+    user = spec.settings.deepspeed_config
+    if user:
+        skipped = unmodelled_keys(spec)
+        notes["deepspeed_config"] = (
+            "bucket, prefetch, persistence and sub-group sizes as the cell's config sets them"
+            + (f"; not modelled: {', '.join(skipped)}" if skipped else "")
+        )
+
 
 FSDP_UNITS_IN_FLIGHT = 2
 """unsharded block units at once: FSDP1 limit_all_gathers lets one all-gather run ahead, and the default
@@ -501,8 +513,9 @@ def _zero(spec: RunSpec, foreach: bool = False) -> Memory:
     nshard = spec.gpus
     b = precisions.get(spec.precision).element_bytes
     off_opt = s.offload in ("optimizer", "optimizer+params")
-    bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
+    bucket = ("reduce bucket", b * zero_value(spec, REDUCE_BUCKET))
     notes: dict[str, str] = {}
+    _deepspeed_notes(spec, notes)
 
     n = cfg.n_params()
     part = _ceil_div(n, nshard)  # this rank's partition of the flat parameter group
@@ -558,11 +571,13 @@ def _zero3(spec: RunSpec, foreach: bool = False) -> Memory:
     cfg, s = spec.model_config, spec.settings
     nshard = spec.gpus
     b = precisions.get(spec.precision).element_bytes
-    off_opt = s.offload in ("optimizer", "optimizer+params")
-    off_par = s.offload == "optimizer+params"
-    bucket = ("reduce bucket", b * DS_REDUCE_BUCKET_ELEMS)
+    nvme = s.offload == "nvme"
+    off_opt = s.offload in ("optimizer", "optimizer+params") or nvme
+    off_par = s.offload == "optimizer+params" or nvme
+    bucket = ("reduce bucket", b * zero_value(spec, REDUCE_BUCKET))
     notes: dict[str, str] = {}
-    partitions, persistent, largest_module = _zero3_sizes(cfg, nshard)
+    _deepspeed_notes(spec, notes)
+    partitions, persistent, largest_module = _zero3_sizes(cfg, nshard, zero_value(spec, PERSISTENCE))
     # NOTE: an fp32 master copy in every precision: _create_fp32_partitions skips the copy only when the partition's
     # device equals `self.device`, the accelerator's device *name* (a str), which never equals a torch.device
     # (deepspeed 0.19.8 stage3.py:1162); the tensor-memory meter finds the third fp32 partition in fp32 cells
@@ -576,13 +591,14 @@ def _zero3(spec: RunSpec, foreach: bool = False) -> Memory:
     # head are used again at once) up to that many stay gathered, under stage3_max_live_parameters
     # (partitioned_param_coordinator.py `__params_to_release`; measured: tests/dist/test_tensor_memory.py)
     gatherable = cfg.n_params() - persistent
-    prefetched = min(DS_MAX_LIVE_PARAMETERS, largest_module + DS_PREFETCH_BUCKET_ELEMS, gatherable)
-    kept = min(DS_MAX_LIVE_PARAMETERS, DS_MAX_REUSE_DISTANCE, gatherable)
+    max_live = zero_value(spec, MAX_LIVE)
+    prefetched = min(max_live, largest_module + zero_value(spec, PREFETCH_BUCKET), gatherable)
+    kept = min(max_live, zero_value(spec, MAX_REUSE), gatherable)
     live = ("live gathered parameters", b * prefetched)
     turn = ("gathered parameters kept for their reuse in backward", b * max(prefetched, kept))
     # the reduce bucket: allocated once, never freed; the optimizer's fp32 gradient buffer: one sub-group at a time,
     # inside the optimizer step only (stage3.py _prepare_fp32_grad_for_sub_group / _release_sub_group)
-    fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(DS_SUB_GROUP_SIZE, partitions))
+    fp32_grad = ("fp32 gradient sub-group buffer", 4 * min(zero_value(spec, SUB_GROUP), partitions))
     cpu = 0
     if off_opt:
         cpu = master + moments + 4 * partitions + b * partitions
@@ -593,6 +609,14 @@ def _zero3(spec: RunSpec, foreach: bool = False) -> Memory:
         cpu += b * partitions
         params = b * persistent
         notes["cpu"] += "; offload_param: 16-bit parameter partitions"
+    if nvme:
+        # NOTE: ZeRO-Infinity swaps the same states to files under nvme_path; its pinned host swap buffers (aio
+        # buffer_count x buffer_size, the parameter swapper's buffers) are not modelled
+        cpu = 0
+        notes["cpu"] = (
+            "offload nvme: fp32 master, moments, gradient and parameter partitions swapped to nvme_path (not host "
+            "memory); DeepSpeed's pinned swap buffers in host memory are not modelled"
+        )
     held = {
         w: [bucket]
         + ([turn] if w in (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD) else [])
@@ -633,11 +657,12 @@ def _fsdp2_sharded(cfg: ModelConfig, nshard: int) -> int:
 
 
 @functools.cache
-def _zero3_sizes(cfg: ModelConfig, nshard: int) -> tuple[int, int, int]:
-    """(partition elements, persistent elements, largest parameter) of ZeRO-3 over `nshard` ranks."""
+def _zero3_sizes(cfg: ModelConfig, nshard: int, threshold: int) -> tuple[int, int, int]:
+    """(partition elements, persistent elements, largest parameter) of ZeRO-3 over `nshard` ranks, parameters of at
+    most `threshold` elements persistent (stage3_param_persistence_threshold)."""
     shapes = parameters(cfg)
     partitions = sum(_ceil_div(ps.numel, nshard) for ps in shapes)
-    persistent = sum(ps.numel for ps in shapes if ps.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(ps.numel for ps in shapes if ps.numel <= threshold)
     return partitions, persistent, max(ps.numel for ps in shapes)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.core.constants import (
     DS_MAX_LIVE_PARAMETERS,
@@ -23,7 +23,8 @@ from harness.core.zoo import ModelConfig, parameters
 
 @dataclass(frozen=True)
 class Zero3Config:
-    """The ZeRO-3 parameter-coordinator knobs (DeepSpeed's defaults; harness.worker.strategies.zero sets none)."""
+    """The ZeRO-3 knobs the collective model reads: DeepSpeed's defaults, or a cell's `deepspeed_config` values
+    (harness.plan.comm.zero3_config)."""
 
     persistence_threshold: int = DS_PARAM_PERSISTENCE_THRESHOLD
     """stage3_param_persistence_threshold: parameters of at most this many elements stay resident (elements)"""
@@ -33,6 +34,21 @@ class Zero3Config:
     """stage3_prefetch_bucket_size: elements prefetched per fetch"""
     max_live: int = DS_MAX_LIVE_PARAMETERS
     """stage3_max_live_parameters: prefetch stops at this many available elements"""
+    reduce_bucket: int = DS_REDUCE_BUCKET_ELEMS
+    """reduce_bucket_size: a gradient bucket is reduced before it would pass this many elements"""
+    sub_group_size: int = DS_SUB_GROUP_SIZE
+    """sub_group_size: the optimizer steps sub-groups of this many elements (per rank)"""
+
+
+ZERO3_KEYS: dict[str, str] = {
+    "zero_optimization.stage3_param_persistence_threshold": "persistence_threshold",
+    "zero_optimization.stage3_max_reuse_distance": "max_reuse_distance",
+    "zero_optimization.stage3_prefetch_bucket_size": "prefetch_bucket",
+    "zero_optimization.stage3_max_live_parameters": "max_live",
+    "zero_optimization.reduce_bucket_size": "reduce_bucket",
+    "zero_optimization.sub_group_size": "sub_group_size",
+}
+"""a DeepSpeed config's dotted key → the Zero3Config field it sets (harness.scenario.deepspeed_config.PRICED_KEYS)"""
 
 
 DEFAULT = Zero3Config()
@@ -132,7 +148,11 @@ def zero3_trace(cfg: ModelConfig, *, conf: Zero3Config | None = None, checkpoint
     """The coordinator's gathers for `cfg` with the knobs `conf` (default: DeepSpeed's), cached per model, knobs and
     checkpointing: the trace does not depend on the world size, and planning simulates it once per model instead
     of once per cell."""
-    return simulate_zero3_trace(cfg, conf or DEFAULT, checkpointing)
+    conf = conf or DEFAULT
+    # NOTE: the trace reads the coordinator's knobs only: one simulation for every bucket and sub-group size
+    return simulate_zero3_trace(
+        cfg, replace(conf, reduce_bucket=DEFAULT.reduce_bucket, sub_group_size=DEFAULT.sub_group_size), checkpointing
+    )
 
 
 @functools.cache
@@ -259,13 +279,14 @@ def zero3_structure(cfg: ModelConfig, w: int, conf: Zero3Config, checkpointing: 
     # gradients reach the bucket from backward hooks, reverse registration order; the bucket threshold
     # counts unpadded elements, the reduce_scatter input pads every gradient to the world
     order = list(reversed(range(len(params))))
-    buckets = tuple(sum(padded[order[j]] for j in b) for b in ds_ipg_buckets([params[i].numel for i in order]))
+    numels = [params[i].numel for i in order]
+    buckets = tuple(sum(padded[order[j]] for j in b) for b in ds_ipg_buckets(numels, cap=conf.reduce_bucket))
     return Zero3Structure(
         gathers=tuple(gathers),
         regathered=regathered,
         persistent=tuple((params[i].name, padded[i]) for i in persistent),
         buckets=buckets,
-        sub_groups=zero3_sub_groups([pad // w for pad in padded]),
+        sub_groups=zero3_sub_groups([pad // w for pad in padded], sub_group_size=conf.sub_group_size),
         n_params=len(params),
     )
 

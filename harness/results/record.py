@@ -313,7 +313,8 @@ class Env(Typed):
     """what rank 0's malloc does with freed memory: 'caching (glibc ... mallopt ...)' or 'system ...' on a CPU
     (the profile's cpu_allocator, harness.worker.allocator); the CUDA caching allocator on a GPU"""
     deepspeed_config: Annotated[dict[str, Any] | None, SOMETIMES] = None
-    """the config DeepSpeed ran with (ZeRO cells)"""
+    """the config DeepSpeed ran with (ZeRO cells): the harness's own with the cell's `deepspeed_config` merged over it
+    (harness.scenario.deepspeed_config.merged_config), and an `offload: nvme` cell's actual swap folder"""
     backend: str | None = None
     """torch.distributed backend: nccl | gloo"""
     hostnames: list[str] | None = None

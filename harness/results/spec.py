@@ -31,12 +31,15 @@ from harness.scenario.spec import (
     TYPE_NAMES,
     RunSpec,
     Settings,
+    thawed,
     value_is,
 )
 
 CORE_KEYS: tuple[str, ...] = ("model", "model_config", "strategy", "precision", "gpus", "nodes", "gpus_per_node")
 """the keys every spec holds, in the order it is written; the settings follow (harness.scenario.spec.SETTING_FIELDS)"""
 _TEXT_KEYS = ("model", "strategy", "precision")
+MAPPING_SETTINGS = frozenset({"inject", "deepspeed_config"})
+"""the settings whose value is an object (or null)"""
 _COUNT_KEYS = ("gpus", "nodes", "gpus_per_node")
 
 
@@ -63,7 +66,7 @@ def spec_to_json(spec: RunSpec) -> dict[str, Any]:
     settings = spec.settings
     for name in SETTING_FIELDS:
         value = getattr(settings, name)
-        out[name] = dict(value) if isinstance(value, dict) else value
+        out[name] = thawed(value) if isinstance(value, dict) else value
     out.update((key, json.loads(text)) for key, text in spec.extra)
     return out
 
@@ -128,7 +131,7 @@ _EXACT: dict[str, tuple[type, ...]] = {
 _SETTING_EXACT: dict[str, tuple[type, ...]] = {
     name: (
         (dict, type(None))
-        if name == "inject"
+        if name in MAPPING_SETTINGS
         else (str, bool)
         if name == "activation_checkpointing"
         else (int, float)
@@ -219,7 +222,7 @@ def _check(d: dict[str, Any], key: str, typ: type, problems: list[str]) -> None:
 def _setting_ok(name: str, value: Any, typ: Any, problems: list[str]) -> bool:
     """Whether a setting's value has its type (a record carries what the scenario validated; only the type is
     checked here, so a record of a value this version no longer offers still reads)."""
-    if name == "inject":
+    if name in MAPPING_SETTINGS:
         ok = value is None or isinstance(value, Mapping)
         expected = "an object or null"
     elif name == "activation_checkpointing":

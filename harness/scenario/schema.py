@@ -23,6 +23,7 @@ from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.families import dimension_problems, family_of, model_keys, shapes_of
 from harness.core.layout import MESH_DIMS, layout_problems
 from harness.core.zoo import ZOO, ModelConfig
+from harness.scenario import deepspeed_config
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.spec import (
     PRECISIONS,
@@ -155,6 +156,9 @@ def _check_setting(name: str, value: Any, where: str, file: str, problems: list[
     if name == "inject":
         _check_inject(value, where, file, problems)
         return
+    if name == deepspeed_config.SETTING:
+        _check_deepspeed_config(value, where, file, problems)
+        return
     f = SETTING_FIELDS[name]
     value = canonical_setting(name, value)
     typ = {"int": int, "float": float, "bool": bool, "str": str}[f.type] if isinstance(f.type, str) else f.type
@@ -168,6 +172,62 @@ def _check_setting(name: str, value: Any, where: str, file: str, problems: list[
         problems.append(Problem(file, where, one_of(value, choices)))
     if minimum is not None and value < minimum:
         problems.append(Problem(file, where, f"{value!r} is below the minimum {minimum!r}"))
+
+
+def _check_deepspeed_config(value: Any, where: str, file: str, problems: list[Problem]) -> None:
+    """A `deepspeed_config` value: null, a path (read by `_read_deepspeed_configs`, which says what is wrong with the
+    file) or a mapping whose content the harness can merge."""
+    if value is None or isinstance(value, str):
+        return
+    if not isinstance(value, dict):
+        problems.append(Problem(file, where, f"{value!r} must be null, a JSON file's path or a mapping"))
+        return
+    for message in deepspeed_config.content_problems(value, named="the mapping"):
+        problems.append(Problem(file, where, message))
+
+
+def _read_deepspeed_configs(
+    doc: dict, every_cell: dict[str, Any], file: str, problems: list[Problem]
+) -> tuple[dict, dict[str, Any]]:
+    """The document (and the `--set` values) with every `deepspeed_config` path replaced by the JSON object it names,
+    read once per path, relative to the scenario file: the cells carry the content, so their run_id follows it. A
+    file that cannot be used is one problem at the key that names it (and the path stays: validation stops there)."""
+    key = deepspeed_config.SETTING
+    read: dict[str, Any] = {}
+
+    def resolve(value: Any, where: str) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value not in read:
+            found: list[Problem] = []
+            content = deepspeed_config.read_deepspeed_config(value, scenario_file=file, where=where, problems=found)
+            if content is not None:
+                named = f"{value!r}"
+                found += [Problem(file, where, m) for m in deepspeed_config.content_problems(content, named=named)]
+            problems.extend(found)
+            read[value] = value if found else content
+        return read[value]
+
+    doc = {**doc}
+    settings = doc.get("settings")
+    if isinstance(settings, dict) and key in settings:
+        doc["settings"] = {**settings, key: resolve(settings[key], f"settings.{key}")}
+    matrix = doc.get("matrix")
+    if isinstance(matrix, dict):
+        matrix = {**matrix}
+        if isinstance(matrix.get(key), list):
+            matrix[key] = [resolve(v, f"matrix.{key}[{i}]") for i, v in enumerate(matrix[key])]
+        for kind in ("include", "exclude"):
+            entries = matrix.get(kind)
+            if isinstance(entries, list):
+                matrix[kind] = [
+                    {**e, key: resolve(e[key], f"matrix.{kind}[{i}].{key}")} if isinstance(e, dict) and key in e else e
+                    for i, e in enumerate(entries)
+                ]
+        doc["matrix"] = matrix
+    if key in every_cell:
+        every_cell = {**every_cell, key: resolve(every_cell[key], f"--set {key}")}
+    return doc, every_cell
 
 
 def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, ModelConfig]:
@@ -290,6 +350,7 @@ def _parse_document(doc: dict, file: str, *, every_cell: dict[str, Any], problem
     for k in doc:
         if k not in TOP_LEVEL_KEYS:
             problems.append(unknown(file, str(k), k, TOP_LEVEL_KEYS))
+    doc, every_cell = _read_deepspeed_configs(doc, every_cell, file, problems)
     name = doc.get("name", Path(file).stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append(Problem(file, "name", f"{name!r} must match {NAME_RE.pattern} (it names result folders)"))
@@ -599,7 +660,8 @@ def apply_overrides(
     - A list is the matrix axis KEY, replacing the file's axis, or its `settings.KEY` (the setting becomes an
       axis); include and exclude entries match on the new values, as they would had the file said so.
     - A dotted key sets one key of a mapping setting: `--set inject.fault=slow --set inject.factor=2` is
-      `--set inject={fault: slow, factor: 2}` merged over the file's `settings.inject`; a scalar then.
+      `--set inject={fault: slow, factor: 2}` merged over the file's `settings.inject`; a scalar then. Over a
+      `deepspeed_config` path, the file's content is what the key is set in.
     - No `=` is refused (`--set micro_batch` is no value), as is a VALUE that is not YAML.
 
     The file is not written: a sweep's manifest records the texts (`Scenario.overrides`)."""
@@ -637,6 +699,8 @@ def apply_overrides(
                 )
                 continue
             base = values.get(head, file_settings.get(head))
+            if head == deepspeed_config.SETTING and isinstance(base, str):  # NOTE: the file's keys, then the --set's
+                base = deepspeed_config.read_deepspeed_config(base, scenario_file=file, where=where, problems=problems)
             value = _set_in(dict(base) if isinstance(base, dict) else {}, rest.split("."), value)
         values.pop(head, None)  # NOTE: the last one given wins, and stands where it was given last
         values[head] = value

@@ -23,6 +23,7 @@ from harness.core import catalogue, precisions
 from harness.core.families import FAMILIES
 from harness.core.layout import MESH_DIMS, PP_SCHEDULES, Layout
 from harness.core.zoo import ModelConfig
+from harness.scenario import deepspeed_config
 
 STRATEGIES: tuple[str, ...] = catalogue.STRATEGIES
 HYBRID_STRATEGIES: frozenset[str] = catalogue.HYBRID_STRATEGIES
@@ -54,6 +55,35 @@ class FrozenDict(dict[str, Any]):
         return FrozenDict, (dict(self),)
 
 
+def frozen(value: Any) -> Any:
+    """A JSON value frozen all the way down (mappings as FrozenDicts, lists as tuples): a nested mapping setting
+    (`deepspeed_config`) that hashes by its content. JSON writes it back as it was read."""
+    if isinstance(value, dict):
+        return value if _is_frozen(value) else FrozenDict({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """A frozen setting's value as plain JSON data again (dicts and lists): what a spec's JSON form writes."""
+    if isinstance(value, dict):
+        return {k: thawed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thawed(v) for v in value]
+    return value
+
+
+def _is_frozen(value: Any) -> bool:
+    if isinstance(value, FrozenDict):
+        return all(_is_frozen(v) for v in value.values())
+    if isinstance(value, dict) or isinstance(value, list):
+        return False
+    if isinstance(value, tuple):
+        return all(_is_frozen(v) for v in value)
+    return True
+
+
 SETTING_DEFAULTS: dict[str, Any] = {}
 """setting → its default (filled once Settings is defined)"""
 
@@ -81,7 +111,10 @@ class Settings:
         False, "torch.compile the model (per block for FSDP2/ZeRO, the wrapped model for DDP/FSDP1)"
     )
     offload: str = _setting(
-        "none", "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload", choices=OFFLOADS
+        "none",
+        "CPU offload: DeepSpeed ZeRO offload_optimizer/offload_param, FSDP CPUOffload; nvme: ZeRO-3's parameters "
+        "and optimizer state swapped to nvme_path (ZeRO-Infinity; needs DeepSpeed's async I/O op, libaio)",
+        choices=OFFLOADS,
     )
     seed: int = _setting(0, "seed for weights and synthetic batches", minimum=0)
     lr: float = _setting(1e-3, "AdamW learning rate", minimum=0.0)
@@ -116,6 +149,18 @@ class Settings:
         "into a fresh model and optimizer and train on: metrics.checkpoint (save_s, load_s, bytes, files)",
     )
 
+    deepspeed_config: dict | None = _setting(
+        None,
+        "zero* cells: a DeepSpeed config (a JSON file, relative to the scenario file, or a mapping) merged over the "
+        "harness's own; the keys the harness sets (batch sizes, stage, precision, offload, optimizer) may only repeat "
+        "its values; the cell carries the file's content, so the run_id follows it (docs/strategies.md)",
+    )
+    nvme_path: str = _setting(
+        "",
+        "offload: nvme's swap folder, an absolute path on a fast local disk (ignored by other offloads); empty: a "
+        "folder of the run's own under the sweep's results (.scratch/<run_id>.<attempt>/nvme), removed after the run",
+    )
+
     def __post_init__(self) -> None:
         # NOTE: true/false were the only values before the policies existed; records and files keep them
         object.__setattr__(
@@ -130,9 +175,13 @@ class Settings:
             object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
         if self.tp == 1:
             object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
+        if self.offload != "nvme":  # NOTE: likewise, the swap folder means nothing without NVMe offload
+            object.__setattr__(self, "nvme_path", SETTING_DEFAULTS["nvme_path"])
         # NOTE: frozen all the way down, so that a RunSpec hashes (the planner's caches key on it)
         if isinstance(self.inject, dict) and not isinstance(self.inject, FrozenDict):
             object.__setattr__(self, "inject", FrozenDict(self.inject))
+        if isinstance(self.deepspeed_config, dict):
+            object.__setattr__(self, "deepspeed_config", frozen(self.deepspeed_config))
 
     @property
     def degrees(self) -> tuple[tuple[str, int], ...]:
@@ -203,7 +252,7 @@ class RunSpec:
         for name, f in SETTING_FIELDS.items():
             v = getattr(self.settings, name)
             if v != f.default:
-                out[name] = dict(v) if isinstance(v, dict) else v
+                out[name] = thawed(v) if isinstance(v, dict) else v
         out.update((key, json.loads(text)) for key, text in self.extra)
         return out
 
@@ -302,6 +351,9 @@ class RunSpec:
             why = entry.compile_refusal(checkpointing=s.checkpointing)
             if why is not None:
                 return why
+        why = deepspeed_config.refusal(self)
+        if why is not None:
+            return why
         return entry.device_refusal(device, self.precision)
 
     def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
@@ -344,6 +396,9 @@ class RunSpec:
             return "torch.compile is not part of the tensor- and pipeline-parallel layouts here"
         if s.checkpoint:
             return "checkpoint is not part of the tensor- and pipeline-parallel layouts here"
+        why = deepspeed_config.refusal(self)
+        if why is not None:
+            return why
         return entry.device_refusal(device, self.precision)
 
 

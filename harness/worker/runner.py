@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import socket
 import time
 import traceback
@@ -23,7 +24,7 @@ from harness.plan.flops import hardware_flops_per_step
 from harness.plan.prediction import Prediction
 from harness.results.payload import Payload, PayloadCluster
 from harness.results.record import Fragment, Record, Status
-from harness.results.store import claim_end, new_record, sanitize, write_fragment, write_record
+from harness.results.store import claim_end, new_record, sanitize, sweep_dir, write_fragment, write_record
 from harness.scenario.cluster import find_peak
 from harness.scenario.spec import RunSpec
 from harness.worker.devices import cuda_placement, node_major_problem
@@ -142,6 +143,7 @@ def run(
     # NOTE: the heartbeat says which rank stopped when none raised (an NCCL watchdog's abort, a SIGKILL): it beats
     # until this function leaves, after the process group is destroyed (harness.worker.heartbeat)
     heartbeat = Heartbeat(payload, rank=rank, hostname=node_name()).start()
+    scratch = scratch_root(payload)
     try:
         # NOTE: inside the try from here on: a rank that cannot get its device or join the group (no CUDA, a
         # local rank beyond the GPUs there are, a rendezvous that fails, a torch older than the minimum) writes a
@@ -157,7 +159,9 @@ def run(
         )
         if spec.nodes > 1:
             _check_node_major(spec)
-        trainer, batches = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        trainer, batches = build_trainer(
+            spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device, scratch=scratch
+        )
         t_ready = time.time()
         heartbeat.phase("warmup")
         step = _step_fn(trainer, batches, _fault_injector(s.inject, rank=rank, device=device))
@@ -220,6 +224,18 @@ def run(
     finally:
         end_process_group()  # destroyed, and gloo's worker threads left to finish before the process exits
         heartbeat.stop()
+        if local_rank == 0 and scratch.exists():  # NOTE: after the group ends: no rank swaps any more
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+SCRATCH_DIR = ".scratch"
+"""the folder of the sweep's results that holds each run's temporary files (`scratch_root`)"""
+
+
+def scratch_root(payload: Payload) -> Path:
+    """This run's folder for temporary files (an `offload: nvme` cell's default swap folder):
+    `<results>/<sweep>/.scratch/<run_id>.<attempt>`, removed when the run ends."""
+    return sweep_dir(payload.results, payload.sweep) / SCRATCH_DIR / f"{payload.run_id}.{payload.attempt or 'manual'}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,7 +312,9 @@ def _check_node_major(spec: RunSpec) -> None:
         raise RuntimeError(problem)
 
 
-def build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any) -> tuple[Any, list]:
+def build_trainer(
+    spec: RunSpec, *, rank: int, world_size: int, local_rank: int, device: Any, scratch: Path | None = None
+) -> tuple[Any, list]:
     """(trainer, micro-batches): the cell's model wrapped by its strategy, and this rank's synthetic batch of each
     micro step (the same every step)."""
     import torch
@@ -312,7 +330,12 @@ def build_trainer(spec: RunSpec, *, rank: int, world_size: int, local_rank: int,
     if unsupported:
         raise RuntimeError(f"launched an unsupported cell: {unsupported}")
     topo = Topology(
-        rank=rank, world_size=world_size, local_rank=local_rank, gpus_per_node=spec.gpus_per_node, device=device
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        gpus_per_node=spec.gpus_per_node,
+        device=device,
+        scratch=scratch,
     )
     torch.manual_seed(s.seed)
     trainer = family(spec.strategy).setup(spec, topo=topo)
@@ -481,7 +504,9 @@ def _checkpoint_phase(
     rank, world_size, local_rank = topo
 
     def fresh() -> tuple[Any, Any]:
-        new, _ = build_trainer(spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        new, _ = build_trainer(
+            spec, rank=rank, world_size=world_size, local_rank=local_rank, device=device, scratch=scratch_root(payload)
+        )
         return new, lambda: new.step(batches)
 
     return run_checkpoint(

@@ -106,3 +106,40 @@ def test_zero3_regathers_and_checkpointing_recompute_with_lowered_knobs(policy, 
     got = rec["comm"]
     why = f"\nmeasured {got['by_collective']}\npredicted ledger:\n{_ledger(pred)}"
     assert (got["bytes_per_step"], got["calls_per_step"]) == (measured, calls), why
+
+
+def test_a_users_deepspeed_config_runs_merged_and_its_buckets_are_priced(tmp_path, results):
+    """A scenario's `deepspeed_config` file (issue 53) on a real ZeRO-3 cell: no parameter persistent, none kept
+    for its reuse nor prefetched (so every one is gathered in forward and again in backward), and reduce buckets of
+    20,000 elements. The cell runs with the merged config (the record says so, the harness's keys kept), and the
+    collectives it issues are the planner's for those values, to the byte: 42 gathers and 9 reduce buckets, 1.99 MB,
+    where DeepSpeed's defaults give 21 gathers, 1 bucket and 1.33 MB."""
+    import dataclasses
+    import json
+
+    from harness.scenario.schema import load_scenario
+    from tests.conftest import run_cell
+
+    zero = {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+            "stage3_prefetch_bucket_size": 0, "reduce_bucket_size": 20000}
+    user = {"zero_optimization": zero, "wall_clock_breakdown": False}
+    (tmp_path / "ds.json").write_text(json.dumps(user))
+    (tmp_path / "s.yaml").write_text(
+        "name: t\nmatrix: {model: [tiny], strategy: [zero3], precision: [fp32], gpus: [2]}\n"
+        "settings: {deepspeed_config: ds.json, warmup_steps: 2, measure_steps: 1}\n")
+    (spec,) = load_scenario(tmp_path / "s.yaml").expand(gpus_per_node=2)
+    rec = run_cell(spec, results)
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["spec"]["deepspeed_config"] == user
+    ran = rec["env"]["deepspeed_config"]["zero_optimization"]
+    assert ran == {"stage": 3, **zero}
+    pred = predict_comm(spec)
+    default = predict_comm(dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, deepspeed_config=None)))
+    assert (pred["comm_bytes_per_step"], pred["calls_per_step"]) == (1994504, 52)
+    assert (default["comm_bytes_per_step"], default["calls_per_step"]) == (1329672, 23)
+    got = rec["comm"]
+    why = f"\nmeasured {got['by_collective']}\npredicted ledger:\n{_ledger(pred)}"
+    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
+    for name, m in got["by_collective"].items():
+        p = pred["by_collective"][name]
+        assert (m["calls"], m["bytes"], m["dtype"]) == (p["calls"], p["bytes"], p["dtype"]), f"{name}{why}"

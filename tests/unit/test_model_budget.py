@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.core import precisions
+from harness.core.constants import DS_PARAM_PERSISTENCE_THRESHOLD
 from harness.core.zoo import ZOO, ModelConfig, parameters
 from harness.plan import memory as mb
 from harness.scenario.spec import RunSpec, Settings
@@ -125,7 +126,7 @@ def test_fp16_is_accounted_like_bf16():
 )
 def test_bytes_per_param_unsharded(strategy, precision, per_param):
     mem = mb.memory(spec(strategy, precision, 1))
-    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
     extra = persistent * 4 if strategy == "zero3" else 0  # ZeRO-3's persistent params: partition + gathered copy
     assert (mem.params - extra, mem.grads_after_backward, mem.optimizer) == tuple(b * P7 for b in per_param)
 
@@ -137,7 +138,7 @@ def test_bytes_per_param_unsharded(strategy, precision, per_param):
 def test_zero_stages_shard_optimizer_then_grads_then_params():
     n = 8
     z1, z2, z3 = (mb.memory(spec(s, "bf16", n)) for s in ("zero1", "zero2", "zero3"))
-    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
     assert persistent == (2 * CFG7.n_layers + 1) * CFG7.d_model  # the RMSNorm weights
     # ZeRO-1: optimizer / N
     assert (z1.params, z1.grads_after_backward, z1.optimizer) == (2 * P7, 2 * P7, 12 * P7 // n)
@@ -256,7 +257,7 @@ def test_zero3_offload_moves_optimizer_grads_and_params_to_cpu():
     base = mb.memory(spec("zero3", "bf16", 1))
     opt = mb.memory(spec("zero3", "bf16", 1, offload="optimizer"))
     both = mb.memory(spec("zero3", "bf16", 1, offload="optimizer+params"))
-    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= mb.DS_PARAM_PERSISTENCE_THRESHOLD)
+    persistent = sum(p.numel for p in parameters(CFG7) if p.numel <= DS_PARAM_PERSISTENCE_THRESHOLD)
     assert base.cpu == 0
     assert (opt.optimizer, opt.grads) == (0, 0)
     assert opt.params == base.params

@@ -53,7 +53,7 @@ SETTINGS: dict[str, tuple[Any, ...]] = {
     "measure_steps": (1, 5),
     "activation_checkpointing": ("none", "full", "selective"),
     "compile": (False, True),
-    "offload": ("none", "optimizer", "optimizer+params"),
+    "offload": ("none", "optimizer", "optimizer+params", "nvme"),
     "seed": (0, 7),
     "lr": (1e-3, 3e-4),
     "time_limit_s": (900.0, 60.0),
@@ -63,6 +63,12 @@ SETTINGS: dict[str, tuple[Any, ...]] = {
     "pp_schedule": PP_SCHEDULES,
     "microbatches": (0, 1, 2),
     "sequence_parallel": (False, True),
+    "deepspeed_config": (
+        None,
+        {"zero_optimization": {"reduce_bucket_size": 1000}},
+        {"zero_optimization": {"stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 10}},
+    ),
+    "nvme_path": ("", "/tmp/nvme"),
 }
 SPEC: dict[str, tuple[Any, ...]] = {
     "model": ("m", "other-name"),

@@ -206,8 +206,8 @@ def test_a_dotted_key_of_a_plain_setting_is_refused(tmp_path):
     with pytest.raises(InputError) as e:
         load_scenario(write(tmp_path, AXIS_FILE), overrides=["micro_batch.x=1"])
     assert [str(p) for p in e.value.problems] == [
-        f"{tmp_path / 's.yaml'}: --set micro_batch.x: a dotted key sets a key of a mapping setting (inject); give "
-        "micro_batch=VALUE"
+        f"{tmp_path / 's.yaml'}: --set micro_batch.x: a dotted key sets a key of a mapping setting "
+        "(inject, deepspeed_config); give micro_batch=VALUE"
     ]
 
 

@@ -56,3 +56,14 @@ def make_payload(
             "master_port": free_port() if cluster.executor == "local" else None,
         }
     )
+
+
+def host_refusal(spec: RunSpec, cluster: Cluster) -> str | None:
+    """Why this machine cannot run the cell although the cell itself is valid (its `skipped` reason), or None: an
+    `offload: nvme` cell needs DeepSpeed's async I/O op, which links libaio. Asked for local cells only (a SLURM
+    node is not this machine: its rank refuses there, with the same sentence)."""
+    if cluster.executor != "local" or spec.settings.offload != "nvme":
+        return None
+    from harness.worker.strategies.zero import nvme_refusal
+
+    return nvme_refusal()

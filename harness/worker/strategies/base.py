@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +32,9 @@ class Topology:
     local_rank: int
     gpus_per_node: int
     device: torch.device
+    scratch: Path | None = None
+    """a folder of this run's own for temporary files (an `offload: nvme` cell's swap files): made by whoever writes
+    there, removed by the runner after the run; None outside a run (calibration)"""
 
     @property
     def nodes(self) -> int:

@@ -8,6 +8,7 @@ so parameters are partitioned as each module is constructed and no rank holds th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -16,45 +17,28 @@ from typing import Any
 
 import torch
 
-from harness.core import precisions
+from harness.scenario.deepspeed_config import ZERO_STAGES, merged_config
 from harness.scenario.spec import RunSpec
 from harness.worker.models import apply_activation_checkpointing, blocks_of, build_model, loss_fn, new_model
 from harness.worker.strategies.base import Batch, Topology, adamw
 
-STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+STAGES = ZERO_STAGES
 ZERO_OVERRIDES_ENV = "HARNESS_DS_ZERO_OVERRIDES"
 """JSON merged into `zero_optimization` (e.g. lowered stage3_* knobs so that a CPU-sized model shows
 re-gathers); for diagnosing the accounting model, not for benchmarks"""
 
 
-def ds_config(spec: RunSpec, *, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed config for a cell (also recorded, so a user can reproduce the cell outside the harness)."""
-    s = spec.settings
-    stage = STAGES[spec.strategy]
-    zero: dict[str, Any] = {"stage": stage}
-    if s.offload in ("optimizer", "optimizer+params"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if s.offload == "optimizer+params":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "train_batch_size": s.micro_batch * s.grad_accum * world_size,
-        "zero_optimization": zero,
-        "gradient_clipping": 0.0,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-    }
+def ds_config(spec: RunSpec, *, world_size: int, nvme_path: str | None = None) -> dict[str, Any]:
+    """The DeepSpeed config for a cell (also recorded, so a user can reproduce the cell outside the harness): the
+    harness's own with the cell's `deepspeed_config` merged over it (harness.scenario.deepspeed_config; validation
+    refused a cell whose config changes a key the harness owns). `nvme_path`: an `offload: nvme` cell's swap
+    folder."""
+    if world_size != spec.gpus:
+        raise RuntimeError(f"a cell of {spec.gpus} GPUs runs on a world of {world_size}")
+    cfg = merged_config(spec, nvme_path=nvme_path)
     overrides = os.environ.get(ZERO_OVERRIDES_ENV)
     if overrides:  # diagnostics only (tests/dist/test_comm.py); the record's env.deepspeed_config shows it
-        zero.update(json.loads(overrides))
-    dtype = precisions.get(spec.precision).dtype
-    if dtype == "bfloat16":
-        cfg["bf16"] = {"enabled": True}
-    elif dtype == "float16":
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+        cfg["zero_optimization"].update(json.loads(overrides))
     return cfg
 
 
@@ -111,12 +95,49 @@ def _skip_shm_comm_build() -> None:
         ds_comm_torch.build_shm_op = lambda: None  # type: ignore[attr-defined]
 
 
+NVME_SUBDIR = "nvme"
+"""the swap folder of an `offload: nvme` cell without its own nvme_path: under the run's scratch folder"""
+
+
+def nvme_folder(spec: RunSpec, *, scratch: Path | None) -> str | None:
+    """Where an `offload: nvme` cell swaps (made here): the cell's nvme_path, else the run's scratch folder's
+    `nvme/`; None for every other cell."""
+    if spec.settings.offload != "nvme":
+        return None
+    if spec.settings.nvme_path:
+        folder = Path(spec.settings.nvme_path).expanduser()
+    elif scratch is not None:
+        folder = scratch / NVME_SUBDIR
+    else:
+        raise RuntimeError("offload: nvme needs nvme_path or a run's scratch folder; neither was given")
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
+@functools.cache
+def nvme_refusal() -> str | None:
+    """Why this host cannot run `offload: nvme` (DeepSpeed's async I/O op, AsyncIOBuilder, cannot be built here:
+    it links libaio), or None. Asked once per process; imports deepspeed (the sweep asks for local nvme cells only).
+    """
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    builder = AsyncIOBuilder()
+    if builder.is_compatible(verbose=False):
+        return None
+    return (
+        "offload nvme needs DeepSpeed's async I/O op (AsyncIOBuilder), which cannot be built on this host: "
+        "libaio's library and headers were not found (install libaio-dev, or set CFLAGS/LDFLAGS to where they are)"
+    )
+
+
 def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
     import deepspeed
 
     _skip_shm_comm_build()
+    if spec.settings.offload == "nvme" and (why := nvme_refusal()) is not None:
+        raise RuntimeError(why)
     deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo", auto_mpi_discovery=False)
-    config = ds_config(spec, world_size=topo.world_size)
+    config = ds_config(spec, world_size=topo.world_size, nvme_path=nvme_folder(spec, scratch=topo.scratch))
     cfg = spec.model_config
     if spec.strategy == "zero3":
         # NOTE: no dtype= here: zero.Init derives it from the config. An explicit dtype is ignored on
