@@ -327,8 +327,8 @@ FAMILY_SETTINGS: dict[str, FamilySetting] = {
         FamilySetting(
             "reshard_after_forward",
             ("fsdp2",),
-            "{strategy}: reshard_after_forward is FSDP2's fully_shard option (fsdp2.*); FSDP1 keeps its gathered "
-            "parameters to the backward as a sharding strategy of its own: run fsdp.shard_grad_op (or "
+            "{strategy}: reshard_after_forward is FSDP2's fully_shard option (fsdp2.*); {strategy} does not take it "
+            "(FSDP1 keeps gathered parameters to the backward as a strategy of its own: fsdp.shard_grad_op, "
             "fsdp.hybrid_shard_zero2)",
         ),
         FamilySetting(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness.core import catalogue, precisions
+from harness.core.constants import DDP_BUCKET_CAP_MB
 from harness.core.families import FAMILIES
 from harness.core.layout import MESH_DIMS, PP_SCHEDULES, Layout
 from harness.core.zoo import ModelConfig
@@ -151,7 +152,7 @@ class Settings:
         True, "fsdp.*: FSDP1 limit_all_gathers (at most two units' all-gathers in flight ahead of the compute)"
     )
     bucket_cap_mb: float = _setting(
-        25.0,
+        float(DDP_BUCKET_CAP_MB),
         "ddp: DistributedDataParallel bucket_cap_mb (MiB); 25 = torch's default (its first bucket 1 MiB), another "
         "value is every bucket's cap, the first's too (as torch takes an explicit value)",
         minimum=0.0,
