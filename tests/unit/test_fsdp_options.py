@@ -144,20 +144,28 @@ def test_without_resharding_the_whole_model_stays_gathered_from_the_forward():
 # ---- overlap
 
 
-def test_the_overlap_follows_the_prefetch(tmp_path, monkeypatch):
+def test_the_time_model_prices_both_sides(tmp_path, monkeypatch):
     """FSDP1 without backward prefetch exposes its backward all-gathers; larger units hide less of each gather behind
-    the unit before (the first unit's gather is exposed, and it is larger)."""
+    the unit before (the first unit's gather is exposed, and it is larger), but pay the framework's per-unit
+    overhead fewer times."""
     monkeypatch.setenv(cal.CALIBRATION_DIR_ENV, str(tmp_path))
     cluster = load_cluster("local-gpu")
     (tmp_path / f"local-gpu{cal.SUFFIX}").write_text(json.dumps(cal.example_calibration("local-gpu", device="cuda")))
     rates = cal.rates_for(cluster)
 
-    def exposed(strategy: str, **settings) -> float:
+    def parts(strategy: str, **settings) -> dict:
         spec = make_spec(strategy=strategy, model="125m", gpus=4, precision="bf16", gpus_per_node=8, seq_len=512,
                          **settings)  # fmt: skip
-        return tm.predict_time(spec, cluster, rates).to_dict()["time_s"]["comm_exposed"]
+        return tm.predict_time(spec, cluster, rates).to_dict()["time_s"]
+
+    def exposed(strategy: str, **settings) -> float:
+        return parts(strategy, **settings)["comm_exposed"]
 
     assert exposed("fsdp.full_shard", backward_prefetch="none") > exposed("fsdp.full_shard")
+    # the other side: FSDP's per-block framework overhead (hooks, flat parameters) is paid per unit, 3 of 12 blocks'
+    other = {w: parts("fsdp2.full_shard", wrap_blocks=w)["other"] for w in (1, 4)}
+    framework = cal.example_calibration("local-gpu", device="cuda")["compute"]["framework"]["fsdp2.full_shard/bf16"]
+    assert other[1] - other[4] == pytest.approx((12 - 3) * framework["per_block_s"], rel=1e-9)
     assert exposed("fsdp2.full_shard", wrap_blocks=0) > exposed("fsdp2.full_shard", wrap_blocks=4)
     assert exposed("fsdp2.full_shard", wrap_blocks=4) >= exposed("fsdp2.full_shard")
 
