@@ -242,3 +242,13 @@ def test_a_scenario_whose_every_cell_refuses_a_setting_is_exit_2(tmp_path, capsy
     err = capsys.readouterr().err
     assert "settings.wrap_blocks: -1 is below the minimum 0" in err
     assert "settings.backward_prefetch: 'sometimes' is not one of backward_pre, backward_post, none" in err
+
+
+def test_the_plan_names_a_cell_by_its_options():
+    """`harness plan` and the recommendation tell the cells of one strategy apart by the options set (issue 53)."""
+    from harness.plan.recommend import option_list
+
+    assert option_list(make_spec(strategy="fsdp2.full_shard")) == ["mb2x64"]
+    wrapped = make_spec(strategy="fsdp2.full_shard", wrap_blocks=2, reshard_after_forward=False)
+    assert option_list(wrapped) == ["mb2x64", "wrap_blocks=2", "reshard_after_forward=false"]
+    assert option_list(make_spec(strategy="ddp", bucket_cap_mb=0.5)) == ["mb2x64", "bucket_cap_mb=0.5"]
