@@ -3,7 +3,8 @@
 # Each sweep part ends with the plan's recommendation (the device's shipped profile) beside the measured fastest
 # and, per ok cell, measured tensor memory by category beside the plan's (bench/gpu_check_memory.py).
 #   small  125m every strategy x checkpointing policy (planner: predicted vs measured peak), a real CUDA OOM
-#          then an ok cell, one traced cell (the breakdown from device kernels, the profiler's cost)
+#          then an ok cell, one traced cell (the breakdown from device kernels, the profiler's cost), one FSDP2 cell
+#          with wrap_blocks 2 and reshard_after_forward false (the grouped fully_shard on CUDA streams)
 #   large  1.3b ddp/fsdp/zero1/zero3 x checkpointing, 7b ZeRO-3 (step time, TFLOPS, MFU, memory)
 #   bench  the comm meter's cost (1.3b); harness step vs bare loop, 1.3b compiled, 1.3b eager, then 125m, each
 #          family, TFLOPS, MFU

@@ -300,6 +300,81 @@ FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(s.family for s in _ENTRIES))
 FAMILY_MODULES: tuple[str, ...] = tuple(f"{STRATEGY_MODULE_PREFIX}.{f}" for f in FAMILIES)
 
 
+# --------------------------------------------------------------------------------------------------
+# the framework options a family takes (settings of harness.scenario.spec.Settings): where each applies
+
+
+@dataclass(frozen=True)
+class FamilySetting:
+    """A setting that is one family's framework option (FSDP1's prefetch, FSDP2's resharding, DDP's buckets): the
+    families whose modules apply it, and why a cell of another family, or a tensor/pipeline layout, refuses it when
+    it is set away from its default (`{strategy}` is replaced by the name)."""
+
+    name: str
+    """the setting (a field of harness.scenario.spec.Settings)"""
+    families: tuple[str, ...]
+    """the strategy families (harness/worker/strategies/<family>.py) that apply it"""
+    refusal: str
+    """why a strategy of another family cannot take it"""
+    layouts: bool = False
+    """whether it composes with tensor or pipeline parallelism (tp or pp > 1)"""
+
+
+_FSDP1_ONLY = (
+    "{strategy}: {setting} is an option of FSDP1's FullyShardedDataParallel (fsdp.*); {strategy} does not take it"
+)
+FAMILY_SETTINGS: dict[str, FamilySetting] = {
+    s.name: s
+    for s in (
+        FamilySetting(
+            "wrap_blocks",
+            ("fsdp", "fsdp2"),
+            "{strategy}: wrap_blocks groups transformer blocks into FSDP units (fsdp.*, fsdp2.*); {strategy} has no "
+            "wrapping units",
+        ),
+        FamilySetting(
+            "reshard_after_forward",
+            ("fsdp2",),
+            "{strategy}: reshard_after_forward is FSDP2's fully_shard option (fsdp2.*); {strategy} does not take it "
+            "(FSDP1 keeps gathered parameters to the backward as a strategy of its own: fsdp.shard_grad_op, "
+            "fsdp.hybrid_shard_zero2)",
+        ),
+        FamilySetting(
+            "prefetch_units",
+            ("fsdp2",),
+            "{strategy}: prefetch_units is FSDP2's explicit prefetch (set_modules_to_forward_prefetch / "
+            "set_modules_to_backward_prefetch, fsdp2.*); FSDP1's is forward_prefetch and backward_prefetch",
+        ),
+        FamilySetting("forward_prefetch", ("fsdp",), _FSDP1_ONLY),
+        FamilySetting("backward_prefetch", ("fsdp",), _FSDP1_ONLY),
+        FamilySetting("limit_all_gathers", ("fsdp",), _FSDP1_ONLY),
+        FamilySetting(
+            "bucket_cap_mb",
+            ("ddp",),
+            "{strategy}: bucket_cap_mb is DistributedDataParallel's gradient bucket size (ddp); {strategy} does not "
+            "take it",
+            layouts=True,
+        ),
+    )
+}
+"""setting → where it applies: a family's framework option, refused by the other families' cells (a `skipped`
+record with the reason) when it is set away from its default"""
+
+
+def family_setting_refusal(setting: str, *, strategy: str, layout: bool) -> str | None:
+    """Why a cell of `strategy` (with a tensor/pipeline layout when `layout`) cannot take the family setting
+    `setting` away from its default, or None (also for a setting that is no family's option)."""
+    fs = FAMILY_SETTINGS.get(setting)
+    entry = CATALOGUE.get(strategy)
+    if fs is None or entry is None:
+        return None
+    if entry.family not in fs.families:
+        return fs.refusal.format(strategy=strategy, setting=setting)
+    if layout and not fs.layouts:
+        return f"{strategy}: {setting} is not part of the tensor- and pipeline-parallel layouts here"
+    return None
+
+
 def is_hybrid(strategy: str) -> bool:
     """Whether `strategy` runs on the 2-D (replicate × shard) mesh; False for a name not in the catalogue."""
     return strategy in HYBRID_STRATEGIES

@@ -13,7 +13,9 @@ from __future__ import annotations
 # DDP (torch.nn.parallel.DistributedDataParallel)
 
 DDP_BUCKET_CAP_MB = 25
-"""bucket_cap_mb, which harness.worker.strategies.ddp passes (torch's default too); MiB (DDP multiplies by 1024²)"""
+"""torch's default bucket_cap_mb (MiB; DDP multiplies by 1024²), the `bucket_cap_mb` setting's default: at it
+harness.worker.strategies.ddp passes None, which keeps torch's 1 MiB first bucket (an explicit value caps the first
+bucket too; source: torch/nn/parallel/distributed.py `_BucketCapacityConfig.create`, torch 2.13)"""
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 """the first bucket's limit (bytes); source: torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)"""
 

@@ -8,8 +8,9 @@ all_gather, the whole input for reduce_scatter; everything is what rank 0 sees (
 
 What each family does (torch 2.13, deepspeed 0.19; docs/comm.md has the formulas and measured tables):
 
-- DDP: one all_reduce per gradient bucket (first bucket 1 MiB, then 25 MiB; grads fp32 in every precision,
-  autocast keeps fp32 parameters), on the last micro-step only (no_sync before).
+- DDP: one all_reduce per gradient bucket (first bucket 1 MiB, then 25 MiB: torch's default; a `bucket_cap_mb`
+  setting caps every bucket, the first too; grads fp32 in every precision, autocast keeps fp32 parameters), on the
+  last micro-step only (no_sync before).
 - FSDP1 (use_orig_params, one unit per Block + the root unit): a FlatParameter per unit, each parameter
   address-aligned to 16 bytes *of the forward dtype* (4 fp32 / 8 bf16 elements of padding at most) and
   the whole padded to a multiple of the shard-group size. all_gather of the flat parameter in the
@@ -18,7 +19,11 @@ What each family does (torch 2.13, deepspeed 0.19; docs/comm.md has the formulas
   SHARD_GRAD_OP keeps parameters until after the last micro-step's backward. HYBRID: shard inside the
   node, then all_reduce of the fp32 gradient shard across nodes.
 - FSDP2 (fully_shard per Block + root, reshard_after_forward=True everywhere, so the root too is
-  re-gathered in backward): each parameter's dim 0 padded to a multiple of the shard-group size.
+  re-gathered in backward): each parameter's dim 0 padded to a multiple of the shard-group size. With the setting
+  reshard_after_forward false every unit is gathered once per micro-step (forward only).
+- Both FSDP generations: a unit is `wrap_blocks` consecutive blocks (harness.plan.wrap; 0: the whole model is the
+  root unit), one all-gather and one reduction per unit. The prefetch settings change when the all-gathers are
+  issued, not what is issued: the ledger's wording carries them to the overlap model (`fsdp_prefetch`).
 - DeepSpeed ZeRO-1/2: one flat buffer padded to 2·world elements; gradients all_reduced whole
   (use_multi_rank_bucket_allreduce) in the model dtype, in 5e8-element buckets, once per step (ZeRO-1)
   or every micro-step (ZeRO-2); the grad-norm all_reduce (fp32, one element), the overflow all_reduce
@@ -48,7 +53,7 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -62,11 +67,11 @@ from harness.core.constants import (
 )
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
-from harness.plan import layouts, runnable, zero3
+from harness.plan import layouts, runnable, wrap, zero3
 from harness.plan.links import box_kind
 from harness.plan.zero3 import ZERO3_KEYS, Zero3Config, ds_ipg_buckets, zero3_structure
 from harness.scenario import deepspeed_config
-from harness.scenario.spec import RunSpec
+from harness.scenario.spec import SETTING_DEFAULTS, RunSpec
 
 # DDP (torch.nn.parallel.DistributedDataParallel, harness.worker.strategies.ddp); the defaults and the DeepSpeed
 # ones (DS_*) live in harness.core.constants with their source
@@ -97,32 +102,23 @@ def zero3_config(spec: RunSpec) -> Zero3Config:
 # the model's parameters, exactly as harness.worker.models.Transformer registers them
 
 
-@functools.cache
-def model_units(cfg: ModelConfig) -> tuple[tuple[str, tuple[Param, ...]], ...]:
-    """FSDP units in wrapping order: one per Block, then the root (what no Block holds), each with its parameters in
-    registration order (cached per model: planning asks per cell, and a 70B model has 723 parameters)."""
-    return tuple((name, tuple(unit)) for name, unit in _split_units(parameters(cfg)).items())
+def model_units(cfg: ModelConfig, wrap_blocks: int = 1) -> tuple[tuple[str, tuple[Param, ...]], ...]:
+    """FSDP units in wrapping order: one per Block (per group of `wrap_blocks` Blocks, harness.plan.wrap), then the
+    root (what no unit holds), each with its parameters in registration order (cached per model: planning asks per
+    cell, and a 70B model has 723 parameters)."""
+    return wrap.wrap_units(cfg, wrap_blocks)
 
 
 @functools.cache
-def unit_numels(cfg: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def unit_numels(cfg: ModelConfig, wrap_blocks: int = 1) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(unit name, its parameters' numels in order) per FSDP unit of the model, in wrapping order."""
-    return tuple((name, tuple(p.numel for p in unit)) for name, unit in model_units(cfg))
+    return tuple((name, tuple(p.numel for p in unit)) for name, unit in model_units(cfg, wrap_blocks))
 
 
 @functools.cache
 def param_numels(cfg: ModelConfig) -> tuple[int, ...]:
     """Every parameter's numel in registration order."""
     return tuple(p.numel for p in parameters(cfg))
-
-
-def _split_units(params: Sequence[Param]) -> dict[str, list[Param]]:
-    out: dict[str, list[Param]] = {}
-    for p in params:
-        if p.unit != "root":
-            out.setdefault(p.unit, []).append(p)
-    out["root"] = [p for p in params if p.unit == "root"]
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,6 +275,15 @@ class CommCell:
     """the ZeRO-3 knobs (the module's `ZERO3` when the cell was taken, with its `deepspeed_config`'s values)"""
     reduce_bucket: int
     """ZeRO-1/2's reduce_bucket_size (elements): DeepSpeed's default or the cell's `deepspeed_config`'s"""
+    wrap_blocks: int = 1
+    """FSDP: blocks per wrap unit (0: the whole model one unit; harness.plan.wrap)"""
+    reshard_after_forward: bool = True
+    """FSDP2: whether a unit's parameters are freed after its forward (gathered again in backward)"""
+    bucket_cap_mb: float = SETTING_DEFAULTS["bucket_cap_mb"]
+    """DDP: the bucket cap (MiB); its default is torch's (first bucket 1 MiB)"""
+    prefetch: str = ""
+    """how the FSDP units' all-gathers are issued ahead, when not the default (`fsdp_prefetch`): the overlap model
+    reads it from the ledger's wording"""
 
     @classmethod
     def of(cls, spec: RunSpec) -> CommCell:
@@ -294,6 +299,10 @@ class CommCell:
             offload=s.offload,
             zero3=zero3_config(spec),
             reduce_bucket=deepspeed_config.zero_value(spec, "zero_optimization.reduce_bucket_size"),
+            wrap_blocks=s.wrap_blocks,
+            reshard_after_forward=s.reshard_after_forward,
+            bucket_cap_mb=s.bucket_cap_mb,
+            prefetch=fsdp_prefetch(spec),
         )
 
 
@@ -301,10 +310,24 @@ class CommCell:
 # DDP
 
 
-def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
+DDP_DEFAULT_LIMITS = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES)
+"""(first bucket, every other bucket) in bytes at torch's default (the worker passes bucket_cap_mb=None)"""
+
+
+def ddp_limits(bucket_cap_mb: float) -> tuple[int, int]:
+    """(first bucket, every other bucket) limits in bytes of DDP with the `bucket_cap_mb` setting: torch's default
+    (1 MiB, then 25 MiB) at the setting's default, else the cap for every bucket, the first too (torch 2.13
+    `_BucketCapacityConfig.create`: an explicit bucket_cap_mb is also the first bucket's cap)."""
+    if bucket_cap_mb == SETTING_DEFAULTS["bucket_cap_mb"]:
+        return DDP_DEFAULT_LIMITS
+    cap = int(bucket_cap_mb * 1024 * 1024)
+    return cap, cap
+
+
+def ddp_buckets(sizes_bytes: list[int], limits: tuple[int, int] = DDP_DEFAULT_LIMITS) -> list[int]:
     """Bytes per DDP bucket: `compute_bucket_assignment_by_size` over gradients in ready order, a bucket
-    closing once it reaches its limit (1 MiB for the first, then the cap); one dtype, one device."""
-    limits = [DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES]
+    closing once it reaches its limit (`limits`: the first's, then every other's; `ddp_limits`); one dtype, one
+    device."""
     buckets, cur, li = [], 0, 0
     for b in sizes_bytes:
         cur += b
@@ -317,21 +340,24 @@ def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
 
 
 @functools.cache
-def ddp_sizes(cfg: ModelConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(fp32 gradient bytes in ready order, bytes per bucket) of DDP over the model."""
+def ddp_sizes(
+    cfg: ModelConfig, limits: tuple[int, int] = DDP_DEFAULT_LIMITS
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(fp32 gradient bytes in ready order, bytes per bucket) of DDP over the model, with bucket `limits`."""
     sizes = [n * 4 for n in reversed(param_numels(cfg))]
-    return tuple(sizes), tuple(ddp_buckets(sizes))
+    return tuple(sizes), tuple(ddp_buckets(sizes, limits))
 
 
-def _ddp(*, model_config: ModelConfig, g: Groups, led: LedgerBuilder) -> None:
+def _ddp(*, model_config: ModelConfig, bucket_cap_mb: float, g: Groups, led: LedgerBuilder) -> None:
     # gradients become ready in reverse registration order (head first, embedding last); DDP rebuilds its
     # buckets in that order after the first step, so measured steps see these buckets
-    sizes, buckets = ddp_sizes(model_config)
+    first, cap = limits = ddp_limits(bucket_cap_mb)
+    sizes, buckets = ddp_sizes(model_config, limits)
     for i, b in enumerate(buckets):
         led.add(f"gradient bucket {i} (fp32)", "all_reduce", "float32", b, group=g.world)
     led.notes.append(
-        f"DDP: {len(buckets)} bucket(s) of fp32 gradients (all {sum(sizes)} bytes), once per step; "
-        "autocast keeps fp32 parameters so bf16/fp16 change nothing"
+        f"DDP: {len(buckets)} bucket(s) of fp32 gradients (all {sum(sizes)} bytes; first bucket {first} bytes, then "
+        f"{cap}), once per step; autocast keeps fp32 parameters so bf16/fp16 change nothing"
     )
 
 
@@ -367,6 +393,8 @@ def _fsdp1(
     precision: str,
     grad_accum: int,
     offload: str,
+    wrap_blocks: int,
+    prefetch: str,
     g: Groups,
     led: LedgerBuilder,
 ) -> None:
@@ -382,7 +410,8 @@ def _fsdp1(
         led.notes.append(f"FSDP1 {s} at world 1 runs as NO_SHARD")
         s, sharded = "no_shard", False
     reshard_after_forward = entry.reshard_after_forward
-    for name, numels in unit_numels(model_config):
+    ahead = f" [{prefetch}]" if prefetch else ""
+    for name, numels in unit_numels(model_config, wrap_blocks):
         flat = _flat_numel(numels, g.shard_size, pbytes)
         pad = flat - sum(numels)
         label = f"unit {name} ({flat} elements, {pad} padding)"
@@ -392,7 +421,7 @@ def _fsdp1(
                 # others are, and every unit is freed after backward, so each micro-step gathers again
                 per_micro = 1 if name == "root" else 2
                 led.add(
-                    f"all_gather {label}, forward{'' if name == 'root' else ' + backward'}",
+                    f"all_gather {label}{ahead}, forward{'' if name == 'root' else ' + backward'}",
                     "all_gather",
                     pdt,
                     flat * pbytes,
@@ -428,6 +457,8 @@ def _fsdp1(
         f"FSDP1 {s}: flat parameters padded to {FSDP_ALIGNMENT_BYTES}-byte alignment of {pdt} and to a "
         f"multiple of {g.shard_size}; gathered in {pdt}, gradients reduced in fp32"
     )
+    if wrap_blocks != 1:
+        led.notes.append(wrap_note(wrap_blocks))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -441,16 +472,36 @@ def fsdp2_padded_numel(p: Param, *, shard_size: int) -> int:
 
 
 @functools.cache
-def _fsdp2_units(cfg: ModelConfig, shard_size: int) -> tuple[tuple[str, int, int], ...]:
+def _fsdp2_units(cfg: ModelConfig, shard_size: int, wrap_blocks: int = 1) -> tuple[tuple[str, int, int], ...]:
     """(group, padded elements, padding) per FSDP2 group of the model over `shard_size` ranks."""
     out = []
-    for name, unit in model_units(cfg):
+    for name, unit in model_units(cfg, wrap_blocks):
         numel = sum(fsdp2_padded_numel(p, shard_size=shard_size) for p in unit)
         out.append((name, numel, numel - sum(p.numel for p in unit)))
     return tuple(out)
 
 
-def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Groups, led: LedgerBuilder) -> None:
+def wrap_note(wrap_blocks: int) -> str:
+    """The ledger's note on a cell's wrap units (wrap_blocks other than 1)."""
+    if wrap_blocks == 0:
+        return "wrap_blocks 0: the whole model is one FSDP unit (the root): one all-gather and one reduction of it"
+    return (
+        f"wrap_blocks {wrap_blocks}: {wrap_blocks} consecutive blocks per FSDP unit, named after its first block: one "
+        "all-gather and one reduction per unit"
+    )
+
+
+def _fsdp2(
+    *,
+    model_config: ModelConfig,
+    precision: str,
+    grad_accum: int,
+    wrap_blocks: int,
+    reshard_after_forward: bool,
+    prefetch: str,
+    g: Groups,
+    led: LedgerBuilder,
+) -> None:
     prec = precision
     pdt = precisions.get(prec).dtype  # MixedPrecisionPolicy(param_dtype=compute dtype), reduce fp32
     pbytes = DTYPE_BYTES[pdt]
@@ -458,11 +509,19 @@ def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Gro
     if g.shard_size == 1 and g.replicate is None:
         led.notes.append("FSDP2 at world 1 issues no collective (all_gather and reduce_scatter are skipped)")
         return
-    for name, numel, pad in _fsdp2_units(model_config, g.shard_size):
+    ahead = f" [{prefetch}]" if prefetch else ""
+    for name, numel, pad in _fsdp2_units(model_config, g.shard_size, wrap_blocks):
         label = f"group {name} ({numel} elements, {pad} padding)"
-        # NOTE: reshard_after_forward=True is passed explicitly, which turns off FSDP2's "root is not
-        # resharded after forward" default: the root is gathered in backward again like every Block
-        led.add(f"all_gather {label}, forward + backward", "all_gather", pdt, numel * pbytes, 2 * accum, group=g.shard)
+        if reshard_after_forward:
+            # NOTE: reshard_after_forward=True is passed explicitly, which turns off FSDP2's "root is not
+            # resharded after forward" default: the root is gathered in backward again like every Block
+            when, per_micro = "forward + backward", 2
+        else:
+            # kept gathered from the forward to the backward; resharded after the backward (reshard_after_backward
+            # stays on), so every micro-step gathers once
+            when, per_micro = "forward", 1
+        gather = f"all_gather {label}{ahead}, {when}"
+        led.add(gather, "all_gather", pdt, numel * pbytes, per_micro * accum, group=g.shard)
         led.add(f"reduce_scatter gradient {label}, fp32", "reduce_scatter", "float32", numel * 4, 1, group=g.shard)
         if g.replicate is not None:
             led.add(
@@ -477,8 +536,12 @@ def _fsdp2(*, model_config: ModelConfig, precision: str, grad_accum: int, g: Gro
         led.add("ShardedGradScaler found_inf", "all_reduce", "float32", 4, 1, group=g.world)
     led.notes.append(
         f"FSDP2: dim 0 of every parameter padded to a multiple of {g.shard_size}; gathered in {pdt} "
-        "twice per micro-step (root included), gradients reduced in fp32"
-    )
+        + ("twice per micro-step (root included)" if reshard_after_forward else "once per micro-step "
+           "(reshard_after_forward false: no all-gather in backward)")
+        + ", gradients reduced in fp32"
+    )  # fmt: skip
+    if wrap_blocks != 1:
+        led.notes.append(wrap_note(wrap_blocks))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -647,6 +710,26 @@ def no_comm_model_reason(spec: RunSpec, *, unsupported: str | None | runnable.Un
     return layouts.no_model_reason(spec)  # tensor / pipeline parallelism: harness.plan.layouts
 
 
+def fsdp_prefetch(spec: RunSpec) -> str:
+    """How an FSDP cell's all-gathers are issued ahead when not as the overlap model assumes by default (one unit
+    ahead in forward and backward), in the ledger's words, or '': FSDP1 without backward prefetch (backward_post
+    issues the next unit's all-gather after the current unit's gradients, none when it is needed), FSDP2 with
+    prefetch_units N > 1. (FSDP1's forward_prefetch and limit_all_gathers issue the same all-gathers, one unit
+    ahead as the CPU runs ahead anyway: priced as the default.)"""
+    entry, s = CATALOGUE.get(spec.strategy), spec.settings
+    if entry is None:
+        return ""
+    if entry.family == "fsdp" and s.backward_prefetch != "backward_pre":
+        return f"{BACKWARD_NOT_PREFETCHED} ({s.backward_prefetch})"
+    if entry.family == "fsdp2" and s.prefetch_units > 1:
+        return f"prefetched {s.prefetch_units} units ahead"
+    return ""
+
+
+BACKWARD_NOT_PREFETCHED = "backward all-gather not prefetched"
+"""the ledger's words for an FSDP1 cell whose backward all-gathers are issued when needed (harness.plan.overlap)"""
+
+
 def predict_comm(spec: RunSpec) -> dict | None:
     """Predicted collectives per optimizer step on rank 0: bytes, calls, by collective and group kind.
 
@@ -700,15 +783,16 @@ def model_ledger(comm_model: str, groups: Groups, reads: tuple[tuple[str, object
 @functools.cache
 def layout_ledger(spec: RunSpec) -> Ledger:
     """The collectives of a tensor- or pipeline-parallel cell (harness.plan.layouts), as a ledger."""
-    items, notes = layouts.layout_ledger(spec, item=Item, ddp_buckets=ddp_buckets)
+    limits = ddp_limits(spec.settings.bucket_cap_mb)
+    items, notes = layouts.layout_ledger(spec, item=Item, ddp_buckets=functools.partial(ddp_buckets, limits=limits))
     return Ledger(items=tuple(items), notes=tuple(notes))
 
 
 def clear_caches() -> None:
     """Forget every ledger and per-model structure (tests compare cold and warm predictions)."""
     zero3.clear_caches()
+    wrap.clear_caches()
     for f in (
-        model_units,
         unit_numels,
         param_numels,
         _groups,

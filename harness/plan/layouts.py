@@ -31,8 +31,9 @@ Data parallelism, per stage (the whole model without a pipeline) over this rank'
   all_reduce of the shard across replicas); under a pipeline the parameters stay gathered across microbatches
   (reshard_after_forward=False): one all_gather and one reduce_scatter per group per step. A one-rank shard group
   issues neither.
-- DDP (pipelines only): the stage's fp32 gradients in buckets (first 1 MiB, then 25 MiB) in registration order
-  (the worker rebuilds DDP's buckets that way up front), one all_reduce each per step.
+- DDP (pipelines only): the stage's fp32 gradients in buckets (first 1 MiB, then 25 MiB; every bucket the cell's
+  `bucket_cap_mb` when set) in registration order (the worker rebuilds DDP's buckets that way up front), one
+  all_reduce each per step.
 
 Rank 0 sits on the first pipeline stage: the embedding's collectives are its own, the head's and the loss's are
 not (unless it also holds the last stage).

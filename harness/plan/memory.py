@@ -39,7 +39,7 @@ from types import MappingProxyType
 from harness.core import precisions
 from harness.core.catalogue import CATALOGUE, HYBRID
 from harness.core.zoo import ModelConfig, parameters
-from harness.plan import layouts
+from harness.plan import layouts, wrap
 from harness.plan.activations import (
     BACKWARD_END,
     BLOCK_BACKWARD,
@@ -94,6 +94,22 @@ FSDP_UNITS_IN_FLIGHT = 2
 BACKWARD_PRE prefetch gathers the next unit while the current one computes (FSDP2 prefetches likewise)"""
 
 
+def fsdp_units_in_flight(spec: RunSpec) -> int:
+    """Block units unsharded at once in a block's backward: the one computing and those gathered ahead of it. FSDP1's
+    backward_prefetch backward_pre (its default) gathers the next one while the current computes; backward_post
+    issues it only after the current unit is resharded, and none when it is needed, so one unit at a time. FSDP2
+    gathers `prefetch_units` ahead (its implicit prefetch: one). FSDP_UNITS_IN_FLIGHT at the defaults; never more
+    than the model's block units once they are groups (wrap_blocks, harness.plan.wrap)."""
+    s = spec.settings
+    if CATALOGUE[spec.strategy].family == "fsdp2":
+        ahead = s.prefetch_units
+    else:
+        ahead = 1 if s.backward_prefetch == "backward_pre" else 0
+    if s.wrap_blocks == 1:  # NOTE: every prediction made before wrap units keeps its figure (even for one block)
+        return 1 + ahead
+    return min(1 + ahead, wrap.wrap_summary(spec.model_config, s.wrap_blocks)[2])
+
+
 # --------------------------------------------------------------------------------------------------
 # parameters by module
 
@@ -121,9 +137,10 @@ def unit_summary(cfg: ModelConfig) -> tuple[int, int]:
 
 
 @functools.cache
-def sharded_units(cfg: ModelConfig, nshard: int) -> int:
-    """Elements of one rank's FSDP1 flat-parameter shards: every unit cut into `nshard` (rounded up), summed."""
-    return sum(_ceil_div(u, nshard) for _, u in unit_sizes(cfg))
+def sharded_units(cfg: ModelConfig, nshard: int, wrap_blocks: int = 1) -> int:
+    """Elements of one rank's FSDP1 flat-parameter shards: every unit (of `wrap_blocks` blocks, harness.plan.wrap)
+    cut into `nshard` (rounded up), summed."""
+    return sum(_ceil_div(u, nshard) for _, u in wrap.wrap_sizes(cfg, wrap_blocks))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -359,9 +376,16 @@ def _fsdp_memory(
 ) -> Memory:
     """What both FSDP generations hold, per window. `gathered` is what is unsharded during a block's backward
     besides the root; `gathered_from_forward` when it stays so from the forward on (SHARD_GRAD_OP);
-    `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input."""
+    `reduce_copy` when a unit's gradient is copied into an fp32 reduce-scatter input. A block unit is the cell's
+    (`wrap_blocks` blocks; none when the whole model is the root unit)."""
     nshard = shard_degree(spec)
-    block, root = unit_summary(spec.model_config)
+    cfg, wrap_blocks = spec.model_config, spec.settings.wrap_blocks
+    _, root, _ = wrap.wrap_summary(cfg, wrap_blocks)
+    # the block units in backward order: the first one's gradient is reduced first, the last one's (the first
+    # group, the largest) runs last; all one block at the default
+    order = wrap.backward_units(cfg, wrap_blocks) or (0,)
+    first_unit, last_unit = order[0], order[-1]
+    previous_unit = order[-2] if len(order) > 1 else last_unit
     p = precisions.get(spec.precision).element_bytes  # bytes of gathered parameters and of their unsharded gradients
     replicated_fp32 = nshard == 1 and spec.precision == "fp32" and not reduce_copy
     # NO_SHARD in fp32 (FSDP1): the flat params and grads are the full ones, nothing is gathered or copied
@@ -370,10 +394,11 @@ def _fsdp_memory(
     root_grad = ("unsharded root gradient", 0 if replicated_fp32 else p * root)
     # each unit's gradient, once complete, is cast/copied to an fp32 reduce-scatter input and reduced into a shard
     copy = 4 if reduce_copy else 0
-    block_grad = (
-        "unsharded block gradient + reduce-scatter input/output",
-        0 if replicated_fp32 else p * block + copy * block + 4 * _ceil_div(block, nshard),
-    )
+
+    def unit_grad(unit: int) -> int:
+        return 0 if replicated_fp32 else p * unit + copy * unit + 4 * _ceil_div(unit, nshard)
+
+    block_grad = ("unsharded block gradient + reduce-scatter input/output", unit_grad(first_unit))
     root_reduce = (
         "root reduce-scatter input/output",
         0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard),
@@ -385,8 +410,8 @@ def _fsdp_memory(
     first = [root_params] if root_gathered_in_loss else []
     # NOTE: a unit's reduce-scatter runs while the next unit computes its backward, so its input and output
     # stay allocated through that backward (both FSDP generations reduce on a side stream)
-    previous_reduce = ("previous block's unsharded gradient + reduce-scatter buffers", block_grad[1])
-    last_block = ("last block gathered", 0 if replicated_fp32 else p * block)
+    previous_reduce = ("previous block's unsharded gradient + reduce-scatter buffers", unit_grad(previous_unit))
+    last_block = ("last block gathered", 0 if replicated_fp32 else p * last_unit)
     held: Held = {
         FORWARD_END: first + ([gathered] if gathered_from_forward else []),
         LOSS_BACKWARD: first + ([gathered] if gathered_from_forward else []),
@@ -398,7 +423,7 @@ def _fsdp_memory(
         # stays; SHARD_GRAD_OP: the rest stay)
         BLOCK_REDUCE: [
             root_params,
-            (gathered[0], max(gathered[1] - p * block, 0)),
+            (gathered[0], max(gathered[1] - p * first_unit, 0)),
             head_grad,
             block_grad,
         ],
@@ -444,7 +469,10 @@ def _fsdp1(spec: RunSpec, foreach: bool = False) -> Memory:
     """FSDP1: one flat parameter per unit (each Block, and the root), each padded to a multiple of the
     shard degree; the sharded flat params are fp32; MixedPrecision gathers them in 16 bit."""
     nshard = shard_degree(spec)
-    block, root = unit_summary(spec.model_config)
+    cfg, wrap_blocks = spec.model_config, spec.settings.wrap_blocks
+    _, root, _ = wrap.wrap_summary(cfg, wrap_blocks)
+    flight = fsdp_units_in_flight(spec)
+    in_flight = wrap.gathered_elements(cfg, wrap_blocks, flight)
     p = precisions.get(spec.precision).element_bytes
     mixed = spec.precision != "fp32"
     keeps_gathered = not CATALOGUE[spec.strategy].reshard_after_forward  # SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2
@@ -452,7 +480,7 @@ def _fsdp1(spec: RunSpec, foreach: bool = False) -> Memory:
         # NOTE: FSDP1 switches any strategy to NO_SHARD when it has a single rank to shard over. With mixed
         # precision it makes a 16-bit copy per unit and frees it after the unit's forward, the root's too,
         # and again after its backward; in fp32 the flat params are the parameters
-        gathered = ("16-bit copies of the units in flight", p * FSDP_UNITS_IN_FLIGHT * block if mixed else 0)
+        gathered = ("16-bit copies of the units in flight", p * in_flight if mixed else 0)
         root_in_loss = False
     elif keeps_gathered:
         # every block stays gathered from its forward to its backward
@@ -460,11 +488,11 @@ def _fsdp1(spec: RunSpec, foreach: bool = False) -> Memory:
         root_in_loss = True
     else:
         # FULL_SHARD / HYBRID_SHARD; NOTE: FSDP does not reshard the root after forward (needed first in backward)
-        gathered = (f"{FSDP_UNITS_IN_FLIGHT} block units gathered", p * FSDP_UNITS_IN_FLIGHT * block)
+        gathered = (f"{flight} block units gathered", p * in_flight)
         root_in_loss = True
     return _fsdp_memory(
         spec,
-        sharded=sharded_units(spec.model_config, nshard),
+        sharded=sharded_units(spec.model_config, nshard, spec.settings.wrap_blocks),
         root_gathered_in_loss=root_in_loss,
         gathered=gathered,
         gathered_from_forward=keeps_gathered and nshard > 1,
@@ -477,19 +505,26 @@ def _fsdp1(spec: RunSpec, foreach: bool = False) -> Memory:
 
 def _fsdp2(spec: RunSpec, foreach: bool = False) -> Memory:
     """FSDP2: each parameter a DTensor sharded on dim 0 (padded to a multiple of the shard degree)."""
-    cfg = spec.model_config
+    cfg, s = spec.model_config, spec.settings
     nshard = shard_degree(spec)
-    block = unit_summary(cfg)[0]
+    root = wrap.wrap_summary(cfg, s.wrap_blocks)[1]
+    p = precisions.get(spec.precision).element_bytes
+    flight = fsdp_units_in_flight(spec)
     # NOTE: the worker passes reshard_after_forward=True to the root's fully_shard too (only a default of None
-    # keeps the root gathered), so the root is freed after the forward and gathered again for the head's backward
+    # keeps the root gathered), so the root is freed after the forward and gathered again for the head's backward;
+    # with reshard_after_forward false every unit, the root too, stays gathered from its forward to its backward
+    keeps = not s.reshard_after_forward and nshard > 1
+    gathered = (
+        ("every block unit gathered", p * (cfg.n_params() - root))
+        if keeps
+        else (f"{flight} block units gathered", p * wrap.gathered_elements(cfg, s.wrap_blocks, flight))
+    )
     return _fsdp_memory(
         spec,
         sharded=_fsdp2_sharded(cfg, nshard),
-        root_gathered_in_loss=False,
-        gathered=(
-            f"{FSDP_UNITS_IN_FLIGHT} block units gathered",
-            precisions.get(spec.precision).element_bytes * FSDP_UNITS_IN_FLIGHT * block,
-        ),
+        root_gathered_in_loss=keeps,
+        gathered=gathered,
+        gathered_from_forward=keeps,
         reduce_copy=True,  # FSDP2 copies every unit's gradients into one reduce-scatter input, fp32 or not
         offload_name="CPUOffloadPolicy",
         no_sync_bytes=4,

@@ -200,16 +200,33 @@ def fsdp_segment_count(L: int, A: int) -> int:
 
 def fsdp_colls(calls: Sequence[tuple[Coll, float]], *, n_layers: int, grad_accum: int) -> list[tuple[float, int, int]]:
     """When each FSDP collective is issued and needed, against `fsdp_segments` (of `n_layers` blocks and `grad_accum`
-    micro-steps)."""
+    micro-steps).
+
+    A unit holds the blocks from the one it is named after to the next unit's (`wrap_blocks`, harness.plan.wrap):
+    its all-gather is needed when its first block's forward starts, and in backward when its last block's backward
+    starts; it is issued when the unit before it (in that pass's order) starts, so it hides behind that unit's
+    blocks (`ahead` units before: prefetch_units; in backward, when the unit is needed where the ledger says its
+    backward all-gather is not prefetched). A unit's reduction follows its first block's backward."""
     L, A = n_layers, grad_accum
     per = 2 * L + 3
+    starts = sorted({int(c.unit.split(".")[1]) for c, _ in calls if c.unit is not None and c.unit != "root"})
+    last_of = {b: (starts[i + 1] - 1 if i + 1 < len(starts) else L - 1) for i, b in enumerate(starts)}
 
-    def fwd_seg(a: int, unit: str) -> int:
-        return a * per + (0 if unit == "root" else 1 + int(unit.split(".")[1]))
+    def fwd_seg(a: int, first: int) -> int:
+        return a * per + 1 + first
 
-    def bwd_seg(a: int, unit: str) -> int:
-        base = a * per + L + 2
-        return base if unit == "root" else base + L - int(unit.split(".")[1])
+    def bwd_seg(a: int, block: int) -> int:
+        return a * per + L + 2 + L - block
+
+    def fwd_issue(a: int, k: int, ahead: int) -> int:
+        # the unit `ahead` units before it starts its forward (the root, first of all: exposed)
+        return fwd_seg(a, starts[k - ahead]) if k - ahead >= 0 else a * per
+
+    def bwd_issue(a: int, k: int, ahead: int) -> int:
+        # backward runs the units in reverse: the one `ahead` after it starts its backward (the root's head backward
+        # first)
+        j = k + ahead
+        return bwd_seg(a, last_of[starts[j]]) if j < len(starts) else a * per + L + 2
 
     out: list[tuple[float, int, int]] = []
     end = per * A
@@ -218,19 +235,37 @@ def fsdp_colls(calls: Sequence[tuple[Coll, float]], *, n_layers: int, grad_accum
         if unit is None:  # a step-level flag (fp16 found_inf): after the backward
             out.extend((c.seconds, end, end) for _ in range(int(round(n_calls))))
             continue
+        ahead = _units_ahead(c.what)
+        k = starts.index(int(unit.split(".")[1])) if unit != "root" else -1
         if c.collective == "all_gather":
             per_micro = n_calls / A
             micros = range(A) if per_micro >= 1 else range(1)  # SHARD_GRAD_OP: the first forward only
             for a in micros:
-                need = fwd_seg(a, unit)
-                out.append((c.seconds, max(need - 1, a * per), need))  # one unit ahead (the root: exposed)
-                if per_micro >= 2:  # gathered again for its backward, prefetched one unit ahead
-                    need_b = bwd_seg(a, unit) if unit != "root" else a * per + L + 2
-                    out.append((c.seconds, max(need_b - 1, a * per + L + 2), need_b))
+                if unit == "root":
+                    out.append((c.seconds, a * per, a * per))  # the first of the forward: exposed
+                else:
+                    out.append((c.seconds, fwd_issue(a, k, ahead), fwd_seg(a, starts[k])))
+                if per_micro >= 2:  # gathered again for its backward, prefetched ahead
+                    if unit == "root":
+                        need_b = a * per + L + 2
+                        out.append((c.seconds, need_b, need_b))
+                        continue
+                    need_b = bwd_seg(a, last_of[starts[k]])
+                    issue = need_b if cm.BACKWARD_NOT_PREFETCHED in c.what else bwd_issue(a, k, ahead)
+                    out.append((c.seconds, min(issue, need_b), need_b))
         else:  # gradient reductions: after the unit's backward in the last micro-step, done before the step
-            after = bwd_seg(A - 1, unit) + 1 if unit != "root" else A * per
+            after = bwd_seg(A - 1, starts[k]) + 1 if unit != "root" else A * per
             out.extend((c.seconds, after, end) for _ in range(int(round(n_calls))))
     return out
+
+
+AHEAD_RE = re.compile(r"prefetched (\d+) units ahead")
+
+
+def _units_ahead(what: str) -> int:
+    """Units an all-gather is issued ahead of its own (harness.plan.comm.fsdp_prefetch's words; 1 by default)."""
+    m = AHEAD_RE.search(what)
+    return int(m.group(1)) if m else 1
 
 
 def ddp_segments(comp: Compute, L: int, A: int) -> list[float]:
@@ -252,14 +287,14 @@ def ddp_colls(
 ) -> list[tuple[float, int, int]]:
     """DDP: buckets of gradients in ready order (head first, embedding last); a bucket's all_reduce is issued when
     the backward segment that completes it ends, in the last micro-step; all done before the optimizer step."""
-    points = ddp_points(cfg, grad_accum, len(calls))
+    points = ddp_points(cfg, grad_accum, tuple(c.nbytes for c, _ in calls))
     return [(c.seconds, issue, need) for (c, _), (issue, need) in zip(calls, points)]
 
 
 @functools.cache
-def ddp_points(cfg: ModelConfig, A: int, n_calls: int) -> tuple[tuple[int, int], ...]:
-    """(issue, need) of each of DDP's `n_calls` bucket all_reduces against `ddp_segments` (the buckets depend on
-    the model alone)."""
+def ddp_points(cfg: ModelConfig, A: int, buckets: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """(issue, need) of each of DDP's bucket all_reduces (`buckets`: their bytes, in ready order: the ledger's,
+    whatever the bucket cap) against `ddp_segments`."""
     L = cfg.n_layers
     first_bwd = 2 * (A - 1) + 1
     end = first_bwd + L + 2
@@ -270,25 +305,23 @@ def ddp_points(cfg: ModelConfig, A: int, n_calls: int) -> tuple[tuple[int, int],
             return first_bwd + (L + 1 if p.name.startswith("tok_emb") else 0)
         return first_bwd + 1 + (L - 1 - int(p.unit.split(".")[1]))
 
-    closes = _ddp_bucket_closers([p.numel * 4 for p in params])
+    closes = _ddp_bucket_closers([p.numel * 4 for p in params], buckets)
     out = []
-    for i in range(n_calls):
+    for i in range(len(buckets)):
         last = params[closes[i]] if i < len(closes) else params[-1]
         out.append((segment_of(last) + 1, end))
     return tuple(out)
 
 
-def _ddp_bucket_closers(sizes_bytes: list[int]) -> list[int]:
-    """Index of the gradient that closes each DDP bucket (harness.plan.comm.ddp_buckets' rule)."""
-    limits = [cm.DDP_FIRST_BUCKET_BYTES, cm.DDP_BUCKET_CAP_BYTES]
-    closes, cur, li = [], 0, 0
+def _ddp_bucket_closers(sizes_bytes: list[int], buckets: Sequence[int]) -> list[int]:
+    """Index of the gradient that closes each DDP bucket: the buckets (bytes, harness.plan.comm.ddp_buckets') fill
+    with the gradients in ready order."""
+    closes, cur, k = [], 0, 0
     for i, b in enumerate(sizes_bytes):
         cur += b
-        if cur >= limits[min(li, len(limits) - 1)]:
+        if k < len(buckets) and cur >= buckets[k]:
             closes.append(i)
-            cur, li = 0, li + 1
-    if cur:
-        closes.append(len(sizes_bytes) - 1)
+            cur, k = 0, k + 1
     return closes
 
 

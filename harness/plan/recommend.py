@@ -41,11 +41,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.catalogue import FAMILY_SETTINGS
 from harness.plan.memory import DEVICE_RESERVE_GIB
 from harness.plan.prediction import PlannedCell
 from harness.plan.validation import FamilyCheck, family_check, time_model_family
 from harness.scenario.cluster import Cluster
-from harness.scenario.spec import RunSpec
+from harness.scenario.spec import SETTING_DEFAULTS, RunSpec
 
 # ---- the words (the plan, `harness tune` and the report's best-strategy table) ------------------------------------
 
@@ -375,23 +376,35 @@ def _why_none(
 
 def option_list(spec: RunSpec) -> list[str]:
     """The settings that tell cells apart: checkpointing, offload, layout, compile, the checkpoint phase, micro-batch ×
-    sequence and gradient accumulation (compile and accumulation only where they are not the default)."""
+    sequence, gradient accumulation and a family's framework options (`wrap_blocks=2`; compile, accumulation and the
+    options only where they are not the default)."""
     s = spec.settings
     ac = s.activation_checkpointing
+    options = [f"{n}={_word(v)}" for n in FAMILY_SETTINGS if (v := getattr(s, n)) != SETTING_DEFAULTS[n]]
     return [
-        o
-        for o in (
-            (f"ac={ac}" if ac != "none" else ""),
-            (f"offload={s.offload}" if s.offload != "none" else ""),
-            (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
-            (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
-            ("compile" if s.compile else ""),
-            ("ckpt" if s.checkpoint else ""),
-            f"mb{s.micro_batch}x{s.seq_len}",
-            (f"ga{s.grad_accum}" if s.grad_accum > 1 else ""),
-        )
-        if o
+        *(
+            o
+            for o in (
+                (f"ac={ac}" if ac != "none" else ""),
+                (f"offload={s.offload}" if s.offload != "none" else ""),
+                (f"tp{s.tp}" + (" sp" if s.sequence_parallel else "") if s.tp > 1 else ""),
+                (f"pp{s.pp}:{s.pp_schedule}" if s.pp > 1 else ""),
+                ("compile" if s.compile else ""),
+                ("ckpt" if s.checkpoint else ""),
+                f"mb{s.micro_batch}x{s.seq_len}",
+                (f"ga{s.grad_accum}" if s.grad_accum > 1 else ""),
+            )
+            if o
+        ),
+        *options,
     ]
+
+
+def _word(value: Any) -> str:
+    """A setting's value as a cell's words write it: true/false as YAML spells them, 0.5 not 0.50000."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def cell_words(cell: PlannedCell) -> str:

@@ -32,9 +32,10 @@ import functools
 from typing import NamedTuple
 
 from harness.core import precisions
+from harness.core.catalogue import CATALOGUE
 from harness.core.zoo import ModelConfig
 from harness.plan import comm as cm
-from harness.plan import compute, layout_time, overlap, runnable
+from harness.plan import compute, layout_time, overlap, runnable, wrap
 from harness.plan.calibration import CalibrationMismatch, Rates, Unknown, rates_for
 from harness.plan.comm import Zero3Config
 from harness.plan.compute import compute_kind, micro_step_compute, optimizer_copy_bytes, optimizer_elements
@@ -117,6 +118,15 @@ def unmodelled_reason(spec: RunSpec, *, unsupported: str | None | runnable.Unask
     return None
 
 
+def framework_blocks(spec: RunSpec) -> int | None:
+    """The units a cell's per-block framework overhead is paid for: an FSDP cell's hooks and flat parameters are per
+    wrap unit, so `wrap_blocks` other than 1 pays it per block unit (harness.plan.wrap; none for the whole model as
+    one unit, whose root is in the fixed part); None (every block) otherwise."""
+    if spec.settings.wrap_blocks == 1 or CATALOGUE[spec.strategy].family not in ("fsdp", "fsdp2"):
+        return None
+    return wrap.wrap_summary(spec.model_config, spec.settings.wrap_blocks)[2]
+
+
 class StepCosts(NamedTuple):
     """What a cell's step costs besides its micro-steps' compute and its collectives: shared by every cell of the same
     model, strategy, precision and world on a host of the same ranks (micro-batch and sequence do not enter)."""
@@ -137,10 +147,19 @@ class StepCosts(NamedTuple):
 
 @functools.cache
 def step_costs(
-    cfg: ModelConfig, *, strategy: str, precision: str, gpus: int, gpus_per_node: int, on_host: int, rates: Rates
+    cfg: ModelConfig,
+    *,
+    strategy: str,
+    precision: str,
+    gpus: int,
+    gpus_per_node: int,
+    on_host: int,
+    rates: Rates,
+    blocks: int | None = None,
 ) -> StepCosts:
     """`StepCosts` from exactly what they read: the model, strategy and precision, the world, the ranks on a host and
-    the rates."""
+    the rates; `blocks` the units the framework's per-block overhead is paid for (`framework_blocks`; None: every
+    block)."""
     c, mem = rates.share(compute_kind(precision), ranks=on_host), rates.share("memory", ranks=on_host)
     opt: float | None = None
     opt_reason = other_reason = ""
@@ -156,7 +175,8 @@ def step_costs(
         opt, opt_reason = None, str(e)
     try:
         dispatch = compute.host_per_op(rates, precision)
-        framework = rates.framework_s(strategy, precision, blocks=cfg.n_layers, elements=elements)
+        units = cfg.n_layers if blocks is None else blocks
+        framework = rates.framework_s(strategy, precision, blocks=units, elements=elements)
     except Unknown as e:
         dispatch, other_reason = None, str(e)
     return StepCosts(c, mem, opt, opt_reason, dispatch, framework, other_reason, rates.overlap(ranks_on_host=on_host))
@@ -182,6 +202,7 @@ def _plain_parts(
         gpus_per_node=spec.gpus_per_node,
         on_host=on_host,
         rates=rates,
+        blocks=framework_blocks(spec),
     )
     c, mem = st.c, st.mem
     comp: compute.Compute | None = None

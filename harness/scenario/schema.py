@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.catalogue import CATALOGUE, FAMILY_SETTINGS
 from harness.core.errors import InputError, Problem, one_of, unknown
 from harness.core.families import dimension_problems, family_of, model_keys, shapes_of
 from harness.core.layout import MESH_DIMS, layout_problems
@@ -563,7 +564,34 @@ def _expand_cells(
             problems=problems,
             every_cell=every_cell or {},
         )
+        _check_family_settings(
+            cells, settings=settings, axes=axes, include=include, file=file, problems=problems,
+            every_cell=every_cell or {},
+        )  # fmt: skip
     return cells
+
+
+def _check_family_settings(
+    cells: list[dict[str, Any]],
+    *,
+    settings: dict[str, Any],
+    axes: dict[str, list[Any]],
+    include: list[dict[str, Any]],
+    file: str,
+    problems: list[Problem],
+    every_cell: Mapping[str, Any],
+) -> None:
+    """A family's framework option (harness.core.catalogue.FAMILY_SETTINGS) set away from its default where no cell
+    of the scenario is of a family that takes it: every such cell would be skipped, so the file is refused (exit 2),
+    at the key that set it, with the reason. (A matrix that mixes families keeps its cells: those of the other
+    families are skipped with the reason.)"""
+    for name, fs in FAMILY_SETTINGS.items():
+        set_in = [c for c in cells if c.get(name, settings.get(name, SETTING_DEFAULTS[name])) != SETTING_DEFAULTS[name]]
+        if not set_in or any(CATALOGUE[c["strategy"]].family in fs.families for c in set_in):
+            continue
+        cell = set_in[0]
+        where = _source(name, cell, settings=settings, axes=axes, include=include, every_cell=every_cell)
+        problems.append(Problem(file, where, fs.refusal.format(strategy=cell["strategy"], setting=name)))
 
 
 def _source(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness.core import catalogue, precisions
+from harness.core.constants import DDP_BUCKET_CAP_MB
 from harness.core.families import FAMILIES
 from harness.core.layout import MESH_DIMS, PP_SCHEDULES, Layout
 from harness.core.zoo import ModelConfig
@@ -32,6 +33,10 @@ OFFLOADS: tuple[str, ...] = catalogue.OFFLOADS
 AC_POLICIES: tuple[str, ...] = ("none", "full", "selective")
 """activation checkpointing: none; full (recompute each block); selective (keep matmul and attention outputs,
 recompute the rest of each block: norms, RoPE, SiLU, products)"""
+
+BACKWARD_PREFETCH: tuple[str, ...] = ("backward_pre", "backward_post", "none")
+"""FSDP1's backward_prefetch (torch.distributed.fsdp.BackwardPrefetch, or None): when the next unit's all-gather is
+issued in backward"""
 
 LEGACY_GPUS_KEY = "world_size"
 """what records written before 2026-12 call `spec.gpus`; still the key run_id hashes it under"""
@@ -147,6 +152,43 @@ class Settings:
         False,
         "after the timed steps, save the full training state (model, optimizer, step) the strategy's way, load it "
         "into a fresh model and optimizer and train on: metrics.checkpoint (save_s, load_s, bytes, files)",
+    )
+    # NOTE: the framework options below are each one family's (harness.core.catalogue.FAMILY_SETTINGS): a cell of
+    # another family refuses them away from their default (a `skipped` record with the reason)
+    wrap_blocks: int = _setting(
+        1,
+        "fsdp.*, fsdp2.*: consecutive transformer blocks per FSDP unit (one all-gather and one reduce-scatter "
+        "each); 1 = one unit per block, 0 = the whole model as one unit",
+        minimum=0,
+    )
+    reshard_after_forward: bool = _setting(
+        True,
+        "fsdp2.*: fully_shard(reshard_after_forward); false keeps every unit gathered from its forward to its "
+        "backward (no all-gather in backward, more memory); FSDP1's equivalent is fsdp.shard_grad_op",
+    )
+    prefetch_units: int = _setting(
+        1,
+        "fsdp2.*: FSDP units all-gathered ahead of the one running, forward and backward; 1 = FSDP2's implicit "
+        "prefetch, N > 1 = set_modules_to_forward_prefetch / set_modules_to_backward_prefetch of the next N",
+        minimum=1,
+    )
+    forward_prefetch: bool = _setting(
+        False, "fsdp.*: FSDP1 forward_prefetch (issue the next unit's all-gather before the current forward)"
+    )
+    backward_prefetch: str = _setting(
+        "backward_pre",
+        "fsdp.*: FSDP1 backward_prefetch: backward_pre (the next unit gathered before the current unit's gradient "
+        "computation) | backward_post (after it) | none",
+        choices=BACKWARD_PREFETCH,
+    )
+    limit_all_gathers: bool = _setting(
+        True, "fsdp.*: FSDP1 limit_all_gathers (at most two units' all-gathers in flight ahead of the compute)"
+    )
+    bucket_cap_mb: float = _setting(
+        float(DDP_BUCKET_CAP_MB),
+        "ddp: DistributedDataParallel bucket_cap_mb (MiB); 25 = torch's default (its first bucket 1 MiB), another "
+        "value is every bucket's cap, the first's too (as torch takes an explicit value)",
+        minimum=0.0,
     )
 
     deepspeed_config: dict | None = _setting(
@@ -329,6 +371,9 @@ class RunSpec:
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
+        why = self._family_setting_refusal()
+        if why is not None:
+            return why
         if not self.layout.is_default:
             return self._layout_refusal(entry, device)
         if entry.mesh == catalogue.HYBRID:
@@ -355,6 +400,19 @@ class RunSpec:
         if why is not None:
             return why
         return entry.device_refusal(device, self.precision)
+
+    def _family_setting_refusal(self) -> str | None:
+        """Why a framework option set away from its default does not apply to this cell (another family's option,
+        or one the tensor/pipeline layouts do not take), or None."""
+        s, layout = self.settings, not self.layout.is_default
+        for name in catalogue.FAMILY_SETTINGS:
+            if getattr(s, name) != SETTING_DEFAULTS[name]:
+                why = catalogue.family_setting_refusal(name, strategy=self.strategy, layout=layout)
+                if why is not None:
+                    return why
+        if s.prefetch_units != SETTING_DEFAULTS["prefetch_units"] and s.wrap_blocks == 0:
+            return "prefetch_units: wrap_blocks 0 makes the whole model one FSDP unit, so there is nothing to prefetch"
+        return None
 
     def _layout_refusal(self, entry: catalogue.Strategy, device: str | None) -> str | None:
         """Why a tensor- or pipeline-parallel cell cannot run (its layout is valid: validation checked it)."""

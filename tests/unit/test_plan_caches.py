@@ -69,6 +69,13 @@ SETTINGS: dict[str, tuple[Any, ...]] = {
         {"zero_optimization": {"stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 10}},
     ),
     "nvme_path": ("", "/tmp/nvme"),
+    "wrap_blocks": (0, 1, 2),
+    "reshard_after_forward": (True, False),
+    "prefetch_units": (1, 2),
+    "forward_prefetch": (False, True),
+    "backward_prefetch": ("backward_pre", "backward_post", "none"),
+    "limit_all_gathers": (True, False),
+    "bucket_cap_mb": (25.0, 0.01, 1.0),
 }
 SPEC: dict[str, tuple[Any, ...]] = {
     "model": ("m", "other-name"),
@@ -302,6 +309,6 @@ def test_every_collective_model_reads_only_fields_of_the_comm_cell():
     for name in cm.COMM_MODELS:
         assert set(cm.model_reads(name)) <= fields, name
     # DDP's ledger does not depend on the precision or the accumulation: one ledger for all of them
-    assert cm.model_reads("ddp") == ("model_config",)
+    assert cm.model_reads("ddp") == ("model_config", "bucket_cap_mb")
     assert "checkpointing" in cm.model_reads("zero3") and "zero3" in cm.model_reads("zero3")
     assert all(CATALOGUE[s].comm_model in cm.COMM_MODELS for s in STRATEGIES)

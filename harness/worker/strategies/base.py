@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from harness.core.catalogue import CATALOGUE, HYBRID
-from harness.worker.models import loss_fn
+from harness.worker.models import blocks_of, loss_fn
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -134,3 +134,42 @@ def adamw(params, *, lr: float, device: torch.device, sharded_scaler: bool = Fal
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+# --------------------------------------------------------------------------------------------------
+# wrap units of several blocks (the `wrap_blocks` setting)
+
+
+class BlockGroup(torch.nn.Module):
+    """Consecutive blocks run one after another: the module FSDP1 wraps as one unit of `wrap_blocks` blocks (FSDP1
+    hooks a module's own forward, so a group must be a module the model calls). Its parameters keep the blocks'
+    order, so the group's flat parameter holds them as the planner lists them (harness.plan.wrap)."""
+
+    def __init__(self, blocks: Sequence[torch.nn.Module]):
+        super().__init__()
+        self.members = torch.nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.members:
+            x = block(x)
+        return x
+
+
+def block_groups(n_blocks: int, wrap_blocks: int) -> list[range]:
+    """The block indices of each wrap unit: `wrap_blocks` consecutive blocks each (the last may hold fewer); no unit
+    for wrap_blocks 0 (the whole model is the root unit). The planner's grouping (harness.plan.wrap) is the same."""
+    if wrap_blocks == 0:
+        return []
+    return [range(i, min(i + wrap_blocks, n_blocks)) for i in range(0, n_blocks, wrap_blocks)]
+
+
+def group_blocks(model: torch.nn.Module, wrap_blocks: int) -> None:
+    """Replace the model's blocks by `BlockGroup`s of `wrap_blocks` consecutive blocks (wrap_blocks > 1): the model's
+    forward runs its `blocks` in order, so it runs the same blocks in the same order. wrap_blocks 0 and 1 leave the
+    blocks as they are."""
+    if wrap_blocks <= 1:
+        return
+    blocks = blocks_of(model)
+    model.blocks = torch.nn.ModuleList(
+        BlockGroup([blocks[i] for i in r]) for r in block_groups(len(blocks), wrap_blocks)
+    )

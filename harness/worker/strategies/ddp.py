@@ -1,4 +1,5 @@
-"""DDP: full replica per rank, one all_reduce of all gradients per step (in 25 MB buckets)."""
+"""DDP: full replica per rank, one all_reduce of all gradients per step, in buckets: torch's default (1 MiB, then
+25 MiB) or every bucket `bucket_cap_mb` (the setting)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.core.constants import DDP_BUCKET_CAP_MB
-from harness.scenario.spec import RunSpec
+from harness.scenario.spec import SETTING_DEFAULTS, RunSpec
 from harness.worker.models import Transformer, apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+
+
+def bucket_cap_mb(spec: RunSpec) -> float | None:
+    """DDP's `bucket_cap_mb` argument: None at the setting's default (torch's own: a 1 MiB first bucket, then 25 MiB;
+    an explicit 25 would make the first bucket 25 MiB too), else the cell's value (every bucket's cap)."""
+    cap = spec.settings.bucket_cap_mb
+    return None if cap == SETTING_DEFAULTS["bucket_cap_mb"] else cap
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> Any:
@@ -26,7 +33,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> Any:
     ddp = DDP(
         model,
         device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
-        bucket_cap_mb=DDP_BUCKET_CAP_MB,
+        bucket_cap_mb=bucket_cap_mb(spec),
         gradient_as_bucket_view=True,
     )
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
@@ -59,7 +66,7 @@ def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
             inner,
             process_group=m.dp.get_group(),
             device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
-            bucket_cap_mb=DDP_BUCKET_CAP_MB,
+            bucket_cap_mb=bucket_cap_mb(spec),
             gradient_as_bucket_view=True,
         )
         # NOTE: DDP records the order gradients become ready in its first backward and rebuilds its buckets in that

@@ -1,8 +1,11 @@
 """FSDP1 (`FullyShardedDataParallel`): the sharding strategies users know by name.
 
-Each transformer Block is one FSDP unit (ModuleWrapPolicy); the root unit holds the embedding, final
-norm and head. The model is built on the meta device and each unit is materialised and initialised on
-its own device by `param_init_fn`, so no rank ever holds the whole unsharded model.
+Each transformer Block is one FSDP unit (ModuleWrapPolicy); the root unit holds the embedding, final norm and head.
+`wrap_blocks` N > 1 wraps N consecutive blocks as one unit (base.group_blocks: a module per group, since FSDP1 wraps
+modules whose forward runs), 0 the whole model as the one (root) unit. The prefetch options (`forward_prefetch`,
+`backward_prefetch`, `limit_all_gathers`) are passed as the cell sets them. The model is built on the meta device
+and each unit is materialised and initialised on its own device by `param_init_fn`, so no rank ever holds the
+whole unsharded model.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -21,7 +24,7 @@ from harness.scenario.spec import RunSpec
 from harness.worker.models import apply_activation_checkpointing, block_types, build_model, init_module_
 from harness.worker.precision import policy
 from harness.worker.strategies import dcp
-from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+from harness.worker.strategies.base import BlockGroup, Topology, TorchTrainer, adamw, group_blocks
 
 SHARDING = {
     "fsdp.full_shard": ShardingStrategy.FULL_SHARD,
@@ -30,6 +33,12 @@ SHARDING = {
     "fsdp.hybrid_shard": ShardingStrategy.HYBRID_SHARD,
     "fsdp.hybrid_shard_zero2": ShardingStrategy._HYBRID_SHARD_ZERO2,
 }
+BACKWARD_PREFETCH = {
+    "backward_pre": BackwardPrefetch.BACKWARD_PRE,
+    "backward_post": BackwardPrefetch.BACKWARD_POST,
+    "none": None,
+}
+"""the `backward_prefetch` setting → FSDP1's argument (harness.scenario.spec.BACKWARD_PREFETCH)"""
 
 
 def mixed_precision(name: str) -> MixedPrecision | None:
@@ -44,10 +53,16 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
     offload = spec.settings.offload
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device="meta")
+    s = spec.settings
     units = block_types(model)  # NOTE: before checkpointing wraps them: the policy wraps the inner blocks
-    if spec.settings.checkpointing:
+    if s.checkpointing:
         # NOTE: checkpoint wrappers go on before FSDP wrapping; the policy then wraps the inner Blocks
-        apply_activation_checkpointing(model, spec.settings.activation_checkpointing)
+        apply_activation_checkpointing(model, s.activation_checkpointing)
+    if s.wrap_blocks != 1:
+        # NOTE: after checkpointing (each group holds checkpointed blocks), before FSDP: the policy wraps the groups,
+        # or nothing but the root when the whole model is one unit
+        group_blocks(model, s.wrap_blocks)
+        units = {BlockGroup} if s.wrap_blocks > 1 else set()
     # offloaded parameters are materialised on the CPU and FSDP keeps them there
     init_device = torch.device("cpu") if offload == "optimizer+params" else topo.device
 
@@ -60,14 +75,16 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         kwargs["device_mesh"] = topo.mesh_for(spec.strategy)
     fsdp = FSDP(
         model,
-        auto_wrap_policy=ModuleWrapPolicy(units),
+        auto_wrap_policy=ModuleWrapPolicy(units) if units else None,
         sharding_strategy=SHARDING[spec.strategy],
         mixed_precision=mixed_precision(spec.precision),
         cpu_offload=CPUOffload(offload_params=offload == "optimizer+params"),
         device_id=topo.device,
         param_init_fn=param_init_fn,
         use_orig_params=True,
-        limit_all_gathers=True,
+        limit_all_gathers=s.limit_all_gathers,
+        forward_prefetch=s.forward_prefetch,
+        backward_prefetch=BACKWARD_PREFETCH[s.backward_prefetch],
         sync_module_states=False,
         **kwargs,
     )

@@ -25,7 +25,7 @@ from harness.worker.models import (
 )
 from harness.worker.precision import policy
 from harness.worker.strategies import dcp
-from harness.worker.strategies.base import Topology, TorchTrainer, adamw
+from harness.worker.strategies.base import Topology, TorchTrainer, adamw, block_groups
 from harness.worker.strategies.layouts import init_module_sharded_
 
 
@@ -34,6 +34,24 @@ def _init_sharded_(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, INIT_MODULES):
             init_module_sharded_(module)
+
+
+def _unit(blocks: torch.nn.ModuleList, indices: range) -> Any:
+    """The module(s) of one FSDP2 unit: a block by itself (as every cell before wrap_blocks), or a list of them."""
+    return blocks[indices[0]] if len(indices) == 1 else [blocks[i] for i in indices]
+
+
+def _prefetch(units: list[Any], n: int) -> None:
+    """Each unit prefetches the next `n` units' all-gathers in forward and the previous `n` in backward (FSDP2's
+    explicit prefetch; its implicit one is one unit ahead)."""
+    modules = [cast(FSDPModule, u[0] if isinstance(u, list) else u) for u in units]
+    for i, m in enumerate(modules):
+        ahead = modules[i + 1 : i + 1 + n]
+        behind = modules[max(0, i - n) : i][::-1]
+        if ahead:
+            m.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            m.set_modules_to_backward_prefetch(behind)
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
@@ -54,9 +72,18 @@ def setup(spec: RunSpec, *, topo: Topology) -> TorchTrainer:
         # FSDP2's all-gather/reduce-scatter hooks stay outside it
         for block in blocks_of(model):
             block.compile()
-    for block in blocks_of(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    s = spec.settings
+    reshard = s.reshard_after_forward
+    blocks = blocks_of(model)
+    # NOTE: one fully_shard per unit of `wrap_blocks` consecutive blocks (a list makes one group: gathered before
+    # its first block's forward, resharded after its last's), none for wrap_blocks 0 (the root holds everything)
+    units = [
+        fully_shard(_unit(blocks, r), mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        for r in block_groups(len(blocks), s.wrap_blocks)
+    ]
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if s.prefetch_units > 1:
+        _prefetch(units, s.prefetch_units)
     model.to_empty(device=topo.device)
     _init_sharded_(model)
     opt = adamw(model.parameters(), lr=spec.settings.lr, device=topo.device, sharded_scaler=prec.loss_scaling)
