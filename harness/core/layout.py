@@ -257,6 +257,7 @@ def layout_problems(
     tp, pp = degrees.get("tp", 1), degrees.get("pp", 1)
     if tp > 1:
         out += _tensor_parallel_problems(tp=tp, cfg=cfg, seq_len=seq_len, sequence_parallel=sequence_parallel)
+    out += model_layout_problems(cfg, tp=tp, pp=pp, sequence_parallel=sequence_parallel and tp > 1)
     used = [(d.name, degrees.get(d.name, 1)) for d in reversed(MESH_DIMS)]  # NOTE: innermost first: `tp 2 x pp 2`
     product = math.prod(n for _, n in used)
     if gpus % product:
@@ -311,6 +312,45 @@ def layout_problems(
     return out
 
 
+def model_layout_problems(cfg: ModelConfig, *, tp: int, pp: int, sequence_parallel: bool) -> list[tuple[str, str]]:
+    """The model's variants (harness.core.zoo.ModelConfig's knobs) the layouts cannot shard or cut as they are, as
+    (setting, sentence) pairs; [] when every knob composes with these degrees."""
+    out: list[tuple[str, str]] = []
+    if cfg.tied_embeddings and (tp > 1 or pp > 1):
+        dim = "tp" if tp > 1 else "pp"
+        why = (
+            "the embedding (split over the vocabulary, row-wise) and the head (column-wise) would shard one weight "
+            "twice"
+            if tp > 1
+            else "the embedding and the head share one weight, on the first and the last stage"
+        )
+        out.append((dim, f"{dim} {tp if tp > 1 else pp} with tied embeddings: {why}; untie them or use {dim} 1"))
+    if cfg.qk_norm != "none" and tp > 1:
+        out.append(
+            (
+                "tp",
+                f"tp {tp} with qk_norm {cfg.qk_norm}: the q/k norms' weights are shared by every head, so their "
+                "gradients are partial sums over the tensor-parallel ranks, which the layout does not reduce; use tp 1",
+            )
+        )
+    if sequence_parallel and cfg.norm_place != "pre":
+        out.append(
+            (
+                "sequence_parallel",
+                f"norm_place {cfg.norm_place}: sequence parallelism shards the norms before each sublayer (pre-norm "
+                "blocks) only",
+            )
+        )
+    if sequence_parallel and cfg.positions == "learned":
+        out.append(
+            (
+                "sequence_parallel",
+                "learned positions: the position embedding is added to the whole sequence, not to a sequence shard",
+            )
+        )
+    return out
+
+
 def _tensor_parallel_problems(
     *, tp: int, cfg: ModelConfig, seq_len: int | None, sequence_parallel: bool
 ) -> list[tuple[str, str]]:
@@ -348,9 +388,9 @@ def stage_params(cfg: ModelConfig, n_stages: int) -> list[int]:
     for s, blocks in enumerate(split):
         n = len(blocks) * cfg.block_params()
         if s == 0:
-            n += cfg.embedding_params()
+            n += cfg.embedding_params() + cfg.position_params()
         if s == n_stages - 1:
-            n += cfg.d_model + cfg.head_params()
+            n += cfg.norm_params() + cfg.head_params()
         out.append(n)
     return out
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.zoo import ModelConfig
-from harness.plan.layouts import LOSS_TRANSIENT_BYTES_PER_LOGIT
 
 FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
     "forward end",
@@ -19,6 +18,10 @@ FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BL
     "backward end",
     "optimizer step",
 )
+LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
+"""cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
+beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
+
 WINDOWS = (
     FORWARD_END,
     LOSS_BACKWARD,
@@ -164,6 +167,19 @@ class ActivationModel:
             saved += n1 + shared + self._attention_saves(o1, linear_input=False)
             saved += self._mlp_saves(o1, linear_input=False)
         return saved
+
+    def block_norms_per_token(self) -> int:
+        """Of `block_per_token`, what the block's d-wide norms save (sequence parallelism shards them)."""
+        c, r, a = self.cfg, self.residual_bytes, self.compute_bytes
+        ins = {"pre": [r, r], "post": [a, a], "sandwich": [r, a, r, a], "parallel": [r], "parallel2": [r, r]}
+        saved = sum(self._norm_saves(c.d_model, 1, b)[0] for b in ins[c.norm_place])
+        if c.norm_place == "parallel2":
+            saved -= (4 * c.d_model if r == 4 else 0) if c.norm == "rms" else r * c.d_model
+        return saved
+
+    def final_norm_per_token(self) -> int:
+        """What the final norm saves per token."""
+        return self._norm_saves(self.cfg.d_model, 1, self.residual_bytes)[0]
 
     def block_input_per_token(self) -> int:
         """Bytes of a block's input (the residual stream), which non-reentrant checkpointing keeps."""

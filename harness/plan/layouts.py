@@ -41,6 +41,7 @@ not (unless it also holds the last stage).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,12 +51,9 @@ from harness.core.catalogue import CATALOGUE
 from harness.core.layout import Layout, effective_microbatches, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
+from harness.plan.activations import LOSS_TRANSIENT_BYTES_PER_LOGIT, ActivationModel
 from harness.plan.links import mesh_group_kind
 from harness.scenario.spec import RunSpec
-
-LOSS_TRANSIENT_BYTES_PER_LOGIT = 8
-"""cross-entropy backward: nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient live at once,
-beside the saved fp32 log-probabilities (counted as activations): 2 x 4 bytes per logit"""
 
 COLUMNWISE = ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")
 """projections sharded over their output features (dim 0 of the weight)"""
@@ -92,9 +90,9 @@ def local_shape(p: Param, *, tp: int) -> tuple[int, ...]:
     name = p.name.removesuffix(".weight").removesuffix(".bias")  # NOTE: a column-wise projection's bias is split too
     if name == "tok_emb" or name == "head" or any(name.endswith(c) for c in COLUMNWISE):
         return (-(-p.shape[0] // tp), *p.shape[1:])
-    if any(name.endswith(r) for r in ROWWISE):
+    if any(name.endswith(r) for r in ROWWISE) and len(p.shape) == 2:
         return (p.shape[0], -(-p.shape[1] // tp))
-    return p.shape  # the norms: replicated
+    return p.shape  # the norms, a row-wise projection's bias: replicated
 
 
 def stage_units(cfg: ModelConfig, layout: Layout, stage: int) -> dict[str, list[Param]]:
@@ -108,7 +106,7 @@ def stage_units(cfg: ModelConfig, layout: Layout, stage: int) -> dict[str, list[
         if p.unit in blocks:
             out.setdefault(p.unit, []).append(p)
         elif p.unit == "root":
-            first = p.name.startswith("tok_emb")
+            first = p.name.startswith(("tok_emb", "pos_emb"))
             if (first and stage == 0) or (not first and stage == layout.n_stages - 1):
                 root.append(p)
     out["root"] = root
@@ -204,7 +202,9 @@ def _tensor_parallel(
         add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt, cfg.d_model * DTYPE_BYTES[pdt],
             norms, group, lay.tp, "tp_step")  # fmt: skip
     else:
-        reduces = 7 * nb + (1 if first else 0) + (1 if last else 0)
+        # NOTE: per block, o and down forward, and one input gradient per column-wise projection backward (q, k, v,
+        # gate and up; a plain MLP has no gate)
+        reduces = (5 + (2 if cfg.gated else 1)) * nb + (1 if first else 0) + (1 if last else 0)
         add(
             f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)",
             "all_reduce",
@@ -368,24 +368,36 @@ def stage_activations(spec: RunSpec, *, stage: int, tokens: int) -> StageActivat
     lay, cfg, s = spec.layout, spec.model_config, spec.settings
     tp, d = lay.tp, cfg.d_model
     a = DTYPE_BYTES[activation_dtype(spec)]
-    norm = 4 * d + 4 + (4 * d if a == 4 else a * d)
-    norm_share = norm / tp if s.sequence_parallel else norm
-    per_block = 2 * norm_share + 2 * a * d + (5 * a * d + 4 * cfg.n_heads + 4 * a * cfg.ffn) / tp
-    kept, recompute = per_block, 0.0
+    # NOTE: the block's activation model over this rank's heads and ffn columns: its d-wide tensors (norms, the
+    # projections' inputs, the row-wise outputs) are whole, the attention core and the MLP this rank's share
+    model = ActivationModel(local_model(cfg, tp), "fp32" if a == 4 else "lowp", tokens, seq_len=s.seq_len)
+    norms = model.block_norms_per_token()
+    per_block = model.block_per_token() - (norms - norms / tp if s.sequence_parallel else 0)
+    kept, recompute = float(per_block), 0.0
     if s.checkpointing:
         kept = a * d / (tp if s.sequence_parallel else 1)
         if s.activation_checkpointing == "selective":
-            kv = cfg.kv_heads * cfg.head_size
-            kept += a * 2 * d + (a * (2 * d + 2 * kv + 2 * cfg.ffn) + 4 * cfg.n_heads) / tp
+            kept += model.selective_kept_per_token()
         recompute = per_block
     blocks = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])
     outside = 0.0
     if stage == 0:
         outside += 8
     if stage == lay.n_stages - 1:
-        outside += norm_share + a * d + 4 * cfg.vocab / tp + 8
+        norm = model.final_norm_per_token()
+        softcap = a * cfg.vocab / tp if cfg.final_softcap is not None else 0
+        outside += (norm / tp if s.sequence_parallel else norm) + a * d + 4 * cfg.vocab / tp + softcap + 8
     return StageActivations(
         blocks=int(tokens * blocks * kept), outside=int(tokens * outside), recompute=int(tokens * recompute)
+    )
+
+
+def local_model(cfg: ModelConfig, tp: int) -> ModelConfig:
+    """The shapes one tensor-parallel rank's blocks compute with: its heads, key/value heads and ffn columns."""
+    if tp == 1:
+        return cfg
+    return dataclasses.replace(
+        cfg, n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, ffn=-(-cfg.ffn // tp), head_dim=cfg.head_size
     )
 
 

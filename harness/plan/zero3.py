@@ -73,63 +73,70 @@ def ds_ipg_buckets(numels: list[int], *, cap: int = DS_REDUCE_BUCKET_ELEMS) -> l
     return buckets
 
 
+def _module_params(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Each module's own parameters (indices into `parameters(cfg)`), as DeepSpeed fetches them: a module's direct
+    parameters in one call. A tied head's weight is the embedding's (index 0): the head module fetches it."""
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(parameters(cfg)):
+        out.setdefault(p.name.rsplit(".", 1)[0], []).append(i)
+    if cfg.tied_embeddings:
+        out["head"] = [0] + out.get("head", [])
+    return {m: tuple(idx) for m, idx in out.items()}
+
+
+def _block_children(cfg: ModelConfig) -> list[tuple[str, list[str]]]:
+    """A block's submodules in call order, each with its own children in call order."""
+    attn = ["wq", "wk", "wv"] + (["q_norm", "k_norm"] if cfg.qk_norm != "none" else []) + ["wo"]
+    mlp = ["w1"] + (["w3"] if cfg.gated else []) + ["w2"]
+    return [(m, attn if m == "attn" else mlp if m == "mlp" else []) for m in cfg.block_modules()]
+
+
 def zero3_module_trace(
     cfg: ModelConfig, *, checkpointing: bool = False
-) -> tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]:
-    """The modules DeepSpeed's hooks fetch for, in order, over one forward and one backward: (module, index
-    of the one parameter it owns, or None). Parameter-less modules (Transformer, Block, Attention, SwiGLU,
-    the checkpoint wrapper) are in the trace too: every fetch runs the prefetcher.
+) -> tuple[list[tuple[str, tuple[int, ...]]], list[tuple[str, tuple[int, ...]]]]:
+    """The modules DeepSpeed's hooks fetch for, in order, over one forward and one backward: (module, indices of
+    the parameters it owns, empty for a container). Parameter-less modules (Transformer, Block, Attention, the
+    MLP, the checkpoint wrapper) are in the trace too: every fetch runs the prefetcher.
 
-    Backward follows autograd: a module's pre-backward hook fires when its output's gradient is ready —
-    the outermost module first, a block's SwiGLU before its w2, w3 before w1 (created later in forward),
-    the norm feeding both after them, wv before wk before wq. With activation checkpointing the block's
-    forward runs again (every forward hook fires) when w2's backward first unpacks a saved tensor.
+    Forward runs the modules as they are called (= registered). Backward follows autograd: a module's pre-backward
+    hook fires when its output's gradient is ready — the outermost module first, then its children in reverse
+    (a block's MLP before its w2, w3 before w1 (created later in forward), the norm feeding both after them, wv
+    before wk before wq). With activation checkpointing the block's forward runs again (every forward hook fires)
+    when its first leaf's backward first unpacks a saved tensor.
     """
+    own = _module_params(cfg)
 
-    def block_fwd(i: int) -> list[tuple[str, int | None]]:
-        b, u = 1 + 9 * i, f"blocks.{i}"
-        return [
-            (u, None),
-            (f"{u}.attn_norm", b),
-            (f"{u}.attn", None),
-            (f"{u}.attn.wq", b + 1),
-            (f"{u}.attn.wk", b + 2),
-            (f"{u}.attn.wv", b + 3),
-            (f"{u}.attn.wo", b + 4),
-            (f"{u}.mlp_norm", b + 5),
-            (f"{u}.mlp", None),
-            (f"{u}.mlp.w1", b + 6),
-            (f"{u}.mlp.w3", b + 7),
-            (f"{u}.mlp.w2", b + 8),
-        ]
+    def node(name: str) -> tuple[str, tuple[int, ...]]:
+        return name, own.get(name, ())
 
-    def block_bwd(i: int) -> list[tuple[str, int | None]]:
-        b, u = 1 + 9 * i, f"blocks.{i}"
-        head = [(u, None), (f"{u}.mlp", None), (f"{u}.mlp.w2", b + 8)]
-        rest = [
-            (f"{u}.mlp.w3", b + 7),
-            (f"{u}.mlp.w1", b + 6),
-            (f"{u}.mlp_norm", b + 5),
-            (f"{u}.attn", None),
-            (f"{u}.attn.wo", b + 4),
-            (f"{u}.attn.wv", b + 3),
-            (f"{u}.attn.wk", b + 2),
-            (f"{u}.attn.wq", b + 1),
-            (f"{u}.attn_norm", b),
-        ]
-        if checkpointing:
-            return [(f"{u}.ckpt", None)] + head + block_fwd(i) + rest
-        return head + rest
+    def block_fwd(i: int) -> list[tuple[str, tuple[int, ...]]]:
+        u = f"blocks.{i}"
+        out = [node(u)]
+        for child, grand in _block_children(cfg):
+            out.append(node(f"{u}.{child}"))
+            out += [node(f"{u}.{child}.{g}") for g in grand]
+        return out
 
-    n = 1 + 9 * cfg.n_layers
-    fwd: list[tuple[str, int | None]] = [("model", None), ("tok_emb", 0)]
+    def block_bwd(i: int) -> list[tuple[str, tuple[int, ...]]]:
+        u = f"blocks.{i}"
+        out = [node(u)]
+        for child, grand in reversed(_block_children(cfg)):
+            out.append(node(f"{u}.{child}"))
+            out += [node(f"{u}.{child}.{g}") for g in reversed(grand)]
+        if not checkpointing:
+            return out
+        first_leaf = next(k for k, (_, idx) in enumerate(out) if idx)
+        return [(f"{u}.ckpt", ())] + out[: first_leaf + 1] + block_fwd(i) + out[first_leaf + 1 :]
+
+    roots_in = [node("tok_emb")] + ([node("pos_emb")] if cfg.positions == "learned" else [])
+    fwd: list[tuple[str, tuple[int, ...]]] = [("model", ()), *roots_in]
     for i in range(cfg.n_layers):
-        fwd += ([(f"blocks.{i}.ckpt", None)] if checkpointing else []) + block_fwd(i)
-    fwd += [("norm", n), ("head", n + 1)]
-    bwd: list[tuple[str, int | None]] = [("model", None), ("head", n + 1), ("norm", n)]
+        fwd += ([(f"blocks.{i}.ckpt", ())] if checkpointing else []) + block_fwd(i)
+    fwd += [node("norm"), node("head")]
+    bwd: list[tuple[str, tuple[int, ...]]] = [("model", ()), node("head"), node("norm")]
     for i in reversed(range(cfg.n_layers)):
         bwd += block_bwd(i)
-    bwd.append(("tok_emb", 0))
+    bwd += list(reversed(roots_in))
     return fwd, bwd
 
 
@@ -172,7 +179,7 @@ def simulate_zero3_trace(cfg: ModelConfig, conf: Zero3Config, checkpointing: boo
     fwd, bwd = zero3_module_trace(cfg, checkpointing=checkpointing)
     trace = fwd + bwd
     n_fwd = len(fwd)
-    queue = deque((pi, s) for s, (_, pi) in enumerate(trace) if pi is not None)
+    queue = deque((pi, s) for s, (_, own) in enumerate(trace) for pi in own)
     available = list(persist)  # persistent parameters were gathered after the previous step
     recent = [-(10**12)] * len(params)
     n_avail = 0
@@ -187,16 +194,18 @@ def simulate_zero3_trace(cfg: ModelConfig, conf: Zero3Config, checkpointing: boo
             n_avail += numel[i]
             times[i] += 1
 
-    for s, (_, pi) in enumerate(trace):
+    for s, (_, own) in enumerate(trace):
         phase = "forward" if s < n_fwd else "backward"
-        if pi is not None:
-            if not available[pi]:
-                gather(phase, [pi])
-            if recent[pi] < s:  # not popped by an earlier prefetch: its entry heads the queue
-                q, t = queue.popleft()
-                if q != pi:
-                    raise RuntimeError(f"ZeRO-3 trace simulation out of order at step {s}")
-                recent[q] = t
+        if own:
+            missing = [pi for pi in own if not available[pi]]
+            if missing:
+                gather(phase, missing)
+            for pi in own:
+                if recent[pi] < s:  # not popped by an earlier prefetch: its entry heads the queue
+                    q, t = queue.popleft()
+                    if q != pi:
+                        raise RuntimeError(f"ZeRO-3 trace simulation out of order at step {s}")
+                    recent[q] = t
         budget = min(conf.max_live - n_avail, conf.prefetch_bucket)
         batch: list[int] = []
         taken = 0
@@ -209,22 +218,21 @@ def simulate_zero3_trace(cfg: ModelConfig, conf: Zero3Config, checkpointing: boo
         if batch:
             gather(phase, batch)
         step = s + 1
-        if pi is None or persist[pi] or recent[pi] > step:
-            continue
-        traversed = 0
-        reused = False
-        for _, m in trace[step:]:
-            if traversed >= conf.max_reuse_distance:
-                break
-            if m is None:
+        for pi in own:
+            if persist[pi] or recent[pi] > step:
                 continue
-            if m == pi:
-                reused = True
-                break
-            traversed += numel[m]
-        if not reused:
-            available[pi] = False
-            n_avail -= numel[pi]
+            traversed = 0
+            reused = False
+            for _, later in trace[step:]:
+                if traversed >= conf.max_reuse_distance:
+                    break
+                if pi in later:
+                    reused = True
+                    break
+                traversed += sum(numel[m] for m in later)
+            if not reused:
+                available[pi] = False
+                n_avail -= numel[pi]
     return Zero3Trace(
         gathers=tuple((ph, tuple(idx)) for ph, idx in gathers),
         regathered=tuple(i for i, t in enumerate(times) if t > 1),

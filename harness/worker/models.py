@@ -48,10 +48,13 @@ class KeyedLinear(nn.Linear):
 
     def __init__(self, d_in: int, d_out: int, *, key: int, seed: int, std: float = INIT_STD, bias: bool = False):
         self.init_key, self.init_seed, self.init_std = key, seed, std
+        self.tied = False
+        """the weight is another module's (a tied head's is the embedding's): that module initialises it"""
         super().__init__(d_in, d_out, bias=bias)
 
     def reset_parameters(self) -> None:
-        keyed_normal_(self.weight, seed=self.init_seed, key=self.init_key, std=self.init_std)
+        if not self.tied:
+            keyed_normal_(self.weight, seed=self.init_seed, key=self.init_key, std=self.init_std)
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
@@ -265,21 +268,8 @@ class Block(nn.Module):
         if self.place == "parallel":
             h = m["attn_norm"](x)
             return attn(h) + mlp(h) + x
-        return mlp(m["mlp_norm"](x)) + attn(m["attn_norm"](x)) + x
-
-
-class TiedHead(nn.Module):
-    """The output head of a model with tied embeddings: its weight is the embedding's (used by
-    `Transformer.forward`); only its bias (Phi's), if any, is its own."""
-
-    def __init__(self, vocab: int, *, bias: bool):
-        super().__init__()
-        self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
-
-    def reset_parameters(self) -> None:
-        if self.bias is not None and not self.bias.is_meta:
-            with torch.no_grad():
-                self.bias.zero_()
+        a = attn(m["attn_norm"](x))  # NOTE: attention first, as registered (ZeRO-3's module trace reads the order)
+        return mlp(m["mlp_norm"](x)) + a + x
 
 
 class Transformer(nn.Module):
@@ -291,30 +281,38 @@ class Transformer(nn.Module):
             self.pos_emb = KeyedEmbedding(cfg.max_positions or 0, cfg.d_model, key=3, seed=seed, std=INIT_STD)
         self.blocks = nn.ModuleList(Block(cfg, layer=i, seed=seed) for i in range(cfg.n_layers))
         self.norm = make_norm(cfg)
-        self.head: nn.Module
-        if not cfg.tied_embeddings:
-            self.head = KeyedLinear(cfg.d_model, cfg.vocab, key=2, seed=seed, bias=cfg.head_bias)
-        else:
-            self.head = TiedHead(cfg.vocab, bias=cfg.head_bias)
+        self.head = KeyedLinear(cfg.d_model, cfg.vocab, key=2, seed=seed, bias=cfg.head_bias)
+        if cfg.tied_embeddings:
+            # NOTE: one Parameter under two modules, as transformers ties them: `named_parameters()` lists it once
+            # (the embedding's), the head's call still uses it (so ZeRO-3's hooks fetch it for the head)
+            self.head.weight = self.tok_emb.weight
+            self.head.tied = True
+            object.__setattr__(self.head, "tie_source", self.tok_emb)  # NOTE: not a submodule: no second registration
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) → logits (batch, seq, vocab)."""
-        cfg = self.cfg
-        x = self.tok_emb(tokens)
-        if cfg.embed_scale:
-            x = x * torch.tensor(cfg.d_model**0.5, dtype=x.dtype)
-        if cfg.positions == "learned":
-            x = x + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+        x = embed(self.cfg, self.tok_emb, getattr(self, "pos_emb", None), tokens)
         for block in self.blocks:
             x = block(x)
-        x = self.norm(x)
-        if cfg.tied_embeddings:
-            logits = F.linear(x, self.tok_emb.weight, cast(TiedHead, self.head).bias)
-        else:
-            logits = self.head(x)
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        return logits
+        return output_logits(self.cfg, self.head(self.norm(x)))
+
+
+def embed(cfg: ModelConfig, tok_emb: nn.Module, pos_emb: nn.Module | None, tokens: torch.Tensor) -> torch.Tensor:
+    """The residual stream's start: the token embedding (times √d_model with `embed_scale`), plus the learned
+    position embedding. The model's and a first pipeline stage's."""
+    x = tok_emb(tokens)
+    if cfg.embed_scale:
+        x = x * torch.tensor(cfg.d_model**0.5, dtype=x.dtype)
+    if pos_emb is not None:
+        x = x + pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+    return x
+
+
+def output_logits(cfg: ModelConfig, logits: torch.Tensor) -> torch.Tensor:
+    """The head's output, soft-capped with `final_softcap`. The model's and a last pipeline stage's."""
+    if cfg.final_softcap is not None:
+        logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+    return logits
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -323,12 +321,17 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def init_module_(module: nn.Module) -> None:
-    """Re-draw a module's own (non-recursive) parameters from their keyed streams."""
+    """Re-draw a module's own (non-recursive) parameters from their keyed streams; a tied head takes the
+    embedding's weight again (materialising a meta-built module one module at a time, as FSDP1 does, gives the
+    head a weight of its own otherwise: the embedding is materialised first, as it is registered first)."""
     if isinstance(module, INIT_MODULES):
         module.reset_parameters()
+    source = getattr(module, "tie_source", None)
+    if source is not None and module.weight is not source.weight:
+        module.weight = source.weight
 
 
-INIT_MODULES = (KeyedLinear, KeyedEmbedding, RMSNorm, nn.LayerNorm, TiedHead)
+INIT_MODULES = (KeyedLinear, KeyedEmbedding, RMSNorm, nn.LayerNorm)
 """the modules that own parameters, each initialised by its own reset_parameters"""
 
 

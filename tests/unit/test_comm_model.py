@@ -368,12 +368,30 @@ def test_zero3_reuse_distance_at_scale():
 def test_zero3_module_trace_shape():
     P = len(parameters(ZOO["tiny"]))
     fwd, bwd = zero3_module_trace(ZOO["tiny"])
-    assert [pi for _, pi in fwd if pi is not None] == list(range(P))  # forward uses = registration order
-    assert sorted(pi for _, pi in bwd if pi is not None) == list(range(P))
-    assert fwd[0] == bwd[0] == ("model", None) and bwd[1] == ("head", P - 1) and bwd[-1] == ("tok_emb", 0)
+    assert [pi for _, own in fwd for pi in own] == list(range(P))  # forward uses = registration order
+    assert sorted(pi for _, own in bwd for pi in own) == list(range(P))
+    assert fwd[0] == bwd[0] == ("model", ()) and bwd[1] == ("head", (P - 1,)) and bwd[-1] == ("tok_emb", (0,))
+    assert [m for m, _ in bwd[3:16]] == [
+        "blocks.1", "blocks.1.mlp", "blocks.1.mlp.w2", "blocks.1.mlp.w3", "blocks.1.mlp.w1", "blocks.1.mlp_norm",
+        "blocks.1.attn", "blocks.1.attn.wo", "blocks.1.attn.wv", "blocks.1.attn.wk", "blocks.1.attn.wq",
+        "blocks.1.attn_norm", "blocks.0",
+    ]  # fmt: skip
     # checkpointing: each block's forward runs again inside backward
     fwd_c, bwd_c = zero3_module_trace(ZOO["tiny"], checkpointing=True)
-    assert len([m for m in bwd_c if m[1] is not None]) == P + (P - 3)
+    assert len([m for m in bwd_c if m[1]]) == P + (P - 3)
+
+
+def test_zero3_module_trace_of_every_knob():
+    """Biases and norms with biases are fetched with their module's weight (one call); a tied head fetches the
+    embedding's weight; every parameter is used once per forward, in registration order."""
+    cfg = ModelConfig(**{**ZOO["tiny"].to_dict(), "qkv_bias": True, "norm": "layer", "tied_embeddings": True})
+    ps = parameters(cfg)
+    fwd, bwd = zero3_module_trace(cfg)
+    own = dict(fwd)
+    assert [ps[i].name for i in own["blocks.0.attn.wq"]] == ["blocks.0.attn.wq.weight", "blocks.0.attn.wq.bias"]
+    assert [ps[i].name for i in own["blocks.0.attn_norm"]] == ["blocks.0.attn_norm.weight", "blocks.0.attn_norm.bias"]
+    assert own["head"] == (0,) and "head.weight" not in {p.name for p in ps}
+    assert [pi for m, o in fwd if m != "head" for pi in o] == list(range(len(ps)))
 
 
 # --------------------------------------------------------------------------------------------------

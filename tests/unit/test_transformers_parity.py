@@ -98,8 +98,6 @@ def _converted(ours: ModelConfig, hf_sd: dict, model_type: str) -> dict:
     for name, t in hf_sd.items():
         for a, b in rename:
             name = name.replace(a, b)
-        if ours.tied_embeddings and name == "head.weight":
-            continue  # the embedding's, under a second name
         if gemma and "norm" in name:
             t = t + 1.0
         if model_type == "gpt2":

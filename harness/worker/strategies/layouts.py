@@ -31,7 +31,16 @@ from torch import nn
 
 from harness.core.layout import Layout, effective_microbatches, stage_blocks, stage_params
 from harness.scenario.spec import RunSpec
-from harness.worker.models import Attention, Transformer, build_model, init_module_, loss_fn
+from harness.worker.models import (
+    Attention,
+    KeyedLinear,
+    Transformer,
+    build_model,
+    embed,
+    init_module_,
+    loss_fn,
+    output_logits,
+)
 from harness.worker.strategies.base import Batch
 
 LOSS_PARALLEL = True
@@ -79,7 +88,9 @@ class Stage(nn.Module):
         super().__init__()
         self.index, self.block_ids = index, list(blocks)
         self.first, self.last = index == 0, index == n_stages - 1
+        self.cfg = model.cfg
         self.tok_emb = model.tok_emb if self.first else None
+        self.pos_emb = getattr(model, "pos_emb", None) if self.first else None
         self.blocks = nn.ModuleList(model.blocks[i] for i in blocks)
         self.norm = model.norm if self.last else None
         self.head = model.head if self.last else None
@@ -87,12 +98,12 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """First stage: tokens (batch, seq) → hidden; middle: hidden → hidden; last: hidden → logits."""
         if self.tok_emb is not None:
-            x = self.tok_emb(x)
+            x = embed(self.cfg, self.tok_emb, self.pos_emb, x)
         for block in self.blocks:
             x = block(x)
         if self.head is not None:
             assert self.norm is not None
-            x = self.head(self.norm(x))
+            x = output_logits(self.cfg, self.head(self.norm(x)))
         return x
 
 
@@ -142,9 +153,10 @@ def apply_tensor_parallel(stage: Stage, *, mesh: Any, sequence_parallel: bool, l
             "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=act),
             "mlp.w1": ColwiseParallel(),
-            "mlp.w3": ColwiseParallel(),
             "mlp.w2": RowwiseParallel(output_layouts=act),
         }
+        if hasattr(block.mlp, "w3"):  # a gated MLP's up projection
+            block_plan["mlp.w3"] = ColwiseParallel()
         if sequence_parallel:
             gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
             block_plan.update(attn_norm=SequenceParallel(), mlp_norm=SequenceParallel(), attn=gather, mlp=gather)
@@ -162,6 +174,11 @@ def init_module_sharded_(m: nn.Module) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     w = getattr(m, "weight", None)
+    if getattr(m, "tied", False):
+        cast(
+            KeyedLinear, m
+        ).reset_parameters()  # NOTE: a tied head's bias; its weight is the embedding's, initialised by the embedding
+        return
     if not isinstance(w, DTensor):
         init_module_(m)
         return
