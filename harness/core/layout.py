@@ -258,6 +258,14 @@ def layout_problems(
     if tp > 1:
         out += _tensor_parallel_problems(tp=tp, cfg=cfg, seq_len=seq_len, sequence_parallel=sequence_parallel)
     out += model_layout_problems(cfg, tp=tp, pp=pp, sequence_parallel=sequence_parallel and tp > 1)
+    if cfg.positions == "learned" and seq_len is not None and seq_len > (cfg.max_positions or 0):
+        out.append(
+            (
+                "seq_len",
+                f"seq_len {seq_len} is longer than the model's learned position table ({cfg.max_positions} "
+                f"positions); allowed seq_len: 2..{cfg.max_positions}",
+            )
+        )
     used = [(d.name, degrees.get(d.name, 1)) for d in reversed(MESH_DIMS)]  # NOTE: innermost first: `tp 2 x pp 2`
     product = math.prod(n for _, n in used)
     if gpus % product:

@@ -116,7 +116,7 @@ def block_linears(cfg: ModelConfig) -> list[tuple[str, int, int]]:
         ("wv", cfg.kv_heads * hd, d),
         ("wo", d, cfg.n_heads * hd),
         ("w1", cfg.ffn, d),
-        ("w3", cfg.ffn, d),
+        *([("w3", cfg.ffn, d)] if cfg.gated else []),
         ("w2", d, cfg.ffn),
     ]
 
@@ -255,8 +255,11 @@ def compute_of(
         if policy == "full" and name != "w2":  # checkpoint's early stop: w2's output is saved by nothing
             recompute_mm += gemm_time(f)
     att = dict(batch=batch, heads=cfg.n_heads // tp, seq=seq, head_dim=hd)
-    att_fwd = k_kern * rates.attention_s(dt, phase="forward", **att)
-    att_bwd = k_kern * rates.attention_s(dt, phase="backward", **att)
+    if cfg.attn_softcap is None:
+        att_fwd = k_kern * rates.attention_s(dt, phase="forward", **att)
+        att_bwd = k_kern * rates.attention_s(dt, phase="backward", **att)
+    else:
+        att_fwd, att_bwd = eager_attention_s(rates, dt, ew_dt, k_kern, k_ew, **att)
     p_block = sum(o * i for _, o, i in linears)
     if tp == 1:
         xs: tuple[float, ...] = (tokens * d, tokens * ffn, tokens * cfg.n_heads, seq * hd, d, p_block)
@@ -314,6 +317,28 @@ def compute_of(
         block_recompute_elementwise=ew_recompute,
         root_ops=root_ops,
     )
+
+
+EAGER_SCORE_BYTES = (24.0, 40.0)
+"""(forward, backward) bytes moved per attention score by soft-capped (eager) attention's elementwise ops, in
+units of the compute dtype's element plus the fp32 softmax: the scale, the cap's divide, tanh and multiply, the
+mask's add, the fp32 softmax and its cast (priced from the op list of harness.worker.models.Attention._softcapped,
+not traced as the decoder's tables are)"""
+
+
+def eager_attention_s(
+    rates: Rates, dt: str, ew_dt: str, k_kern: float, k_ew: float, *, batch: int, heads: int, seq: int, head_dim: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds of soft-capped attention (no fused kernel takes the cap): its two batched matmuls
+    per head (scores q·kᵀ, output p·v; backward twice that) at the GEMM rates, and its seq² elementwise work at the
+    elementwise bandwidth."""
+    n = batch * heads
+    qk = Gemm(seq, seq, head_dim, "nt")
+    pv = Gemm(seq, head_dim, seq, "nn")
+    fwd_mm = n * (rates.gemm_s(dt, qk.m, qk.n, qk.k, qk.layout) + rates.gemm_s(dt, pv.m, pv.n, pv.k, pv.layout))
+    scores = n * seq * seq
+    ew = [k_ew * rates.elementwise_s(ew_dt, c * scores, op_bytes=IN_STEP_OPERAND_BYTES) for c in EAGER_SCORE_BYTES]
+    return k_kern * fwd_mm + ew[0], 2 * k_kern * fwd_mm + ew[1]
 
 
 def host_per_op(rates: Rates, precision: str) -> tuple[float, float]:

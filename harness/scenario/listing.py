@@ -41,8 +41,9 @@ def list_lines(what: str, *, scenario: str | None, cluster_name: str) -> Iterato
 
 def model_lines(scenario: str | None) -> list[str]:
     """One line per zoo model, then per model SCENARIO defines: the exact parameter count with thousands
-    separators, a rounded figure (K/M/B = 1e3/1e6/1e9), the dimensions, and where they come from (the zoo entry's
-    source, the scenario file, or the Hugging Face config.json it names)."""
+    separators, a rounded figure (K/M/B = 1e3/1e6/1e9), the dimensions, the knobs that differ from Llama's
+    (`ModelConfig.knobs`: tied_embeddings, head_dim 128, norm_place sandwich …), and where they come from (the zoo
+    entry's source, the scenario file, or the Hugging Face config.json it names)."""
     rows: list[tuple[str, ModelConfig, str]] = [(name, cfg, f"zoo: {ZOO_SOURCES[name]}") for name, cfg in ZOO.items()]
     if scenario:
         sc = load_scenario(scenario)
@@ -53,7 +54,8 @@ def model_lines(scenario: str | None) -> list[str]:
     for name, cfg, origin in rows:
         n = cfg.n_params()
         rounded = f"({rounded_count(n)})"
-        bias = " qkv_bias" if cfg.qkv_bias else ""
+        bias = "".join(f" {k}" if v is True else f" {k} {v:g}" if isinstance(v, float) else f" {k} {v}"
+                       for k, v in cfg.knobs().items())  # fmt: skip
         family = "" if cfg.family == DEFAULT_FAMILY else f" family {cfg.family}"
         lines.append(
             f"{name:{name_w}s} {n:>{count_w},} params {rounded:10s}  d_model {cfg.d_model:5d}  layers "
