@@ -90,6 +90,8 @@ def model_keys(family: Family) -> dict[str, str]:
             out[f.name] = "bool"
         elif "choices" in f.metadata:
             out[f.name] = "choice"
+        elif f.metadata.get("text"):
+            out[f.name] = "text"
         elif f.metadata.get("number"):
             out[f.name] = "number"
         else:
@@ -121,6 +123,8 @@ def dimension_problems(dims: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append((key, f"{value!r} is not a positive integer"))
         elif kind == "number" and not _number(value):
             out.append((key, f"{value!r} is not a positive number"))
+        elif kind == "text" and not isinstance(value, str):
+            out.append((key, f"{value!r} is not a string"))
         elif kind == "choice" and value not in key_choices(family, key):
             out.append((key, f"{value!r} is not one of {', '.join(key_choices(family, key))}"))
     out += [(k, "missing (required)") for k, kind in kinds.items() if kind == "required" and k not in dims]

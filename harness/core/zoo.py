@@ -190,7 +190,7 @@ class ModelConfig:
         """The knobs that differ from Llama's (everything `to_dict` holds beyond the five dimensions, kv heads and
         the family): what `harness list models` shows after the dimensions."""
         out = self.to_dict()
-        for key in ("d_model", "n_layers", "n_heads", "ffn", "vocab", "n_kv_heads", "family"):
+        for key in ("d_model", "n_layers", "n_heads", "ffn", "vocab", "n_kv_heads", "family", "hf_json"):
             out.pop(key, None)
         return out
 
@@ -299,6 +299,11 @@ class ModelConfig:
         elif self.head_bias:
             ps.append(Param("head.bias", (self.vocab,), "root"))
         return tuple(ps)
+
+    def module_trace(self, checkpointing: bool) -> tuple[list, list] | None:
+        """The modules DeepSpeed ZeRO-3's hooks fetch for, when the family knows them better than the decoder's
+        rule (harness.plan.zero3.zero3_module_trace); None: that rule."""
+        return None
 
     def block_modules(self) -> tuple[str, ...]:
         """A block's submodules in registration (= forward-use) order: its norms by where they sit, `attn`, `mlp`."""

@@ -261,7 +261,7 @@ def _run_rounds(sweep: Sweep, specs: Sequence[RunSpec], rounds: list[int], *, ba
     cells in flight (--no-wait) ends the sweep, and a re-run goes on from there."""
     records: list[Record] = []
     repeated = len(rounds) > 1 or rounds[0] > 1
-    with backend.session(sweep):
+    with backend.session(sweep, specs):
         for index, k in enumerate(rounds):
             at = Round(k=k, index=index, count=len(rounds), repeated=repeated)
             end = backend.run_round(sweep.round(k), specs, at=at)

@@ -104,6 +104,9 @@ def zero3_module_trace(
     before wk before wq). With activation checkpointing the block's forward runs again (every forward hook fires)
     when its first leaf's backward first unpacks a saved tensor.
     """
+    found = cfg.module_trace(checkpointing)
+    if found is not None:
+        return found
     own = _module_params(cfg)
 
     def node(name: str) -> tuple[str, tuple[int, ...]]:

@@ -287,6 +287,11 @@ class Env(Typed):
     """NCCL version; null on CPU"""
     deepspeed: str | None = None
     """DeepSpeed version; null: not installed"""
+    transformers: Annotated[str | None, SOMETIMES] = None
+    """transformers version, where the cell imported it (implementation: transformers); null otherwise"""
+    model_class: Annotated[str | None, SOMETIMES] = None
+    """the transformers class the cell trained (implementation: transformers; module.Class); null: the harness's
+    own model"""
     device_type: str | None = None
     """cuda | cpu"""
     device_name: str | None = None

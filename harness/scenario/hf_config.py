@@ -16,6 +16,7 @@ A local file only: nothing is downloaded (the harness never reaches the network 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from harness.core.errors import InputError, Problem
 from harness.core.typed import SOMETIMES, Typed, problems_of
 from harness.core.zoo import ModelConfig
+from harness.scenario.transformers_model import ATTN_IMPLEMENTATIONS, TransformersModel
 
 MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 """fields whose presence (a count above 0) marks a mixture of experts"""
@@ -68,6 +70,18 @@ class HFConfig(Typed):
 def read_hf_config(path: Path) -> HFConfig:
     """The config.json at `path` (its language model's, when it nests one in `text_config`); InputError naming
     the file (and the key path) when it is not one."""
+    doc = read_hf_doc(path)
+    arch = ARCHS.get(doc.get("model_type"))  # type: ignore[arg-type]
+    if arch is not None:
+        doc = {**arch.defaults, **doc}
+    try:
+        return HFConfig.model_validate(doc)
+    except ValidationError as e:
+        raise InputError(problems_of(e, file=str(path), doc=doc)) from None
+
+
+def read_hf_doc(path: Path) -> dict[str, Any]:
+    """The config.json at `path` as written (its language model's, when it nests one in `text_config`)."""
     try:
         text = path.read_bytes()
     except OSError as e:
@@ -78,14 +92,7 @@ def read_hf_config(path: Path) -> HFConfig:
         raise InputError([Problem(str(path), "", f"not a JSON config.json: {e}")]) from e
     if not isinstance(doc, dict):
         raise InputError([Problem(str(path), "", "a config.json is a JSON object")])
-    doc = text_model(doc)
-    arch = ARCHS.get(doc.get("model_type"))  # type: ignore[arg-type]
-    if arch is not None:
-        doc = {**arch.defaults, **doc}
-    try:
-        return HFConfig.model_validate(doc)
-    except ValidationError as e:
-        raise InputError(problems_of(e, file=str(path), doc=doc)) from None
+    return text_model(doc)
 
 
 def text_model(doc: dict[str, Any]) -> dict[str, Any]:
@@ -547,6 +554,10 @@ def load_hf_model(path: Path) -> ModelConfig:
 # a scenario's `models:` entry
 
 
+ENTRY_KEYS = ("implementation", "attn_implementation")
+"""what a `hf_config` model entry may say beside the path"""
+IMPLEMENTATIONS = ("harness", "transformers")
+"""`implementation`: the harness's own decoder (default), or the transformers class itself"""
 HF_CONFIG_KEY = "hf_config"
 """`models: {NAME: {hf_config: path/to/config.json}}`: the model's dimensions from a Hugging Face config file (a
 path relative to the scenario file; a model's folder reads the config.json in it)"""
@@ -563,10 +574,30 @@ def hf_config_path(raw: str, *, scenario_file: str) -> Path:
 def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: list[Problem]) -> ModelConfig | None:
     """The model a scenario's `hf_config` entry names, or None with its problems appended (the entry's, naming the
     scenario `file` and key path `where`; the config's, naming the config file)."""
-    others = sorted(str(k) for k in entry if k != HF_CONFIG_KEY)
+    others = sorted(str(k) for k in entry if k not in (HF_CONFIG_KEY, *ENTRY_KEYS))
     raw = entry[HF_CONFIG_KEY]
     if others:
-        problems.append(Problem(file, where, f"hf_config stands alone: {', '.join(others)} cannot be given with it"))
+        allowed = ", ".join(ENTRY_KEYS)
+        problems.append(
+            Problem(
+                file, where, f"hf_config stands alone (or with {allowed}): {', '.join(others)} cannot be given with it"
+            )
+        )
+        return None
+    implementation = entry.get("implementation", "harness")
+    attn = entry.get("attn_implementation")
+    if implementation not in IMPLEMENTATIONS:
+        problems.append(
+            Problem(file, f"{where}.implementation", f"{implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}")
+        )
+        return None
+    if attn is not None and (implementation != "transformers" or attn not in ATTN_IMPLEMENTATIONS):
+        why = (
+            f"{attn!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+            if implementation == "transformers"
+            else "only with implementation: transformers"
+        )
+        problems.append(Problem(file, f"{where}.attn_implementation", why))
         return None
     if not isinstance(raw, str) or not raw:
         problems.append(Problem(file, f"{where}.{HF_CONFIG_KEY}", f"{raw!r} is not a path to a config.json"))
@@ -586,6 +617,12 @@ def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: li
         }.get(bad[0], bad[0])
         problems.append(Problem(str(path), key, f"cannot build: {bad[1]}"))
         return None
+    if implementation == "transformers":
+        # NOTE: the config as written (its language model's): transformers fills in its own defaults
+        text = json.dumps(read_hf_doc(path), sort_keys=True, separators=(",", ":"))
+        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "family"}
+        default_attn = "eager" if cfg.attn_softcap is not None else "sdpa"
+        return TransformersModel(**fields, hf_json=text, attn_implementation=attn or default_attn)
     return cfg
 
 

@@ -6,6 +6,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def capture(device_type: str) -> dict:
         "cuda": torch.version.cuda,
         "nccl": None,
         "deepspeed": None,
+        "transformers": None,
         "device_type": device_type,
         "device_name": "cpu",
         "device_count": None,
@@ -76,4 +78,6 @@ def capture(device_type: str) -> dict:
         env["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - not installed
         pass
+    if "transformers" in sys.modules:  # NOTE: only where a cell imported it (implementation: transformers)
+        env["transformers"] = version("transformers")
     return env

@@ -326,6 +326,9 @@ def init_module_(module: nn.Module) -> None:
     head a weight of its own otherwise: the embedding is materialised first, as it is registered first)."""
     if isinstance(module, INIT_MODULES):
         module.reset_parameters()
+    hf_init = getattr(module, "harness_init", None)  # a transformers class's module (harness.worker.hf_models)
+    if hf_init is not None:
+        hf_init()
     source = getattr(module, "tie_source", None)
     if source is not None and module.weight is not source.weight:
         module.weight = source.weight
@@ -333,6 +336,12 @@ def init_module_(module: nn.Module) -> None:
 
 INIT_MODULES = (KeyedLinear, KeyedEmbedding, RMSNorm, nn.LayerNorm)
 """the modules that own parameters, each initialised by its own reset_parameters"""
+
+
+def has_keyed_init(module: nn.Module) -> bool:
+    """Whether `init_module_` initialises `module`'s own parameters (the decoder's modules, and every module of a
+    transformers class built by harness.worker.hf_models)."""
+    return isinstance(module, INIT_MODULES) or hasattr(module, "harness_init")
 
 
 def new_model(cfg: ModelConfig, *, seed: int) -> nn.Module:

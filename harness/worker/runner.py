@@ -680,6 +680,10 @@ def _env(
     env["cpu_allocator"] = allocator  # what this rank's malloc does with freed memory (harness.worker.allocator)
     if getattr(trainer, "config", None) is not None:
         env["deepspeed_config"] = trainer.config
+    model = getattr(trainer, "model", None)
+    model = getattr(model, "module", model)  # DDP's and DeepSpeed's engine hold the model as .module
+    inner = getattr(model, "inner", None)  # implementation: transformers
+    env["model_class"] = None if inner is None else f"{type(inner).__module__}.{type(inner).__name__}"
     env.update(
         backend=backend,
         hostnames=sorted({h for h in ranks.hosts if h is not None}),

@@ -96,7 +96,7 @@ class SweepRound(Protocol):
 class Backend(Protocol):
     """One sweep's way of running its cells, picked once by the sweep from the profile's executor."""
 
-    def session(self, sweep: SweepRound) -> AbstractContextManager[object]:
+    def session(self, sweep: SweepRound, specs: Sequence[RunSpec]) -> AbstractContextManager[object]:
         """What lives as long as the sweep, around all of its rounds (the local warm zygote)."""
         ...
 

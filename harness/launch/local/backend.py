@@ -29,16 +29,23 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 """what stops a sweep (the cli turns SIGTERM into KeyboardInterrupt as Ctrl-C is)"""
 
 
+TRANSFORMERS_PRELOAD = "transformers,transformers.models.auto.modeling_auto,harness.worker.hf_models"
+"""what a sweep with `implementation: transformers` cells has its zygote import beside torch and the harness"""
+
+
 class LocalBackend:
     """A sweep's cells on this machine (harness.launch.core.backend.Backend)."""
 
-    def session(self, sweep: SweepRound) -> AbstractContextManager[object]:
+    def session(self, sweep: SweepRound, specs: Sequence[RunSpec]) -> AbstractContextManager[object]:
         """The warm zygote the ranks of local CPU cells fork from instead of importing torch each
         (harness.launch.local.prefork); nothing on GPU profiles."""
         if sweep.cluster.device != "cpu":
             return nullcontext()
         log = sweep.jobs / "prefork.log"  # NOTE: third-party chatter at import (DeepSpeed's) stays out of the console
-        return prefork.zygote(sweep.cluster.env, label=str(sweep.folder.path), log=log)
+        env = dict(sweep.cluster.env)
+        if any(getattr(s.model_config, "hf_json", "") for s in specs):
+            env.setdefault(prefork.PRELOAD_ENV, TRANSFORMERS_PRELOAD)
+        return prefork.zygote(env, label=str(sweep.folder.path), log=log)
 
     def run_round(self, sweep: SweepRound, specs: Sequence[RunSpec], *, at: Round) -> RoundEnd:
         """Each cell's run, one after another; tags count the runs of the whole sweep."""

@@ -47,6 +47,9 @@ SOCKET_ENV = "HARNESS_PREFORK"
 """`<host>:<pid>:<path>` of the zygote and its UNIX socket; set by `zygote()` for the launchers' children (a
 process on another host, e.g. a SLURM task that inherited the variable, ignores it)"""
 OFF_ENV = "HARNESS_NO_PREFORK"
+PRELOAD_ENV = "HARNESS_PREFORK_PRELOAD"
+"""more modules for the zygote to import, comma-separated (a sweep of `implementation: transformers` cells:
+transformers and its model classes, which each rank would otherwise import for seconds)"""
 """set (to anything) to run every rank in a freshly started interpreter, as without a zygote"""
 PRELOAD = (
     "torch",
@@ -74,7 +77,8 @@ def serve(path: str) -> None:
     goes away; ranks still running then are killed and reaped before we exit."""
     import importlib
 
-    for name in PRELOAD:
+    extra = tuple(n for n in os.environ.get(PRELOAD_ENV, "").split(",") if n)
+    for name in (*PRELOAD, *extra):
         try:
             importlib.import_module(name)
         except ImportError:  # DeepSpeed is optional for non-ZeRO sweeps

@@ -25,7 +25,7 @@ class SlurmBackend:
     def __init__(self, *, no_wait: bool = False, pack: bool = False):
         self.no_wait, self.pack = no_wait, pack
 
-    def session(self, sweep: SweepRound) -> AbstractContextManager[object]:  # noqa: ARG002 - the interface's
+    def session(self, sweep: SweepRound, specs: Sequence[RunSpec]) -> AbstractContextManager[object]:  # noqa: ARG002 - the interface's
         """Nothing lives longer than a round on SLURM."""
         return nullcontext()
 

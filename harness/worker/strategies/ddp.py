@@ -35,6 +35,9 @@ def setup(spec: RunSpec, *, topo: Topology) -> Any:
         device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb(spec),
         gradient_as_bucket_view=True,
+        # NOTE: the models' buffers are constants every rank computes alike (a transformers class's rotary
+        # inv_freq; the decoder has none): no broadcast before each forward
+        broadcast_buffers=False,
     )
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
     scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
@@ -68,6 +71,7 @@ def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
             device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
             bucket_cap_mb=bucket_cap_mb(spec),
             gradient_as_bucket_view=True,
+            broadcast_buffers=False,
         )
         # NOTE: DDP records the order gradients become ready in its first backward and rebuilds its buckets in that
         # order before the second forward; a pipeline runs one backward per microbatch, so it records every

@@ -17,11 +17,11 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from harness.scenario.spec import RunSpec
 from harness.worker.models import (
-    INIT_MODULES,
     Transformer,
     apply_activation_checkpointing,
     blocks_of,
     build_model,
+    has_keyed_init,
 )
 from harness.worker.precision import policy
 from harness.worker.strategies import dcp
@@ -32,7 +32,7 @@ from harness.worker.strategies.layouts import init_module_sharded_
 def _init_sharded_(model: torch.nn.Module) -> None:
     """Initialise every (DTensor) parameter from the full values its module's keyed init would produce."""
     for module in model.modules():
-        if isinstance(module, INIT_MODULES):
+        if has_keyed_init(module):
             init_module_sharded_(module)
 
 

@@ -33,7 +33,6 @@ from harness.core.layout import Layout, effective_microbatches, stage_blocks, st
 from harness.scenario.spec import RunSpec
 from harness.worker.models import (
     Attention,
-    KeyedLinear,
     Transformer,
     build_model,
     embed,
@@ -175,9 +174,8 @@ def init_module_sharded_(m: nn.Module) -> None:
 
     w = getattr(m, "weight", None)
     if getattr(m, "tied", False):
-        cast(
-            KeyedLinear, m
-        ).reset_parameters()  # NOTE: a tied head's bias; its weight is the embedding's, initialised by the embedding
+        # NOTE: a tied head's bias; its weight is the embedding's, initialised by the embedding
+        init_module_(m)
         return
     if not isinstance(w, DTensor):
         init_module_(m)
