@@ -120,3 +120,33 @@ def run_light(argv: list[str]) -> str:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
+
+
+def assert_comm_is_plans(rec: dict, spec: RunSpec) -> None:
+    """The collectives a cell's record counted equal the plan's, to the byte and the call, per collective."""
+    from harness.plan.comm import predict_comm
+
+    assert rec["status"] == "ok", rec.get("reason")
+    pred, got = predict_comm(spec), rec["comm"]
+    assert pred is not None
+    why = f"\nmeasured {got['by_collective']}\npredicted {pred['items']}"
+    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
+    assert {k: (v["calls"], v["bytes"]) for k, v in got["by_collective"].items()} == {
+        k: (v["calls"], v["bytes"]) for k, v in pred["by_collective"].items()
+    }, why
+
+
+def assert_memory_is_plans(rec: dict, spec: RunSpec, *, total_rel: float = 0.05) -> tuple[dict, dict, Any, str]:
+    """The tensor memory a cell's record measured against the plan's: the total within `total_rel`, the parameters
+    and optimizer states within 1%. Returns (measured, predicted, the plan's Memory, a message) for more checks."""
+    from harness.plan.memory import memory
+
+    assert rec["status"] == "ok", rec.get("reason")
+    got = rec["metrics"]["memory_gib"]
+    plan = memory(spec, device="cpu")
+    want = plan.gib()
+    why = f"\nmeasured {got}\npredicted {want} at the {plan.window}\n{plan.notes}"
+    assert got["total"] == pytest.approx(want["total"], rel=total_rel), why
+    for state in ("params", "optimizer"):
+        assert got[state] == pytest.approx(want[state], rel=0.01), f"{state}{why}"
+    return got, want, plan, why

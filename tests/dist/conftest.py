@@ -12,15 +12,21 @@ sbatch would copy HARNESS_PREFORK) ever sees it.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from harness.launch.local import prefork
+from harness.launch.local.backend import TRANSFORMERS_PRELOAD
 from harness.scenario.cluster import load_cluster
 
 
 @pytest.fixture(scope="package", autouse=True)
 def warm_ranks() -> Iterator[None]:
-    with prefork.zygote(load_cluster("local").env, label="tests/dist"):
+    env = dict(load_cluster("local").env)
+    if importlib.util.find_spec("transformers") is not None:
+        # NOTE: tests/dist/test_transformers_impl.py's ranks build transformers classes: imported once, here
+        env[prefork.PRELOAD_ENV] = TRANSFORMERS_PRELOAD
+    with prefork.zygote(env, label="tests/dist"):
         yield

@@ -18,11 +18,10 @@ import pytest
 
 from harness.launch.local import prefork
 from harness.plan.comm import predict_comm
-from harness.plan.memory import memory
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.scenario.spec import RunSpec
-from tests.conftest import run_cell
+from tests.conftest import assert_comm_is_plans, assert_memory_is_plans, run_cell
 
 pytestmark = pytest.mark.dist
 
@@ -73,15 +72,7 @@ def test_same_losses_as_the_default_cell(name, records):
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_measured_collectives_are_the_plans(name, records):
-    rec, spec = records[name], CELLS[name]
-    assert rec["status"] == "ok", rec.get("reason")
-    pred, got = predict_comm(spec), rec["comm"]
-    assert pred is not None
-    why = f"\nmeasured {got['by_collective']}\npredicted {pred['items']}"
-    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
-    assert {k: (v["calls"], v["bytes"]) for k, v in got["by_collective"].items()} == {
-        k: (v["calls"], v["bytes"]) for k, v in pred["by_collective"].items()
-    }, why
+    assert_comm_is_plans(records[name], CELLS[name])
 
 
 def test_the_settings_change_what_is_gathered(records):
@@ -101,12 +92,4 @@ def test_the_settings_change_what_is_gathered(records):
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_measured_memory_is_the_plans(name, records):
-    rec, spec = records[name], CELLS[name]
-    assert rec["status"] == "ok", rec.get("reason")
-    got = rec["metrics"]["memory_gib"]
-    plan = memory(spec, device="cpu")
-    want = plan.gib()
-    why = f"\nmeasured {got}\npredicted {want} at the {plan.window}\n{plan.notes}"
-    assert got["total"] == pytest.approx(want["total"], rel=0.05), why
-    for state in ("params", "optimizer"):
-        assert got[state] == pytest.approx(want[state], rel=0.01), f"{state}{why}"
+    assert_memory_is_plans(records[name], CELLS[name])

@@ -22,12 +22,10 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.local import prefork
-from harness.plan.comm import predict_comm
-from harness.plan.memory import memory
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.scenario.spec import RunSpec
-from tests.conftest import run_cell
+from tests.conftest import assert_comm_is_plans, assert_memory_is_plans, run_cell
 
 pytestmark = pytest.mark.dist
 
@@ -89,22 +87,9 @@ def test_tensor_and_pipeline_parallel_train_the_same_model(name, records):
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_measured_collectives_are_the_plans(name, records):
-    rec, spec = records[name], CELLS[name]
-    assert rec["status"] == "ok", rec.get("reason")
-    pred, got = predict_comm(spec), rec["comm"]
-    assert pred is not None
-    why = f"\nmeasured {got['by_collective']}\npredicted {pred['items']}"
-    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
+    assert_comm_is_plans(records[name], CELLS[name])
 
 
 @pytest.mark.parametrize("name", [n for n in CELLS if "tp2" not in n and "pp2" not in n])
 def test_measured_memory_is_the_plans(name, records):
-    rec, spec = records[name], CELLS[name]
-    assert rec["status"] == "ok", rec.get("reason")
-    got = rec["metrics"]["memory_gib"]
-    plan = memory(spec, device="cpu")
-    want = plan.gib()
-    why = f"\nmeasured {got}\npredicted {want} at the {plan.window}\n{plan.notes}"
-    assert got["total"] == pytest.approx(want["total"], rel=0.05), why
-    for state in ("params", "optimizer"):
-        assert got[state] == pytest.approx(want[state], rel=0.01), f"{state}{why}"
+    assert_memory_is_plans(records[name], CELLS[name])

@@ -14,13 +14,9 @@ import json
 
 import pytest
 
-from harness.launch.local import prefork
-from harness.launch.local.backend import TRANSFORMERS_PRELOAD
-from harness.plan.comm import predict_comm
-from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
 from harness.scenario.spec import RunSpec
-from tests.conftest import run_cell
+from tests.conftest import assert_comm_is_plans, run_cell
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("transformers")
@@ -58,10 +54,9 @@ def cells(tmp_path_factory) -> dict[str, RunSpec]:
 
 @pytest.fixture(scope="module")
 def records(cells, tmp_path_factory) -> dict[str, dict]:
+    # NOTE: the ranks fork from tests/dist's zygote, which imported transformers (tests/dist/conftest.py)
     results = tmp_path_factory.mktemp("transformers_impl") / "results"
-    env = {**load_cluster("local").env, prefork.PRELOAD_ENV: TRANSFORMERS_PRELOAD}
-    with prefork.zygote(env, label="test_transformers_impl"):
-        return {name: run_cell(spec, results) for name, spec in cells.items()}
+    return {name: run_cell(spec, results) for name, spec in cells.items()}
 
 
 @pytest.mark.parametrize("model", sorted(CONFIGS))
@@ -76,9 +71,4 @@ def test_every_strategy_trains_the_same_transformers_model(model, records):
 
 @pytest.mark.parametrize("name", [f"{m}/{s}" for m in sorted(CONFIGS) for s in STRATEGIES])
 def test_measured_collectives_are_the_plans(name, records, cells):
-    rec, spec = records[name], cells[name]
-    assert rec["status"] == "ok", rec.get("reason")
-    pred, got = predict_comm(spec), rec["comm"]
-    assert pred is not None
-    why = f"\nmeasured {got['by_collective']}\npredicted {pred['items']}"
-    assert (got["bytes_per_step"], got["calls_per_step"]) == (pred["comm_bytes_per_step"], pred["calls_per_step"]), why
+    assert_comm_is_plans(records[name], cells[name])

@@ -161,7 +161,10 @@ def test_a_missing_or_broken_file_and_extra_keys_are_input_errors(tmp_path):
         assert str(tmp_path / name) in str(e.value) and message in str(e.value)
     with pytest.raises(InputError) as e:
         load_scenario(_scenario(tmp_path, {"m": {"hf_config": "x.json", "d_model": 64}}, model="m"))
-    assert "models.m: hf_config stands alone: d_model cannot be given with it" in str(e.value)
+    assert (
+        "models.m: hf_config stands alone (or with implementation, attn_implementation): d_model cannot be given"
+        in str(e.value)
+    )
 
 
 def test_an_hf_config_model_plans_exactly_as_the_hand_written_one_on_h100(tmp_path):
