@@ -140,6 +140,11 @@ def _count(value: Any, *, nullable: bool) -> bool:
 def _number(value: Any) -> bool:
     if value is None:
         return True
+    if isinstance(value, str):  # NOTE: YAML 1.1 (PyYAML) reads 1e-6, without a dot, as a string
+        try:
+            value = float(value)
+        except ValueError:
+            return False
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 

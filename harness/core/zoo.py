@@ -114,7 +114,8 @@ class ModelConfig:
             object.__setattr__(self, "global_every", None)
         for name in NUMBER_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
+            # NOTE: an int and a float are one model; YAML 1.1 reads 1e-6 (no dot) as a string
+            if isinstance(value, (int, str)) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
 
     @property

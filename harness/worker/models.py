@@ -242,6 +242,14 @@ SwiGLU = MLP
 class Block(nn.Module):
     """One transformer block: the unit every sharding strategy wraps. Its norms sit where `cfg.norm_place` says."""
 
+    # the submodules `cfg.block_modules()` registers (a norm only where its placement has one)
+    attn: nn.Module
+    mlp: nn.Module
+    attn_norm: nn.Module
+    attn_out_norm: nn.Module
+    mlp_norm: nn.Module
+    mlp_out_norm: nn.Module
+
     def __init__(self, cfg: ModelConfig, *, layer: int, seed: int):
         super().__init__()
         self.place = cfg.norm_place
@@ -254,22 +262,20 @@ class Block(nn.Module):
                 setattr(self, name, make_norm(cfg))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = cast(dict[str, nn.Module], self._modules)  # the norms are registered by name (`cfg.block_modules()`)
-        attn, mlp = m["attn"], m["mlp"]
         if self.place == "pre":
-            x = x + attn(m["attn_norm"](x))
-            return x + mlp(m["mlp_norm"](x))
+            x = x + self.attn(self.attn_norm(x))
+            return x + self.mlp(self.mlp_norm(x))
         if self.place == "post":
-            x = x + m["attn_out_norm"](attn(x))
-            return x + m["mlp_out_norm"](mlp(x))
+            x = x + self.attn_out_norm(self.attn(x))
+            return x + self.mlp_out_norm(self.mlp(x))
         if self.place == "sandwich":
-            x = x + m["attn_out_norm"](attn(m["attn_norm"](x)))
-            return x + m["mlp_out_norm"](mlp(m["mlp_norm"](x)))
+            x = x + self.attn_out_norm(self.attn(self.attn_norm(x)))
+            return x + self.mlp_out_norm(self.mlp(self.mlp_norm(x)))
         if self.place == "parallel":
-            h = m["attn_norm"](x)
-            return attn(h) + mlp(h) + x
-        a = attn(m["attn_norm"](x))  # NOTE: attention first, as registered (ZeRO-3's module trace reads the order)
-        return mlp(m["mlp_norm"](x)) + a + x
+            h = self.attn_norm(x)
+            return self.attn(h) + self.mlp(h) + x
+        a = self.attn(self.attn_norm(x))  # NOTE: attention first, as registered (ZeRO-3's module trace reads the order)
+        return self.mlp(self.mlp_norm(x)) + a + x
 
 
 class Transformer(nn.Module):

@@ -9,7 +9,7 @@ sublayer, qk-norm over the projections) and Phi's (parallel blocks on one LayerN
 bias). What must hold for each:
 
 - every cell is ok, and the fp32 losses of ddp, fsdp.full_shard, fsdp2.full_shard and zero3 on 2 ranks are equal
-  (1e-4 relative); Phi's under tp 2 (fsdp2) and pp 2 (ddp) equal its single-rank ddp cell's (the same data-parallel
+  (1e-4 relative; the untied models under ddp and zero3 only, whose module trace their knobs change); Phi's under tp 2 (fsdp2) and pp 2 (ddp) equal its single-rank ddp cell's (the same data-parallel
   degree, 1);
 - the collectives the meter counted equal the plan's, to the byte and the call, per collective;
 - the measured tensor memory within 5% of the plan's in total, the parameters and optimizer states within 1%.
@@ -54,8 +54,11 @@ def cell(model: str, strategy: str, gpus: int = 2, **settings) -> RunSpec:
     return spec
 
 
+STRATEGIES_OF = {"gemma2ish": STRATEGIES, "gpt2ish": STRATEGIES, "olmo2ish": ("ddp", "zero3"), "phiish": ("ddp", "zero3")}
+"""the tied models under every family (FSDP1 and FSDP2 re-tie a head their own ways); the others where their knobs
+change what is planned (DDP's buckets, ZeRO-3's module trace)"""
 CELLS = {
-    **{f"{m}/{s}": cell(m, s) for m in MODELS for s in STRATEGIES},
+    **{f"{m}/{s}": cell(m, s) for m in MODELS for s in STRATEGIES_OF[m]},
     "phiish/ddp-g1": cell("phiish", "ddp", gpus=1),
     "phiish/fsdp2-tp2": cell("phiish", "fsdp2.full_shard", tp=2),
     "phiish/ddp-pp2": cell("phiish", "ddp", pp=2),
@@ -72,7 +75,7 @@ def records(tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_every_strategy_trains_the_same_model(model, records):
     first = records[f"{model}/ddp"]
-    for s in STRATEGIES:
+    for s in STRATEGIES_OF[model]:
         rec = records[f"{model}/{s}"]
         assert rec["status"] == "ok", (s, rec.get("reason"))
         assert rec["metrics"]["losses"] == pytest.approx(first["metrics"]["losses"], rel=1e-4), s

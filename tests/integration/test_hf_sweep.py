@@ -16,7 +16,8 @@ from tests.conftest import REPO, load_docs
 pytestmark = pytest.mark.dist
 
 CONFIG = REPO / "tests" / "fixtures" / "hf" / "tiny-qwen2.json"
-HAND = {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn": 176, "vocab": 512, "qkv_bias": True}
+HAND = {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn": 176, "vocab": 512, "qkv_bias": True,
+        "norm_eps": 1e-6, "rope_theta": 1e6}  # fmt: skip
 
 
 def test_an_hf_config_model_sweeps_as_its_hand_written_twin(tmp_path):

@@ -108,3 +108,19 @@ def test_model_flops_count_a_local_layers_window():
     full = ZOO["tiny"]
     seq = 64
     assert full.flops_per_token(seq) - cfg.flops_per_token(seq) == 12 * cfg.q_width * (seq - 16)
+
+
+def test_a_yaml_number_without_a_dot_is_a_number(tmp_path):
+    """PyYAML reads `1e-6` (no dot) as a string: a number knob takes it as the number it says, the same cell as 1e-06
+    written as a float."""
+    from harness.scenario.schema import load_scenario
+
+    path = tmp_path / "k.yaml"
+    path.write_text(
+        "name: k\nmodels:\n  m: {d_model: 64, n_layers: 2, n_heads: 4, ffn: 176, vocab: 512, norm_eps: 1e-6}\n"
+        "matrix: {model: [m], strategy: [ddp], precision: [fp32], gpus: [2]}\n"
+    )
+    (spec,) = load_scenario(path).expand(gpus_per_node=2)
+    assert spec.model_config.norm_eps == 1e-6
+    (twin,) = parse_scenario(_doc({**TINY, "norm_eps": 1e-6}), "k").expand(gpus_per_node=4)
+    assert twin.model_config == spec.model_config

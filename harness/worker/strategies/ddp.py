@@ -23,6 +23,18 @@ def bucket_cap_mb(spec: RunSpec) -> float | None:
     return None if cap == SETTING_DEFAULTS["bucket_cap_mb"] else cap
 
 
+def no_buffer_sync() -> dict[str, Any]:
+    """DDP's argument that stops the buffers' broadcast before every forward: the models' buffers are constants every
+    rank computes alike (a transformers class's RoPE inv_freq; the decoder has none). torch 2.13 names it
+    `forward_sync_buffers` (and warns on the old `broadcast_buffers`); earlier releases `broadcast_buffers`."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
 def setup(spec: RunSpec, *, topo: Topology) -> Any:
     if not spec.layout.is_default:
         return _setup_pipeline(spec, topo=topo)
@@ -35,9 +47,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> Any:
         device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb(spec),
         gradient_as_bucket_view=True,
-        # NOTE: the models' buffers are constants every rank computes alike (a transformers class's rotary
-        # inv_freq; the decoder has none): no broadcast before each forward
-        broadcast_buffers=False,
+        **no_buffer_sync(),
     )
     opt = adamw(ddp.parameters(), lr=spec.settings.lr, device=topo.device)
     scaler = torch.amp.GradScaler(topo.device_type) if prec.loss_scaling else None
@@ -71,7 +81,7 @@ def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
             device_ids=[topo.device.index] if topo.device.type == "cuda" else None,
             bucket_cap_mb=bucket_cap_mb(spec),
             gradient_as_bucket_view=True,
-            broadcast_buffers=False,
+            **no_buffer_sync(),
         )
         # NOTE: DDP records the order gradients become ready in its first backward and rebuilds its buckets in that
         # order before the second forward; a pipeline runs one backward per microbatch, so it records every
