@@ -35,6 +35,7 @@ TORCH_APIS: dict[str, tuple[int, int]] = {
     "torch.distributed.fsdp:MixedPrecision": (2, 0),
     "torch.distributed.fsdp:ShardingStrategy": (2, 0),
     "torch.distributed.fsdp:BackwardPrefetch": (2, 0),
+    "torch._subclasses.fake_tensor:FakeTensor": (2, 0),
     "torch.distributed.fsdp.wrap:ModuleWrapPolicy": (2, 0),
     "torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler": (2, 0),
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper:checkpoint_wrapper": (2, 0),

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor as _FAKE
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -208,6 +209,10 @@ class TensorMemoryMeter(TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor desugars to local ops first; they come back through this mode
         out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, _FAKE) for t in tree_leaves(out)):
+            # NOTE: a compile inside the measured step (dynamo recompiling under this mode) runs on fake tensors,
+            # whose sizes may be symbolic (unpicklable when the ranks gather the peaks): no memory of the step
+            return out
         # NOTE: every operand of a collective is a communication buffer unless it is a state (a reduce bucket, a
         # gradient shard), except a functional collective's in the forward: that is tensor and sequence parallelism
         # (DTensor's redistribute), whose gathered or reduced output is what the layer goes on with and saves for
