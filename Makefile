@@ -63,11 +63,10 @@ report: setup
 # and integration. Alone, each keeps about a third of the 2 cores busy, so side by side they take little longer than
 # the longer one (docs/slurm.md, "tests/slurm in `make test`"). Each prints its 20 slowest tests; the run beside
 # comes second in the log. With PYTEST_ARGS (a selection, -x, ...) or SERIAL=1: one pytest run, one test at a time.
-# Three gloo modules of issue 53 (the model knobs', the transformers classes' and the FSDP options' sweeps, about 3
-# min) run beside, to keep the two runs about equal.
+# Two gloo modules of issue 53 (the model knobs' and the transformers classes' sweeps, about 2 min) run beside, to
+# keep the two runs about equal.
 SERIAL ?=
-BESIDE := tests/slurm tests/unit tests/dist/test_model_knobs.py tests/dist/test_transformers_impl.py \
-	tests/dist/test_fsdp_options.py
+BESIDE := tests/slurm tests/unit tests/dist/test_model_knobs.py tests/dist/test_transformers_impl.py
 
 # the docs extra too: tests/unit/test_docs_site.py builds the site (without it those tests would only skip)
 test: setup $(VENV)/.docs-stamp
