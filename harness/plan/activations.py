@@ -88,21 +88,24 @@ class ActivationModel:
     def seq(self) -> int:
         return self.seq_len or self.tokens
 
-    def _norm_saves(self, width: int, rows: int, in_bytes: int) -> tuple[int, int]:
-        """(bytes saved per token, the output's bytes per element) of the model's norm over `width` features in
-        `rows` rows per token, its input `in_bytes` per element."""
-        return self._rms_saves(width, rows, in_bytes) if self.cfg.norm == "rms" else self._ln_saves(width, in_bytes)
+    @property
+    def norm_out_bytes(self) -> int:
+        """dtype of a norm's output: its weight's (fp32 under autocast, where RMSNorm's product promotes and
+        layer_norm runs in fp32), 16 bit where the parameters are"""
+        return 2 if self.mode == "lowp" else 4
 
-    def _rms_saves(self, width: int, rows: int, in_bytes: int) -> tuple[int, int]:
+    def _norm_saves(self, width: int, rows: int, in_bytes: int) -> int:
+        """Bytes saved per token by the model's norm over `width` features in `rows` rows per token, its input
+        `in_bytes` per element."""
+        return self._rms_saves(width, rows, in_bytes) if self.cfg.norm == "rms" else self._ln_saves(width)
+
+    def _rms_saves(self, width: int, rows: int, in_bytes: int) -> int:
         normalised = 4 * width if in_bytes == 4 else in_bytes * width
-        out = 2 if self.mode == "lowp" else 4  # the weight's dtype wins the product (fp32 under autocast)
-        return 4 * width + 4 * rows + normalised, out
+        return 4 * width + 4 * rows + normalised
 
-    def _ln_saves(self, width: int, in_bytes: int) -> tuple[int, int]:
+    def _ln_saves(self, width: int) -> int:
         # NOTE: autocast runs layer_norm in fp32; its mean and rstd are in the input's dtype
-        if self.mode == "lowp":
-            return 2 * width + 4, 2
-        return 4 * width + 8, 4
+        return 2 * width + 4 if self.mode == "lowp" else 4 * width + 8
 
     def _linear_inputs(self, width: int, in_bytes: int, consumers: int) -> int:
         """What `consumers` Linears of one input save: autocast casts an fp32 input once per Linear."""
@@ -114,18 +117,14 @@ class ActivationModel:
         c, a = self.cfg, self.compute_bytes
         d, q, kv = c.d_model, c.q_width, c.kv_width
         saved = self._linear_inputs(d, in_bytes, 3) if linear_input else 0
-        qb = kb = a
         if c.qk_norm != "none":
             rows_q, rows_k = (c.n_heads, c.kv_heads) if c.qk_norm == "head" else (1, 1)
-            sq, qb = self._rms_saves(q, rows_q, a)
-            sk, kb = self._rms_saves(kv, rows_k, a)
-            saved += sq + sk
+            saved += self._rms_saves(q, rows_q, a) + self._rms_saves(kv, rows_k, a)
         gqa = c.kv_heads != c.n_heads
         k_width = q if gqa else kv
         # NOTE: SDPA (and eager attention's matmuls under autocast) get q, k, v in the compute dtype: a qk-norm's
         # fp32 outputs are cast, the casts saved; v is wv's output itself without GQA (a view)
         saved += a * q + a * k_width + a * (q if gqa else kv)
-        del qb, kb
         if c.attn_softcap is not None:
             # the tanh's output, the fp32 softmax and its 16-bit copy for the value matmul; the matmul's output
             # is wo's input after a copy, saved by nothing itself
@@ -142,44 +141,33 @@ class ActivationModel:
         return saved + (4 if c.gated else 2) * a * c.ffn
 
     def block_per_token(self) -> int:
-        """Bytes one block saves per token."""
-        c, a, r = self.cfg, self.compute_bytes, self.residual_bytes
-        d, place = c.d_model, c.norm_place
-        saved = 0
-        if place in ("pre", "sandwich", "parallel2"):
-            n1, o1 = self._norm_saves(d, 1, r)
-            saved += n1 + self._attention_saves(o1)
-            if place == "sandwich":
-                saved += self._norm_saves(d, 1, a)[0]
-            n2, o2 = self._norm_saves(d, 1, r)
-            if place == "parallel2":
-                # both norms read the block's input: what they save of it is one tensor
-                n2 -= (4 * d if r == 4 else 0) if c.norm == "rms" else r * d
-            saved += n2 + self._mlp_saves(o2)
-            if place == "sandwich":
-                saved += self._norm_saves(d, 1, a)[0]
-        elif place == "post":
-            saved += self._attention_saves(r) + self._norm_saves(d, 1, a)[0]
-            saved += self._mlp_saves(r) + self._norm_saves(d, 1, a)[0]
-        else:  # parallel: one norm feeds attention and the MLP
-            n1, o1 = self._norm_saves(d, 1, r)
-            shared = self._linear_inputs(d, o1, 5 if c.gated else 4)
-            saved += n1 + shared + self._attention_saves(o1, linear_input=False)
-            saved += self._mlp_saves(o1, linear_input=False)
-        return saved
+        """Bytes one block saves per token: its norms, and its sublayers on what they are fed (the residual stream
+        after each sublayer with `post`; one norm's output for both with `parallel`)."""
+        c, o, r = self.cfg, self.norm_out_bytes, self.residual_bytes
+        saved = self.block_norms_per_token()
+        if c.norm_place == "post":
+            return saved + self._attention_saves(r) + self._mlp_saves(r)
+        if c.norm_place == "parallel":
+            shared = self._linear_inputs(c.d_model, o, 5 if c.gated else 4)
+            return (
+                saved + shared + self._attention_saves(o, linear_input=False) + self._mlp_saves(o, linear_input=False)
+            )
+        return saved + self._attention_saves(o) + self._mlp_saves(o)
 
     def block_norms_per_token(self) -> int:
-        """Of `block_per_token`, what the block's d-wide norms save (sequence parallelism shards them)."""
+        """Of `block_per_token`, what the block's d-wide norms save (sequence parallelism shards them): each on the
+        residual stream (before a sublayer) or on a sublayer's output (after it, 16 bit outside fp32)."""
         c, r, a = self.cfg, self.residual_bytes, self.compute_bytes
         ins = {"pre": [r, r], "post": [a, a], "sandwich": [r, a, r, a], "parallel": [r], "parallel2": [r, r]}
-        saved = sum(self._norm_saves(c.d_model, 1, b)[0] for b in ins[c.norm_place])
+        saved = sum(self._norm_saves(c.d_model, 1, b) for b in ins[c.norm_place])
         if c.norm_place == "parallel2":
+            # both norms read the block's input: what they save of it is one tensor
             saved -= (4 * c.d_model if r == 4 else 0) if c.norm == "rms" else r * c.d_model
         return saved
 
     def final_norm_per_token(self) -> int:
         """What the final norm saves per token."""
-        return self._norm_saves(self.cfg.d_model, 1, self.residual_bytes)[0]
+        return self._norm_saves(self.cfg.d_model, 1, self.residual_bytes)
 
     def block_input_per_token(self) -> int:
         """Bytes of a block's input (the residual stream), which non-reentrant checkpointing keeps."""
@@ -188,9 +176,9 @@ class ActivationModel:
     def outside_blocks_per_token(self) -> int:
         """Final norm, head input, a final soft-cap, log-probabilities, tokens and targets."""
         c = self.cfg
-        norm, out = self._norm_saves(c.d_model, 1, self.residual_bytes)
         softcap = self.compute_bytes * c.vocab if c.final_softcap is not None else 0
-        return norm + self._linear_inputs(c.d_model, out, 1) + softcap + 4 * c.vocab + 16
+        head_input = self._linear_inputs(c.d_model, self.norm_out_bytes, 1)
+        return self.final_norm_per_token() + head_input + softcap + 4 * c.vocab + 16
 
     def block(self) -> int:
         return self.tokens * self.block_per_token()
@@ -286,7 +274,7 @@ class ActivationModel:
             # the loss's and the head's saved tensors freed, the final norm's still saved; the head's input
             # gradient flowing into it (the head's weight gradient is the strategy's: held)
             HEAD_BACKWARD: (
-                layers * kept + self.tokens * self._norm_saves(self.cfg.d_model, 1, self.residual_bytes)[0],
+                layers * kept + self.tokens * self.final_norm_per_token(),
                 [("gradient into the final norm", self.tokens * self.compute_bytes * self.cfg.d_model)],
             ),
             BLOCK_BACKWARD: (
