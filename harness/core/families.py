@@ -49,6 +49,12 @@ class Family:
     layout_refusal: str | None = _NO_LAYOUTS
     """why its cells cannot run with tensor or pipeline parallelism (its module lacks the decoder's names the layouts
     shard and cut by), or None when they can"""
+    zero_init: bool = True
+    """ZeRO-3 builds its module under `deepspeed.zero.Init` (the builder initialises inside the modules'
+    constructors, as the decoder's keyed modules do); False: built whole, then partitioned by deepspeed.initialize"""
+    preload: tuple[str, ...] = ()
+    """modules a local sweep's warm zygote imports for this family's cells (harness.launch.local.prefork), which
+    each rank would otherwise import itself"""
 
 
 FAMILIES: dict[str, Family] = {

@@ -70,14 +70,19 @@ class HFConfig(Typed):
 def read_hf_config(path: Path) -> HFConfig:
     """The config.json at `path` (its language model's, when it nests one in `text_config`); InputError naming
     the file (and the key path) when it is not one."""
-    doc = read_hf_doc(path)
+    return typed_config(read_hf_doc(path), file=str(path))
+
+
+def typed_config(doc: dict[str, Any], *, file: str) -> HFConfig:
+    """A config.json's document (`read_hf_doc`) as its typed model, transformers' defaults filled in for what its
+    family's class would (`Arch.defaults`)."""
     arch = ARCHS.get(doc.get("model_type"))  # type: ignore[arg-type]
     if arch is not None:
         doc = {**arch.defaults, **doc}
     try:
         return HFConfig.model_validate(doc)
     except ValidationError as e:
-        raise InputError(problems_of(e, file=str(path), doc=doc)) from None
+        raise InputError(problems_of(e, file=file, doc=doc)) from None
 
 
 def read_hf_doc(path: Path) -> dict[str, Any]:
@@ -604,7 +609,8 @@ def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: li
         return None
     path = hf_config_path(raw, scenario_file=file)
     try:
-        cfg = load_hf_model(path)
+        doc = read_hf_doc(path)
+        cfg = model_config(typed_config(doc, file=str(path)), file=str(path))
     except InputError as e:
         problems.extend(e.problems)
         return None
@@ -619,7 +625,7 @@ def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: li
         return None
     if implementation == "transformers":
         # NOTE: the config as written (its language model's): transformers fills in its own defaults
-        text = json.dumps(read_hf_doc(path), sort_keys=True, separators=(",", ":"))
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "family"}
         default_attn = "eager" if cfg.attn_softcap is not None else "sdpa"
         return TransformersModel(**fields, hf_json=text, attn_implementation=attn or default_attn)

@@ -113,5 +113,8 @@ register(
             "implementation: transformers does not compose with tensor or pipeline parallelism here (the class's "
             "base_model_tp_plan is not applied to the harness's DTensor mesh, and its modules have no pipeline cut)"
         ),
+        # NOTE: from_config initialises after construction, which under zero.Init would write into partitions
+        zero_init=False,
+        preload=("transformers", "transformers.models.auto.modeling_auto", "harness.worker.hf_models"),
     )
 )

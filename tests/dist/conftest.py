@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.launch.local import prefork
-from harness.launch.local.backend import TRANSFORMERS_PRELOAD
+from harness.core.families import FAMILIES
 from harness.scenario.cluster import load_cluster
 
 
@@ -27,6 +27,6 @@ def warm_ranks() -> Iterator[None]:
     env = dict(load_cluster("local").env)
     if importlib.util.find_spec("transformers") is not None:
         # NOTE: tests/dist/test_transformers_impl.py's ranks build transformers classes: imported once, here
-        env[prefork.PRELOAD_ENV] = TRANSFORMERS_PRELOAD
+        env[prefork.PRELOAD_ENV] = ",".join(FAMILIES["transformers"].preload)
     with prefork.zygote(env, label="tests/dist"):
         yield

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from harness.core.families import FAMILIES
 from harness.launch.core.backend import Round, RoundEnd, SweepRound
 from harness.launch.core.manifest import Manifest
 from harness.launch.core.outcome import Interrupted, cancel_cell, describe, stopped_run
@@ -29,10 +30,6 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 """what stops a sweep (the cli turns SIGTERM into KeyboardInterrupt as Ctrl-C is)"""
 
 
-TRANSFORMERS_PRELOAD = "transformers,transformers.models.auto.modeling_auto,harness.worker.hf_models"
-"""what a sweep with `implementation: transformers` cells has its zygote import beside torch and the harness"""
-
-
 class LocalBackend:
     """A sweep's cells on this machine (harness.launch.core.backend.Backend)."""
 
@@ -43,8 +40,9 @@ class LocalBackend:
             return nullcontext()
         log = sweep.jobs / "prefork.log"  # NOTE: third-party chatter at import (DeepSpeed's) stays out of the console
         env = dict(sweep.cluster.env)
-        if any(getattr(s.model_config, "hf_json", "") for s in specs):
-            env.setdefault(prefork.PRELOAD_ENV, TRANSFORMERS_PRELOAD)
+        preload = sorted({m for s in specs for m in FAMILIES[s.model_config.family].preload})
+        if preload:  # NOTE: what the cells' model families import (a transformers class's package)
+            env.setdefault(prefork.PRELOAD_ENV, ",".join(preload))
         return prefork.zygote(env, label=str(sweep.folder.path), log=log)
 
     def run_round(self, sweep: SweepRound, specs: Sequence[RunSpec], *, at: Round) -> RoundEnd:

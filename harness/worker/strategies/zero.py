@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from harness.core.families import FAMILIES
 from harness.scenario.deepspeed_config import ZERO_STAGES, merged_config
 from harness.scenario.spec import RunSpec
 from harness.worker.models import apply_activation_checkpointing, blocks_of, build_model, loss_fn, new_model
@@ -139,7 +140,7 @@ def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
     deepspeed.init_distributed(dist_backend="nccl" if topo.device_type == "cuda" else "gloo", auto_mpi_discovery=False)
     config = ds_config(spec, world_size=topo.world_size, nvme_path=nvme_folder(spec, scratch=topo.scratch))
     cfg = spec.model_config
-    if spec.strategy == "zero3" and not getattr(cfg, "hf_json", ""):
+    if spec.strategy == "zero3" and FAMILIES[cfg.family].zero_init:
         # NOTE: no dtype= here: zero.Init derives it from the config. An explicit dtype is ignored on
         # devices without fp16 support (deepspeed 0.19's `dtype or fp16 if fp16_supported else bf16`
         # precedence), which silently built fp32 cells in bf16 on CPU.
