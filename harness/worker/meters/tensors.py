@@ -253,6 +253,12 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def _resize(self, st: Any, size: int) -> None:
         """UntypedStorage.resize_, which no dispatch mode sees: FSDP frees and refills its gathered parameters so."""
+        if st.device.type == "meta" or not isinstance(size, int):
+            # NOTE: a compile inside the measured step traces FSDP2's resizes on fake (meta) storages, whose sizes
+            # may be symbolic: not memory, and a symbolic size would make the peaks unpicklable when ranks gather
+            # them (CI once failed so: "Can't pickle local object 'WeakValueDictionary...'", a ShapeEnv's)
+            self._orig_resize(st, size)
+            return
         before = st.nbytes()
         self._orig_resize(st, size)
         info = self._key(st)
