@@ -5,7 +5,8 @@ by strategy, precision and checkpointing policy, with the tiny model.
 
 Every model becomes `tiny` (the 13b out-of-memory cell too: on CPU it runs ok), but a model trained through the
 transformers class (`implementation: transformers`), which becomes a tiny Qwen2 config through that class, so the
-dry run exercises the transformers path too; micro-batch 2 x 64 tokens, the
+dry run exercises the transformers path too, and a factory model (`factory:`), which keeps its factory at its default
+(tiny) arguments; micro-batch 2 x 64 tokens, the
 minimum of two warmup and two measured steps. The scenario is read and written as YAML data; `harness sweep`
 validates it as any other. Every part's dry scenario is named gpu-check-dry, so the parts share one results folder
 and a cell one part measured is not run again by the next. Prints the output path.
@@ -33,6 +34,11 @@ def shrink(doc: dict) -> dict:
         for name, entry in (doc.get("models") or {}).items()
         if entry.get("implementation") == "transformers"
     }
+    # a factory model keeps its factory at its own (tiny) default arguments
+    factory = {
+        name: {"factory": entry["factory"]} for name, entry in (doc.get("models") or {}).items() if "factory" in entry
+    }
+    hf.update(factory)
     matrix = dict(doc["matrix"])
     matrix["model"] = ["tiny"]
     matrix["include"] = [

@@ -301,6 +301,29 @@ class ModelConfig:
             ps.append(Param("head.bias", (self.vocab,), "root"))
         return tuple(ps)
 
+    def tail_params(self) -> int:
+        """The root's parameters other than the embedding's: the final norm's and the head's (and a learned position
+        table's), whose gradients the backward makes first."""
+        return self.position_params() + self.norm_params() + self.head_params()
+
+    def last_matmul_params(self) -> int:
+        """The weight of a block's last matmul (the MLP's down projection): the first gradient a block's backward
+        makes."""
+        return self.d_model * self.ffn
+
+    def measured_step(self, *, micro_batch: int, seq_len: int, mode: str) -> StepMeasure | None:
+        """One micro-batch's step measured on fake tensors, for a family whose module the harness did not write
+        (its FLOPs and saved activations cannot be derived from dimensions); None: the decoder's formulas."""
+        return None
+
+    def checkpointing_refusal(self, policy: str) -> str | None:
+        """Why this family's cells cannot run under activation checkpointing `policy`, or None."""
+        return None
+
+    def unmodelled_time(self) -> str | None:
+        """Why the step-time model cannot price this family's module, or None."""
+        return None
+
     def module_trace(self, checkpointing: bool) -> tuple[list, list] | None:
         """The modules DeepSpeed ZeRO-3's hooks fetch for, when the family knows them better than the decoder's
         rule (harness.plan.zero3.zero3_module_trace); None: that rule."""
@@ -355,6 +378,28 @@ def _field_names(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+@dataclass(frozen=True)
+class StepMeasure:
+    """One micro-batch's forward and backward of a module run on fake tensors (no memory, no compute): what the
+    planner uses for a module the harness did not write, in place of the decoder's formulas."""
+
+    flops: int
+    """FLOPs of the forward and backward under torch.utils.flop_counter.FlopCounterMode (attention's full square)"""
+    recompute_flops: int
+    """FLOPs full activation checkpointing adds (the blocks' forwards again)"""
+    saved_root: int
+    """bytes saved for backward outside the blocks (the embedding's, the head's, the loss's)"""
+    saved_blocks: tuple[int, ...]
+    """bytes saved for backward inside each block"""
+    block_inputs: int
+    """bytes of the blocks' inputs: what full checkpointing keeps of each block"""
+    logits: int
+    """elements of the logits"""
+    block_backward: int = 0
+    """what a block's backward holds beyond what was live as it began, its own weights' gradients left out (the
+    largest block's; torch's MemTracker): its gradients in flight"""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.zoo import ModelConfig
+from harness.core.zoo import ModelConfig, StepMeasure
 
 FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, BLOCK_BACKWARD, BLOCK_REDUCE, LAST_BLOCK, BACKWARD_END, OPTIMIZER_STEP = (
     "forward end",
@@ -286,3 +286,38 @@ class ActivationModel:
             BACKWARD_END: (0, []),
             OPTIMIZER_STEP: (0, []),
         }
+
+
+def measured_windows(m: StepMeasure, mode: str, *, checkpointing: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    """`ActivationModel.windows` for a module the harness did not write, from its step measured on fake tensors
+    (harness.core.zoo.StepMeasure): what the forward saved, outside the blocks and in each; under full
+    checkpointing each block keeps its input and one block is recomputed at a time. The logits' and the loss's
+    transients are the decoder's (the harness's loss is the same); a block's gradients in flight are the gradient
+    entering it and what torch's MemTracker saw its backward hold beyond that."""
+    if checkpointing not in ("none", "full"):
+        raise ValueError(f"no measured activation windows under {checkpointing!r} checkpointing")
+    blocks = list(m.saved_blocks) or [0]
+    a = 4 if mode == "fp32" else 2
+    logits = m.logits * (a + (4 if a != 4 else 0))
+    loss = m.logits * LOSS_TRANSIENT_BYTES_PER_LOGIT
+    if checkpointing == "full":
+        kept = m.block_inputs
+        one_input = kept // len(blocks)
+        block, after_block, last = kept + max(blocks), kept - one_input, one_input + blocks[0]
+    else:
+        kept = sum(blocks)
+        block, after_block, last = kept, kept - blocks[-1], blocks[0]
+    saved = m.saved_root + kept
+    # the gradient entering a block (its output's) and what its backward makes beyond it (torch's MemTracker)
+    flight = [("gradients in flight", m.block_inputs // len(blocks) + m.block_backward)]
+    return {
+        FORWARD_END: (saved + logits, []),
+        LOSS_BACKWARD: (saved, [("cross-entropy gradient", loss)]),
+        # the head's backward: the loss's saved tensors freed, the head's input gradient made from the logits'
+        HEAD_BACKWARD: (kept, [("logits gradient", m.logits * a)]),
+        BLOCK_BACKWARD: (block, flight),
+        BLOCK_REDUCE: (after_block, []),
+        LAST_BLOCK: (last, flight),
+        BACKWARD_END: (0, []),
+        OPTIMIZER_STEP: (0, []),
+    }

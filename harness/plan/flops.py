@@ -32,6 +32,9 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     residual add needs no inputs), and non-reentrant checkpointing stops recomputing as soon as every saved
     tensor is back (`torch.utils.checkpoint` early stop, on by default). FlopCounterMode agrees exactly.
     """
+    measured = cfg.measured_step(micro_batch=1, seq_len=seq_len, mode="fp32")
+    if measured is not None:  # a module the harness did not write: counted on fake tensors
+        return measured.recompute_flops / seq_len
     per_block_matmul = (cfg.n_matmul_params() - cfg.head_params()) / cfg.n_layers
     recomputed = per_block_matmul - cfg.d_model * cfg.ffn
     return cfg.n_layers * (2.0 * recomputed + 4.0 * cfg.d_model * seq_len)

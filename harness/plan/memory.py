@@ -52,6 +52,7 @@ from harness.plan.activations import (
     WINDOW_HELP,
     WINDOWS,
     ActivationModel,
+    measured_windows,
 )
 from harness.plan.flops import precision_mode
 from harness.scenario.deepspeed_config import unmodelled_keys, zero_value
@@ -313,7 +314,11 @@ def activation_windows(
 ) -> tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...]:
     """(window, activation bytes, the backward's own transients) at each moment of WINDOWS (ActivationModel.windows),
     cached: strategies of one precision mode share it."""
-    windows = ActivationModel(cfg, mode, tokens, seq_len=seq_len).windows(checkpointing=policy)
+    measured = cfg.measured_step(micro_batch=tokens // (seq_len or tokens), seq_len=seq_len or tokens, mode=mode)
+    if measured is not None:
+        windows = measured_windows(measured, mode, checkpointing=policy)
+    else:
+        windows = ActivationModel(cfg, mode, tokens, seq_len=seq_len).windows(checkpointing=policy)
     return tuple((w, acts, tuple(own)) for w, (acts, own) in windows.items())
 
 
@@ -327,7 +332,7 @@ def _ddp(spec: RunSpec, foreach: bool = False) -> Memory:
         b, what = precisions.get(spec.precision).element_bytes, f"autocast's {spec.precision} weight copies"
         everything = b * cfg.n_matmul_params()
         if spec.settings.checkpointing:  # full or selective: both recompute the casts
-            per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.d_model * cfg.ffn
+            per_block = (cfg.n_matmul_params() - cfg.head_params()) // cfg.n_layers - cfg.last_matmul_params()
             held = {
                 FORWARD_END: [(what, everything)],
                 LOSS_BACKWARD: [(what, b * cfg.head_params())],
@@ -404,9 +409,9 @@ def _fsdp_memory(
         0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard),
     )
     # before the embedding's backward (the very last) only the head's and the final norm's gradients exist
-    head = root - spec.model_config.vocab * spec.model_config.d_model
+    head = spec.model_config.tail_params()
     head_grad = ("unsharded head gradient", 0 if replicated_fp32 else p * head)
-    w2_grad = ("unsharded w2 gradient", 0 if replicated_fp32 else p * spec.model_config.d_model * spec.model_config.ffn)
+    w2_grad = ("unsharded w2 gradient", 0 if replicated_fp32 else p * spec.model_config.last_matmul_params())
     first = [root_params] if root_gathered_in_loss else []
     # NOTE: a unit's reduce-scatter runs while the next unit computes its backward, so its input and output
     # stay allocated through that backward (both FSDP generations reduce on a side stream)
@@ -562,7 +567,7 @@ def _zero(spec: RunSpec, foreach: bool = False) -> Memory:
         # the gradients the hooks have copied into the bucket stay allocated until it is reduced (the head's, then
         # the first block's down projection's)
         HEAD_BACKWARD: [bucket, ("head gradient", b * cfg.head_params())],
-        BLOCK_BACKWARD: [bucket, ("head and w2 gradients", b * (cfg.head_params() + cfg.d_model * cfg.ffn))],
+        BLOCK_BACKWARD: [bucket, ("head and w2 gradients", b * (cfg.head_params() + cfg.last_matmul_params()))],
         BLOCK_REDUCE: [bucket],
         LAST_BLOCK: [bucket],
         BACKWARD_END: [bucket],

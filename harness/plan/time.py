@@ -108,6 +108,9 @@ def unmodelled_reason(spec: RunSpec, *, unsupported: str | None | runnable.Unask
     cannot_run = runnable.unsupported_reason(spec, unsupported)
     if cannot_run is not None:
         return f"the cell cannot run: {cannot_run}"
+    foreign = spec.model_config.unmodelled_time()
+    if foreign is not None:
+        return foreign
     if s.compile:
         return "torch.compile is not calibrated: the model prices eager execution only"
     if s.offload != "none":

@@ -633,9 +633,13 @@ def hf_model_entry(entry: dict[str, Any], *, file: str, where: str, problems: li
 
 
 def model_sources(raw: Any, models: dict[str, ModelConfig], *, file: str) -> dict[str, str]:
-    """Where each (valid) scenario model's dimensions come from: `hf_config <path>`, or the scenario file itself."""
+    """Where each (valid) scenario model's dimensions come from: `hf_config <path>`, `factory <target>`, or the
+    scenario file itself."""
     out = {}
     for name in models:
-        path = raw[name].get(HF_CONFIG_KEY)
-        out[name] = f"hf_config {hf_config_path(path, scenario_file=file)}" if path else Path(file).name
+        path, factory = raw[name].get(HF_CONFIG_KEY), raw[name].get("factory")
+        if factory:
+            out[name] = f"factory {factory}"
+        else:
+            out[name] = f"hf_config {hf_config_path(path, scenario_file=file)}" if path else Path(file).name
     return out

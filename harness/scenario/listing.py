@@ -57,6 +57,14 @@ def model_lines(scenario: str | None) -> list[str]:
         bias = "".join(f" {k}" if v is True else f" {k} {v:g}" if isinstance(v, float) else f" {k} {v}"
                        for k, v in cfg.knobs().items())  # fmt: skip
         family = "" if cfg.family == DEFAULT_FAMILY else f" family {cfg.family}"
+        structure = getattr(cfg, "structure", None)
+        if structure is not None:  # a factory's module: no decoder dimensions, what was read from it instead
+            lines.append(
+                f"{name:{name_w}s} {n:>{count_w},} params {rounded:10s}  blocks {cfg.n_layers:3d} "
+                f"({structure['block_class']})  vocab {cfg.vocab:6d}  class {structure['class_name']}"
+                f"{family}  source: {origin}"
+            )
+            continue
         lines.append(
             f"{name:{name_w}s} {n:>{count_w},} params {rounded:10s}  d_model {cfg.d_model:5d}  layers "
             f"{cfg.n_layers:3d}  heads {cfg.n_heads:3d}  kv_heads {cfg.kv_heads:3d}  ffn {cfg.ffn:6d}  "

@@ -25,6 +25,7 @@ from harness.core.families import dimension_problems, family_of, model_keys, sha
 from harness.core.layout import MESH_DIMS, layout_problems
 from harness.core.zoo import ZOO, ModelConfig
 from harness.scenario import deepspeed_config
+from harness.scenario.factory_model import FACTORY_KEY, factory_model_entry
 from harness.scenario.hf_config import HF_CONFIG_KEY, hf_model_entry, model_sources
 from harness.scenario.spec import (
     PRECISIONS,
@@ -254,9 +255,14 @@ def _check_models(raw: Any, file: str, problems: list[Problem]) -> dict[str, Mod
             if from_file is not None:
                 models[name] = from_file
             continue
+        if FACTORY_KEY in dims:
+            built = factory_model_entry(dims, file=file, where=where, problems=problems)
+            if built is not None:
+                models[name] = built
+            continue
         found = dimension_problems(dims)
         family = family_of(dims)
-        known = sorted({*(model_keys(family) if family is not None else ()), HF_CONFIG_KEY})
+        known = sorted({*(model_keys(family) if family is not None else ()), HF_CONFIG_KEY, FACTORY_KEY})
         for k, why in found:
             if why:
                 problems.append(Problem(file, f"{where}.{k}", why))

@@ -371,7 +371,7 @@ class RunSpec:
         entry = catalogue.CATALOGUE.get(self.strategy)
         if entry is None:  # not a strategy of this version (validation refuses it; an old record may carry it)
             return None
-        why = self._family_setting_refusal()
+        why = self._family_setting_refusal() or self.model_config.checkpointing_refusal(s.activation_checkpointing)
         if why is not None:
             return why
         if not self.layout.is_default:

@@ -2,9 +2,10 @@
 (`AutoModelForCausalLM.from_config`, random keyed init, never a download), beside the harness's own decoder.
 
 A scenario's model `{hf_config: path, implementation: transformers}` is a `TransformersModel`: the same shapes and
-knobs `harness.scenario.hf_config` reads (so the FLOPs, the activation and the time models are the decoder's, which
+knobs `harness.scenario.hf_config` reads (so the FLOPs and the time model are the decoder's, which
 tests/unit/test_transformers_parity.py holds to these classes), plus the config itself (`hf_json`), from which the
-worker builds the class (harness.worker.hf_models). What the planner cannot know from the shapes — the class's own
+worker builds the class (harness.worker.hf_models). Its activations are the class's own, measured over one step on
+fake tensors in a child interpreter (`measured_step`). What the planner cannot know from the shapes — the class's own
 parameters (names, order, fused projections: Phi-3's qkv_proj, GPT-2's c_attn), its wrap units (the blocks
 `_no_split_modules` names) and the order DeepSpeed's hooks meet its modules in — is read from the class itself,
 instantiated on the meta device (no memory) and run forward and backward there under module hooks
@@ -22,7 +23,7 @@ import json
 from dataclasses import dataclass
 
 from harness.core.families import Family, register
-from harness.core.zoo import ModelConfig, Param
+from harness.core.zoo import ModelConfig, Param, StepMeasure
 
 FAMILY = "transformers"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -46,6 +47,20 @@ class TransformersModel(ModelConfig):
 
     def parameter_inventory(self) -> tuple[Param, ...]:
         return introspect(self.hf_json, self.attn_implementation).params
+
+    def measured_step(self, *, micro_batch: int, seq_len: int, mode: str) -> StepMeasure | None:
+        """The class's activations, measured: its forward and backward run on fake tensors (the decoder's activation
+        model need not be the class's: GPT-2's attention saves more)."""
+        doc = _step(self.hf_json, self.attn_implementation, micro_batch, seq_len, mode)
+        return StepMeasure(
+            flops=doc["flops"],
+            recompute_flops=doc["recompute_flops"],
+            saved_root=doc["saved_root"],
+            saved_blocks=tuple(doc["saved_blocks"]),
+            block_inputs=doc["block_inputs"],
+            logits=doc["logits"],
+            block_backward=doc["block_backward"],
+        )
 
     def module_trace(self, checkpointing: bool) -> tuple[list, list] | None:
         """The modules DeepSpeed's hooks fetch for, in order (harness.plan.zero3.zero3_module_trace's form)."""
@@ -101,6 +116,28 @@ def introspect(hf_json: str, attn_implementation: str) -> Introspection:
         class_name=doc["class_name"],
         block_class=doc["block_class"],
     )
+
+
+@functools.cache
+def _step(hf_json: str, attn: str, micro_batch: int, seq_len: int, mode: str) -> dict:
+    """One micro-batch of the class on fake tensors (`python -m harness.worker.hf_models step`), cached."""
+    import subprocess
+    import sys
+
+    from harness.core.errors import InputError, Problem
+
+    request = {"hf_json": hf_json, "attn": attn, "micro_batch": micro_batch, "seq_len": seq_len, "mode": mode}
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.worker.hf_models", "step"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise InputError([Problem("implementation: transformers", "", f"cannot run the class on fake tensors: {last}")])
+    return dict(json.loads(done.stdout))
 
 
 register(

@@ -11,7 +11,8 @@ head's weight is the embedding's, re-tied where a module-by-module materialisati
 `python -m harness.worker.hf_models ATTN < config.json` prints what the planner reads of the class
 (harness.scenario.transformers_model.introspect): its parameters with their wrap units, and the order module hooks
 fire in over a forward and a backward on the meta device (DeepSpeed ZeRO-3's module trace), with and without
-activation checkpointing.
+activation checkpointing; `python -m harness.worker.hf_models step < request.json` one micro-batch's step on fake
+tensors (its saved activations, FLOPs and backward transients: harness.worker.factory_models.measure_step).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from harness.worker.models import apply_activation_checkpointing, keyed_normal_
+from harness.worker.models import keyed_normal_
 
 DROPOUT_KEYS = ("dropout", "pdrop")
 """config fields that set a dropout probability: all 0 (the step is measured, and every strategy must train the
@@ -146,24 +147,12 @@ def new_hf_model(cfg: Any, *, seed: int) -> HFCausalLM:
 def hooked_trace(hf_json: str, attn_implementation: str, *, checkpointing: bool) -> list[list[tuple[str, list[int]]]]:
     """(forward, backward) modules in the order their hooks fire over one step on the meta device, each with the
     indices (in `named_parameters()` order) of its own parameters: what DeepSpeed ZeRO-3's coordinator traces."""
-    with torch.device("meta"):
-        model = build_hf(hf_json, attn_implementation=attn_implementation, seed=0)
-    index = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
-    if checkpointing:
-        apply_activation_checkpointing(model, "full")
-    fwd: list[tuple[str, list[int]]] = []
-    bwd: list[tuple[str, list[int]]] = []
-    grad_on = [False]
-    for name, module in model.named_modules():
-        own = sorted({index[id(p)] for p in module.parameters(recurse=False)})
-        label = name or "model"
-        module.register_forward_pre_hook(
-            lambda *_, label=label, own=own: (bwd if grad_on[0] else fwd).append((label, own))
-        )
-        module.register_full_backward_pre_hook(lambda *_, label=label, own=own: bwd.append((label, own)))
-    tokens = torch.zeros(1, 8, dtype=torch.long, device="meta")
-    import warnings
 
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            return build_hf(hf_json, attn_implementation=attn_implementation, seed=0)
+
+    tokens = torch.zeros(1, 8, dtype=torch.long, device="meta")
     # NOTE: transformers' mask code reads a value in some of its paths (to find packed sequences, or a cache's
     # length), which a meta tensor has none of: the first of these calls its model's mask code can take on meta
     # (neither a cache nor a mask changes which module runs when)
@@ -173,30 +162,32 @@ def hooked_trace(hf_json: str, attn_implementation: str, *, checkpointing: bool)
         {"attention_mask": mask, "use_cache": False},
         {"attention_mask": mask, "use_cache": True},
     )
-    for i, kwargs in enumerate(calls):
-        fwd.clear()
-        bwd.clear()
-        grad_on[0] = False
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # NOTE: modules whose outputs are not tensors fire no backward hook
-                logits = model.inner(input_ids=tokens, **kwargs).logits
-                grad_on[0] = True
-                logits.sum().backward()
-            break
-        except RuntimeError:
-            if i == len(calls) - 1:
-                raise
-    # NOTE: DeepSpeed meets the modules whose output is not a tensor (the inner causal LM and its base model) first
-    # in backward too; they own no parameter, so only the prefetcher's step count sees them
-    # (the containers of modules it met, not the rotary embedding, whose output needs no gradient); and the
-    # harness's wrapper, the module DeepSpeed is given, first in both
-    seen = {name for name, _ in bwd}
-    missing = [(n, own) for n, own in fwd if n not in seen and any(o.startswith(n + ".") for o in seen)]
-    return [[("model", [])] + fwd, [("model", [])] + missing + bwd]
+    runs = [lambda m, kw=kw: m.inner(input_ids=tokens, **kw).logits for kw in calls]
+    from harness.worker.introspect import module_hook_trace
+
+    return module_hook_trace(build, runs, checkpointing=checkpointing)
+
+
+def step(request: dict[str, Any]) -> dict[str, Any]:
+    """One micro-batch of the class measured on fake tensors (harness.worker.factory_models.measure_step)."""
+    from harness.worker.introspect import measure_step
+
+    micro_batch, seq_len = request["micro_batch"], request["seq_len"]
+
+    def build() -> nn.Module:
+        return build_hf(request["hf_json"], attn_implementation=request["attn"], seed=0)
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+        return x, torch.zeros_like(x)
+
+    return measure_step(build, inputs, mode=request["mode"])
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "step":
+        print(json.dumps(step(json.loads(sys.stdin.read()))))
+        return 0
     hf_json = sys.stdin.read()
     attn = argv[0] if argv else "sdpa"
     with torch.device("meta"):

@@ -319,7 +319,7 @@ def build_trainer(
     micro step (the same every step)."""
     import torch
 
-    from harness.worker.models import synthetic_batch
+    from harness.worker.factory_models import cell_batch
     from harness.worker.strategies import family
     from harness.worker.strategies.base import Topology
 
@@ -340,7 +340,7 @@ def build_trainer(
     torch.manual_seed(s.seed)
     trainer = family(spec.strategy).setup(spec, topo=topo)
     batches = [
-        synthetic_batch(
+        cell_batch(
             spec.model_config,
             seed=s.seed,
             # NOTE: the rows of this rank's data-parallel replica: its tensor- and pipeline-parallel peers train on the

@@ -36,6 +36,15 @@ TORCH_APIS: dict[str, tuple[int, int]] = {
     "torch.distributed.fsdp:ShardingStrategy": (2, 0),
     "torch.distributed.fsdp:BackwardPrefetch": (2, 0),
     "torch._subclasses.fake_tensor:FakeTensor": (2, 0),
+    # a factory's (or a transformers class's) step on fake tensors (harness.worker.factory_models): its FLOPs with
+    # SDPA's math path chosen, its saved bytes, and torch's module-wise memory tracker (PR #124688, in 2.5)
+    "torch._subclasses.fake_tensor:FakeTensorMode": (2, 0),
+    "torch.nn.attention:SDPBackend": (2, 3),
+    "torch.nn.attention:sdpa_kernel": (2, 3),
+    "torch.utils.flop_counter:FlopCounterMode": (2, 1),
+    "torch.distributed._tools.mem_tracker:MemTracker": (2, 5),
+    "torch.distributed._tools.mem_tracker:_MemRefType": (2, 5),
+    "torch.distributed._tools.mem_tracker:_ModState": (2, 5),
     "torch.distributed.fsdp.wrap:ModuleWrapPolicy": (2, 0),
     "torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler": (2, 0),
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper:checkpoint_wrapper": (2, 0),
@@ -88,7 +97,12 @@ def missing_for(version: str) -> list[str]:
     """What a torch of `version` lacks of what the harness imports: 'module:name (torch X.Y)' for each."""
     have = version_tuple(version)
     needed = {**TORCH_APIS, **TORCH_ATTRIBUTES}
-    return [f"{api} (torch {v[0]}.{v[1]})" for api, v in sorted(needed.items(), key=lambda kv: kv[1]) if v > have]
+    # NOTE: newest first: what sets the minimum leads the message
+    return [
+        f"{api} (torch {v[0]}.{v[1]})"
+        for api, v in sorted(needed.items(), key=lambda kv: kv[1], reverse=True)
+        if v > have
+    ]
 
 
 def require_torch(version: str) -> None:
@@ -97,7 +111,6 @@ def require_torch(version: str) -> None:
         missing = missing_for(version)
         raise RuntimeError(
             f"torch {version} is older than the harness's minimum {TORCH_MIN[0]}.{TORCH_MIN[1]}: it lacks "
-            + ", ".join(missing[:6])
-            + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            + ", ".join(missing)
             + " (harness/worker/versions.py)"
         )

@@ -16,7 +16,7 @@ import pytest
 
 from harness.scenario.schema import parse_scenario
 from harness.scenario.spec import RunSpec
-from tests.conftest import assert_comm_is_plans, run_cell
+from tests.conftest import assert_comm_is_plans, assert_memory_is_plans, run_cell
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("transformers")
@@ -72,3 +72,11 @@ def test_every_strategy_trains_the_same_transformers_model(model, records):
 @pytest.mark.parametrize("name", [f"{m}/{s}" for m in sorted(CONFIGS) for s in STRATEGIES])
 def test_measured_collectives_are_the_plans(name, records, cells):
     assert_comm_is_plans(records[name], cells[name])
+
+
+@pytest.mark.parametrize("name", [f"{m}/{s}" for m in sorted(CONFIGS) for s in STRATEGIES])
+def test_measured_memory_is_the_plans(name, records, cells):
+    # NOTE: the activations the plan took from the class's own forward on fake tensors (GPT-2's attention saves 26%
+    # more than the harness decoder's activation model, which planned these cells before); measured: 9 of the 15
+    # within 2%, the rest within 7% (GPT-2 under FSDP2 6.4% above the plan, Llama and Qwen3 DDP ~3% below)
+    assert_memory_is_plans(records[name], cells[name], total_rel=0.07)

@@ -86,7 +86,7 @@ def test_an_older_torch_is_refused_with_what_it_lacks(version):
     assert "torch.distributed.fsdp:fully_shard (torch 2.6)" in msg
     assert ("torch:OutOfMemoryError (torch 2.5)" in msg) == version.startswith("2.4")
     missing = versions.missing_for(version)
-    assert len(missing) == (8 if version.startswith("2.4") else 3)
+    assert len(missing) == (11 if version.startswith("2.4") else 3)
 
 
 @pytest.mark.parametrize("version, parsed", [("2.6.0", (2, 6)), ("2.13.0+cpu", (2, 13)), ("2.7.0a0+git12ab", (2, 7))])
