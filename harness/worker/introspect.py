@@ -76,7 +76,9 @@ def measure_step(build: Callable[[], nn.Module], inputs: Callable[[], tuple[Any,
     def built() -> nn.Module:
         with torch.device("cpu"):
             model = build()
-        return model.to(torch.bfloat16) if mode == "lowp" else model
+        if mode == "lowp":
+            _to_bf16(model)
+        return model
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = built()
@@ -192,3 +194,19 @@ def _backward_transients(model: Any, x: Any, y: Any, autocast: Callable) -> tupl
     inside = {id(m) for b in model.blocks for m in b.modules()} | {id(model.blocks), id(model), id(model.inner)}
     tail = max((max(0, grown(m) - own_grads(m)) for m in model.modules() if id(m) not in inside), default=0)
     return max(blocks, default=0), tail
+
+
+def _to_bf16(model: nn.Module) -> None:
+    """The model's floating parameters and buffers in bf16, a tied parameter still one (Module.to swaps each
+    parameter in place, which a fake tensor shared by two modules refuses)."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_floating_point():
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad)
+            module._parameters[name] = done[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_floating_point():
+                module._buffers[name] = b.to(torch.bfloat16)
