@@ -58,30 +58,33 @@ plan: setup
 report: setup
 	$(VENV)/bin/harness report $(RESULTS) -o $(REPORTS)/$$(basename $(SCENARIO) .yaml)
 
-# `make test` runs every test as two pytest runs side by side, of about equal length: tests/slurm (the SLURM cluster's
-# tests, which mostly wait on it: one-minute time limits, queued jobs) then tests/unit, beside dist, faults, history
-# and integration. Alone, each keeps about a third of the 2 cores busy, so side by side they take little longer than
-# the longer one (docs/slurm.md, "tests/slurm in `make test`"). Each prints its 20 slowest tests; the run beside
-# comes second in the log. With PYTEST_ARGS (a selection, -x, ...) or SERIAL=1: one pytest run, one test at a time.
-# Two gloo modules of issue 53 (the model knobs' and the transformers classes' sweeps, about 2 min) run beside, to
-# keep the two runs about equal.
+# `make test` runs every test as three pytest runs side by side: tests/slurm (the SLURM cluster's tests, which mostly
+# wait on it: one-minute time limits, queued jobs); tests/unit with the gloo modules of issue 53 (the model knobs',
+# the transformers classes' and the factory modules' sweeps) and tests/faults; and the rest (dist, history,
+# integration). Each keeps about a third of the 2 cores busy, so side by side they take little longer than the
+# longest (docs/slurm.md, "tests/slurm in `make test`"). Each prints its 20 slowest tests; the runs beside come after
+# the first in the log. With PYTEST_ARGS (a selection, -x, ...) or SERIAL=1: one pytest run, one test at a time.
 SERIAL ?=
-BESIDE := tests/slurm tests/unit tests/dist/test_model_knobs.py tests/dist/test_transformers_impl.py
+BESIDE := tests/slurm
+BESIDE2 := tests/unit tests/dist/test_model_knobs.py tests/dist/test_transformers_impl.py tests/dist/test_factory_model.py \
+	tests/faults
 
 # the docs extra too: tests/unit/test_docs_site.py builds the site (without it those tests would only skip)
 test: setup $(VENV)/.docs-stamp
 ifneq ($(SERIAL)$(PYTEST_ARGS),)
 	$(PY) -m pytest $(PYTEST_ARGS)
 else
-	@# NOTE: no cache in the run beside: two runs writing .pytest_cache/ at their ends would lose each other's
-	@# lastfailed; bash gives the background run the default SIGINT, so Ctrl-C ends both (fixtures torn down)
-	@log=$$(mktemp); \
+	@# NOTE: no cache in the runs beside: runs writing .pytest_cache/ at their ends would lose each other's
+	@# lastfailed; bash gives the background runs the default SIGINT, so Ctrl-C ends all (fixtures torn down)
+	@log=$$(mktemp); log2=$$(mktemp); \
 	$(PY) -m pytest -p no:cacheprovider $(BESIDE) >"$$log" 2>&1 & beside=$$!; \
-	$(PY) -m pytest $(addprefix --ignore=,$(BESIDE)); main=$$?; \
-	wait $$beside; beside_rc=$$?; \
-	printf '\n==== %s, run beside the tests above:\n' "$(BESIDE)"; cat "$$log"; rm -f "$$log"; \
-	echo "make test: pytest exit $$main (the others), $$beside_rc ($(BESIDE))"; \
-	[ $$main -eq 0 ] && [ $$beside_rc -eq 0 ]
+	$(PY) -m pytest -p no:cacheprovider $(BESIDE2) >"$$log2" 2>&1 & beside2=$$!; \
+	$(PY) -m pytest $(addprefix --ignore=,$(BESIDE) $(BESIDE2)); main=$$?; \
+	wait $$beside; beside_rc=$$?; wait $$beside2; beside2_rc=$$?; \
+	printf '\n==== %s, run beside the tests above:\n' "$(BESIDE)"; cat "$$log"; \
+	printf '\n==== %s, run beside the tests above:\n' "$(BESIDE2)"; cat "$$log2"; rm -f "$$log" "$$log2"; \
+	echo "make test: pytest exit $$main (the others), $$beside_rc ($(BESIDE)), $$beside2_rc ($(BESIDE2))"; \
+	[ $$main -eq 0 ] && [ $$beside_rc -eq 0 ] && [ $$beside2_rc -eq 0 ]
 endif
 
 # the unit tier: pure tests, no process groups, SLURM or browser; the slow ones (report builds, subprocesses) left out

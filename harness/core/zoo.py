@@ -301,10 +301,10 @@ class ModelConfig:
             ps.append(Param("head.bias", (self.vocab,), "root"))
         return tuple(ps)
 
-    def tail_params(self) -> int:
-        """The root's parameters other than the embedding's: the final norm's and the head's (and a learned position
-        table's), whose gradients the backward makes first."""
-        return self.position_params() + self.norm_params() + self.head_params()
+    def lead_params(self) -> int:
+        """The root's parameters the step uses before the blocks (the embedding's): their gradients come last, so a
+        root unit's gradient holds all of the root's but these before the embedding's backward."""
+        return self.embedding_params()
 
     def last_matmul_params(self) -> int:
         """The weight of a block's last matmul (the MLP's down projection): the first gradient a block's backward
@@ -400,6 +400,14 @@ class StepMeasure:
     block_backward: int = 0
     """what a block's backward holds beyond what was live as it began, its own weights' gradients left out (the
     largest block's; torch's MemTracker): its gradients in flight"""
+
+    @classmethod
+    def of(cls, doc: dict) -> StepMeasure:
+        """From the JSON a measuring child printed (harness.worker.introspect.measure_step), extra keys ignored."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        out = {k: v for k, v in doc.items() if k in fields}
+        out["saved_blocks"] = tuple(out["saved_blocks"])
+        return cls(**out)
 
 
 @dataclass(frozen=True)

@@ -409,7 +409,7 @@ def _fsdp_memory(
         0 if replicated_fp32 else copy * root + 4 * _ceil_div(root, nshard),
     )
     # before the embedding's backward (the very last) only the head's and the final norm's gradients exist
-    head = spec.model_config.tail_params()
+    head = root - spec.model_config.lead_params()
     head_grad = ("unsharded head gradient", 0 if replicated_fp32 else p * head)
     w2_grad = ("unsharded w2 gradient", 0 if replicated_fp32 else p * spec.model_config.last_matmul_params())
     first = [root_params] if root_gathered_in_loss else []

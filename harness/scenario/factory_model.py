@@ -32,6 +32,7 @@ from typing import Any
 from harness.core.errors import InputError, Problem
 from harness.core.families import Family, register
 from harness.core.zoo import ModelConfig, Param, StepMeasure
+from harness.scenario.child import child_json
 
 FAMILY = "factory"
 FACTORY_KEY = "factory"
@@ -97,8 +98,8 @@ class FactoryModel(ModelConfig):
     def head_params(self) -> int:
         return int(self.structure["tail_matmul_params"])
 
-    def tail_params(self) -> int:
-        return int(self.structure["tail_params"])
+    def lead_params(self) -> int:
+        return int(self.structure["lead_params"])
 
     def last_matmul_params(self) -> int:
         return int(self.structure["last_matmul_params"])
@@ -113,15 +114,7 @@ class FactoryModel(ModelConfig):
 
     def measured_step(self, *, micro_batch: int, seq_len: int, mode: str) -> StepMeasure | None:
         doc = _step(self.factory, self.factory_args, micro_batch, seq_len, mode)
-        return StepMeasure(
-            flops=doc["flops"],
-            recompute_flops=doc["recompute_flops"],
-            saved_root=doc["saved_root"],
-            saved_blocks=tuple(doc["saved_blocks"]),
-            block_inputs=doc["block_inputs"],
-            logits=doc["logits"],
-            block_backward=doc["block_backward"],
-        )
+        return StepMeasure.of(doc)
 
     def unmodelled_time(self) -> str | None:
         return NO_TIME
@@ -137,20 +130,12 @@ class FactoryModel(ModelConfig):
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     """Run harness.worker.factory_models on `request`; its stdout's JSON, or InputError with the factory's error."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.worker.factory_models"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return child_json(
+        "harness.worker.factory_models",
+        stdin=json.dumps(request),
+        where=f"factory {request['factory']}",
+        what="cannot build or run the module",
     )
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise InputError([Problem(f"factory {request['factory']}", "", f"cannot build or run the module: {last}")])
-    return dict(json.loads(done.stdout))
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from harness.core.families import Family, register
 from harness.core.zoo import ModelConfig, Param, StepMeasure
+from harness.scenario.child import child_json
 
 FAMILY = "transformers"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -52,15 +53,7 @@ class TransformersModel(ModelConfig):
         """The class's activations, measured: its forward and backward run on fake tensors (the decoder's activation
         model need not be the class's: GPT-2's attention saves more)."""
         doc = _step(self.hf_json, self.attn_implementation, micro_batch, seq_len, mode)
-        return StepMeasure(
-            flops=doc["flops"],
-            recompute_flops=doc["recompute_flops"],
-            saved_root=doc["saved_root"],
-            saved_blocks=tuple(doc["saved_blocks"]),
-            block_inputs=doc["block_inputs"],
-            logits=doc["logits"],
-            block_backward=doc["block_backward"],
-        )
+        return StepMeasure.of(doc)
 
     def module_trace(self, checkpointing: bool) -> tuple[list, list] | None:
         """The modules DeepSpeed's hooks fetch for, in order (harness.plan.zero3.zero3_module_trace's form)."""
@@ -89,22 +82,13 @@ def introspect(hf_json: str, attn_implementation: str) -> Introspection:
     """Build the class of `hf_json` on the meta device and read its parameters and module trace (cached: once per
     config). It runs in a child interpreter (`python -m harness.worker.hf_models`): the planner's own process
     never imports torch, and the worker's code stays on its floor."""
-    import subprocess
-    import sys
-
-    from harness.core.errors import InputError, Problem
-
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.worker.hf_models", attn_implementation],
-        input=hf_json,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    doc = child_json(
+        "harness.worker.hf_models",
+        attn_implementation,
+        stdin=hf_json,
+        where="implementation: transformers",
+        what="cannot build the class",
     )
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise InputError([Problem("implementation: transformers", "", f"cannot build the class: {last}")])
-    doc = json.loads(done.stdout)
 
     def trace(t: list) -> tuple:
         return tuple(tuple((name, tuple(idx)) for name, idx in phase) for phase in t)
@@ -121,23 +105,14 @@ def introspect(hf_json: str, attn_implementation: str) -> Introspection:
 @functools.cache
 def _step(hf_json: str, attn: str, micro_batch: int, seq_len: int, mode: str) -> dict:
     """One micro-batch of the class on fake tensors (`python -m harness.worker.hf_models step`), cached."""
-    import subprocess
-    import sys
-
-    from harness.core.errors import InputError, Problem
-
     request = {"hf_json": hf_json, "attn": attn, "micro_batch": micro_batch, "seq_len": seq_len, "mode": mode}
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.worker.hf_models", "step"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return child_json(
+        "harness.worker.hf_models",
+        "step",
+        stdin=json.dumps(request),
+        where="implementation: transformers",
+        what="cannot run the class on fake tensors",
     )
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise InputError([Problem("implementation: transformers", "", f"cannot run the class on fake tensors: {last}")])
-    return dict(json.loads(done.stdout))
 
 
 register(

@@ -221,12 +221,14 @@ def _structure(target: str, args: Mapping[str, Any]) -> dict[str, Any]:
 
     trace = module_hook_trace(build, [lambda m: m(x)], checkpointing=False)
     trace_ckpt = module_hook_trace(build, [lambda m: m(x)], checkpointing=True)
-    # the root's parameters the step uses after the blocks (a head, a final norm): their gradients come first
+    # the root's modules the step uses before the blocks (an embedding) and after them (a head, a final norm)
     order: list[str] = [name for name, _ in trace[0]]
     last_block = max((i for i, n in enumerate(order) if n.startswith("inner." + _blocks_path(model))), default=-1)
     after = {n for n in order[last_block + 1 :]}
-    by_module = {name: m for name, m in model.named_modules()}
-    tail = sum(p.numel() for n in after for p in by_module[n].parameters(recurse=False))
+    by_module = {name or "model": m for name, m in model.named_modules()}
+    first_block = min((i for i, n in enumerate(order) if n.startswith("inner." + _blocks_path(model))), default=0)
+    before = {n for n in order[:first_block]}
+    lead = sum(p.numel() for n in before for p in by_module[n].parameters(recurse=False))
     matmul = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear) for p in [m.weight])
     tail_matmul = sum(m.weight.numel() for n in after if isinstance(m := by_module[n], nn.Linear))
     last_linear = [m for m in model.blocks[-1].modules() if isinstance(m, nn.Linear)]
@@ -241,7 +243,7 @@ def _structure(target: str, args: Mapping[str, Any]) -> dict[str, Any]:
         "n_blocks": len(model.blocks),
         "vocab": int(logits.shape[-1]),
         "has_batch": batch is not None,
-        "tail_params": tail,
+        "lead_params": lead,
         "matmul_params": matmul,
         "tail_matmul_params": tail_matmul,
         "last_matmul_params": last_linear[-1].weight.numel() if last_linear else 0,
