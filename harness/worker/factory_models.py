@@ -187,10 +187,7 @@ def cell_batch(
     single process holding every row sees what the ranks see together."""
     from harness.worker.models import synthetic_batch
 
-    batch = None
-    if cfg.family == "factory":
-        with torch.device("meta"):
-            _, _, batch = call_factory(cfg.factory, json.loads(cfg.factory_args or "{}"))
+    batch = _batch_function(cfg.factory, cfg.factory_args) if cfg.family == "factory" else None
     if batch is None:
         return synthetic_batch(
             cfg, seed=seed, rank=rank, micro_batch=micro_batch, seq_len=seq_len, micro_step=micro_step, device=device
@@ -199,6 +196,14 @@ def cell_batch(
     parts = [batch(1, seq_len, torch.Generator().manual_seed(seed * 7919 + row)) for row in rows]
     xs, ys = zip(*parts, strict=True)
     return torch.cat(xs).to(device), torch.cat(ys).to(device)
+
+
+@functools.cache
+def _batch_function(target: str, args: str) -> Callable | None:
+    """The factory's batch function (or None), looked up once per model (the factory builds its module, on the meta
+    device, to return it)."""
+    with torch.device("meta"):
+        return call_factory(target, json.loads(args or "{}"))[2]
 
 
 # ---- introspection (the planner's child process)
@@ -223,11 +228,11 @@ def _structure(target: str, args: Mapping[str, Any]) -> dict[str, Any]:
     trace_ckpt = module_hook_trace(build, [lambda m: m(x)], checkpointing=True)
     # the root's modules the step uses before the blocks (an embedding) and after them (a head, a final norm)
     order: list[str] = [name for name, _ in trace[0]]
-    last_block = max((i for i, n in enumerate(order) if n.startswith("inner." + _blocks_path(model))), default=-1)
-    after = {n for n in order[last_block + 1 :]}
+    prefix = "inner." + _blocks_path(model)
+    in_blocks = [i for i, n in enumerate(order) if n.startswith(prefix)]
+    before = set(order[: in_blocks[0]] if in_blocks else [])
+    after = set(order[in_blocks[-1] + 1 :] if in_blocks else order)
     by_module = {name or "model": m for name, m in model.named_modules()}
-    first_block = min((i for i, n in enumerate(order) if n.startswith("inner." + _blocks_path(model))), default=0)
-    before = {n for n in order[:first_block]}
     lead = sum(p.numel() for n in before for p in by_module[n].parameters(recurse=False))
     matmul = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear) for p in [m.weight])
     tail_matmul = sum(m.weight.numel() for n in after if isinstance(m := by_module[n], nn.Linear))
@@ -242,7 +247,6 @@ def _structure(target: str, args: Mapping[str, Any]) -> dict[str, Any]:
         "block_class": type(model.blocks[0]).__name__,
         "n_blocks": len(model.blocks),
         "vocab": int(logits.shape[-1]),
-        "has_batch": batch is not None,
         "lead_params": lead,
         "matmul_params": matmul,
         "tail_matmul_params": tail_matmul,
@@ -283,7 +287,6 @@ def _step(target: str, args: Mapping[str, Any], *, micro_batch: int, seq_len: in
 
 def main() -> int:
     req = json.loads(sys.stdin.read())
-    sys.path[:0] = req.get("sys_path", [])
     args = json.loads(req.get("args") or "{}")
     try:
         if req["what"] == "structure":

@@ -12,7 +12,7 @@ head's weight is the embedding's, re-tied where a module-by-module materialisati
 (harness.scenario.transformers_model.introspect): its parameters with their wrap units, and the order module hooks
 fire in over a forward and a backward on the meta device (DeepSpeed ZeRO-3's module trace), with and without
 activation checkpointing; `python -m harness.worker.hf_models step < request.json` one micro-batch's step on fake
-tensors (its saved activations, FLOPs and backward transients: harness.worker.factory_models.measure_step).
+tensors (its saved activations, FLOPs and backward transients: harness.worker.introspect.measure_step).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def hooked_trace(hf_json: str, attn_implementation: str, *, checkpointing: bool)
 
 
 def step(request: dict[str, Any]) -> dict[str, Any]:
-    """One micro-batch of the class measured on fake tensors (harness.worker.factory_models.measure_step)."""
+    """One micro-batch of the class measured on fake tensors (harness.worker.introspect.measure_step)."""
     from harness.worker.introspect import measure_step
 
     micro_batch, seq_len = request["micro_batch"], request["seq_len"]

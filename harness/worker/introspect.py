@@ -66,7 +66,7 @@ def measure_step(build: Callable[[], nn.Module], inputs: Callable[[], tuple[Any,
     (attention through SDPA's math path, so its matmuls count: the full square, as the model FLOPs convention
     does), with and without full checkpointing; the bytes saved for backward (distinct storages; parameters and
     autocast's weight copies left out, the planner counts those), by block, with each block's input (what full
-    checkpointing keeps of it); and a block's backward transients (`_backward_transients`)."""
+    checkpointing keeps of it); and a block's backward transients (`_block_backward`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -146,10 +146,8 @@ def measure_step(build: Callable[[], nn.Module], inputs: Callable[[], tuple[Any,
         # under full checkpointing a block keeps its input (the previous block's output, or the root's)
         kept = sum(n for k, n in block_in.items() if k not in saved or saved[k][0] != "root")
         logits_numel = logits.numel()
-        loss.backward()
-        del loss, logits
-        model.zero_grad(set_to_none=True)
-        blocks_bw, tail_bw = _backward_transients(model, x, y, autocast)
+        del loss, logits  # NOTE: the graph goes with them: its backward is the MemTracker pass's
+        block_backward = _block_backward(model, x, y, autocast)
     return {
         "flops": int(flops),
         "recompute_flops": int(recompute),
@@ -157,15 +155,14 @@ def measure_step(build: Callable[[], nn.Module], inputs: Callable[[], tuple[Any,
         "saved_blocks": by_block,
         "block_inputs": kept,
         "logits": int(logits_numel),
-        "block_backward": blocks_bw,
-        "head_backward": tail_bw,
+        "block_backward": block_backward,
     }
 
 
-def _backward_transients(model: Any, x: Any, y: Any, autocast: Callable) -> tuple[int, int]:
+def _block_backward(model: Any, x: Any, y: Any, autocast: Callable) -> int:
     """What a block's backward holds beyond what was live as it started (its gradients in flight, the largest
-    block's), and the same of the modules after the blocks (the head's), from torch's own MemTracker over a step
-    on fake tensors (activations and temporaries; the parameters' gradients are the strategy's to hold)."""
+    block's), from torch's own MemTracker over a step on fake tensors (activations and temporaries; the
+    parameters' gradients are the strategy's to hold)."""
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 
     from harness.worker.models import loss_fn
@@ -190,10 +187,7 @@ def _backward_transients(model: Any, x: Any, y: Any, autocast: Callable) -> tupl
         # unsharded gradient), so they are not in flight here
         return sum(p.numel() * p.element_size() for p in module.parameters())
 
-    blocks = [max(0, grown(b) - own_grads(b)) for b in model.blocks]
-    inside = {id(m) for b in model.blocks for m in b.modules()} | {id(model.blocks), id(model), id(model.inner)}
-    tail = max((max(0, grown(m) - own_grads(m)) for m in model.modules() if id(m) not in inside), default=0)
-    return max(blocks, default=0), tail
+    return max((max(0, grown(b) - own_grads(b)) for b in model.blocks), default=0)
 
 
 def _to_bf16(model: nn.Module) -> None:
