@@ -141,10 +141,6 @@ _NO_NVME = "{strategy}: NVMe offload is DeepSpeed ZeRO-Infinity's, which swaps Z
 _FSDP_OFFLOAD = "{strategy}: FSDP's CPUOffload moves parameters and gradients (offload: optimizer+params)"
 _FSDP2_OFFLOAD = "{strategy}: CPU offload is not part of this harness's FSDP2 cells"
 _ZERO12_OFFLOAD = "{strategy}: DeepSpeed offloads parameters only with ZeRO-3 (offload: optimizer)"
-_DDP_TP = (
-    "{strategy} does not compose with tensor parallelism: DistributedDataParallel's reducer does not take DTensor "
-    "(tensor-parallel) parameters; run tp with fsdp2.full_shard or fsdp2.hybrid_shard"
-)
 _FSDP1_TP = (
     "{strategy}: FSDP1 composes with tensor parallelism only through its FlatParameter 2-D device_mesh path, which "
     "torch keeps for backward compatibility; run tp with fsdp2.full_shard or fsdp2.hybrid_shard"
@@ -155,7 +151,8 @@ _FSDP1_PP = (
 )
 _ZERO_LAYOUT = (
     "{strategy}: DeepSpeed's engine wraps the whole model and has its own pipeline engine; it does not compose with "
-    "torch's DTensor tensor parallelism or torch.distributed.pipelining"
+    "torch's DTensor tensor parallelism or torch.distributed.pipelining (zero1 does: it runs the harness's "
+    "distributed optimizer there; or fsdp2.full_shard)"
 )
 _DS_CPU_FP16 = {("cpu", "fp16"): "DeepSpeed fp16 is not supported on CPU ('Type fp16 is not supported on your device')"}
 # NOTE: measured (deepspeed 0.19.8, torch 2.13): inside the checkpoint HOP dynamo traces ZeRO-3's per-module
@@ -177,7 +174,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         shards=False,
         mixed="autocast",
         offload_refusals={"optimizer": _NO_OFFLOAD, "optimizer+params": _NO_OFFLOAD},
-        dim_refusals={"tp": _DDP_TP, "pp": None},
+        dim_refusals={"tp": None, "pp": None},
     ),
     Strategy(
         "fsdp.full_shard",
@@ -264,7 +261,7 @@ _ENTRIES: tuple[Strategy, ...] = (
         framework_cost="zero1",
         offload_refusals={"optimizer+params": _ZERO12_OFFLOAD},
         device_refusals=_DS_CPU_FP16,
-        dim_refusals={"tp": _ZERO_LAYOUT, "pp": _ZERO_LAYOUT},
+        dim_refusals={"tp": None, "pp": None},
     ),
     Strategy(
         "zero2",

@@ -6,9 +6,9 @@ strategy. TP is innermost, so a TP group is consecutive ranks inside one node; P
 lie across nodes; data parallelism fills what is between (a hybrid shards over the rest of a node and replicates
 across nodes). torchtitan orders its mesh the same way (`pp, dp_replicate, dp_shard, cp, tp`).
 
-The pipeline cuts the model by blocks into `pp × STAGES_PER_RANK[schedule]` stages (interleaved 1F1B gives every rank
-two stages, `rank, rank + pp`, torch's "loop" order); the embedding is on the first stage, the final norm and the
-head on the last.
+The pipeline cuts the model by blocks into `pp × stages per rank` stages (interleaved 1F1B gives every rank
+`pp_virtual_stages` of them, 2 by default: `rank, rank + pp, …`, torch's "loop" order); the embedding is on the
+first stage, the final norm and the head on the last.
 
 Floor 0: no torch, no import from the rest of the harness but the zoo. The scenario validates with
 `layout_problems`, the planner's models read `Layout` and `stage_blocks`, the worker builds its meshes from them.
@@ -76,6 +76,9 @@ class Layout:
     """the data-parallel strategy shards inside a node and replicates across nodes"""
     schedule: str = "1f1b"
     """the pipeline schedule (one of PP_SCHEDULES; only with pp > 1)"""
+    virtual_stages: int = 0
+    """stages per pipeline rank (Megatron's virtual pipeline; interleaved 1F1B only); 0: the schedule's own
+    (STAGES_PER_RANK)"""
 
     @functools.cached_property
     def _by_name(self) -> dict[str, int]:
@@ -188,7 +191,10 @@ class Layout:
 
     @property
     def stages_per_rank(self) -> int:
-        return STAGES_PER_RANK[self.schedule] if self.pp > 1 else 1
+        """Pipeline stages each rank holds: `virtual_stages` when set, else the schedule's (1; interleaved 2)."""
+        if self.pp == 1:
+            return 1
+        return self.virtual_stages or STAGES_PER_RANK[self.schedule]
 
     @property
     def n_stages(self) -> int:
@@ -207,6 +213,7 @@ class Layout:
             "dp_replicate": self.dp_replicate,
             "mesh": {name: size for name, size in self.mesh_dims},
             "pp_schedule": self.schedule if self.pp > 1 else None,
+            "pp_virtual_stages": self.stages_per_rank if self.pp > 1 else None,
             "n_stages": self.n_stages,
         }
 
@@ -248,6 +255,7 @@ def layout_problems(
     grad_accum: int,
     seq_len: int | None = None,
     sequence_parallel: bool = False,
+    virtual_stages: int = 0,
 ) -> list[tuple[str, str]]:
     """What is wrong with a cell's layout (`degrees`: the MESH_DIMS dimensions' degrees), as (setting it is about,
     sentence) pairs; [] when it can be built.
@@ -288,13 +296,23 @@ def layout_problems(
             )
         )
     if pp > 1:
-        v = STAGES_PER_RANK[schedule]
+        v = virtual_stages or STAGES_PER_RANK[schedule]
+        if virtual_stages and (schedule == "interleaved_1f1b") != (virtual_stages > 1):
+            out.append(
+                (
+                    "pp_virtual_stages",
+                    f"pp_virtual_stages {virtual_stages} with pp_schedule {schedule}: several stages per rank is the "
+                    "interleaved schedule's; allowed: pp_virtual_stages 2 or more with interleaved_1f1b, 1 (or 0) "
+                    "with gpipe or 1f1b",
+                )
+            )
         if pp * v > cfg.n_layers:
             out.append(
                 (
                     "pp",
                     f"pp {pp} x {v} stage(s) per rank ({schedule}) = {pp * v} pipeline stages > the model's "
-                    f"{cfg.n_layers} blocks (every stage holds at least one); allowed pp: 1..{cfg.n_layers // v}",
+                    f"{cfg.n_layers} blocks (every stage holds at least one); allowed pp: 1..{cfg.n_layers // v}"
+                    f"{', or fewer pp_virtual_stages' if virtual_stages > 2 else ''}",
                 )
             )
         m = effective_microbatches(microbatches, pp)
@@ -370,11 +388,12 @@ def _tensor_parallel_problems(
     for name, size, key in (("ffn", cfg.ffn, "tp"), ("vocab", cfg.vocab, "tp")):
         if size % tp:
             ok = divisors(math.gcd(cfg.n_heads, cfg.kv_heads, cfg.ffn, cfg.vocab))
+            pad = " (or pad it: pad_vocab_multiple: 128, as Megatron-LM does)" if name == "vocab" else ""
             out.append(
                 (
                     key,
                     f"tp {tp} does not divide the model's {name} {size} (tensor parallelism splits it into equal "
-                    f"shards); allowed tp for this model: {', '.join(map(str, ok))}",
+                    f"shards); allowed tp for this model: {', '.join(map(str, ok))}{pad}",
                 )
             )
     if sequence_parallel and seq_len is not None and seq_len % tp:

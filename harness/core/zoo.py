@@ -100,6 +100,11 @@ class ModelConfig:
         None, "attention scores scaled by attn_scale_dim^-0.5 instead of head_dim^-0.5 (Gemma's query_pre_attn_scalar)"
     )
     embed_scale: bool = _knob(False, "the embedding's output multiplied by √d_model (Gemma)")
+    data_vocab: int | None = _knob(
+        None,
+        "the tokenizer's vocabulary when `vocab` is padded beyond it (the pad_vocab_multiple setting sets it): "
+        "token ids stay below it, the padded rows are never a target; null = vocab",
+    )
 
     def __post_init__(self) -> None:
         # NOTE: one canonical form, so that writing a default out (head_dim = d_model / n_heads, RoPE over the
@@ -117,6 +122,19 @@ class ModelConfig:
             # NOTE: an int and a float are one model; YAML 1.1 reads 1e-6 (no dot) as a string
             if isinstance(value, (int, str)) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
+
+    @property
+    def tokens(self) -> int:
+        """The token ids the batches draw from: the tokenizer's vocabulary (`data_vocab` when `vocab` is padded)."""
+        return self.data_vocab or self.vocab
+
+    def padded(self, multiple: int) -> ModelConfig:
+        """This model with its vocabulary padded up to a multiple of `multiple` (embedding rows and head columns, as
+        Megatron-LM's `make-vocab-size-divisible-by` × tp), the tokenizer's kept as `data_vocab`; itself when
+        `multiple` ≤ 1 or the vocabulary already is one."""
+        if multiple <= 1 or self.vocab % multiple == 0:
+            return self
+        return dataclasses.replace(self, vocab=-(-self.vocab // multiple) * multiple, data_vocab=self.tokens)
 
     @property
     def kv_heads(self) -> int:

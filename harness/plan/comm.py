@@ -707,7 +707,7 @@ def no_comm_model_reason(spec: RunSpec, *, unsupported: str | None | runnable.Un
     unmodelled = deepspeed_config.unmodelled_keys(spec)
     if unmodelled:
         return f"deepspeed_config sets {', '.join(unmodelled)}, which the collective model does not model"
-    return layouts.no_model_reason(spec)  # tensor / pipeline parallelism: harness.plan.layouts
+    return None
 
 
 def fsdp_prefetch(spec: RunSpec) -> str:

@@ -52,6 +52,7 @@ from harness.core.layout import Layout, effective_microbatches, stage_blocks
 from harness.core.precisions import DTYPE_BYTES
 from harness.core.zoo import ModelConfig, Param, parameters
 from harness.plan.activations import LOSS_TRANSIENT_BYTES_PER_LOGIT, ActivationModel
+from harness.plan.flops import precision_mode
 from harness.plan.links import mesh_group_kind
 from harness.scenario.spec import RunSpec
 
@@ -121,6 +122,27 @@ def activation_dtype(spec: RunSpec) -> str:
     return precisions.get(spec.precision).dtype
 
 
+DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
+"""`data_parallel(spec)` of a zero1 cell under a layout: the harness's Megatron-style distributed optimizer"""
+
+
+def data_parallel(spec: RunSpec) -> str:
+    """How a layout cell's data parallelism runs: `fsdp2`, `ddp`, or `distributed_optimizer` (zero1:
+    harness.worker.strategies.distributed_optimizer)."""
+    family = CATALOGUE[spec.strategy].family
+    return DISTRIBUTED_OPTIMIZER if family == "zero" else family
+
+
+def flat_numel(numel: int, dp: int) -> int:
+    """The distributed optimizer's flat buffer of a stage's `numel` local elements: padded to a multiple of dp."""
+    return -(-numel // dp) * dp
+
+
+def matmul_output_dtype(spec: RunSpec) -> str:
+    """The dtype of a projection's output: the compute dtype in 16 bit (autocast too), fp32 in fp32."""
+    return precisions.get(spec.precision).dtype
+
+
 AddItem = Callable[[str, str, str, int, float, str, int, str], None]
 """adds one Item: (what, collective, dtype, bytes per call, calls, group kind, group ranks, role)"""
 
@@ -156,6 +178,9 @@ def layout_collectives(
         if lay.pp > 1:
             _pipeline_transfers(spec, stage=st, where=where, forwards=forwards, tokens=tokens, group=pp_g, add=add)
         _data_parallel(spec, stage=st, rank=rank, add=add, notes=notes, ddp_buckets=ddp_buckets)
+    if precisions.get(spec.precision).loss_scaling:  # fp16: the overflow verdict, agreed by every rank
+        world = mesh_group_kind(lay, rank=rank, dims=tuple(name for name, _ in lay.mesh_dims))
+        add("ShardedGradScaler found_inf (every rank)", "all_reduce", "float32", 4, 1, world, lay.gpus, "dp")
     what = []
     sp = s.sequence_parallel
     if lay.tp > 1:
@@ -169,52 +194,60 @@ def layout_collectives(
 def _tensor_parallel(
     spec: RunSpec, *, stage: int, where: str, forwards: int, tokens: int, group: str, add: AddItem
 ) -> None:
-    """Tensor parallelism's collectives of one stage over `forwards` forwards (+ backwards) of `tokens` tokens."""
-    lay, cfg = spec.layout, spec.model_config
+    """Tensor parallelism's collectives of one stage over `forwards` forwards (+ backwards) of `tokens` tokens.
+
+    Each in the dtype of what it moves: the residual stream's (`activation_dtype`) for what enters a TP region (the
+    norms' outputs, the embedding's output, the input gradients), a row-wise projection's output dtype for what
+    leaves one (the compute dtype: under autocast the matmul's output is 16 bit while the residual stream is fp32)
+    and, with sequence parallelism, for that output's gradient in backward."""
+    lay, cfg, s = spec.layout, spec.model_config, spec.settings
     first, last = stage == 0, stage == lay.n_stages - 1
     nb = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])
-    act = activation_dtype(spec)
-    x = tokens * cfg.d_model * DTYPE_BYTES[act]  # one (tokens, d_model) activation
-    if spec.settings.sequence_parallel:
-        gathers = 4 * nb + (1 if first else 0) + (1 if last else 0)
-        add(
-            f"{where}: TP all_gather into attention/MLP/head (fwd+bwd)",
-            "all_gather",
-            act,
-            x,
-            gathers * forwards,
-            group,
-            lay.tp,
-            "tp",
-        )
-        add(
-            f"{where}: TP reduce_scatter out of embedding/attention/MLP (fwd+bwd)",
-            "reduce_scatter",
-            act,
-            x,
-            gathers * forwards,
-            group,
-            lay.tp,
-            "tp",
-        )
+    act, out = activation_dtype(spec), matmul_output_dtype(spec)
+
+    def both(what: str, coll: str, n_act: float, n_out: float) -> None:
+        """`n_act` calls moving residual-stream tensors, `n_out` moving row-wise outputs (one item when alike)."""
+        if act == out:
+            add(what, coll, act, tokens * cfg.d_model * DTYPE_BYTES[act], n_act + n_out, group, lay.tp, "tp")
+            return
+        add(f"{what} [{act}]", coll, act, tokens * cfg.d_model * DTYPE_BYTES[act], n_act, group, lay.tp, "tp")
+        add(f"{what} [{out}]", coll, out, tokens * cfg.d_model * DTYPE_BYTES[out], n_out, group, lay.tp, "tp")
+
+    edges = (1 if first else 0) + (1 if last else 0)
+    if s.sequence_parallel:
+        # forward: all_gather into attention, MLP (the norms' outputs) and the head; reduce_scatter out of the
+        # embedding, attention and MLP (row-wise outputs); backward: the mirror image of each
+        both(f"{where}: TP all_gather into attention/MLP/head fwd, of attention/MLP output grads bwd",
+             "all_gather", (2 * nb + edges) * forwards, 2 * nb * forwards)  # fmt: skip
+        both(f"{where}: TP reduce_scatter out of embedding/attention/MLP fwd, of their input grads bwd",
+             "reduce_scatter", (2 * nb + edges) * forwards, 2 * nb * forwards)  # fmt: skip
         norms = 2 * nb + (1 if last else 0)
         pdt = precisions.get(spec.precision).dtype
-        add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt, cfg.d_model * DTYPE_BYTES[pdt],
-            norms, group, lay.tp, "tp_step")  # fmt: skip
+        if data_parallel(spec) == "fsdp2":  # FSDP2 reduces the partial sums once, with the step's gradients
+            add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt,
+                cfg.d_model * DTYPE_BYTES[pdt], norms, group, lay.tp, "tp_step")  # fmt: skip
+        else:  # localised parameters (DDP, the distributed optimizer): each backward's DTensor.from_local reduces them
+            pdt = "float32" if CATALOGUE[spec.strategy].mixed == "autocast" else pdt  # DDP's fp32 parameters
+            add(f"{where}: sequence-parallel norm weight gradients (each backward)", "all_reduce", pdt,
+                cfg.d_model * DTYPE_BYTES[pdt], norms * forwards, group, lay.tp, "tp")  # fmt: skip
     else:
-        # NOTE: per block, o and down forward, and one input gradient per column-wise projection backward (q, k, v,
-        # gate and up; a plain MLP has no gate)
-        reduces = (5 + (2 if cfg.gated else 1)) * nb + (1 if first else 0) + (1 if last else 0)
-        add(
-            f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)",
-            "all_reduce",
-            act,
-            x,
-            reduces * forwards,
-            group,
-            lay.tp,
-            "tp",
-        )
+        # forward: o and down (row-wise outputs) and the embedding; backward: the input gradient of every
+        # column-wise projection (q, k, v, gate and up; a plain MLP has no gate) and of the head
+        inputs = (5 if cfg.gated else 4) * nb + edges
+        both(f"{where}: TP all_reduce (o/down/embedding fwd, q/k/v/gate/up/head input grads bwd)", "all_reduce",
+             inputs * forwards, 2 * nb * forwards)  # fmt: skip
+    if s.checkpointing:
+        # the recompute in backward re-runs each block's forward up to its last saved tensor (non-reentrant
+        # checkpoint stops there): every forward TP collective but the one after the down projection, whose output
+        # nothing saves; the same under `selective`, which recomputes the collectives (only matmul and attention
+        # outputs are kept). Measured: tests/dist/test_layouts.py
+        if s.sequence_parallel:
+            both(f"{where}: checkpoint recompute: TP all_gather into attention and MLP", "all_gather",
+                 2 * nb * forwards, 0)  # fmt: skip
+            both(f"{where}: checkpoint recompute: TP reduce_scatter out of attention", "reduce_scatter",
+                 0, nb * forwards)  # fmt: skip
+        else:
+            both(f"{where}: checkpoint recompute: TP all_reduce after attention's o", "all_reduce", 0, nb * forwards)
     if last:
         add(
             f"{where}: loss parallel cross-entropy (max, sum exp, target logit)",
@@ -256,6 +289,17 @@ def _data_parallel(
     lay, cfg = spec.layout, spec.model_config
     entry = CATALOGUE[spec.strategy]
     units = stage_units(cfg, lay, stage)
+    if data_parallel(spec) == DISTRIBUTED_OPTIMIZER:
+        numel = flat_numel(sum(math.prod(local_shape(p, tp=lay.tp)) for u in units.values() for p in u), lay.dp)
+        if lay.dp > 1:
+            dp_g = mesh_group_kind(lay, rank=rank, dims=("dp",))
+            pdt = precisions.get(spec.precision).dtype
+            label = f"stage {stage}: distributed optimizer"
+            add(f"{label} reduce_scatter fp32 main gradients ({numel} elements)", "reduce_scatter", "float32",
+                numel * 4, 1, dp_g, lay.dp, "dp")  # fmt: skip
+            add(f"{label} all_gather {pdt} parameters ({numel} elements)", "all_gather", pdt,
+                numel * DTYPE_BYTES[pdt], 1, dp_g, lay.dp, "dp")  # fmt: skip
+        return
     if entry.family == "ddp":
         # registration order: the embedding first, then the blocks, then the final norm and head
         params = [p for p in units["root"] if p.name.startswith("tok_emb")]
@@ -291,16 +335,6 @@ def _data_parallel(
             add(ar, "all_reduce", "float32", numel // shard * 4, 1, rep_g, rep, "dp")
     if shard == 1 and rep > 1:
         notes.append("HSDP, one-rank shard group beside tp: no all_gather or reduce_scatter, the replicas' all_reduce")
-
-
-def no_model_reason(spec: RunSpec) -> str | None:
-    """Why the collective model cannot account for this layout cell, or None (also for a cell without a layout)."""
-    if spec.settings.tp > 1 and spec.settings.checkpointing:
-        return (
-            "activation checkpointing under tensor parallelism: the recompute re-issues part of each block's forward "
-            "TP collectives (the checkpoint stops early, before the last one); not modelled"
-        )
-    return None
 
 
 def layout_ledger(spec: RunSpec, *, item: Callable, ddp_buckets: Callable[[list[int]], list[int]]) -> tuple[list, list]:
@@ -370,26 +404,52 @@ def stage_activations(spec: RunSpec, *, stage: int, tokens: int) -> StageActivat
     a = DTYPE_BYTES[activation_dtype(spec)]
     # NOTE: the block's activation model over this rank's heads and ffn columns: its d-wide tensors (norms, the
     # projections' inputs, the row-wise outputs) are whole, the attention core and the MLP this rank's share
-    model = ActivationModel(local_model(cfg, tp), "fp32" if a == 4 else "lowp", tokens, seq_len=s.seq_len)
+    mode = precision_mode(spec.strategy, spec.precision)
+    model = ActivationModel(local_model(cfg, tp), mode, tokens, seq_len=s.seq_len)
     norms = model.block_norms_per_token()
     per_block = model.block_per_token() - (norms - norms / tp if s.sequence_parallel else 0)
     kept, recompute = float(per_block), 0.0
     if s.checkpointing:
         kept = a * d / (tp if s.sequence_parallel else 1)
-        if s.activation_checkpointing == "selective":
-            kept += model.selective_kept_per_token()
         recompute = per_block
+        if s.activation_checkpointing == "selective":  # what it keeps, the recompute need not make again
+            kept += model.selective_kept_per_token()
+            recompute -= model.selective_kept_per_token()
     blocks = len(stage_blocks(cfg.n_layers, lay.n_stages)[stage])
+    last = stage == lay.n_stages - 1
     outside = 0.0
     if stage == 0:
         outside += 8
-    if stage == lay.n_stages - 1:
+    if last:
         norm = model.final_norm_per_token()
         softcap = a * cfg.vocab / tp if cfg.final_softcap is not None else 0
         outside += (norm / tp if s.sequence_parallel else norm) + a * d + 4 * cfg.vocab / tp + softcap + 8
+    copies = StageActivations(0, 0)
+    if precision_mode(spec.strategy, spec.precision) == "autocast":
+        copies = _autocast_copies(spec, stage=stage, blocks=blocks, last=last)
     return StageActivations(
-        blocks=int(tokens * blocks * kept), outside=int(tokens * outside), recompute=int(tokens * recompute)
+        blocks=int(tokens * blocks * kept) + copies.blocks,
+        outside=int(tokens * outside) + copies.outside,
+        recompute=int(tokens * recompute) + copies.recompute,
     )
+
+
+def _autocast_copies(spec: RunSpec, *, stage: int, blocks: int, last: bool) -> StageActivations:
+    """Autocast's 16-bit copies of this rank's weight shards, which each forward makes and autograd keeps for the
+    backward (the weight a matmul's input gradient needs; harness.plan.memory._ddp has the same without a layout):
+    every projection of the blocks and the head; under checkpointing only the head's outlives the forward and a
+    recomputed block makes its own again (bar its last projection, which the recompute does not reach)."""
+    lay, cfg = spec.layout, spec.model_config
+    b = DTYPE_BYTES[precisions.get(spec.precision).dtype]
+    units = stage_units(cfg, lay, stage)
+    block = max((sum(math.prod(local_shape(p, tp=lay.tp)) for p in ps if len(p.shape) == 2)
+                 for u, ps in units.items() if u != "root"), default=0)  # fmt: skip
+    head = sum(math.prod(local_shape(p, tp=lay.tp)) for p in units["root"] if p.name == "head.weight") if last else 0
+    if spec.settings.checkpointing:
+        w2 = next(p for p in parameters(cfg) if p.name.endswith("mlp.w2.weight"))
+        last_mm = math.prod(local_shape(w2, tp=lay.tp))
+        return StageActivations(0, b * head, b * (block - last_mm))
+    return StageActivations(b * block * blocks, b * head)
 
 
 def local_model(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -405,7 +465,7 @@ def local_stage_params(spec: RunSpec, *, stage: int) -> dict[str, int]:
     """Rank 0's elements per data-parallel group of a stage: its tensor-parallel shard ('unsharded', what FSDP2
     gathers), and its FSDP2 shard ('sharded', padded dim 0 / shard degree; the whole TP shard for DDP)."""
     lay = spec.layout
-    fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
+    fsdp2 = data_parallel(spec) == "fsdp2"
     unsharded = sharded = largest_block = root = 0
     for name, unit in stage_units(spec.model_config, lay, stage).items():
         local = padded = 0
@@ -419,7 +479,13 @@ def local_stage_params(spec: RunSpec, *, stage: int) -> dict[str, int]:
             largest_block = max(largest_block, local)
         else:
             root = local
-    return {"unsharded": unsharded, "sharded": sharded, "largest_block": largest_block, "root": root}
+    return {
+        "unsharded": unsharded,
+        "sharded": sharded,
+        "largest_block": largest_block,
+        "root": root,
+        "flat": flat_numel(unsharded, lay.dp),
+    }
 
 
 def layout_memory(spec: RunSpec, *, foreach: bool = False) -> dict:
@@ -444,7 +510,8 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
     peak is the largest of its moments: the forward end, a microbatch's backward (the first, every forward in flight;
     a later one, gradients accumulated), the backward end and the optimizer step (`window_totals` has each)."""
     lay, cfg, s = spec.layout, spec.model_config, spec.settings
-    fsdp2 = CATALOGUE[spec.strategy].family != "ddp"
+    kind = data_parallel(spec)
+    fsdp2, distopt = kind == "fsdp2", kind == DISTRIBUTED_OPTIMIZER
     pb = DTYPE_BYTES[precisions.get(spec.precision).dtype]
     ab = DTYPE_BYTES[activation_dtype(spec)]
     m = effective_microbatches(s.microbatches, lay.pp) if lay.pp > 1 else 1
@@ -453,6 +520,14 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
     sizes = {st: local_stage_params(spec, stage=st) for st in local}
     sharded = sum(v["sharded"] for v in sizes.values())
     unsharded = sum(v["unsharded"] for v in sizes.values())
+    if distopt:
+        # the flat buffers: parameters in the compute dtype and fp32 main gradients, padded to a multiple of dp,
+        # both whole; AdamW's moments (and in 16 bit the fp32 master) on this rank's 1/dp of them
+        flat = sum(v["flat"] for v in sizes.values())
+        stepped = flat // lay.dp
+        params_b, grads_b, opt_b = pb * flat, 4 * flat, (8 + (4 if pb != 4 else 0)) * stepped
+    else:
+        params_b, grads_b, opt_b, stepped = 4 * sharded, 4 * sharded, 8 * sharded, sharded
     per_stage = {st: stage_activations(spec, stage=st, tokens=tokens) for st in local}
     acts = {st: a.total for st, a in per_stage.items()}
     recompute = max(a.recompute for a in per_stage.values())
@@ -476,14 +551,30 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
     # under loss parallel (tp > 1) the vocabulary-parallel cross-entropy's backward also holds the logits' exp
     per_logit = LOSS_TRANSIENT_BYTES_PER_LOGIT + (4 if lay.tp > 1 else 0)
     loss_grad = tokens * cfg.vocab // lay.tp * per_logit if last and lay.pp > 1 else 0
-    ddp_grads = 0 if fsdp2 else 4 * sharded  # DDP's buckets are the gradients, allocated once
+    ddp_grads = 0 if fsdp2 else grads_b  # DDP's buckets (the main gradients) are the gradients, allocated once
     # the last stage's schedule keeps its output (the logits) for the loss until the microbatch's backward
     kept_output = tokens * cfg.vocab // lay.tp * pb if last and lay.pp > 1 else 0
     gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
+    block_backward: list[tuple[str, int]] = []
+    if lay.pp == 1 and s.checkpointing:
+        # a checkpointed block's backward (measured: FSDP2 × TP, full): its recomputed MLP's gradients in flight and,
+        # under FSDP2, the previous block's fp32 gradients copied into the reduce-scatter's input
+        local_acts = ActivationModel(local_model(cfg, lay.tp), precision_mode(spec.strategy, spec.precision), tokens,
+                                     seq_len=s.seq_len)  # fmt: skip
+        block_backward = [("block gradients in flight", local_acts.mlp_backward_transient())]
+        if fsdp2:
+            block_backward.append(("reduce-scatter input: a block's fp32 gradients",
+                                   4 * max(v["largest_block"] for v in sizes.values())))  # fmt: skip
     root = sum(v["root"] for v in sizes.values())
     backwards, accumulated = _backwards(
         lay, fsdp2=fsdp2, gathering=gathering, microbatches=m, flight=len(flight), activations=activations,
-        kept_output=kept_output, new=4 * (unsharded if fsdp2 else sharded), root_grad=4 * root if fsdp2 else 0,
+        flight_last=sum(1 for st in flight if st == lay.n_stages - 1),
+        blocks=sum(a.blocks for a in per_stage.values()),
+        block_grad=4 * max(v["largest_block"] for v in sizes.values()) if fsdp2 else 0,
+        # the distributed optimizer's new gradients go into the main-gradient buffer as each is made (fp32: autograd
+        # adds into the `.grad` view; 16 bit: the hook adds it and drops it): none accumulate beside it
+        kept_output=kept_output, new=0 if distopt else 4 * (unsharded if fsdp2 else sharded),
+        root_grad=4 * root if fsdp2 else 0,
     )  # fmt: skip
     # (window, grads, activations, buffers: [(what, bytes)])
     windows = [
@@ -504,24 +595,37 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
                 acts + recompute,
                 # the last stage runs the loss's backward inside the schedule: the cross-entropy gradient (fp32, two
                 # tensors at once)
-                [*gathered_recv, ("new and accumulated gradients", grads_now), ("loss gradient", loss_grad)],
+                [
+                    *gathered_recv,
+                    ("new and accumulated gradients", grads_now),
+                    ("loss gradient", loss_grad),
+                    *block_backward,
+                ],
             )
             for name, acts, grads_now in backwards
         ),
-        ("backward end", 4 * sharded, 0, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
+        ("backward end", grads_b, 0, [*gathered_recv, ("unsharded fp32 gradients", accumulated)]),
         # AdamW's step: with the foreach implementation (harness.plan.memory.foreach_optimizer), one fp32 temporary
         # as large as the shards it steps
-        ("optimizer step", 4 * sharded, 0, [("AdamW foreach temporary", 4 * sharded if foreach else 0)]),
+        ("optimizer step", grads_b, 0, [("AdamW foreach temporary", 4 * stepped if foreach else 0)]),
     ]
-    totals = {w[0]: 4 * sharded + 8 * sharded + w[1] + w[2] + sum(b for _, b in w[3]) for w in windows}
+    totals = {w[0]: params_b + opt_b + w[1] + w[2] + sum(b for _, b in w[3]) for w in windows}
     window, grads, acts_at_peak, buffers = max(windows, key=lambda w: totals[w[0]])
+    what = "FSDP2 shards" if fsdp2 else "replica"
     notes = {
-        "params": f"fp32 {'FSDP2 shards' if fsdp2 else 'replica'} of pipeline rank {pp_rank}'s stage(s) {local} "
-        f"({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements)",
+        "params": f"{'fp32' if not distopt else precisions.get(spec.precision).dtype} {what} of pipeline rank "
+        f"{pp_rank}'s stage(s) {local} ({'tensor-parallel shards, ' if lay.tp > 1 else ''}{sharded} elements"
+        f"{f', one flat buffer padded to {flat}' if distopt else ''})",
         "grads": "fp32 gradient shards, complete at the backward end"
         if fsdp2
+        else "fp32 main gradients, one flat buffer per stage, allocated once"
+        if distopt
         else "fp32 gradients in DDP's buckets, allocated once",
-        "optimizer": "AdamW moments (8 B/param) on the same shards",
+        "optimizer": "AdamW moments (8 B/param) on the same shards"
+        if not distopt
+        else f"distributed optimizer: AdamW moments{' and the fp32 master' if pb != 4 else ''} on this rank's "
+        f"1/{lay.dp}"
+        " of the flat buffer",
         "activations": f"{len(flight)} microbatch forward(s) in flight at pipeline rank {pp_rank}'s peak "
         f"({lay.schedule}); "
         f"per forward {', '.join(f'stage {st}: {acts[st]} B' for st in local)}"
@@ -530,12 +634,12 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
         "buffers": f"peak at the {window}: " + "; ".join(f"{w} {b} B" for w, b in buffers if b),
     }
     return {
-        "params": 4 * sharded,
+        "params": params_b,
         "grads": grads,
-        "optimizer": 8 * sharded,
+        "optimizer": opt_b,
         "activations": acts_at_peak,
         "buffers": sum(b for _, b in buffers),
-        "grads_after_backward": 4 * sharded,
+        "grads_after_backward": grads_b,
         "window": window,
         "window_totals": totals,
         "notes": notes,
@@ -551,6 +655,9 @@ def _backwards(
     flight: int,
     activations: int,
     kept_output: int,
+    flight_last: int,
+    blocks: int = 0,
+    block_grad: int = 0,
     new: int,
     root_grad: int,
 ) -> tuple[list[tuple[str, int, int]], int]:
@@ -565,12 +672,18 @@ def _backwards(
     set of gradients (measured: tests/dist/test_layouts.py). Without a pipeline: one backward, the root's unsharded
     gradient (the last to be reduced) held."""
     if lay.pp == 1:
-        return [("block backward", 0, root_grad)], root_grad
+        # the last block's backward: every block's kept activations still alive (a checkpointed block's input; the
+        # recompute comes on top, `recompute`), the head's and the loss's gone; FSDP2's unsharded fp32 gradients of
+        # the block beside the root's
+        return [("block backward", blocks, root_grad + block_grad)], root_grad
     doubles = fsdp2 and not gathering
     per_forward = activations // max(flight, 1)
     later = 1 if lay.schedule == "gpipe" else flight
+    # the schedule keeps the output (the logits) of the last stage's forwards only: with interleaving, of the
+    # forwards in flight those of the rank's last-stage chunk (`flight_last`)
     backwards = [
-        ("first microbatch's backward", activations + flight * kept_output, new),
-        ("later microbatch's backward", later * (per_forward + kept_output), new + (new if doubles else 0)),
-    ]
+        ("first microbatch's backward", activations + flight_last * kept_output, new),
+        ("later microbatch's backward", later * per_forward + min(later, flight_last) * kept_output,
+         new + (new if doubles else 0)),
+    ]  # fmt: skip
     return backwards[: 2 if microbatches > 1 else 1], new if fsdp2 else 0

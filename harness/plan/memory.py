@@ -30,6 +30,7 @@ quoted. A cell's precision mode and its FLOPs are harness.plan.flops'.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping
@@ -212,8 +213,18 @@ def memory(spec: RunSpec, *, device: str = "cuda") -> Memory:
         raise ValueError(f"no memory model for strategy {spec.strategy!r}")
     s = spec.settings
     if s.tp != 1 or s.pp != 1:  # tensor / pipeline parallelism: harness.plan.layouts
-        return Memory(**layouts.layout_memory(spec, foreach=foreach_optimizer(spec, device)))
-    return MEMORY_MODELS[entry.memory_model](spec, foreach_optimizer(spec, device))
+        out = Memory(**layouts.layout_memory(spec, foreach=foreach_optimizer(spec, device)))
+    else:
+        out = MEMORY_MODELS[entry.memory_model](spec, foreach_optimizer(spec, device))
+    cfg = spec.model_config
+    if cfg.data_vocab is not None and cfg.data_vocab != cfg.vocab:
+        pad = (
+            f"; vocabulary padded {cfg.data_vocab} → {cfg.vocab} (pad_vocab_multiple {s.pad_vocab_multiple} × tp "
+            f"{s.tp}): {cfg.vocab - cfg.data_vocab} more embedding rows and head columns, counted here and in the "
+            "FLOPs and bytes"
+        )
+        out = dataclasses.replace(out, notes={**out.notes, "params": out.notes.get("params", "") + pad})
+    return out
 
 
 def foreach_optimizer(spec: RunSpec, device: str) -> bool:

@@ -219,6 +219,7 @@ def point(spec: RunSpec, gpus: int, cluster: Cluster, rates: Rates) -> Projected
         grad_accum=s.grad_accum,
         seq_len=s.seq_len,
         sequence_parallel=s.sequence_parallel,
+        virtual_stages=s.pp_virtual_stages,
     )
     if problems:
         return _null_point(gpus, nodes, problems[0][1])

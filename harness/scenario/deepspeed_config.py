@@ -316,6 +316,11 @@ def refusal(spec: RunSpec) -> str | None:
             f"{SETTING} is DeepSpeed's config: {spec.strategy} does not run DeepSpeed (give it to "
             f"{', '.join(DEEPSPEED_STRATEGIES)} cells only)"
         )
+    if not spec.layout.is_default:
+        return (
+            f"{SETTING} is DeepSpeed's config: {spec.strategy} under tensor or pipeline parallelism runs the "
+            "harness's distributed optimizer, not DeepSpeed"
+        )
     found = content_problems(user, named=SETTING) + conflicts(spec)
     return "; ".join(found) if found else None
 

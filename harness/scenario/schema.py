@@ -103,7 +103,7 @@ class Scenario:
             world = int(cell["gpus"])
             spec = RunSpec(
                 model=cell["model"],
-                model_config=self.model_config(cell["model"]),
+                model_config=padded_vocab(self.model_config(cell["model"]), merged),
                 strategy=cell["strategy"],
                 precision=cell["precision"],
                 gpus=world,
@@ -621,6 +621,15 @@ def _source(
     return f"settings.{key}"  # set there, or left at its default
 
 
+def padded_vocab(cfg: ModelConfig, settings: Mapping[str, Any]) -> ModelConfig:
+    """The cell's model with its vocabulary padded as its `pad_vocab_multiple` × tp asks (the harness's decoder
+    only: another family's cell is refused with the reason, RunSpec.unsupported_reason)."""
+    multiple = int(settings.get("pad_vocab_multiple") or 0)
+    if multiple <= 1 or cfg.family != "decoder":
+        return cfg
+    return cfg.padded(multiple * int(settings.get("tp") or 1))
+
+
 def _check_layouts(
     cells: list[dict[str, Any]],
     *,
@@ -638,7 +647,7 @@ def _check_layouts(
     for cell in cells:
         merged = {**SETTING_DEFAULTS, **settings, **{k: v for k, v in cell.items() if k in SETTING_FIELDS}}
         degrees = {d.name: merged[d.name] for d in MESH_DIMS}
-        cfg = models.get(cell["model"]) or ZOO[cell["model"]]
+        cfg = padded_vocab(models.get(cell["model"]) or ZOO[cell["model"]], merged)
         if all(n == 1 for n in degrees.values()) and cfg.positions != "learned":
             continue  # NOTE: a learned position table bounds seq_len whatever the layout
         found = layout_problems(
@@ -651,6 +660,7 @@ def _check_layouts(
             grad_accum=merged["grad_accum"],
             seq_len=merged["seq_len"],
             sequence_parallel=merged["sequence_parallel"],
+            virtual_stages=merged["pp_virtual_stages"],
         )
         what = f"cell {cell['model']} {cell['strategy']} {cell['precision']} gpus {cell['gpus']}"
         for key, message in found:

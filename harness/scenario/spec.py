@@ -134,13 +134,28 @@ class Settings:
     )
     pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp or fsdp2.*", minimum=1)
     pp_schedule: str = _setting(
-        "1f1b", "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (2 stages per rank)", choices=PP_SCHEDULES
+        "1f1b",
+        "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (pp_virtual_stages per rank, 2 by default)",
+        choices=PP_SCHEDULES,
+    )
+    pp_virtual_stages: int = _setting(
+        0,
+        "pipeline stages per rank with interleaved_1f1b (Megatron's virtual pipeline, 2 or more: a smaller bubble, "
+        "more sends); 0 = the schedule's own (2 interleaved, 1 otherwise)",
+        minimum=0,
     )
     microbatches: int = _setting(
         0, "pipeline microbatches each rank's micro_batch is split into (pp > 1); 0 = one per pipeline rank", minimum=0
     )
     sequence_parallel: bool = _setting(
         False, "tp > 1: shard the norms' activations over the sequence (all-gather / reduce-scatter for all-reduce)"
+    )
+    pad_vocab_multiple: int = _setting(
+        0,
+        "pad the vocabulary (embedding rows, head columns) to a multiple of this × tp, as Megatron-LM's "
+        "make-vocab-size-divisible-by (128): an odd vocabulary then splits over tp; the planner counts the padded "
+        "rows; 0 = no padding",
+        minimum=0,
     )
     trace: bool = _setting(
         False,
@@ -215,6 +230,7 @@ class Settings:
         if self.pp == 1:
             object.__setattr__(self, "pp_schedule", SETTING_DEFAULTS["pp_schedule"])
             object.__setattr__(self, "microbatches", SETTING_DEFAULTS["microbatches"])
+            object.__setattr__(self, "pp_virtual_stages", SETTING_DEFAULTS["pp_virtual_stages"])
         if self.tp == 1:
             object.__setattr__(self, "sequence_parallel", SETTING_DEFAULTS["sequence_parallel"])
         if self.offload != "nvme":  # NOTE: likewise, the swap folder means nothing without NVMe offload
@@ -238,7 +254,9 @@ class Settings:
 
 SETTING_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 SETTING_DEFAULTS.update({name: f.default for name, f in SETTING_FIELDS.items()})
-LAYOUT_SETTINGS: tuple[str, ...] = ("tp", "pp", "pp_schedule", "microbatches", "sequence_parallel")
+LAYOUT_SETTINGS: tuple[str, ...] = (
+    "tp", "pp", "pp_schedule", "pp_virtual_stages", "microbatches", "sequence_parallel", "pad_vocab_multiple",
+)  # fmt: skip
 """the settings of a cell's parallel layout (harness.core.layout)"""
 
 
@@ -330,6 +348,7 @@ class RunSpec:
             gpus_per_node=self.gpus_per_node,
             hybrid=catalogue.is_hybrid(self.strategy),
             schedule=s.pp_schedule,
+            virtual_stages=s.pp_virtual_stages,
         )
 
     @property
@@ -374,6 +393,11 @@ class RunSpec:
         why = self._family_setting_refusal() or self.model_config.checkpointing_refusal(s.activation_checkpointing)
         if why is not None:
             return why
+        if s.pad_vocab_multiple > 1 and self.model_config.family != "decoder":
+            return (
+                f"pad_vocab_multiple pads the harness's own decoder; the {self.model_config.family} model builds its "
+                "vocabulary from its own config"
+            )
         if not self.layout.is_default:
             return self._layout_refusal(entry, device)
         if entry.mesh == catalogue.HYBRID:
@@ -442,11 +466,6 @@ class RunSpec:
                 )
         if self.precision not in entry.precisions:
             return f"{self.strategy} does not run {self.precision} (it runs {', '.join(entry.precisions)})"
-        if precisions.get(self.precision).loss_scaling:
-            return (
-                f"{self.precision} loss scaling is not part of the tensor- and pipeline-parallel layouts here "
-                "(run bf16 or fp32)"
-            )
         if s.offload != "none":
             why = entry.offload_refusal(s.offload) or f"{self.strategy}: CPU offload is not part of the tp/pp layouts"
             return why
@@ -457,6 +476,8 @@ class RunSpec:
         why = deepspeed_config.refusal(self)
         if why is not None:
             return why
+        if entry.family == "zero":  # zero1 under a layout is the harness's distributed optimizer, not DeepSpeed
+            return None
         return entry.device_refusal(device, self.precision)
 
 
@@ -466,7 +487,7 @@ def _none(settings: Settings) -> str:
 
 _TAG_DETAILS: dict[str, Any] = {
     "tp": lambda s: " sp" if s.sequence_parallel else "",
-    "pp": lambda s: f" ({s.pp_schedule})",
+    "pp": lambda s: f" ({s.pp_schedule}{f' v{s.pp_virtual_stages}' if s.pp_virtual_stages > 1 else ''})",
 }
 """what a layout tag adds after a dimension's degree (`tp2 sp`, `pp2 (1f1b)`): its settings that shape it"""
 

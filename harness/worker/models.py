@@ -438,8 +438,8 @@ def synthetic_batch(
     for i in range(micro_batch):
         row_id = (micro_step * 1_000_003) + rank * micro_batch + i
         g = torch.Generator().manual_seed(seed * 7919 + row_id)
-        start = int(torch.randint(0, cfg.vocab, (1,), generator=g))
+        start = int(torch.randint(0, cfg.tokens, (1,), generator=g))
         stride = int(torch.randint(1, 8, (1,), generator=g))
-        rows.append((start + stride * torch.arange(seq_len + 1)) % cfg.vocab)
+        rows.append((start + stride * torch.arange(seq_len + 1)) % cfg.tokens)
     data = torch.stack(rows).to(device)
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()

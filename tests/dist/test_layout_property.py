@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from harness.core.errors import InputError
 from harness.launch.local import prefork
+from harness.plan.comm import predict_comm
 from harness.plan.placement import capacity, placement_refusal
 from harness.scenario.cluster import load_cluster
 from harness.scenario.schema import parse_scenario
@@ -68,9 +69,14 @@ def cells(draw) -> dict:
         "pp": pp,
         "sequence_parallel": tp > 1 and draw(st.booleans()),
         "microbatches": draw(st.sampled_from([0, 1, 2])) if pp > 1 else 0,
-        "pp_schedule": draw(st.sampled_from(["gpipe", "1f1b"])),
+        "pp_schedule": draw(st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"])),
+        "activation_checkpointing": draw(st.sampled_from(["none", "full", "selective"])),
+        "pad_vocab_multiple": draw(st.sampled_from([0, 16])),
     }
-    strategy = draw(st.sampled_from(["fsdp2.full_shard", "fsdp2.full_shard", "fsdp2.hybrid_shard", "ddp"]))
+    if settings_["pp_schedule"] == "interleaved_1f1b":
+        settings_["pp_virtual_stages"] = draw(st.sampled_from([0, 3]))
+    # zero1 under a layout: the harness's distributed optimizer (issue 49)
+    strategy = draw(st.sampled_from(["fsdp2.full_shard", "zero1", "fsdp2.hybrid_shard", "ddp"]))
     return {
         "name": "prop",
         "models": {"drawn": model},
@@ -112,3 +118,8 @@ def test_an_accepted_cell_runs_with_the_reference_losses(zygote, doc):
     assert rec["status"] == "ok", f"{doc}: {rec['status']}: {rec.get('reason')}"
     got, ref = rec["metrics"]["losses"], reference_losses(spec)
     assert got == pytest.approx(ref, rel=1e-4), doc
+    if not spec.layout.is_default:  # every collective as harness.plan.layouts predicts it (issue 49)
+        pred = predict_comm(spec)
+        assert pred is not None, doc
+        measured = {k: (v["calls"], v["bytes"]) for k, v in rec["comm"]["by_collective"].items()}
+        assert measured == {k: (v["calls"], v["bytes"]) for k, v in pred["by_collective"].items()}, doc

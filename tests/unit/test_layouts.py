@@ -5,13 +5,15 @@ mesh puts TP inside a node and PP across nodes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.cli import main
 from harness.core.catalogue import CATALOGUE, STRATEGIES
 from harness.core.errors import InputError
 from harness.core.layout import Layout, stage_blocks, stage_params
-from harness.core.zoo import ZOO
+from harness.core.zoo import ZOO, ModelConfig
 from harness.plan.comm import predict_comm
 from harness.scenario.schema import parse_scenario
 from tests.conftest import make_spec
@@ -71,10 +73,35 @@ def test_tp_must_split_ffn_vocab_and_the_sequence_evenly():
         "s.yaml: settings.tp: tp 2 does not divide the model's ffn 33 (tensor parallelism splits it into equal "
         "shards); allowed tp for this model: 1 (cell odd fsdp2.full_shard fp32 gpus 2)",
         "s.yaml: settings.tp: tp 2 does not divide the model's vocab 101 (tensor parallelism splits it into equal "
-        "shards); allowed tp for this model: 1 (cell odd fsdp2.full_shard fp32 gpus 2)",
+        "shards); allowed tp for this model: 1 (or pad it: pad_vocab_multiple: 128, as Megatron-LM does) (cell odd "
+        "fsdp2.full_shard fp32 gpus 2)",
         "s.yaml: settings.seq_len: seq_len 37 does not split into tp 2 equal sequence-parallel shards; allowed "
         "seq_len: multiples of 2 (cell odd fsdp2.full_shard fp32 gpus 2)",
     ]
+    # padded (issue 49): the vocabulary is no longer a problem, and the cell's model says what it pads
+    d = doc(gpus=2, tp=2, models={"odd": {**odd["odd"], "ffn": 34}}, pad_vocab_multiple=8)
+    d["matrix"]["model"] = ["odd"]
+    (spec,) = parse_scenario(d, "s.yaml").expand(gpus_per_node=2)  # no InputError
+    assert (spec.model_config.vocab, spec.model_config.data_vocab, spec.model_config.tokens) == (112, 101, 101)
+    assert spec.model_config.n_params() == ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn=34,
+                                                       vocab=112).n_params()  # fmt: skip
+
+
+def test_virtual_stages_belong_to_the_interleaved_schedule():
+    tiny8 = {"tiny8": {"d_model": 64, "n_layers": 8, "n_heads": 4, "ffn": 176, "vocab": 512}}
+    d = doc(gpus=2, pp=2, pp_schedule="1f1b", pp_virtual_stages=2, models=tiny8, micro_batch=4)
+    d["matrix"]["model"] = ["tiny8"]
+    (p,) = problems(d)
+    assert "pp_virtual_stages 2 with pp_schedule 1f1b: several stages per rank is the interleaved schedule's" in p
+    d = doc(gpus=2, pp=2, pp_schedule="interleaved_1f1b", pp_virtual_stages=5, models=tiny8, micro_batch=4)
+    d["matrix"]["model"] = ["tiny8"]
+    (p,) = problems(d)
+    assert "pp 2 x 5 stage(s) per rank (interleaved_1f1b) = 10 pipeline stages > the model's 8 blocks" in p
+    d = doc(gpus=2, pp=2, pp_schedule="interleaved_1f1b", pp_virtual_stages=4, models=tiny8, micro_batch=4)
+    d["matrix"]["model"] = ["tiny8"]
+    (spec,) = parse_scenario(d, "s.yaml").expand(gpus_per_node=2)
+    assert (spec.layout.stages_per_rank, spec.layout.n_stages, spec.layout.stages_of(1)) == (4, 8, [1, 3, 5, 7])
+    assert spec.layout_tag == "pp2 (interleaved_1f1b v4)"
 
 
 def test_more_stages_than_blocks():
@@ -114,20 +141,25 @@ def test_the_catalogue_says_which_strategies_compose(strategy):
     entry = CATALOGUE[strategy]
     gpus = 8 if entry.mesh == "hybrid" else 4
     tp, pp = make_spec(strategy=strategy, gpus=gpus, tp=2), make_spec(strategy=strategy, gpus=gpus, pp=2)
-    assert (tp.unsupported_reason() is None) == strategy.startswith("fsdp2.")
-    assert (pp.unsupported_reason() is None) == (strategy.startswith("fsdp2.") or strategy == "ddp")
+    composes = strategy.startswith("fsdp2.") or strategy in ("ddp", "zero1")  # zero1: the distributed optimizer
+    assert (tp.unsupported_reason() is None) == composes
+    assert (pp.unsupported_reason() is None) == composes
     for spec in (tp, pp):
         why = spec.unsupported_reason()
         assert why is None or why.startswith(strategy) and "{strategy}" not in why
 
 
 def test_layout_refusals_say_why():
-    assert "reducer does not take DTensor" in make_spec(strategy="ddp", gpus=2, tp=2).unsupported_reason()
+    assert make_spec(strategy="ddp", gpus=2, tp=2).unsupported_reason() is None  # localised TP shards (issue 49)
     assert (
         "pipelining drives the gradient sync of FSDP2 and DDP"
         in make_spec(strategy="fsdp.full_shard", gpus=2, pp=2).unsupported_reason()
     )
     assert "own pipeline engine" in make_spec(strategy="zero3", gpus=2, tp=2).unsupported_reason()
+    assert (
+        "zero1 does: it runs the harness's distributed optimizer"
+        in make_spec(strategy="zero2", gpus=4, tp=2, pp=2).unsupported_reason()
+    )
     # TP stays inside a node; HSDP needs whole replicas beside tp and pp
     assert (
         "does not fit in a node of 2 GPUs" in make_spec(strategy="fsdp2.full_shard", gpus=4, tp=4).unsupported_reason()
@@ -135,7 +167,15 @@ def test_layout_refusals_say_why():
     why = make_spec(strategy="fsdp2.hybrid_shard", gpus=4, pp=2).unsupported_reason()
     assert "leaves 1 replica(s), it needs at least 2" in why
     assert make_spec(strategy="fsdp2.hybrid_shard", gpus=8, pp=2).unsupported_reason() is None
-    assert "fp16" in make_spec(strategy="fsdp2.full_shard", gpus=2, tp=2, precision="fp16").unsupported_reason()
+    # fp16 runs under the layouts (issue 49: one loss scaler's verdict over every rank), zero1's too on CPU (the
+    # harness's distributed optimizer, not DeepSpeed, whose fp16 CPU cannot run)
+    for strategy in ("fsdp2.full_shard", "ddp", "zero1"):
+        assert make_spec(strategy=strategy, gpus=2, tp=2, precision="fp16").unsupported_reason("cpu") is None
+    assert "DeepSpeed fp16" in make_spec(strategy="zero1", gpus=2, precision="fp16").unsupported_reason("cpu")
+    assert (
+        "harness's distributed optimizer, not DeepSpeed"
+        in make_spec(strategy="zero1", gpus=2, tp=2, deepspeed_config={"gradient_clipping": 1.0}).unsupported_reason()
+    )
     assert "compile" in make_spec(strategy="fsdp2.full_shard", gpus=2, pp=2, compile=True).unsupported_reason()
 
 
@@ -217,3 +257,40 @@ def test_pp_sends_and_receives_per_microbatch():
         predict_comm(make_spec(strategy="ddp", gpus=2, pp=2, precision="bf16"))["by_collective"]["send"]["dtype"]
         == "float32"
     )
+
+
+# ---- issue 49: the distributed optimizer, checkpointing under TP
+
+
+def test_the_distributed_optimizer_holds_2_plus_4_plus_12_over_dp_bytes_per_parameter():
+    """zero1 under a layout (Megatron's distributed optimizer, bf16): the rank's stage parameters in bf16 and their
+    fp32 main gradients whole, the fp32 master and AdamW's moments on 1/dp of the flat buffer (padded to dp)."""
+    from harness.plan.layouts import local_stage_params
+    from harness.plan.memory import memory
+
+    spec = make_spec(strategy="zero1", precision="bf16", model="llama3.1-70b", gpus=256, gpus_per_node=8, tp=8, pp=4,
+                     micro_batch=4, seq_len=256)  # fmt: skip
+    m = memory(spec, device="cuda")
+    flats = [local_stage_params(spec, stage=st)["flat"] for st in range(4)]
+    assert all(f % spec.dp == 0 for f in flats)
+    flat = next(f for f in flats if m.params == 2 * f)  # the planned pipeline rank's stage
+    assert (m.params, m.grads_after_backward, m.optimizer) == (2 * flat, 4 * flat, 12 * flat // spec.dp)
+    fsdp2 = memory(dataclasses.replace(spec, strategy="fsdp2.full_shard"), device="cuda")
+    assert fsdp2.optimizer < m.optimizer * 1.01  # FSDP2 shards the fp32 parameters too: 8 B/param over dp
+    ledger = predict_comm(spec)["by_collective"]
+    assert ledger["reduce_scatter"]["dtypes"].keys() == {"float32"}  # fp32 main gradients
+    assert "bfloat16" in ledger["all_gather"]["dtypes"]  # bf16 parameters gathered
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_checkpointing_under_tp_reissues_the_forward_collectives_but_the_last(sp, policy):
+    base = make_spec(strategy="fsdp2.full_shard", gpus=2, tp=2, sequence_parallel=sp)
+    ckpt = make_spec(strategy="fsdp2.full_shard", gpus=2, tp=2, sequence_parallel=sp, activation_checkpointing=policy)
+    a, b = predict_comm(base)["by_collective"], predict_comm(ckpt)["by_collective"]
+    blocks, x = base.model_config.n_layers, base.settings.micro_batch * base.settings.seq_len * 64 * 4
+    extra = {k: b[k]["bytes"] - a[k]["bytes"] for k in b}
+    if sp:  # per block: the all-gathers into attention and the MLP, the reduce-scatter out of attention
+        assert extra == {"all_gather": 2 * blocks * x, "reduce_scatter": blocks * x, "all_reduce": 0}
+    else:  # per block: the all-reduce after attention's o (not the one after the down projection)
+        assert extra == {"all_reduce": blocks * x}

@@ -37,7 +37,7 @@ def no_buffer_sync() -> dict[str, Any]:
 
 def setup(spec: RunSpec, *, topo: Topology) -> Any:
     if not spec.layout.is_default:
-        return _setup_pipeline(spec, topo=topo)
+        return _setup_layout(spec, topo=topo)
     prec = policy(spec.precision)
     model = build_model(spec.model_config, seed=spec.settings.seed, device=topo.device)
     if spec.settings.checkpointing:
@@ -59,19 +59,26 @@ def setup(spec: RunSpec, *, topo: Topology) -> Any:
     )
 
 
-def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
-    """DDP as the data parallelism of a pipeline (harness.worker.strategies.layouts; the catalogue refuses DDP with
-    tensor parallelism): each stage materialised whole, checkpointed, under autocast for bf16, wrapped in DDP over the
-    data-parallel group. The pipeline stage keeps DDP from reducing until the last microbatch's backward."""
+def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
+    """DDP as the data parallelism of a tensor- and/or pipeline-parallel layout (harness.worker.strategies.layouts):
+    each stage built on the meta device, tensor-parallelised, materialised, its DTensor parameters made plain
+    (`layouts.localise_`: DDP's reducer takes plain tensors), checkpointed, under autocast for bf16, wrapped in DDP
+    over the data-parallel group. A pipeline stage keeps DDP from reducing until the last microbatch's backward."""
     from harness.worker.strategies import layouts
 
     s = spec.settings
     prec = policy(spec.precision)
     m = layouts.meshes(spec.layout, device_type=topo.device_type, rank=topo.rank)
+    loss_parallel = layouts.LOSS_PARALLEL and m.tp is not None
     stages = layouts.build_stages(spec, pp_rank=m.pp_rank)
-    modules: list[torch.nn.Module] = []
+    modules: list[DDP] = []
     for stage in stages:
+        if m.tp is not None:
+            layouts.apply_tensor_parallel(
+                stage, mesh=m.tp, sequence_parallel=s.sequence_parallel, loss_parallel=loss_parallel
+            )
         layouts.materialise_(stage, device=topo.device)
+        layouts.localise_(stage)
         if s.checkpointing:
             apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
         inner = layouts.Autocast(stage, lambda: prec.autocast(topo.device_type)) if prec.mixed else stage
@@ -87,21 +94,23 @@ def _setup_pipeline(spec: RunSpec, *, topo: Topology) -> Any:
         # order before the second forward; a pipeline runs one backward per microbatch, so it records every
         # parameter once per microbatch and the rebuild fails (reducer.cpp: "rebuilt parameter indices size is not
         # same as original model parameters size"). Rebuild now, in registration order, so nothing is recorded.
-        # (static_graph=True instead left the last stage's gradients unreduced.)
+        # (static_graph=True instead left the last stage's gradients unreduced.) Without a pipeline too, so every
+        # layout cell's buckets are the registration order's (harness.plan.layouts).
         ddp.reducer._push_all_rebuilt_params()
         ddp.reducer._rebuild_buckets()
         modules.append(ddp)
-    opt = adamw([p for mod in modules for p in mod.parameters()], lr=s.lr, device=topo.device)
-    return layouts.PipelineTrainer(
-        modules,
-        stages,
-        opt,
-        spec=spec,
-        meshes=m,
-        device=topo.device,
-        loss_parallel=False,
-        layout_info=layouts.layout_info(spec, loss_parallel=False),
-    )
+    scaler = layouts.loss_scaler(spec, topo.device)
+    params = [p for mod in modules for p in mod.parameters()]
+    opt = adamw(params, lr=s.lr, device=topo.device, sharded_scaler=scaler is not None)
+    info = layouts.layout_info(spec, loss_parallel=loss_parallel)
+    if spec.layout.pp > 1:
+        return layouts.PipelineTrainer(
+            list(modules), stages, opt, spec=spec, meshes=m, device=topo.device, loss_parallel=loss_parallel,
+            layout_info=info, scaler=scaler,
+        )  # fmt: skip
+    (model,) = modules
+    return layouts.TensorParallelTrainer(model, opt, loss_parallel=loss_parallel, no_sync=model.no_sync,
+                                         layout_info=info, scaler=scaler)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------

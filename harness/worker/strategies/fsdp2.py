@@ -131,7 +131,9 @@ def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
             fully_shard(block, mesh=m.dp, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(stage, mesh=m.dp, mp_policy=mp, reshard_after_forward=reshard)
         layouts.materialise_(stage, device=topo.device)
-    opt = adamw([p for stage in stages for p in stage.parameters()], lr=s.lr, device=topo.device)
+    scaler = layouts.loss_scaler(spec, topo.device)
+    params = [p for stage in stages for p in stage.parameters()]
+    opt = adamw(params, lr=s.lr, device=topo.device, sharded_scaler=scaler is not None)
     info = layouts.layout_info(spec, loss_parallel=loss_parallel)
     if lay.pp > 1:
         return layouts.PipelineTrainer(
@@ -143,6 +145,7 @@ def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
             device=topo.device,
             loss_parallel=loss_parallel,
             layout_info=info,
+            scaler=scaler,
         )
     (model,) = stages
 
@@ -154,7 +157,9 @@ def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
         finally:
             cast(FSDPModule, model).set_requires_gradient_sync(True)
 
-    return layouts.TensorParallelTrainer(model, opt, loss_parallel=loss_parallel, no_sync=no_sync, layout_info=info)
+    return layouts.TensorParallelTrainer(
+        model, opt, loss_parallel=loss_parallel, no_sync=no_sync, layout_info=info, scaler=scaler
+    )
 
 
 # --------------------------------------------------------------------------------------------------

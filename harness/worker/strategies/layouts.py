@@ -202,6 +202,40 @@ def materialise_(module: nn.Module, *, device: torch.device) -> None:
         init_module_sharded_(m)
 
 
+def localise_(module: nn.Module) -> None:
+    """Make a tensor-parallel module's DTensor parameters plain Parameters on their local shards — what DDP's reducer
+    and the distributed optimizer's flat buffers take — while each owning module's forward still computes with a
+    DTensor: a forward pre-hook puts `DTensor.from_local(local)` (no communication; its backward hands the local
+    gradient to the plain Parameter) into the module's instance dict, where it shadows the parameter, and the
+    forward hook takes it out. Per owning module, so a checkpointed block's recompute sees the DTensors too.
+
+    NOTE: torch's `_pre_dp_module_transform` does this once for the whole module, but makes new Parameters after
+    every forward, so DDP and the optimizer would hold stale ones after the first step."""
+    from torch.distributed.tensor import DTensor
+
+    for mod in module.modules():
+        specs: dict[str, tuple[nn.Parameter, Any, tuple, torch.Size, tuple[int, ...]]] = {}
+        for name, p in list(mod._parameters.items()):
+            if isinstance(p, DTensor):
+                local = nn.Parameter(p.to_local().detach(), requires_grad=p.requires_grad)
+                specs[name] = (local, p.device_mesh, tuple(p.placements), p.shape, p.stride())
+                mod._parameters[name] = local
+        if not specs:
+            continue
+
+        def pre(m: nn.Module, args: Any, specs: dict = specs) -> None:
+            for name, (local, mesh, placements, shape, stride) in specs.items():
+                m.__dict__[name] = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
+                                                      stride=stride)  # fmt: skip
+
+        def post(m: nn.Module, args: Any, out: Any, specs: dict = specs) -> None:
+            for name in specs:
+                m.__dict__.pop(name, None)
+
+        mod.register_forward_pre_hook(pre)
+        mod.register_forward_hook(post)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor: the full value of a (replicated) DTensor loss."""
     from torch.distributed.tensor import DTensor
@@ -232,9 +266,39 @@ def layout_info(spec: RunSpec, *, loss_parallel: bool) -> dict[str, Any]:
     }
 
 
+def loss_scaler(spec: RunSpec, device: torch.device) -> Any:
+    """fp16's dynamic loss scaler for a layout cell, else None: torch's ShardedGradScaler over the whole world, whose
+    `unscale_` all-reduces the overflow verdict, so an inf or NaN in any TP, PP or DP rank's gradients skips the step
+    on every rank (each holds other gradients: a per-rank verdict would let ranks disagree)."""
+    from harness.worker.precision import policy
+
+    if not policy(spec.precision).loss_scaling:
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    scaler = ShardedGradScaler(device.type)
+    # NOTE: the scale is made on the first scale(); a pipeline rank without the last stage never scales a loss, and
+    # its unscale_ would find no scale ("Attempted unscale_ but _scale is None"): make it now, on every rank
+    scaler.scale(torch.zeros((), device=device))
+    return scaler
+
+
+def optimizer_step(optimizer: Any, scaler: Any) -> None:
+    """The step after the last backward: a torch optimizer under a loss scaler unscales, steps unless any rank
+    overflowed, and updates the scale; the distributed optimizer does that inside its own step (it holds the
+    scaler, harness.worker.strategies.distributed_optimizer)."""
+    if scaler is not None and isinstance(optimizer, torch.optim.Optimizer):
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 class TensorParallelTrainer:
-    """The step of a tensor-parallel cell without a pipeline: forward, loss (loss parallel), backward per micro-step,
-    then the optimizer step."""
+    """The step of a tensor-parallel cell without a pipeline: forward, loss (loss parallel), backward per micro-step
+    (of the scaled loss in fp16), then the optimizer step."""
 
     def __init__(
         self,
@@ -244,10 +308,12 @@ class TensorParallelTrainer:
         loss_parallel: bool,
         no_sync: Callable[[], contextlib.AbstractContextManager] | None,
         layout_info: dict[str, Any],
+        scaler: Any = None,
     ):
         self.model, self.optimizer = model, optimizer
         self._loss_parallel, self._no_sync = loss_parallel, no_sync
         self.layout_info = layout_info
+        self.scaler = scaler
 
     def step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         n = len(micro_batches)
@@ -258,11 +324,10 @@ class TensorParallelTrainer:
                 # NOTE: the backward too runs under loss_parallel (its cross-entropy backward is the sharded one)
                 with _loss_context(self._loss_parallel):
                     loss = loss_fn(self.model(x), y) / n
-                    loss.backward()
+                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             part = _local(loss.detach())
             total = part if total is None else total + part
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(self.optimizer, self.scaler)
         assert total is not None, "a step has at least one micro-batch"
         return total
 
@@ -287,10 +352,12 @@ class PipelineTrainer:
         device: torch.device,
         loss_parallel: bool,
         layout_info: dict[str, Any],
+        scaler: Any = None,
     ):
         from torch.distributed import pipelining
 
         lay = spec.layout
+        self.scaler = scaler
         self.model = nn.ModuleList(modules)
         self.optimizer, self.device = optimizer, device
         self._loss_parallel = loss_parallel
@@ -307,27 +374,29 @@ class PipelineTrainer:
         cls = getattr(pipelining, SCHEDULES[lay.schedule])
         # NOTE: loss_fn is each microbatch's mean cross-entropy; scale_grads (the default) divides the summed
         # gradients by the microbatches, so the step's gradient is that of the whole micro_batch's mean loss
+        # in fp16 the schedule's backward starts from the scaled loss
+        step_loss = loss_fn if scaler is None else (lambda out, y: scaler.scale(loss_fn(out, y)))
         if lay.stages_per_rank > 1:
-            self.schedule = cls(pipe_stages, n_microbatches=m, loss_fn=loss_fn)
+            self.schedule = cls(pipe_stages, n_microbatches=m, loss_fn=step_loss)
         else:
             (only,) = pipe_stages
-            self.schedule = cls(only, n_microbatches=m, loss_fn=loss_fn)
+            self.schedule = cls(only, n_microbatches=m, loss_fn=step_loss)
 
     def step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         # NOTE: one micro-step (validation refuses grad_accum > 1 with pp > 1: the microbatches are the accumulation)
         ((x, y),) = micro_batches
         losses: list[torch.Tensor] = []
+        scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())  # this step's, before the update
         with _loss_context(self._loss_parallel):
             args = (x,) if self.has_first else ()
             if self.has_last:
                 self.schedule.step(*args, target=y, losses=losses, return_outputs=False)
             else:
                 self.schedule.step(*args, return_outputs=False)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(self.optimizer, self.scaler)
         if not self.has_last:
             return torch.zeros((), device=self.device)
-        return torch.stack([_local(loss.detach()).float() for loss in losses]).mean()
+        return torch.stack([_local(loss.detach()).float() for loss in losses]).mean() / scale
 
 
 class Autocast(nn.Module):

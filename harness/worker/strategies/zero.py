@@ -131,7 +131,11 @@ def nvme_refusal() -> str | None:
     )
 
 
-def setup(spec: RunSpec, *, topo: Topology) -> DeepSpeedTrainer:
+def setup(spec: RunSpec, *, topo: Topology) -> Any:
+    if not spec.layout.is_default:  # zero1 under tensor/pipeline parallelism: the harness's distributed optimizer
+        from harness.worker.strategies import distributed_optimizer
+
+        return distributed_optimizer.setup(spec, topo=topo)
     import deepspeed
 
     _skip_shm_comm_build()
