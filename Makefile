@@ -60,13 +60,13 @@ report: setup
 
 # `make test` runs every test as three pytest runs side by side: tests/slurm (the SLURM cluster's tests, which mostly
 # wait on it: one-minute time limits, queued jobs) with the gloo modules of issue 53 (the model knobs', the
-# transformers classes' and the factory modules' sweeps); tests/unit and tests/faults; and the rest (dist, history,
-# integration). Each keeps about a third of the 2 cores busy, so side by side they take little longer than the
+# transformers classes' and the factory modules' sweeps); tests/unit and tests/faults with two gloo modules of issue
+# 49 (the layout property draws, fp16's agreed overflow); and the rest (dist, history, integration). Each keeps about a third of the 2 cores busy, so side by side they take little longer than the
 # longest (docs/slurm.md, "tests/slurm in `make test`"). Each prints its 20 slowest tests; the runs beside come after
 # the first in the log. With PYTEST_ARGS (a selection, -x, ...) or SERIAL=1: one pytest run, one test at a time.
 SERIAL ?=
 BESIDE := tests/slurm tests/dist/test_model_knobs.py tests/dist/test_transformers_impl.py tests/dist/test_factory_model.py
-BESIDE2 := tests/unit tests/faults
+BESIDE2 := tests/unit tests/faults tests/dist/test_layout_property.py tests/dist/test_layout_fp16.py
 
 # the docs extra too: tests/unit/test_docs_site.py builds the site (without it those tests would only skip)
 test: setup $(VENV)/.docs-stamp

@@ -367,11 +367,12 @@ def model_layout_problems(cfg: ModelConfig, *, tp: int, pp: int, sequence_parall
                 "blocks) only",
             )
         )
-    if sequence_parallel and cfg.positions == "learned":
+    if sequence_parallel and cfg.positions == "learned" and cfg.embed_scale:
         out.append(
             (
                 "sequence_parallel",
-                "learned positions: the position embedding is added to the whole sequence, not to a sequence shard",
+                "learned positions with embed_scale: the sequence-parallel embedding adds this rank's positions to a "
+                "DTensor, which the scale's tensor constant does not multiply",
             )
         )
     return out

@@ -221,7 +221,11 @@ def _tensor_parallel(
              "all_gather", (2 * nb + edges) * forwards, 2 * nb * forwards)  # fmt: skip
         both(f"{where}: TP reduce_scatter out of embedding/attention/MLP fwd, of their input grads bwd",
              "reduce_scatter", (2 * nb + edges) * forwards, 2 * nb * forwards)  # fmt: skip
-        norms = 2 * nb + (1 if last else 0)
+        if first and cfg.positions == "learned":  # the positions' gradient shards, gathered in each backward
+            add(f"{where}: TP all_gather of the learned positions' gradient (bwd)", "all_gather", act,
+                s.seq_len * cfg.d_model * DTYPE_BYTES[act], forwards, group, lay.tp, "tp")  # fmt: skip
+        # one all_reduce per norm parameter: RMSNorm's weight; LayerNorm's weight and bias
+        norms = (2 * nb + (1 if last else 0)) * (cfg.norm_params() // cfg.d_model)
         pdt = precisions.get(spec.precision).dtype
         if data_parallel(spec) == "fsdp2":  # FSDP2 reduces the partial sums once, with the step's gradients
             add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt,

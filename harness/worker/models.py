@@ -310,7 +310,16 @@ def embed(cfg: ModelConfig, tok_emb: nn.Module, pos_emb: nn.Module | None, token
     if cfg.embed_scale:
         x = x * torch.tensor(cfg.d_model**0.5, dtype=x.dtype)
     if pos_emb is not None:
-        x = x + pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+        pos = pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if isinstance(x, DTensor):
+            # sequence parallelism: the embedding's output is a DTensor sharded over the sequence (layouts keeps it
+            # one); DTensor adds this rank's rows of the (replicated) positions, no communication; the backward
+            # all-gathers the position gradient's shards. Then the local shard, as the blocks take it.
+            x = (x + DTensor.from_local(pos, x.device_mesh, [Replicate()], run_check=False)).to_local()
+        else:
+            x = x + pos
     return x
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,18 @@ def warm_ranks() -> Iterator[None]:
         env[prefork.PRELOAD_ENV] = ",".join(FAMILIES["transformers"].preload)
     with prefork.zygote(env, label="tests/dist"):
         yield
+
+
+def spawn_ranks(fn, *, nprocs: int, out: Path) -> list[dict]:
+    """Run `fn(rank, port, out)` in `nprocs` spawned processes (each joins a gloo group on a free port and writes
+    its findings to `{out}.rank{rank}.json`); returns every rank's findings, rank order."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(fn, args=(port, str(out)), nprocs=nprocs)
+    return [json.loads((out.parent / f"{out.name}.rank{r}.json").read_text()) for r in range(nprocs)]

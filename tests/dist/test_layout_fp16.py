@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
+
+from tests.dist.conftest import spawn_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -90,14 +91,7 @@ def _run_rank(rank: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    out = tmp_path_factory.mktemp("fp16") / "steps"
-    mp.spawn(_run_rank, args=(port, str(out)), nprocs=WORLD)
-    return [json.loads((out.parent / f"steps.rank{r}.json").read_text()) for r in range(WORLD)]
+    return spawn_ranks(_run_rank, nprocs=WORLD, out=tmp_path_factory.mktemp("fp16") / "steps")
 
 
 @pytest.mark.parametrize("cell", list(CELLS))

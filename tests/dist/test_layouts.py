@@ -25,13 +25,16 @@ STEPS = {"warmup_steps": 2, "measure_steps": 2}
 FOUR_BLOCKS = {"d_model": 64, "n_layers": 4, "n_heads": 4, "ffn": 176, "vocab": 512}
 """the tiny model with four blocks: interleaved 1F1B on 2 ranks runs 4 stages"""
 ODD_VOCAB = {**FOUR_BLOCKS, "n_layers": 2, "vocab": 1003}
+GPT = {**FOUR_BLOCKS, "n_layers": 2, "mlp": "plain", "act": "gelu", "norm": "layer", "positions": "learned",
+       "max_positions": 128, "qkv_bias": True, "o_bias": True, "mlp_bias": True}  # fmt: skip
+"""GPT-2/3's block: LayerNorm, a plain GELU MLP, biases, learned positions (sequence parallel adds each rank's)"""
 """the tiny model with a vocabulary tp 2 does not divide (runs under tp with pad_vocab_multiple)"""
 
 
 def layout_spec(strategy: str, gpus: int, *, precision: str = "fp32", model: str = "tiny", **settings) -> RunSpec:
     doc = {
         "name": "t",
-        "models": {"tiny4": FOUR_BLOCKS, "tiny8": {**FOUR_BLOCKS, "n_layers": 8}, "odd": ODD_VOCAB},
+        "models": {"tiny4": FOUR_BLOCKS, "tiny8": {**FOUR_BLOCKS, "n_layers": 8}, "odd": ODD_VOCAB, "gpt": GPT},
         "matrix": {"model": [model], "strategy": [strategy], "precision": [precision], "gpus": [gpus]},
         "settings": {**STEPS, **settings},
     }
@@ -40,7 +43,6 @@ def layout_spec(strategy: str, gpus: int, *, precision: str = "fp32", model: str
 
 
 CELLS = {
-    "tp2": layout_spec("fsdp2.full_shard", 2, tp=2),
     "tp2-sp": layout_spec("fsdp2.full_shard", 2, tp=2, sequence_parallel=True),
     "fsdp2x2-tp2": layout_spec("fsdp2.full_shard", 4, tp=2),
     "pp2-gpipe": layout_spec("fsdp2.full_shard", 2, pp=2, pp_schedule="gpipe"),
@@ -55,11 +57,11 @@ CELLS = {
     "tp2-pp2-sp": layout_spec("fsdp2.full_shard", 4, tp=2, pp=2, sequence_parallel=True),
     "hsdp2x2-pp2": layout_spec("fsdp2.hybrid_shard", 8, pp=2),  # 3-D: pp x dp_replicate x dp_shard
     # issue 49: DDP and the distributed optimizer (zero1) under TP, checkpointing under TP, a padded vocabulary
-    "ddp-tp2x2": layout_spec("ddp", 4, tp=2),
+    "ddp-tp2x2-odd-vocab": layout_spec("ddp", 4, model="odd", tp=2, pad_vocab_multiple=128),
     "zero1-tp2-pp2x2": layout_spec("zero1", 8, tp=2, pp=2),
     "tp2-sp-ac-full": layout_spec("fsdp2.full_shard", 2, tp=2, sequence_parallel=True, activation_checkpointing="full"),
-    "zero1-tp2x2-ac-selective": layout_spec("zero1", 4, tp=2, activation_checkpointing="selective"),
-    "ddp-tp2-odd-vocab": layout_spec("ddp", 2, model="odd", tp=2, pad_vocab_multiple=128),
+    "zero1-tp2-ac-selective": layout_spec("zero1", 2, tp=2, activation_checkpointing="selective"),
+    "gpt-tp2x2-sp": layout_spec("fsdp2.full_shard", 4, model="gpt", tp=2, sequence_parallel=True),
     "ddp-tp2-pp2-sp-bf16": layout_spec("ddp", 4, tp=2, pp=2, sequence_parallel=True, precision="bf16"),
 }
 MEMORY_TOLERANCE = {"tp2-sp-ac-full": 0.06}
@@ -162,7 +164,7 @@ def test_the_distributed_optimizer_shards_the_optimizer_state_over_dp(records):
 
 
 def test_a_padded_vocabulary_runs_under_tp_and_is_counted(records):
-    rec, spec = records["ddp-tp2-odd-vocab"], CELLS["ddp-tp2-odd-vocab"]
+    rec, spec = records["ddp-tp2x2-odd-vocab"], CELLS["ddp-tp2x2-odd-vocab"]
     assert (spec.model_config.vocab, spec.model_config.data_vocab) == (1024, 1003)  # 128 x tp 2 = 256 | 1024
     assert sum(rec["layout"]["stage_params"]) == spec.model_config.n_params()  # the padded rows counted
     assert "vocabulary padded 1003 → 1024" in memory(spec, device="cpu").notes["params"]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.scenario.spec import SETTING_DEFAULTS, RunSpec
-from harness.worker.models import Transformer, apply_activation_checkpointing, build_model
+from harness.worker.models import apply_activation_checkpointing, build_model
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, TorchTrainer, adamw
 
@@ -70,17 +70,9 @@ def _setup_layout(spec: RunSpec, *, topo: Topology) -> Any:
     prec = policy(spec.precision)
     m = layouts.meshes(spec.layout, device_type=topo.device_type, rank=topo.rank)
     loss_parallel = layouts.LOSS_PARALLEL and m.tp is not None
-    stages = layouts.build_stages(spec, pp_rank=m.pp_rank)
+    stages = layouts.plain_stages(spec, meshes=m, device=topo.device, loss_parallel=loss_parallel)
     modules: list[DDP] = []
     for stage in stages:
-        if m.tp is not None:
-            layouts.apply_tensor_parallel(
-                stage, mesh=m.tp, sequence_parallel=s.sequence_parallel, loss_parallel=loss_parallel
-            )
-        layouts.materialise_(stage, device=topo.device)
-        layouts.localise_(stage)
-        if s.checkpointing:
-            apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
         inner = layouts.Autocast(stage, lambda: prec.autocast(topo.device_type)) if prec.mixed else stage
         ddp = DDP(
             inner,

@@ -34,7 +34,6 @@ from torch import nn
 
 from harness.core.layout import effective_microbatches
 from harness.scenario.spec import RunSpec
-from harness.worker.models import Transformer, apply_activation_checkpointing
 from harness.worker.precision import policy
 from harness.worker.strategies.base import Topology, adamw
 
@@ -117,7 +116,8 @@ class DistributedOptimizer:
         with torch.no_grad():
             for c in self.chunks:
                 c.grad_buf.div_(self.divisor)
-                dist.reduce_scatter_tensor(c.grad_shard, c.grad_buf, group=self.group)
+                if self.dp > 1:  # a one-rank group's shard is the whole buffer already
+                    dist.reduce_scatter_tensor(c.grad_shard, c.grad_buf, group=self.group)
         if self.scaler is not None:
             self.scaler.unscale_(self.inner)
             self.scaler.step(self.inner)
@@ -128,7 +128,8 @@ class DistributedOptimizer:
             for c in self.chunks:
                 if c.master is not c.param_shard:
                     c.param_shard.copy_(c.master)
-                dist.all_gather_into_tensor(c.param_buf, c.param_shard, group=self.group)
+                if self.dp > 1:
+                    dist.all_gather_into_tensor(c.param_buf, c.param_shard, group=self.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the main-gradient buffers (the `.grad` views stay: `set_to_none` does not apply)."""
@@ -155,18 +156,8 @@ def setup(spec: RunSpec, *, topo: Topology) -> Any:
     prec = policy(spec.precision)
     m = layouts.meshes(lay, device_type=topo.device_type, rank=topo.rank)
     loss_parallel = layouts.LOSS_PARALLEL and m.tp is not None
-    stages = layouts.build_stages(spec, pp_rank=m.pp_rank)
-    for stage in stages:
-        if m.tp is not None:
-            layouts.apply_tensor_parallel(
-                stage, mesh=m.tp, sequence_parallel=s.sequence_parallel, loss_parallel=loss_parallel
-            )
-        layouts.materialise_(stage, device=topo.device)
-        layouts.localise_(stage)
-        if prec.mixed:
-            stage.to(prec.compute_dtype)
-        if s.checkpointing:
-            apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
+    stages = layouts.plain_stages(spec, meshes=m, device=topo.device, loss_parallel=loss_parallel,
+                                  dtype=prec.compute_dtype if prec.mixed else None)  # fmt: skip
     microbatches = effective_microbatches(s.microbatches, lay.pp) if lay.pp > 1 and prec.mixed else 1
     scaler = layouts.loss_scaler(spec, topo.device)
     opt = DistributedOptimizer(

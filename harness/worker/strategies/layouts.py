@@ -34,6 +34,7 @@ from harness.scenario.spec import RunSpec
 from harness.worker.models import (
     Attention,
     Transformer,
+    apply_activation_checkpointing,
     build_model,
     embed,
     init_module_,
@@ -134,7 +135,10 @@ def apply_tensor_parallel(stage: Stage, *, mesh: Any, sequence_parallel: bool, l
     act = Shard(1) if sequence_parallel else Replicate()  # the residual stream between the TP regions
     plan: dict[str, Any] = {}
     if stage.tok_emb is not None:
-        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act)
+        # NOTE: with learned positions under sequence parallelism the output stays a DTensor: models.embed adds this
+        # rank's positions to it
+        keep = sequence_parallel and stage.pos_emb is not None
+        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act, use_local_output=not keep)
     if stage.head is not None:
         if sequence_parallel:
             plan["norm"] = SequenceParallel()
@@ -234,6 +238,28 @@ def localise_(module: nn.Module) -> None:
 
         mod.register_forward_pre_hook(pre)
         mod.register_forward_hook(post)
+
+
+def plain_stages(
+    spec: RunSpec, *, meshes: Meshes, device: torch.device, loss_parallel: bool, dtype: torch.dtype | None = None
+) -> list[Stage]:
+    """This rank's stages for a data parallelism that takes plain tensors (DDP, the distributed optimizer): built on
+    the meta device, tensor-parallelised, materialised, their DTensor parameters made plain (`localise_`), cast to
+    `dtype` when given (16-bit parameters), checkpointed."""
+    s = spec.settings
+    stages = build_stages(spec, pp_rank=meshes.pp_rank)
+    for stage in stages:
+        if meshes.tp is not None:
+            apply_tensor_parallel(
+                stage, mesh=meshes.tp, sequence_parallel=s.sequence_parallel, loss_parallel=loss_parallel
+            )
+        materialise_(stage, device=device)
+        localise_(stage)
+        if dtype is not None:
+            stage.to(dtype)
+        if s.checkpointing:
+            apply_activation_checkpointing(cast(Transformer, stage), s.activation_checkpointing)  # it has .blocks
+    return stages
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
