@@ -317,7 +317,8 @@ def embed(cfg: ModelConfig, tok_emb: nn.Module, pos_emb: nn.Module | None, token
             # sequence parallelism: the embedding's output is a DTensor sharded over the sequence (layouts keeps it
             # one); DTensor adds this rank's rows of the (replicated) positions, no communication; the backward
             # all-gathers the position gradient's shards. Then the local shard, as the blocks take it.
-            x = (x + DTensor.from_local(pos, x.device_mesh, [Replicate()], run_check=False)).to_local()
+            summed = cast(DTensor, x + DTensor.from_local(pos, x.device_mesh, [Replicate()], run_check=False))
+            x = summed.to_local()
         else:
             x = x + pos
     return x
