@@ -230,10 +230,10 @@ def _tensor_parallel(
         if data_parallel(spec) == "fsdp2":  # FSDP2 reduces the partial sums once, with the step's gradients
             add(f"{where}: sequence-parallel norm weight gradients", "all_reduce", pdt,
                 cfg.d_model * DTYPE_BYTES[pdt], norms, group, lay.tp, "tp_step")  # fmt: skip
-        else:  # localised parameters (DDP, the distributed optimizer): each backward's DTensor.from_local reduces them
-            pdt = "float32" if CATALOGUE[spec.strategy].mixed == "autocast" else pdt  # DDP's fp32 parameters
-            add(f"{where}: sequence-parallel norm weight gradients (each backward)", "all_reduce", pdt,
-                cfg.d_model * DTYPE_BYTES[pdt], norms * forwards, group, lay.tp, "tp")  # fmt: skip
+        else:  # localised parameters (DDP, the distributed optimizer): each backward's DTensor.from_local reduces
+            # them, in the parameters' dtype: the residual stream's (DDP's fp32 under autocast)
+            add(f"{where}: sequence-parallel norm weight gradients (each backward)", "all_reduce", act,
+                cfg.d_model * DTYPE_BYTES[act], norms * forwards, group, lay.tp, "tp")  # fmt: skip
     else:
         # forward: o and down (row-wise outputs) and the embedding; backward: the input gradient of every
         # column-wise projection (q, k, v, gate and up; a plain MLP has no gate) and of the head
@@ -294,7 +294,7 @@ def _data_parallel(
     entry = CATALOGUE[spec.strategy]
     units = stage_units(cfg, lay, stage)
     if data_parallel(spec) == DISTRIBUTED_OPTIMIZER:
-        numel = flat_numel(sum(math.prod(local_shape(p, tp=lay.tp)) for u in units.values() for p in u), lay.dp)
+        numel = local_stage_params(spec, stage=stage)["flat"]
         if lay.dp > 1:
             dp_g = mesh_group_kind(lay, rank=rank, dims=("dp",))
             pdt = precisions.get(spec.precision).dtype
@@ -559,6 +559,7 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
     # the last stage's schedule keeps its output (the logits) for the loss until the microbatch's backward
     kept_output = tokens * cfg.vocab // lay.tp * pb if last and lay.pp > 1 else 0
     gathered_recv = [("gathered parameters", gathered), ("receive buffers", recv)]
+    block_grad = 4 * max(v["largest_block"] for v in sizes.values()) if fsdp2 else 0  # a block's fp32 gradients
     block_backward: list[tuple[str, int]] = []
     if lay.pp == 1 and s.checkpointing:
         # a checkpointed block's backward (measured: FSDP2 × TP, full): its recomputed MLP's gradients in flight and,
@@ -567,14 +568,13 @@ def rank_layout_memory(spec: RunSpec, *, pp_rank: int = 0, foreach: bool = False
                                      seq_len=s.seq_len)  # fmt: skip
         block_backward = [("block gradients in flight", local_acts.mlp_backward_transient())]
         if fsdp2:
-            block_backward.append(("reduce-scatter input: a block's fp32 gradients",
-                                   4 * max(v["largest_block"] for v in sizes.values())))  # fmt: skip
+            block_backward.append(("reduce-scatter input: a block's fp32 gradients", block_grad))
     root = sum(v["root"] for v in sizes.values())
     backwards, accumulated = _backwards(
         lay, fsdp2=fsdp2, gathering=gathering, microbatches=m, flight=len(flight), activations=activations,
         flight_last=sum(1 for st in flight if st == lay.n_stages - 1),
         blocks=sum(a.blocks for a in per_stage.values()),
-        block_grad=4 * max(v["largest_block"] for v in sizes.values()) if fsdp2 else 0,
+        block_grad=block_grad,
         # the distributed optimizer's new gradients go into the main-gradient buffer as each is made (fp32: autograd
         # adds into the `.grad` view; 16 bit: the hook adds it and drops it): none accumulate beside it
         kept_output=kept_output, new=0 if distopt else 4 * (unsharded if fsdp2 else sharded),

@@ -133,6 +133,12 @@ def is_deepspeed(strategy: str) -> bool:
     return strategy in DEEPSPEED_STRATEGIES
 
 
+def runs_deepspeed(spec: RunSpec) -> bool:
+    """Whether the cell runs DeepSpeed's engine: a ZeRO strategy without tensor or pipeline parallelism (zero1 under
+    a layout runs the harness's distributed optimizer, harness.worker.strategies.distributed_optimizer)."""
+    return is_deepspeed(spec.strategy) and spec.layout.is_default
+
+
 # --------------------------------------------------------------------------------------------------
 # reading the file
 
@@ -316,7 +322,7 @@ def refusal(spec: RunSpec) -> str | None:
             f"{SETTING} is DeepSpeed's config: {spec.strategy} does not run DeepSpeed (give it to "
             f"{', '.join(DEEPSPEED_STRATEGIES)} cells only)"
         )
-    if not spec.layout.is_default:
+    if not runs_deepspeed(spec):
         return (
             f"{SETTING} is DeepSpeed's config: {spec.strategy} under tensor or pipeline parallelism runs the "
             "harness's distributed optimizer, not DeepSpeed"

@@ -130,9 +130,11 @@ class Settings:
         "{fault: slow, factor: F, rank: N (omitted: every rank), step: K (from this step on)}",
     )
     tp: int = _setting(
-        1, "tensor-parallel ranks (inside a node); data-parallel degree = gpus / (tp x pp); with fsdp2.*", minimum=1
+        1,
+        "tensor-parallel ranks (inside a node); data-parallel degree = gpus / (tp x pp); with fsdp2.*, ddp or zero1",
+        minimum=1,
     )
-    pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp or fsdp2.*", minimum=1)
+    pp: int = _setting(1, "pipeline-parallel ranks (stages across nodes); pp > 1 with ddp, fsdp2.* or zero1", minimum=1)
     pp_schedule: str = _setting(
         "1f1b",
         "pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b (pp_virtual_stages per rank, 2 by default)",
@@ -476,8 +478,8 @@ class RunSpec:
         why = deepspeed_config.refusal(self)
         if why is not None:
             return why
-        if entry.family == "zero":  # zero1 under a layout is the harness's distributed optimizer, not DeepSpeed
-            return None
+        if deepspeed_config.is_deepspeed(self.strategy) and not deepspeed_config.runs_deepspeed(self):
+            return None  # DeepSpeed's device refusals: this zero1 cell runs the harness's distributed optimizer
         return entry.device_refusal(device, self.precision)
 
 

@@ -311,6 +311,8 @@ def embed(cfg: ModelConfig, tok_emb: nn.Module, pos_emb: nn.Module | None, token
         x = x * torch.tensor(cfg.d_model**0.5, dtype=x.dtype)
     if pos_emb is not None:
         pos = pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+        if type(x) is torch.Tensor:
+            return x + pos
         from torch.distributed.tensor import DTensor, Replicate
 
         if isinstance(x, DTensor):

@@ -99,19 +99,24 @@ class TorchTrainer:
         return total
 
     def optimizer_step(self) -> None:
-        """The optimizer step after the last backward: with a loss scaler, unscale, then step (skipped when any
-        rank's gradients hold an inf or NaN), then update the scale; then zero the gradients."""
-        if self.scaler is not None:
-            # NOTE: unscale_ before step, on every device: ShardedGradScaler all-reduces found_inf over the ranks only
-            # inside unscale_. A fused optimizer's step without it (GradScaler.step's _check_inf_per_device path)
-            # looks at this rank's shard alone: a rank whose shard overflowed skipped the step and halved its scale
-            # while the others stepped. After unscale_, step skips on the reduced verdict (adamw_kwargs: not fused).
-            self.scaler.unscale_(self.optimizer)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        """The optimizer step after the last backward (`scaled_step`), then zero the gradients."""
+        scaled_step(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def scaled_step(optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    """A torch optimizer's step: with a loss scaler, unscale, then step (skipped when any rank's gradients hold an inf
+    or NaN), then update the scale; without one, the step."""
+    if scaler is None:
+        optimizer.step()
+        return
+    # NOTE: unscale_ before step, on every device: ShardedGradScaler all-reduces found_inf over the ranks only inside
+    # unscale_. A fused optimizer's step without it (GradScaler.step's _check_inf_per_device path) looks at this
+    # rank's shard alone: a rank whose shard overflowed skipped the step and halved its scale while the others
+    # stepped. After unscale_, step skips on the reduced verdict (adamw_kwargs: not fused).
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def adamw_kwargs(device_type: str, *, sharded_scaler: bool = False) -> dict[str, Any]:

@@ -25,7 +25,6 @@ parameter 2 + 4 + 12/dp bytes in bf16, 4 + 4 + 8/dp in fp32 (harness.plan.layout
 
 from __future__ import annotations
 
-import math
 from typing import Any, cast
 
 import torch
@@ -35,7 +34,7 @@ from torch import nn
 from harness.core.layout import effective_microbatches
 from harness.scenario.spec import RunSpec
 from harness.worker.precision import policy
-from harness.worker.strategies.base import Topology, adamw
+from harness.worker.strategies.base import Topology, adamw, scaled_step
 
 IMPLEMENTATION = "harness distributed optimizer (Megatron-style: fp32 main grads, reduce_scatter, all_gather)"
 """what the record's layout says runs a zero1 cell under tensor or pipeline parallelism"""
@@ -47,7 +46,7 @@ class _Chunk:
     def __init__(self, params: list[nn.Parameter], *, dp: int, rank: int, param_dtype: torch.dtype, device: Any):
         self.params = params
         numel = sum(p.numel() for p in params)
-        self.padded = math.ceil(numel / dp) * dp
+        self.padded = -(-numel // dp) * dp
         self.shard_numel = self.padded // dp
         self.param_buf = torch.zeros(self.padded, dtype=param_dtype, device=device)
         self.grad_buf = torch.zeros(self.padded, dtype=torch.float32, device=device)
@@ -102,7 +101,6 @@ class DistributedOptimizer:
             _Chunk(list(stage.parameters()), dp=self.dp, rank=rank, param_dtype=param_dtype, device=device)
             for stage in stages
         ]
-        self.param_dtype = param_dtype
         for chunk in self.chunks:
             for p, g in zip(chunk.params, chunk.grad_views):
                 if param_dtype == torch.float32:
@@ -118,12 +116,7 @@ class DistributedOptimizer:
                 c.grad_buf.div_(self.divisor)
                 if self.dp > 1:  # a one-rank group's shard is the whole buffer already
                     dist.reduce_scatter_tensor(c.grad_shard, c.grad_buf, group=self.group)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.inner)
-            self.scaler.step(self.inner)
-            self.scaler.update()
-        else:
-            self.inner.step()
+        scaled_step(self.inner, self.scaler)
         with torch.no_grad():
             for c in self.chunks:
                 if c.master is not c.param_shard:

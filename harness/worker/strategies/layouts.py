@@ -41,7 +41,8 @@ from harness.worker.models import (
     loss_fn,
     output_logits,
 )
-from harness.worker.strategies.base import Batch
+from harness.worker.precision import policy
+from harness.worker.strategies.base import Batch, scaled_step
 
 LOSS_PARALLEL = True
 """with tp > 1 the head's logits stay sharded over the vocabulary and cross-entropy runs under `loss_parallel()`
@@ -296,8 +297,6 @@ def loss_scaler(spec: RunSpec, device: torch.device) -> Any:
     """fp16's dynamic loss scaler for a layout cell, else None: torch's ShardedGradScaler over the whole world, whose
     `unscale_` all-reduces the overflow verdict, so an inf or NaN in any TP, PP or DP rank's gradients skips the step
     on every rank (each holds other gradients: a per-rank verdict would let ranks disagree)."""
-    from harness.worker.precision import policy
-
     if not policy(spec.precision).loss_scaling:
         return None
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -310,13 +309,10 @@ def loss_scaler(spec: RunSpec, device: torch.device) -> Any:
 
 
 def optimizer_step(optimizer: Any, scaler: Any) -> None:
-    """The step after the last backward: a torch optimizer under a loss scaler unscales, steps unless any rank
-    overflowed, and updates the scale; the distributed optimizer does that inside its own step (it holds the
-    scaler, harness.worker.strategies.distributed_optimizer)."""
-    if scaler is not None and isinstance(optimizer, torch.optim.Optimizer):
-        scaler.unscale_(optimizer)
-        scaler.step(optimizer)
-        scaler.update()
+    """The step after the last backward (base.scaled_step), then zero the gradients; the distributed optimizer
+    scales inside its own step (it holds the scaler, harness.worker.strategies.distributed_optimizer)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        scaled_step(optimizer, scaler)
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness.core.families import FAMILIES
-from harness.scenario.deepspeed_config import ZERO_STAGES, merged_config
+from harness.scenario.deepspeed_config import ZERO_STAGES, merged_config, runs_deepspeed
 from harness.scenario.spec import RunSpec
 from harness.worker.models import apply_activation_checkpointing, blocks_of, build_model, loss_fn, new_model
 from harness.worker.strategies.base import Batch, Topology, adamw
@@ -132,7 +132,7 @@ def nvme_refusal() -> str | None:
 
 
 def setup(spec: RunSpec, *, topo: Topology) -> Any:
-    if not spec.layout.is_default:  # zero1 under tensor/pipeline parallelism: the harness's distributed optimizer
+    if not runs_deepspeed(spec):  # zero1 under tensor/pipeline parallelism: the harness's distributed optimizer
         from harness.worker.strategies import distributed_optimizer
 
         return distributed_optimizer.setup(spec, topo=topo)
