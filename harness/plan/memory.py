@@ -231,11 +231,13 @@ def foreach_optimizer(spec: RunSpec, device: str) -> bool:
     """Whether AdamW steps this cell's device-resident state with torch's foreach implementation, which holds one
     temporary as large as the stepped parameters (`_foreach_sqrt(exp_avg_sq)`, fp32) through the step. The worker's
     rule (harness.worker.strategies.base.adamw_kwargs): fused on CUDA, foreach elsewhere and wherever a
-    ShardedGradScaler drives the step (fp16 under FSDP1/FSDP2); an offloaded optimizer steps in host memory
-    (DeepSpeedCPUAdam, or FSDP's CPU-offloaded shards)."""
+    ShardedGradScaler drives the step (fp16 under FSDP1/FSDP2, and under every tensor- or pipeline-parallel layout:
+    harness.worker.strategies.layouts.loss_scaler); an offloaded optimizer steps in host memory (DeepSpeedCPUAdam,
+    or FSDP's CPU-offloaded shards)."""
     if spec.settings.offload != "none":
         return False
-    sharded_scaler = spec.precision == "fp16" and CATALOGUE[spec.strategy].family in ("fsdp", "fsdp2")
+    family = CATALOGUE[spec.strategy].family
+    sharded_scaler = spec.precision == "fp16" and (family in ("fsdp", "fsdp2") or not spec.layout.is_default)
     return device != "cuda" or sharded_scaler
 
 

@@ -294,3 +294,14 @@ def test_checkpointing_under_tp_reissues_the_forward_collectives_but_the_last(sp
         assert extra == {"all_gather": 2 * blocks * x, "reduce_scatter": blocks * x, "all_reduce": 0}
     else:  # per block: the all-reduce after attention's o (not the one after the down projection)
         assert extra == {"all_reduce": blocks * x}
+
+
+def test_fp16_under_a_layout_plans_the_foreach_step_its_sharded_scaler_forces_on_cuda():
+    """Every layout's fp16 steps under a ShardedGradScaler, so AdamW runs foreach on CUDA too (not fused), holding
+    one fp32 temporary as large as the shards it steps."""
+    from harness.plan.memory import foreach_optimizer
+
+    for strategy in ("ddp", "zero1", "fsdp2.full_shard"):
+        assert foreach_optimizer(make_spec(strategy=strategy, gpus=2, tp=2, precision="fp16"), "cuda")
+        assert not foreach_optimizer(make_spec(strategy=strategy, gpus=2, tp=2, precision="bf16"), "cuda")
+    assert not foreach_optimizer(make_spec(strategy="ddp", gpus=2, precision="fp16"), "cuda")  # torch's GradScaler
